@@ -1,0 +1,38 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""jaxgrpo: GRPO-style RL post-training of language models in JAX, with degenerate groups taken seriously."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="jaxgrpo",
+    version="0.1.0",
+    description="GRPO for LLM post-training in JAX/Flax, with degenerate-group diagnostics and remedies",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    packages=find_packages(include=["jaxgrpo", "jaxgrpo.*"]),
+    package_data={"jaxgrpo": ["configs/*.yaml"]},
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.6",
+        "flax>=0.10",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11",
+        "chex>=0.1.88",
+        "numpy>=1.26",
+        "transformers>=4.50",
+        "datasets>=3.0",
+        "safetensors>=0.4",
+        "gguf>=0.10",
+        "pyyaml>=6",
+        "tqdm>=4.60",
+        "tensorboardX>=2.6",
+        "matplotlib>=3.8",
+    ],
+    extras_require={
+        # torch is pinned to the CPU build the CI machines carry; tests use it as an independent reference only.
+        "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "torch==2.13.0", "nbformat>=5", "nbclient>=0.10",
+                 "ipykernel>=6"],
+    },
+    classifiers=["License :: OSI Approved :: Apache Software License", "Programming Language :: Python :: 3"],
+)
