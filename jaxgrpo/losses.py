@@ -1,0 +1,252 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Clipped policy-gradient loss (PPO/GRPO, DAPO clip-higher, dual-clip, GSPO) and KL estimators.
+
+Shapes: ``logp``, ``old_logp``, ``mask``: ``[..., T]`` (one row per sequence; usually ``[B, T]``); advantages per
+sequence ``[...]`` or per token ``[..., T]``. ``mask`` is True (or nonzero) on the completion tokens that count.
+
+Per-token loss (PPO, Schulman et al., 2017, arXiv:1707.06347), with rho = exp(logp - old_logp):
+
+    l_t = -min(rho A, clip(rho, 1 - clip_low, 1 + clip_high) A)
+
+``clip_high=None`` means ``clip_low``; ``clip_high > clip_low`` is DAPO's clip-higher (Yu et al., 2025,
+arXiv:2503.14476). ``dual_clip=c`` (c > 1; Ye et al., 2020, arXiv:1912.09729) caps the loss of negative-advantage
+tokens: for A < 0, ``l_t = min(max(-rho A, -clip(rho) A), -c A)``.
+
+``ratio_level="sequence"`` is GSPO (Zheng et al., 2025, "Group Sequence Policy Optimization", arXiv:2507.18071):
+the sequence ratio s_i = exp((1/|y_i|) sum_t (logp_t - old_logp_t)) over the sequence's valid tokens replaces rho,
+in its token-level form s_{i,t} = sg[s_i] * exp(logp_t - sg[logp_t]) (sg = stop-gradient): the value of s_{i,t} is
+s_i and its gradient is s_i * grad logp_t, so the per-token loss above (clipped on the sequence ratio) gives, for a
+sequence-level advantage and the seq-mean-token-mean aggregation, exactly GSPO's sequence objective and gradient
+(GSPO-token, eq. for s_{i,t} in the paper).
+
+Aggregations (sums over valid tokens; "sequences" = sequences with at least one valid token, n_i their valid-token
+counts, S their number):
+
+- ``token-mean``: sum_{i,t} l / sum_i n_i
+- ``seq-mean-token-mean``: (1/S) sum_i (1/n_i) sum_t l
+- ``seq-mean-token-sum``: (1/S) sum_i sum_t l
+- ``seq-mean-token-sum-norm``: sum_{i,t} l / (S * max_tokens)  (Dr. GRPO; ``max_tokens=None`` -> T)
+
+KL to a reference policy (Schulman, "Approximating KL divergence", 2020), per token with x = ref_logp - logp:
+k1 = -x = logp - ref, k2 = x^2 / 2, k3 = exp(x) - x - 1 (unbiased, >= 0). It is aggregated like the policy loss and
+added as ``kl_coef * kl`` when ``ref_logp`` is given.
+
+Numerical safety: log-ratios are clamped to [-20, 20] before ``exp`` (a ratio beyond e^20 ~ 4.9e8 is already far
+outside any trust region), so the loss and its gradient stay finite for extreme or garbage log-probabilities;
+padding positions are zeroed before any arithmetic.
+
+With ``axis_name`` (inside ``shard_map``, sequences sharded along that named axis) the numerators and the global
+normalisers (token counts, sequence counts) are psum-ed, so every shard returns the loss and metrics of the whole
+batch. Differentiate it inside ``shard_map`` (``check_vma=True``, the default): the transpose of psum then gives each
+shard the gradient of the global loss with respect to its local inputs.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+__all__ = ["policy_loss", "kl_divergence", "AGGREGATIONS", "RATIO_LEVELS", "KL_ESTIMATORS"]
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+RATIO_LEVELS = ("token", "sequence")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+_LOG_RATIO_LIMIT = 20.0
+
+
+def _clamp(x: Array) -> Array:
+    return jnp.clip(x, -_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
+
+
+def kl_divergence(logp: Array, ref_logp: Array, estimator: str = "k3") -> Array:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi: k1, k2 or k3 (see the module docstring).
+
+    float32, same shape as ``logp``; for k3 the log-ratio is clamped to [-20, 20].
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl estimator must be one of {KL_ESTIMATORS}; got {estimator!r}")
+    logp = jnp.asarray(logp, jnp.float32)
+    ref_logp = jnp.asarray(ref_logp, jnp.float32)
+    if logp.shape != ref_logp.shape:
+        raise ValueError(f"logp and ref_logp must have the same shape; got {logp.shape} vs {ref_logp.shape}")
+    x = ref_logp - logp
+    if estimator == "k1":
+        return -x
+    if estimator == "k2":
+        return 0.5 * x**2
+    x = _clamp(x)
+    return jnp.exp(x) - x - 1.0
+
+
+def _psum(x: Array, axis_name: str | None) -> Array:
+    return x if axis_name is None else jax.lax.psum(x, axis_name)
+
+
+def _aggregate(values: Array, maskf: Array, aggregation: str, max_tokens: float, axis_name: str | None) -> Array:
+    """Aggregates masked per-token values [..., T] into a scalar (see module docstring)."""
+    tok = jnp.sum(values * maskf, axis=-1)  # per-sequence token sums
+    n_i = jnp.sum(maskf, axis=-1)
+    has = n_i > 0
+    seqs = _psum(jnp.sum(has).astype(jnp.float32), axis_name)
+    if aggregation == "token-mean":
+        num = _psum(jnp.sum(tok), axis_name)
+        den = _psum(jnp.sum(n_i), axis_name)
+    elif aggregation == "seq-mean-token-mean":
+        per_seq = jnp.where(has, tok / jnp.maximum(n_i, 1.0), 0.0)
+        num = _psum(jnp.sum(per_seq), axis_name)
+        den = seqs
+    elif aggregation == "seq-mean-token-sum":
+        num = _psum(jnp.sum(tok), axis_name)
+        den = seqs
+    else:
+        num = _psum(jnp.sum(tok), axis_name)
+        den = seqs * max_tokens
+    return jnp.where(den > 0, num / jnp.where(den > 0, den, 1.0), 0.0)
+
+
+def policy_loss(
+    logp: Array,
+    old_logp: Array,
+    advantages: Array,
+    mask: Array,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    dual_clip: float | None = None,
+    ratio_level: str = "token",
+    aggregation: str = "token-mean",
+    max_tokens: int | None = None,
+    ref_logp: Array | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
+    axis_name: str | None = None,
+) -> tuple[Array, dict[str, Array]]:
+    """Clipped policy-gradient loss and its metrics (formulas in the module docstring).
+
+    Args:
+      logp: ``[..., T]`` log-probabilities of the sampled tokens under the current policy (differentiated).
+      old_logp: ``[..., T]`` under the policy that sampled them (constants).
+      advantages: ``[...]`` per sequence or ``[..., T]`` per token.
+      mask: ``[..., T]``, True / nonzero on the tokens that count.
+      clip_low, clip_high: ratio clip range [1 - clip_low, 1 + clip_high]; ``clip_high=None`` -> clip_low.
+      dual_clip: None or c > 1: the loss of a negative-advantage token is capped at -c A.
+      ratio_level: ``"token"`` (PPO/GRPO) or ``"sequence"`` (GSPO).
+      aggregation: one of :data:`AGGREGATIONS`.
+      max_tokens: the constant of ``seq-mean-token-sum-norm``; None -> T (the padded completion length).
+      ref_logp, kl_coef, kl_estimator: KL penalty ``kl_coef * kl`` to the reference policy (needs ``ref_logp``
+        when kl_coef > 0); the ``kl`` metric is reported whenever ``ref_logp`` is given (else 0).
+      axis_name: psum the numerators and normalisers over this named axis (inside shard_map).
+
+    Returns:
+      ``(loss, metrics)``: loss a float32 scalar; metrics float32 scalars over valid tokens:
+      ``pg_loss``, ``kl``, ``clip/low_frac`` (A < 0 and ratio < 1 - clip_low), ``clip/high_frac``
+      (A > 0 and ratio > 1 + clip_high), ``clip/dual_frac`` (A < 0 and ratio > c), ``ratio/mean``, ``ratio/max``,
+      ``ratio/min`` (the ratio used: per token, or the sequence ratio for GSPO), ``approx_kl_old`` (k3 estimate of
+      KL(pi_old || pi) from the old samples: mean of (rho - 1) - log rho), ``tokens`` (valid tokens), ``sequences``
+      (sequences with a valid token).
+    """
+    if clip_high is None:
+        clip_high = clip_low
+    if not 0.0 <= clip_low < 1.0:
+        raise ValueError(f"clip_low must be in [0, 1) so that 1 - clip_low > 0; got {clip_low!r}")
+    if not clip_high >= 0.0:
+        raise ValueError(f"clip_high must be >= 0 (or None for clip_low); got {clip_high!r}")
+    if dual_clip is not None and not dual_clip > 1.0:
+        raise ValueError(f"dual_clip must be > 1 (e.g. 3.0) or None to disable it; got {dual_clip!r}")
+    if ratio_level not in RATIO_LEVELS:
+        raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}; got {ratio_level!r}")
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}; got {aggregation!r}")
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}; got {kl_estimator!r}")
+    if not kl_coef >= 0.0:
+        raise ValueError(f"kl_coef must be >= 0; got {kl_coef!r}")
+    if kl_coef > 0 and ref_logp is None:
+        raise ValueError(
+            "kl_coef > 0 needs ref_logp (the reference policy's log-probabilities); pass it or set kl_coef=0"
+        )
+
+    logp = jnp.asarray(logp)
+    if logp.ndim < 1:
+        raise ValueError(f"logp must be [..., T]; got a scalar (shape {logp.shape})")
+    shape = logp.shape
+    for name, arr in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp)):
+        if arr is not None and jnp.shape(arr) != shape:
+            raise ValueError(f"{name} must have logp's shape {shape}; got {jnp.shape(arr)}")
+    advantages = jnp.asarray(advantages, jnp.float32)
+    if advantages.shape == shape[:-1]:
+        advantages = advantages[..., None]
+    elif advantages.shape != shape:
+        raise ValueError(
+            f"advantages must be per sequence {shape[:-1]} or per token {shape}; got {advantages.shape}"
+        )
+    if max_tokens is None:
+        max_tokens = shape[-1]
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be a positive int (or None for T={shape[-1]}); got {max_tokens!r}")
+
+    valid = jnp.asarray(mask) != 0
+    maskf = valid.astype(jnp.float32)
+    logp = jnp.where(valid, logp.astype(jnp.float32), 0.0)
+    old_logp = jnp.where(valid, jnp.asarray(old_logp, jnp.float32), 0.0)
+    log_ratio = _clamp(logp - old_logp)
+
+    if ratio_level == "token":
+        ratio = jnp.exp(log_ratio)
+    else:
+        n_i = jnp.sum(maskf, axis=-1, keepdims=True)
+        seq_log_ratio = _clamp(jnp.sum(log_ratio * maskf, axis=-1, keepdims=True) / jnp.maximum(n_i, 1.0))
+        seq_ratio = jax.lax.stop_gradient(jnp.exp(seq_log_ratio))
+        ratio = seq_ratio * jnp.exp(logp - jax.lax.stop_gradient(logp))
+
+    lo, hi = 1.0 - clip_low, 1.0 + clip_high
+    clipped = jnp.clip(ratio, lo, hi)
+    per_token = jnp.maximum(-ratio * advantages, -clipped * advantages)
+    if dual_clip is not None:
+        per_token = jnp.where(advantages < 0, jnp.minimum(per_token, -dual_clip * advantages), per_token)
+    per_token = jnp.where(valid, per_token, 0.0)
+
+    pg = _aggregate(per_token, maskf, aggregation, float(max_tokens), axis_name)
+    if ref_logp is not None:
+        ref = jnp.where(valid, jnp.asarray(ref_logp, jnp.float32), 0.0)
+        kl = _aggregate(kl_divergence(logp, ref, kl_estimator), maskf, aggregation, float(max_tokens), axis_name)
+    else:
+        kl = jnp.zeros((), jnp.float32)
+    loss = pg + kl_coef * kl if ref_logp is not None else pg
+
+    # Metrics (no gradient): token means over valid tokens of the whole (psum-ed) batch.
+    sg_ratio = jax.lax.stop_gradient(ratio)
+    sg_adv = jax.lax.stop_gradient(advantages)
+    tokens = _psum(jnp.sum(maskf), axis_name)
+    safe_tokens = jnp.maximum(tokens, 1.0)
+
+    def token_mean(x):
+        return _psum(jnp.sum(jnp.where(valid, x, 0.0)), axis_name) / safe_tokens
+
+    low = (sg_adv < 0) & (sg_ratio < lo)
+    high = (sg_adv > 0) & (sg_ratio > hi)
+    dual = (sg_adv < 0) & (sg_ratio > dual_clip) if dual_clip is not None else jnp.zeros(shape, bool)
+    r_max = jnp.max(jnp.where(valid, sg_ratio, -jnp.inf), initial=-jnp.inf)
+    r_min = jnp.min(jnp.where(valid, sg_ratio, jnp.inf), initial=jnp.inf)
+    if axis_name is not None:
+        r_max = jax.lax.pmax(r_max, axis_name)
+        r_min = jax.lax.pmin(r_min, axis_name)
+    any_tokens = tokens > 0
+    sg_log_ratio = jax.lax.stop_gradient(log_ratio)
+    metrics = {
+        "pg_loss": pg,
+        "kl": kl,
+        "clip/low_frac": token_mean(low.astype(jnp.float32)),
+        "clip/high_frac": token_mean(high.astype(jnp.float32)),
+        "clip/dual_frac": token_mean(dual.astype(jnp.float32)),
+        "ratio/mean": token_mean(sg_ratio),
+        "ratio/max": jnp.where(any_tokens, r_max, 0.0),
+        "ratio/min": jnp.where(any_tokens, r_min, 0.0),
+        "approx_kl_old": token_mean(jnp.exp(sg_log_ratio) - 1.0 - sg_log_ratio),
+        "tokens": tokens,
+        "sequences": _psum(jnp.sum(jnp.sum(maskf, axis=-1) > 0).astype(jnp.float32), axis_name),
+    }
+    metrics = {k: jax.lax.stop_gradient(jnp.asarray(v, jnp.float32)) for k, v in metrics.items()}
+    return loss.astype(jnp.float32), metrics
