@@ -1,0 +1,320 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Checkpoints of everything a resume needs, through orbax, plus the preemption flag the training loop polls.
+
+A checkpoint of step ``s`` is the directory ``<directory>/<s>/`` holding two orbax items:
+
+- ``state``: the training-state pytree (params, optimizer state, step, PRNG key ...), written with orbax's
+  PyTree handler (tensorstore/OCDBT, one file set for all arrays, sharded arrays written shard by shard);
+- ``extra``: a small JSON object (data-iterator position, config hash, anything else the loop needs).
+
+Atomicity. orbax writes a step into ``<s>.orbax-checkpoint-tmp-<timestamp>/`` and, only after every array and the
+JSON are on disk, writes ``commit_success.txt`` and renames the directory to ``<s>/`` (``AtomicRenameTemporaryPath``
+on a local/POSIX filesystem; on GCS, where rename is not atomic, the commit file alone marks completion). A process
+killed mid-save leaves only the temporary directory, which ``latest_step``/``all_steps`` never list, so a restore
+always picks the last *complete* step; leftover temporary directories are deleted when the next manager is opened.
+
+PRNG keys. Typed keys (``jax.random.key``) and raw ``uint32`` keys (``jax.random.PRNGKey``) both round-trip: orbax
+stores a typed key as its ``jax.random.key_data`` plus the implementation name and re-wraps it
+(``jax.random.wrap_key_data``) when the restore target holds a typed key.
+
+Preemption. ``install_signal_handlers()`` returns a ``PreemptionFlag`` that SIGTERM/SIGINT set instead of killing the
+process; the loop polls it after each step, saves with ``force=True`` and exits cleanly. A second SIGINT (Ctrl-C
+twice) raises ``KeyboardInterrupt`` at once. With several processes (``jax.process_count() > 1``) all of them must
+save the same step: ``PreemptionFlag.any_process()`` agrees on the flag across processes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import signal
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+STATE_ITEM = "state"
+EXTRA_ITEM = "extra"
+# orbax's marker for a step directory that is still being written (orbax.checkpoint._src.path.atomicity_types).
+TMP_MARKER = ".orbax-checkpoint-tmp"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be found or does not match the structure it is restored into."""
+
+
+def to_json(obj: Any, where: str = "extra") -> Any:
+    """Returns `obj` as plain JSON data: numpy/JAX scalars and arrays become numbers and (nested) lists, tuples
+    become lists. Raises ValueError naming the offending entry for anything else (or a non-finite float)."""
+    if isinstance(obj, bool | str) or obj is None:
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        if not math.isfinite(obj):
+            raise ValueError(f"{where} is {obj}: checkpoint extras must be finite JSON numbers")
+        return obj
+    if isinstance(obj, Mapping):
+        out = {}
+        for k, v in obj.items():
+            if not isinstance(k, str):
+                raise ValueError(f"{where} has a non-string key {k!r}: JSON objects need string keys")
+            out[k] = to_json(v, f"{where}[{k!r}]")
+        return out
+    if isinstance(obj, list | tuple):
+        return [to_json(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, jax.Array) and jax.dtypes.issubdtype(obj.dtype, jax.dtypes.prng_key):
+        raise ValueError(f"{where} is a typed PRNG key: store jax.random.key_data(key).tolist() instead")
+    if isinstance(obj, np.generic | np.ndarray | jax.Array):
+        return to_json(np.asarray(obj).tolist(), where)
+    raise ValueError(f"{where} has type {type(obj).__name__}, which is not JSON data (dict/list/str/number/bool/None)")
+
+
+def _restore_target(target: Any) -> tuple[Any, Any]:
+    """(item, restore_args) for orbax: every array leaf becomes a ShapeDtypeStruct carrying its sharding, so the
+    restored arrays land on the target's devices (a mesh-sharded TrainState restores onto the mesh)."""
+    default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+    def abstract(x: Any) -> Any:
+        if isinstance(x, jax.Array):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+        if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is None:
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=default)
+        return x
+
+    item = jax.tree.map(abstract, target)
+    return item, ocp.checkpoint_utils.construct_restore_args(item)
+
+
+class CheckpointManager:
+    """Saves and restores (state pytree, JSON extra) per step under `directory`, keeping the newest `keep` steps.
+
+    `save_interval` is the cadence of `save(step, ...)` without `force`: a step is written when
+    `step % save_interval == 0` (0 = only forced saves, e.g. at the end of training or on preemption).
+    `async_save=True` returns from `save` once the arrays are copied to host memory and writes them in a background
+    thread; `wait()` blocks until the last save is complete, `close()` waits and releases the manager.
+    """
+
+    def __init__(self, directory: str | os.PathLike, keep: int = 3, save_interval: int = 1, *, async_save: bool = True):
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+            raise ValueError(f"keep={keep!r}: the number of checkpoints to keep must be an integer >= 1")
+        if not isinstance(save_interval, int) or isinstance(save_interval, bool) or save_interval < 0:
+            raise ValueError(f"save_interval={save_interval!r}: must be an integer >= 0 (0 = only forced saves)")
+        self.directory = pathlib.Path(directory).absolute()
+        if self.directory.exists() and not self.directory.is_dir():
+            raise ValueError(f"checkpoint directory {self.directory} exists and is not a directory")
+        self.keep = keep
+        self.save_interval = save_interval
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep,
+            save_interval_steps=1,  # the cadence is decided in `should_save`; orbax writes what it is handed
+            create=True,
+            cleanup_tmp_directories=True,  # leftovers of a save that was killed half-way
+            enable_async_checkpointing=async_save,
+        )
+        self._manager = ocp.CheckpointManager(
+            self.directory,
+            options=options,
+            item_handlers={STATE_ITEM: ocp.PyTreeCheckpointHandler(), EXTRA_ITEM: ocp.JsonCheckpointHandler()},
+        )
+
+    # -- queries -------------------------------------------------------------------------------------------------
+    def all_steps(self) -> list[int]:
+        """The steps with a complete (finalized) checkpoint, ascending; half-written ones are never listed."""
+        return sorted(int(s) for s in self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        """The newest step with a complete checkpoint, or None when there is none."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def should_save(self, step: int, force: bool = False) -> bool:
+        """Whether `save(step, ..., force=force)` would write: on the cadence (or forced) and not already saved."""
+        if force or (self.save_interval > 0 and step % self.save_interval == 0):
+            return step not in self.all_steps()
+        return False
+
+    # -- save / restore ------------------------------------------------------------------------------------------
+    def save(self, step: int, state: Any, extra: Mapping[str, Any] | None = None, *, force: bool = False) -> bool:
+        """Writes `state` (a pytree of arrays/scalars) and `extra` (JSON data) as step `step`.
+
+        Returns True if a checkpoint was started, False if the step is off the cadence (and not forced) or is
+        already on disk. Raises ValueError for a negative step or an `extra` that is not JSON data.
+        """
+        if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+            raise ValueError(f"step={step!r}: checkpoint steps are integers >= 0")
+        step = int(step)
+        extra_json = to_json(dict(extra or {}), "extra")
+        if not self.should_save(step, force):
+            return False
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                **{STATE_ITEM: ocp.args.PyTreeSave(state), EXTRA_ITEM: ocp.args.JsonSave(extra_json)}
+            ),
+            force=True,
+        )
+        return True
+
+    def _check_step(self, step: int | None) -> int:
+        steps = self.all_steps()
+        if not steps:
+            raise CheckpointError(f"no complete checkpoint under {self.directory}")
+        if step is None:
+            return steps[-1]
+        if step not in steps:
+            raise CheckpointError(
+                f"no complete checkpoint for step {step} under {self.directory}; available steps: {steps}"
+            )
+        return int(step)
+
+    def restore(self, step: int | None, target: Any) -> tuple[Any, dict[str, Any]]:
+        """Restores step `step` (None = latest) into the structure of `target` → (state, extra).
+
+        `target` is a pytree with the saved structure whose leaves are concrete arrays or `jax.ShapeDtypeStruct`s
+        (e.g. from `jax.eval_shape`); each restored array takes the target leaf's dtype and sharding (a
+        ShapeDtypeStruct without sharding lands on the first local device).
+        """
+        step = self._check_step(step)
+        item, restore_args = _restore_target(target)
+        try:
+            out = self._manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    **{
+                        STATE_ITEM: ocp.args.PyTreeRestore(item=item, restore_args=restore_args),
+                        EXTRA_ITEM: ocp.args.JsonRestore(),
+                    }
+                ),
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(
+                f"checkpoint step {step} under {self.directory} does not match the restore target ({e}); the model "
+                "and optimizer configuration must be the ones of the run that wrote it"
+            ) from e
+        return out[STATE_ITEM], dict(out[EXTRA_ITEM] or {})
+
+    def restore_subtree(self, step: int | None, name: str, target: Any) -> Any:
+        """Restores only the entry `name` of the saved state (e.g. "params" of a TrainState) into `target`'s
+        structure, shardings and dtypes, without reading the rest (the optimizer state is never loaded)."""
+        step = self._check_step(step)
+        saved = self._manager.item_metadata(step)[STATE_ITEM]
+        names = list(getattr(saved, "tree", saved) or {})
+        if name not in names:
+            raise CheckpointError(
+                f"checkpoint step {step} under {self.directory} holds no {name!r} entry; "
+                f"its entries: {sorted(map(str, names))}"
+            )
+        item, restore_args = _restore_target({name: target})
+        try:
+            out = self._manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    **{STATE_ITEM: ocp.args.PyTreeRestore(item=item, restore_args=restore_args, partial_restore=True)}
+                ),
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(
+                f"checkpoint step {step} under {self.directory}: its {name!r} entry does not match the restore "
+                f"target ({e})"
+            ) from e
+        restored = out[STATE_ITEM][name]
+        missing = [
+            jax.tree_util.keystr(path)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(restored)
+            if isinstance(leaf, jax.ShapeDtypeStruct)
+        ]
+        if missing:
+            raise CheckpointError(
+                f"checkpoint step {step} under {self.directory}: {name}{missing[0]} (and "
+                f"{len(missing) - 1} more) of the restore target are not in the checkpoint"
+            )
+        return restored
+
+    def read_extra(self, step: int | None = None) -> dict[str, Any]:
+        """The JSON `extra` of step `step` (None = latest), without touching the arrays."""
+        step = self._check_step(step)
+        out = self._manager.restore(step, args=ocp.args.Composite(**{EXTRA_ITEM: ocp.args.JsonRestore()}))
+        return dict(out[EXTRA_ITEM] or {})
+
+    def wait(self) -> None:
+        """Blocks until the last (asynchronous) save is complete and renamed into place."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Waits for pending saves and releases the manager's threads."""
+        self._manager.close()
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def incomplete_checkpoints(directory: str | os.PathLike) -> list[pathlib.Path]:
+    """The temporary directories of saves that never completed (killed mid-save), for inspection or cleanup."""
+    d = pathlib.Path(directory)
+    return sorted(p for p in d.iterdir() if TMP_MARKER in p.name) if d.is_dir() else []
+
+
+class PreemptionFlag:
+    """Set by SIGTERM/SIGINT (after `install_signal_handlers`); the training loop polls it between steps."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    __bool__ = is_set
+
+    def set(self, signum: int | None = None) -> None:
+        self.signal = signum
+        self._event.set()
+
+    def clear(self) -> None:
+        self.signal = None
+        self._event.clear()
+
+    def any_process(self) -> bool:
+        """True if the flag is set on any JAX process (a collective: every process must call it at the same step)."""
+        if jax.process_count() == 1:
+            return self.is_set()
+        from jax.experimental import multihost_utils
+
+        flags = multihost_utils.process_allgather(np.asarray([self.is_set()], np.int32))
+        return bool(np.asarray(flags).any())
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self.is_set():
+            # Second Ctrl-C: the user wants out now, not after the next checkpoint.
+            self.uninstall()
+            raise KeyboardInterrupt
+        self.set(signum)
+
+    def uninstall(self) -> None:
+        """Puts back the handlers that were installed before."""
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+
+def install_signal_handlers(signals: Iterable[int] = (signal.SIGTERM, signal.SIGINT)) -> PreemptionFlag:
+    """Routes `signals` to a fresh PreemptionFlag instead of their default action (termination).
+
+    Must be called from the main thread (Python delivers signals there). Call `flag.uninstall()` to restore the
+    previous handlers.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("install_signal_handlers must be called from the main thread (Python's signal rule)")
+    flag = PreemptionFlag()
+    for signum in signals:
+        flag._previous[signum] = signal.signal(signum, flag._handle)
+    return flag
