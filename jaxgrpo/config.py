@@ -3,12 +3,35 @@
 
 Sections: ``model``, ``data``, ``rollout``, ``algo``, ``optim``, ``train``, ``mesh``, ``checkpoint``, ``log``,
 plus the top-level ``seed``. Every field has a default; a YAML file or an override only names what it changes.
+
+* ``load_config(path, overrides)``: the defaults, updated by the YAML file at `path` (or a packaged config named
+  like ``"default"`` → ``jaxgrpo/configs/default.yaml``), then by overrides ``section.key=value`` / ``seed=3``.
+  Values are parsed by YAML rules (``null``, ``true``, ``[1, 2]``, ``{k: 4}``) and then checked against the field's
+  annotation (``1e-6`` is accepted for a float although YAML reads it as a string; an int field accepts ``8.0`` but
+  not ``8.5``). Dict fields take a whole mapping or one key: ``algo.estimator_args.k=4``, ``data.rewards.format=0.1``;
+  ``data.rewards.format=null`` removes that key.
+* Every mistake is a `ConfigError` whose message names the key and what would be valid: the valid keys (with the
+  closest match for a typo), the valid choices of enum-like fields, or the allowed range.
+* ``to_dict`` / ``to_yaml`` / ``from_dict``: the resolved config, written into the run directory; loading it back
+  gives an equal `Config`.
+* ``parse_cli(argv)`` and ``cli_error(msg)`` for ``python -m jaxgrpo.train [--config FILE] [--run-dir DIR] [k=v ...]``.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import difflib
+import inspect
+import math
+import pathlib
+import sys
+import types
+import typing
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+import yaml
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,13 +56,17 @@ class DataConfig:
     source: str = "synthetic"  # synthetic | gsm8k
     path: str | None = None  # local jsonl/parquet file or directory holding {split}.jsonl; None = `datasets` hub id
     hf_id: str = "openai/gsm8k"
+    hf_config: str = "main"  # the `datasets` configuration name (GSM8K: main | socratic)
     split: str = "train"
-    difficulty: int = 1  # synthetic task knob (see data.py)
+    difficulty: int = 1  # synthetic task knob, 0..12 (see data.DIFFICULTY_LEVELS)
     num_examples: int | None = None  # cap on the dataset size; None = all
     shuffle: bool = True
     template: str = "chat"  # chat (tokenizer's chat template) | plain
     system_prompt: str | None = None
     max_prompt_tokens: int = 256
+    # reward functions and their weights: names from rewards.REWARDS (gsm8k, gsm8k_lenient, format, calibration,
+    # arithmetic, arithmetic_lenient) or "package.module:function"; the step's reward is the weighted sum.
+    rewards: dict[str, float] = dataclasses.field(default_factory=lambda: {"arithmetic": 1.0})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,3 +158,432 @@ class Config:
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
     seed: int = 0
+
+
+# -- loading and validation ------------------------------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """A bad config key or value; the message names the key and the valid keys, choices or range."""
+
+
+PACKAGED_CONFIGS = pathlib.Path(__file__).resolve().parent / "configs"
+DEFAULT_CONFIG = "default"  # what `python -m jaxgrpo.train` runs without --config
+
+SECTIONS: dict[str, type] = {
+    f.name: f.default_factory  # type: ignore[misc]
+    for f in dataclasses.fields(Config)
+    if f.default_factory is not dataclasses.MISSING  # type: ignore[misc]
+}
+TOP_LEVEL_SCALARS = ("seed",)
+
+# Enum-like fields: (section, key) -> valid values. algo.estimator is read from jaxgrpo.advantages at validation.
+CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("model", "dtype"): ("float32", "bfloat16"),
+    ("data", "source"): ("synthetic", "gsm8k"),
+    ("data", "template"): ("chat", "plain"),
+    ("algo", "degenerate_groups"): ("keep", "mask", "resample"),
+    ("algo", "ratio_level"): ("token", "sequence"),
+    ("algo", "aggregation"): ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"),
+    ("algo", "kl_estimator"): ("k1", "k2", "k3"),
+    ("algo", "on_reward_error"): ("error", "invalidate"),
+    ("optim", "schedule"): ("constant", "cosine"),
+}
+BUILTIN_TOKENIZERS = ("builtin:arithmetic",)
+
+
+def _estimators() -> tuple[str, ...]:
+    from jaxgrpo import advantages
+
+    return tuple(advantages.ESTIMATORS)
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _suggest(name: str, valid: Sequence[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
+    return f"did you mean {prefix + close[0]!r}? " if close else ""
+
+
+def _unknown(key: str, name: str, valid: Sequence[str], section: str | None) -> ConfigError:
+    where = f"in section {section!r}" if section else "(sections and top-level keys)"
+    suggestion = _suggest(name, valid, f"{section}." if section else "")
+    return ConfigError(f"unknown key {key!r}; {suggestion}valid keys {where}: {', '.join(valid)}")
+
+
+def _optional_inner(tp: Any) -> tuple[Any, bool]:
+    """(T, True) for ``T | None``, else (tp, False)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            return args[0], True
+    return tp, False
+
+
+def _type_name(tp: Any) -> str:
+    inner, optional = _optional_inner(tp)
+    name = getattr(inner, "__name__", str(inner)) if typing.get_origin(inner) is None else str(inner)
+    return f"{name} or null" if optional else name
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """`value` as the annotated type `tp`, or ConfigError naming `key`."""
+    inner, optional = _optional_inner(tp)
+    if value is None:
+        if optional or inner is Any:
+            return None
+        raise ConfigError(f"{key} may not be null; expected {_type_name(tp)}")
+    if inner is Any:
+        return value
+    bad = ConfigError(f"{key} must be {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+    if inner is bool:
+        if isinstance(value, bool):
+            return value
+        raise bad
+    if inner is int:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                value = float(value) if any(c in value.lower() for c in ".e") else int(value)
+            except ValueError:
+                raise bad from None
+            if isinstance(value, int):
+                return value
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            return int(value)
+        raise bad
+    if inner is float:
+        if isinstance(value, bool):
+            raise bad
+        if isinstance(value, str):  # YAML 1.1 reads "1e-6" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise bad from None
+        if isinstance(value, int | float):
+            if not math.isfinite(value):
+                raise ConfigError(f"{key} must be a finite number, got {value!r}")
+            return float(value)
+        raise bad
+    if inner is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return str(value)
+        raise bad
+    if typing.get_origin(inner) is dict:
+        if not isinstance(value, Mapping):
+            raise bad
+        _, val_tp = typing.get_args(inner)
+        out = {}
+        for k, v in value.items():
+            if v is None and val_tp is not Any:
+                continue  # `section.dict.key=null` removes the key
+            out[str(k)] = _coerce(v, val_tp, f"{key}.{k}")
+        return out
+    raise ConfigError(f"{key}: unsupported field type {tp!r} (a bug in jaxgrpo.config)")
+
+
+def _section_from_dict(name: str, cls: type, raw: Any) -> Any:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config section {name!r} must be a mapping of keys to values, got {raw!r}")
+    hints = _hints(cls)
+    valid = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for k, v in raw.items():
+        if k not in hints:
+            raise _unknown(f"{name}.{k}", str(k), valid, name)
+        kwargs[k] = _coerce(v, hints[k], f"{name}.{k}")
+    return cls(**kwargs)
+
+
+def from_dict(raw: Mapping[str, Any] | None) -> Config:
+    """A validated Config from a nested mapping (sections → keys); missing keys keep their defaults."""
+    raw = {} if raw is None else raw
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"a config must be a mapping of sections, got {type(raw).__name__}")
+    valid = [*SECTIONS, *TOP_LEVEL_SCALARS]
+    kwargs: dict[str, Any] = {}
+    for k, v in raw.items():
+        if k in SECTIONS:
+            kwargs[k] = _section_from_dict(k, SECTIONS[k], v)
+        elif k in TOP_LEVEL_SCALARS:
+            kwargs[k] = _coerce(v, _hints(Config)[k], k)
+        else:
+            raise _unknown(str(k), str(k), valid, None)
+    cfg = Config(**kwargs)
+    validate(cfg)
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain nested dict of every field (sections, then seed)."""
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: Config) -> str:
+    """The resolved config as YAML; ``from_dict(yaml.safe_load(to_yaml(cfg))) == cfg``."""
+    header = "# jaxgrpo resolved config: every field, after the config file and the command-line overrides\n"
+    return header + yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def resolve_config_path(path: str) -> pathlib.Path:
+    """A YAML file path, or the name of a packaged config (``"default"`` → ``jaxgrpo/configs/default.yaml``)."""
+    p = pathlib.Path(path).expanduser()
+    if p.is_file():
+        return p
+    packaged = PACKAGED_CONFIGS / (path if path.endswith((".yaml", ".yml")) else f"{path}.yaml")
+    if "/" not in path and packaged.is_file():
+        return packaged
+    names = sorted(x.stem for x in PACKAGED_CONFIGS.glob("*.yaml")) if PACKAGED_CONFIGS.is_dir() else []
+    raise ConfigError(f"config file {path!r} not found; give a YAML path or a packaged config: {', '.join(names)}")
+
+
+def config_name(path: str | None) -> str:
+    """Short name of a config for run directories: the file's stem, or ``"default"``."""
+    return DEFAULT_CONFIG if path is None else pathlib.Path(path).stem
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    file = resolve_config_path(path)
+    try:
+        raw = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{file}: invalid YAML: {e}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{file}: the top level must be a mapping of sections (model:, data:, ...)")
+    return raw
+
+
+def _field_type(section: str, key: str) -> Any:
+    return _hints(SECTIONS[section])[key]
+
+
+def apply_override(raw: dict[str, Any], override: str) -> None:
+    """Sets ``section.key[.subkey...]=value`` (or ``seed=value``) in the raw nested dict, checking the key."""
+    if not isinstance(override, str) or "=" not in override:
+        raise ConfigError(f"override {override!r} must look like section.key=value (e.g. algo.estimator=sign)")
+    dotted, _, text = override.partition("=")
+    parts = dotted.strip().split(".")
+    if any(not p for p in parts):
+        raise ConfigError(f"override {override!r}: empty key component in {dotted!r}")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {override!r}: the value is not valid YAML ({e})") from None
+    head = parts[0]
+    valid_top = [*SECTIONS, *TOP_LEVEL_SCALARS]
+    if head in TOP_LEVEL_SCALARS:
+        if len(parts) != 1:
+            raise ConfigError(f"override {override!r}: {head!r} is a top-level value, write {head}=...")
+        raw[head] = value
+        return
+    if head not in SECTIONS:
+        raise _unknown(dotted, head, valid_top, None)
+    cls = SECTIONS[head]
+    valid = [f.name for f in dataclasses.fields(cls)]
+    if len(parts) == 1:
+        raise ConfigError(f"override {override!r} names a whole section; set one key: {head}.KEY=... "
+                          f"with KEY one of: {', '.join(valid)}")
+    key = parts[1]
+    if key not in valid:
+        raise _unknown(f"{head}.{key}", key, valid, head)
+    tp, _ = _optional_inner(_field_type(head, key))
+    if tp is str and value is not None and not isinstance(value, str):
+        value = text.strip()  # keep the text as written ("1.10" stays "1.10")
+    section = raw.get(head)
+    if section is None:
+        section = raw[head] = {}
+    elif not isinstance(section, dict):
+        raise ConfigError(f"config section {head!r} must be a mapping, got {section!r}")
+    if len(parts) == 2:
+        section[key] = value
+        return
+    if typing.get_origin(tp) is not dict:
+        raise ConfigError(f"override {override!r}: {head}.{key} is {_type_name(tp)}, not a mapping with sub-keys")
+    if section.get(key) is None:
+        section[key] = dict(getattr(cls(), key))  # start from the default mapping
+    node = section[key] = dict(section[key]) if isinstance(section[key], Mapping) else section[key]
+    if not isinstance(node, dict):
+        raise ConfigError(f"{head}.{key} must be a mapping, got {node!r}")
+    for p in parts[2:-1]:
+        child = node.get(p)
+        if child is None:
+            child = {}
+        elif not isinstance(child, Mapping):
+            raise ConfigError(f"override {override!r}: {p!r} is {child!r}, not a mapping with sub-keys")
+        node[p] = dict(child)
+        node = node[p]
+    node[parts[-1]] = value
+
+
+def load_config(path: str | None, overrides: Sequence[str] = ()) -> Config:
+    """Defaults ← the YAML at `path` (None: none) ← `overrides` (``section.key=value``), validated."""
+    raw = _read_yaml(path) if path is not None else {}
+    raw = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in raw.items()}
+    if isinstance(overrides, str):
+        raise ConfigError("overrides must be a list of 'section.key=value' strings, not one string")
+    for override in overrides:
+        apply_override(raw, override)
+    return from_dict(raw)
+
+
+# -- semantic checks -------------------------------------------------------------------------------------------------
+
+
+def _require(ok: bool, key: str, value: Any, requirement: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key} must be {requirement}, got {value!r}")
+
+
+def _check_choice(key: str, value: str, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r} is not a valid choice; {_suggest(value, choices)}"
+                          f"valid choices: {', '.join(choices)}")
+
+
+def _check_estimator_args(algo: AlgoConfig) -> None:
+    from jaxgrpo import advantages
+
+    fn = getattr(advantages, algo.estimator, None)
+    if fn is None or not callable(fn):
+        return
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    accepted = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "axis_name"]
+    for k in algo.estimator_args:
+        if k not in accepted:
+            raise ConfigError(
+                f"algo.estimator_args.{k} is not an argument of the {algo.estimator!r} estimator; "
+                f"{_suggest(k, accepted)}valid arguments: {', '.join(accepted) or '(none)'}"
+            )
+
+
+def validate(cfg: Config) -> None:
+    """Raises ConfigError for an out-of-range or inconsistent value (types are checked while loading)."""
+    for (section, key), choices in CHOICES.items():
+        _check_choice(f"{section}.{key}", getattr(getattr(cfg, section), key), choices)
+    _check_choice("algo.estimator", cfg.algo.estimator, _estimators())
+    _check_estimator_args(cfg.algo)
+
+    m, d, r, a, o = cfg.model, cfg.data, cfg.rollout, cfg.algo, cfg.optim
+    _require(bool(m.name_or_path), "model.name_or_path", m.name_or_path, "'tiny', 'smollm2' or a model path")
+    if m.tokenizer is not None and m.tokenizer.startswith("builtin:"):
+        _check_choice("model.tokenizer", m.tokenizer, BUILTIN_TOKENIZERS)
+    for key in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                "max_position_embeddings"):
+        _require(getattr(m, key) >= 1, f"model.{key}", getattr(m, key), ">= 1")
+    if m.name_or_path == "tiny":
+        _require(m.hidden_size % m.num_heads == 0, "model.hidden_size", m.hidden_size,
+                 f"a multiple of model.num_heads={m.num_heads} (head_dim = hidden_size / num_heads)")
+        _require(m.num_heads % m.num_kv_heads == 0, "model.num_heads", m.num_heads,
+                 f"a multiple of model.num_kv_heads={m.num_kv_heads} (grouped-query attention)")
+
+    from jaxgrpo.data import MAX_DIFFICULTY
+
+    _require(0 <= d.difficulty <= MAX_DIFFICULTY, "data.difficulty", d.difficulty, f"in [0, {MAX_DIFFICULTY}]")
+    _require(d.num_examples is None or d.num_examples >= 1, "data.num_examples", d.num_examples, ">= 1 or null")
+    _require(d.max_prompt_tokens >= 1, "data.max_prompt_tokens", d.max_prompt_tokens, ">= 1")
+    _require(bool(d.split), "data.split", d.split, "a non-empty split name (train, test)")
+    _require(bool(d.hf_id), "data.hf_id", d.hf_id, "a non-empty dataset id")
+    _require(bool(d.rewards), "data.rewards", d.rewards, "a non-empty mapping of reward name to weight, "
+             "e.g. {arithmetic: 1.0}")
+    from jaxgrpo import rewards as rewards_lib
+
+    for name in d.rewards:
+        try:
+            rewards_lib.resolve(name)
+        except ValueError as e:
+            raise ConfigError(f"data.rewards: {e}") from None
+
+    _require(r.prompts_per_step >= 1, "rollout.prompts_per_step", r.prompts_per_step, ">= 1")
+    _require(r.group_size >= 2, "rollout.group_size", r.group_size,
+             ">= 2 (group-relative advantages need at least two samples per prompt)")
+    _require(r.max_new_tokens >= 1, "rollout.max_new_tokens", r.max_new_tokens, ">= 1")
+    _require(r.temperature >= 0, "rollout.temperature", r.temperature, ">= 0 (0 = greedy)")
+    _require(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "in (0, 1]")
+    _require(r.top_k >= 0, "rollout.top_k", r.top_k, ">= 0 (0 = off)")
+
+    _require(a.degenerate_atol >= 0, "algo.degenerate_atol", a.degenerate_atol, ">= 0")
+    _require(a.degenerate_rtol >= 0, "algo.degenerate_rtol", a.degenerate_rtol, ">= 0")
+    _require(0 < a.clip_low < 1, "algo.clip_low", a.clip_low, "in (0, 1) (the ratio is clipped below at 1 - clip_low)")
+    _require(a.clip_high is None or a.clip_high > 0, "algo.clip_high", a.clip_high, "> 0 or null (= clip_low)")
+    _require(a.dual_clip is None or a.dual_clip > 1, "algo.dual_clip", a.dual_clip, "> 1 or null (off)")
+    _require(a.max_tokens is None or a.max_tokens >= 1, "algo.max_tokens", a.max_tokens, ">= 1 or null")
+    _require(a.kl_coef >= 0, "algo.kl_coef", a.kl_coef, ">= 0")
+    for key in ("num_iterations", "num_minibatches", "grad_accum_steps", "resample_max_rounds"):
+        _require(getattr(a, key) >= 1, f"algo.{key}", getattr(a, key), ">= 1")
+    _require(a.logprob_chunk >= 0, "algo.logprob_chunk", a.logprob_chunk, ">= 0 (0 = automatic)")
+    _require(r.prompts_per_step % a.num_minibatches == 0, "rollout.prompts_per_step", r.prompts_per_step,
+             f"a multiple of algo.num_minibatches={a.num_minibatches} (minibatches hold whole groups)")
+
+    _require(o.learning_rate > 0, "optim.learning_rate", o.learning_rate, "> 0")
+    _require(o.warmup_steps >= 0, "optim.warmup_steps", o.warmup_steps, ">= 0")
+    _require(0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio", o.min_lr_ratio, "in [0, 1]")
+    _require(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, ">= 0")
+    _require(0 <= o.b1 < 1, "optim.b1", o.b1, "in [0, 1)")
+    _require(0 <= o.b2 < 1, "optim.b2", o.b2, "in [0, 1)")
+    _require(o.eps > 0, "optim.eps", o.eps, "> 0")
+    _require(o.max_grad_norm >= 0, "optim.max_grad_norm", o.max_grad_norm, ">= 0 (0 = no clipping)")
+
+    t = cfg.train
+    _require(t.steps >= 1, "train.steps", t.steps, ">= 1")
+    _require(t.eval_every >= 0, "train.eval_every", t.eval_every, ">= 0 (0 = never)")
+    _require(t.eval_examples >= 1, "train.eval_examples", t.eval_examples, ">= 1")
+    for key in ("data", "fsdp", "tensor"):
+        _require(getattr(cfg.mesh, key) >= 1, f"mesh.{key}", getattr(cfg.mesh, key), ">= 1")
+    groups_per_minibatch = r.prompts_per_step // a.num_minibatches
+    _require(groups_per_minibatch % cfg.mesh.data == 0, "rollout.prompts_per_step", r.prompts_per_step,
+             f"such that each minibatch's {groups_per_minibatch} groups split evenly over mesh.data={cfg.mesh.data} "
+             "(groups are kept whole on one data shard)")
+    _require(cfg.checkpoint.every >= 0, "checkpoint.every", cfg.checkpoint.every, ">= 0 (0 = only on exit)")
+    _require(cfg.checkpoint.keep >= 1, "checkpoint.keep", cfg.checkpoint.keep, ">= 1")
+    _require(cfg.log.every >= 1, "log.every", cfg.log.every, ">= 1")
+    _require(cfg.log.sample_every >= 0, "log.sample_every", cfg.log.sample_every, ">= 0 (0 = never)")
+    _require(cfg.seed >= 0, "seed", cfg.seed, ">= 0")
+
+
+# -- command line ----------------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m jaxgrpo.train",
+        description="GRPO post-training. Without --config it runs the packaged default.yaml (an offline demo).",
+        epilog=f"overrides: section.key=value with section one of {', '.join(SECTIONS)}, or seed=N; "
+        "e.g. algo.estimator=sign train.steps=50 algo.estimator_args.k=4 algo.clip_high=null",
+    )
+    p.add_argument("--config", default=None, help="YAML file or packaged config name (default: default)")
+    p.add_argument("--run-dir", default=None, help="run directory; re-running with it resumes (default: runs/...)")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value")
+    return p
+
+
+def parse_cli(argv: Sequence[str]) -> tuple[str, str | None, list[str]]:
+    """(config path or packaged name, run dir or None, overrides) from the command line.
+
+    `--help` and unknown options are handled by argparse (usage on stderr, exit status 2); a positional argument
+    that is not ``key=value`` is a ConfigError.
+    """
+    args = _parser().parse_intermixed_args(list(argv))
+    for o in args.overrides:
+        if "=" not in o:
+            raise ConfigError(f"argument {o!r} is not an override; overrides look like section.key=value "
+                              "(e.g. train.steps=50); options are --config FILE and --run-dir DIR")
+    return (args.config if args.config is not None else DEFAULT_CONFIG), args.run_dir, list(args.overrides)
+
+
+def cli_error(msg: str) -> int:
+    """Prints ``error: msg`` to stderr (no traceback) and returns the exit status 2: ``return cli_error(str(e))``."""
+    print(f"error: {msg}", file=sys.stderr)
+    return 2

@@ -1,0 +1,340 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Prompts for RL: GSM8K (hub or local files), synthetic arithmetic, a resumable iterator, prompt encoding.
+
+* ``Example(prompt, answer, meta)``: one task; ``answer`` is the canonical gold answer string.
+* GSM8K (Cobbe et al. 2021): ``datasets.load_dataset(data.hf_id, data.hf_config, split=data.split)``, or, offline,
+  ``data.path`` = a ``.jsonl`` / ``.parquet`` file or a directory holding ``{split}.jsonl`` / ``{split}.parquet``
+  (or the hub's ``**/{split}-*.parquet`` shards). Rows need a ``question`` and an ``answer`` whose gold number follows
+  ``####``; the gold is normalised (``"1,000"`` → ``"1000"``). A malformed row is a `DataError` naming the file, the
+  line (row) number and the field.
+* ``synthetic_arithmetic(n, difficulty, seed)``: verifiable arithmetic whose difficulty knob moves a small model
+  between the all-fail, mixed and all-pass regimes of GRPO groups (see `DIFFICULTY_LEVELS`).
+* ``PromptIterator``: epoch-wise permutations drawn from ``numpy.random.default_rng([seed, epoch])``; its
+  ``state()`` (epoch, position) is checkpointed, so a resumed run sees exactly the prompts of the uninterrupted one.
+* ``encode_prompts``: the tokenizer's chat template (``data.template=chat``, as for real chat models) or plain text.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import zlib
+from collections.abc import Iterable, Sequence
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from jaxgrpo.config import ConfigError, DataConfig
+from jaxgrpo.rewards import extract_answer, format_number, normalize_number
+
+T = TypeVar("T")
+
+SYNTHETIC_DEFAULT_SIZE = 10_000  # examples generated when data.num_examples is None (the task is unbounded)
+MAX_DIFFICULTY = 12
+DIFFICULTY_LEVELS = {
+    0: "copy one digit: '7=' -> '7'",
+    1: "sum of two digits without carry (sum <= 9): '3+4=' -> '7'",
+    2: "sum of two digits, any (0..18): '8+5=' -> '13'",
+    3: "sum of two two-digit numbers: '23+58=' -> '81'",
+    4: "sum or difference of two two-digit numbers (may be negative): '23-58=' -> '-35'",
+    5: "d >= 5: d-2 two-digit numbers joined by + or -: '12+34-56=' -> '-10' (d=5)",
+}
+
+
+class DataError(ConfigError):
+    """Bad data or data settings (a malformed row, a missing file, a prompt too long)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One prompt with its gold answer; `meta` carries provenance (source, index, ...) for error messages/logs."""
+
+    prompt: str
+    answer: str
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+# -- GSM8K ---------------------------------------------------------------------------------------------------------
+
+
+def gsm8k_example(row: Any, where: str, index: int) -> Example:
+    """Converts one GSM8K row ({"question", "answer": "...#### n"}); `where` names it in errors ("f.jsonl line 3")."""
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected an object with 'question' and 'answer', got {type(row).__name__}")
+    for field in ("question", "answer"):
+        if field not in row:
+            raise DataError(f"{where}: missing field {field!r} (found fields: {sorted(row)})")
+        if not isinstance(row[field], str) or not row[field].strip():
+            raise DataError(f"{where}: field {field!r} must be a non-empty string, got {row[field]!r}")
+    solution = row["answer"]
+    if "####" not in solution:
+        raise DataError(f"{where}: field 'answer' has no '#### <number>' final answer: {solution[-80:]!r}")
+    gold = normalize_number(extract_answer(solution, "strict"))
+    if gold is None:
+        tail = solution[solution.rfind("####") :][:80]
+        raise DataError(f"{where}: field 'answer' has no number after its last '####': {tail!r}")
+    return Example(
+        prompt=row["question"].strip(),
+        answer=format_number(gold),
+        meta={"source": "gsm8k", "index": index, "where": where, "solution": solution},
+    )
+
+
+def _read_jsonl(path: pathlib.Path) -> Iterable[tuple[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path} line {lineno}"
+            try:
+                yield where, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from e
+
+
+def _read_parquet(path: pathlib.Path) -> Iterable[tuple[str, Any]]:
+    import pyarrow.parquet as pq
+
+    for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
+        yield f"{path} row {i}", row
+
+
+def _local_files(path: str, split: str) -> list[pathlib.Path]:
+    p = pathlib.Path(path).expanduser()
+    if not p.exists():
+        raise DataError(f"data.path={path!r} does not exist; point it at a .jsonl/.parquet file or a directory")
+    if p.is_file():
+        if p.suffix not in (".jsonl", ".json", ".parquet"):
+            raise DataError(f"data.path={path!r}: unsupported file type {p.suffix!r}; use .jsonl or .parquet")
+        return [p]
+    for name in (f"{split}.jsonl", f"{split}.parquet"):
+        if (p / name).is_file():
+            return [p / name]
+    shards = sorted(p.rglob(f"{split}-*.parquet"))
+    if shards:
+        return shards
+    present = sorted(x.name for x in p.iterdir())[:20]
+    raise DataError(
+        f"data.path={path!r} holds no {split}.jsonl, {split}.parquet or {split}-*.parquet for data.split={split!r}; "
+        f"it contains: {present}"
+    )
+
+
+def load_gsm8k_local(path: str, split: str = "train") -> list[Example]:
+    """GSM8K rows from a local file or directory (see the module docstring)."""
+    examples: list[Example] = []
+    for file in _local_files(path, split):
+        rows = _read_parquet(file) if file.suffix == ".parquet" else _read_jsonl(file)
+        for where, row in rows:
+            examples.append(gsm8k_example(row, where, len(examples)))
+    if not examples:
+        raise DataError(f"data.path={path!r} (split {split!r}) holds no rows")
+    return examples
+
+
+def load_gsm8k_hub(hf_id: str = "openai/gsm8k", hf_config: str = "main", split: str = "train") -> list[Example]:
+    """GSM8K through `datasets.load_dataset(hf_id, hf_config, split=split)` (network or the local HF cache)."""
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(hf_id, hf_config, split=split)
+    except Exception as e:  # offline, unknown id/split, ...: say how to work around it
+        raise DataError(
+            f"could not load {hf_id!r} ({hf_config}, split {split!r}) with datasets: {type(e).__name__}: {e}; "
+            "offline, set data.path to a local copy (a directory with train.jsonl/test.jsonl)"
+        ) from e
+    return [gsm8k_example(row, f"{hf_id}[{hf_config}] {split} row {i + 1}", i) for i, row in enumerate(ds)]
+
+
+# -- synthetic arithmetic --------------------------------------------------------------------------------------------
+
+_NO_CARRY_PAIRS = [(a, b) for a in range(10) for b in range(10) if a + b <= 9]
+
+
+def synthetic_arithmetic(n: int, difficulty: int, seed: int, split: str = "train") -> list[Example]:
+    """`n` arithmetic problems ``"a+b="`` → ``"c"`` of the given difficulty (`DIFFICULTY_LEVELS`), deterministic.
+
+    The stream depends on (seed, difficulty, split), so train and test draws differ (though for the small levels
+    0-2 there are only 10, 55 and 100 distinct problems).
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise DataError(f"synthetic_arithmetic: n must be a positive int, got {n!r}")
+    if isinstance(difficulty, bool) or not isinstance(difficulty, int) or not 0 <= difficulty <= MAX_DIFFICULTY:
+        raise DataError(f"data.difficulty must be an int in [0, {MAX_DIFFICULTY}], got {difficulty!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise DataError(f"synthetic_arithmetic: seed must be a non-negative int, got {seed!r}")
+    rng = np.random.default_rng([seed, difficulty, zlib.crc32(split.encode())])
+    out = []
+    for i in range(n):
+        if difficulty == 0:
+            a = int(rng.integers(10))
+            prompt, value = f"{a}=", a
+        elif difficulty == 1:
+            a, b = _NO_CARRY_PAIRS[int(rng.integers(len(_NO_CARRY_PAIRS)))]
+            prompt, value = f"{a}+{b}=", a + b
+        elif difficulty == 2:
+            a, b = (int(x) for x in rng.integers(10, size=2))
+            prompt, value = f"{a}+{b}=", a + b
+        elif difficulty == 3:
+            a, b = (int(x) for x in rng.integers(10, 100, size=2))
+            prompt, value = f"{a}+{b}=", a + b
+        else:
+            k = 2 if difficulty == 4 else difficulty - 2
+            nums = [int(x) for x in rng.integers(10, 100, size=k)]
+            ops = ["+" if s else "-" for s in rng.integers(2, size=k - 1)]
+            prompt = str(nums[0]) + "".join(f"{op}{x}" for op, x in zip(ops, nums[1:])) + "="
+            value = nums[0] + sum(x if op == "+" else -x for op, x in zip(ops, nums[1:]))
+        out.append(Example(prompt, str(value), {"source": "synthetic", "difficulty": difficulty, "index": i}))
+    return out
+
+
+def load_dataset(cfg: DataConfig, seed: int) -> list[Example]:
+    """The examples `cfg` describes (`data.source` synthetic or gsm8k), capped at `data.num_examples` (the first n)."""
+    if cfg.source == "synthetic":
+        return synthetic_arithmetic(cfg.num_examples or SYNTHETIC_DEFAULT_SIZE, cfg.difficulty, seed, cfg.split)
+    if cfg.source == "gsm8k":
+        if cfg.path is not None:
+            examples = load_gsm8k_local(cfg.path, cfg.split)
+        else:
+            examples = load_gsm8k_hub(cfg.hf_id, cfg.hf_config, cfg.split)
+        return examples[: cfg.num_examples] if cfg.num_examples else examples
+    raise DataError(f"data.source={cfg.source!r} is not a known source; valid choices: synthetic, gsm8k")
+
+
+# -- iteration -------------------------------------------------------------------------------------------------------
+
+
+class PromptIterator(Generic[T]):
+    """Endless batches over `items`, one permutation per epoch from ``default_rng([seed, epoch])``.
+
+    A batch that crosses an epoch boundary takes the rest of this epoch and continues with the next one's
+    permutation. ``state()`` → ``{"epoch", "position", "seed", "num_items", "shuffle"}`` (JSON-able ints/bools);
+    ``restore(state)`` continues exactly there and refuses a state from a different dataset size, seed or shuffle.
+    """
+
+    def __init__(self, items: Sequence[T], batch_size: int, seed: int, shuffle: bool = True):
+        if len(items) == 0:
+            raise DataError("PromptIterator: the dataset is empty")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise DataError(f"PromptIterator: batch_size must be a positive int, got {batch_size!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise DataError(f"PromptIterator: seed must be a non-negative int, got {seed!r}")
+        self.items = items
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = bool(shuffle)
+        self.epoch = 0
+        self.position = 0
+        self._order: np.ndarray | None = None
+
+    def _epoch_order(self) -> np.ndarray:
+        if self._order is None:
+            n = len(self.items)
+            if self.shuffle:
+                self._order = np.random.default_rng([self.seed, self.epoch]).permutation(n)
+            else:
+                self._order = np.arange(n)
+        return self._order
+
+    def next_batch(self, size: int | None = None) -> list[T]:
+        """The next `size` (default `batch_size`) items."""
+        size = self.batch_size if size is None else size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise DataError(f"PromptIterator.next_batch: size must be a positive int, got {size!r}")
+        n = len(self.items)
+        out: list[T] = []
+        while len(out) < size:
+            take = min(size - len(out), n - self.position)
+            out.extend(self.items[int(j)] for j in self._epoch_order()[self.position : self.position + take])
+            self.position += take
+            if self.position == n:
+                self.epoch, self.position, self._order = self.epoch + 1, 0, None
+        return out
+
+    def state(self) -> dict[str, int | bool]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "num_items": len(self.items),
+                "shuffle": self.shuffle}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        missing = {"epoch", "position"} - set(state)
+        if missing:
+            raise DataError(f"PromptIterator.restore: state lacks {sorted(missing)} (got {state!r})")
+        for key, mine in (("num_items", len(self.items)), ("seed", self.seed), ("shuffle", self.shuffle)):
+            if key in state and state[key] != mine:
+                raise DataError(
+                    f"PromptIterator.restore: the checkpoint's {key}={state[key]!r} differs from this run's {mine!r}; "
+                    "resume with the same data settings and seed as the interrupted run"
+                )
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or not 0 <= position < len(self.items):
+            raise DataError(f"PromptIterator.restore: invalid epoch/position {epoch}/{position}")
+        self.epoch, self.position, self._order = epoch, position, None
+
+
+# -- encoding --------------------------------------------------------------------------------------------------------
+
+
+def prompt_text(tokenizer: Any, example: Example, cfg: DataConfig) -> tuple[str, bool]:
+    """(text to tokenize, whether the tokenizer should add its special tokens) for one example."""
+    if cfg.template == "chat":
+        if not getattr(tokenizer, "chat_template", None):
+            raise DataError(
+                f"data.template=chat but the tokenizer {type(tokenizer).__name__} has no chat template; "
+                "set data.template=plain"
+            )
+        messages = []
+        if cfg.system_prompt:
+            messages.append({"role": "system", "content": cfg.system_prompt})
+        messages.append({"role": "user", "content": example.prompt})
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return text, False  # the template already holds BOS etc.
+    if cfg.template == "plain":
+        text = f"{cfg.system_prompt}\n\n{example.prompt}" if cfg.system_prompt else example.prompt
+        return text, True
+    raise DataError(f"data.template={cfg.template!r} is not known; valid choices: chat, plain")
+
+
+def encode_prompts(tokenizer: Any, examples: Sequence[Example], cfg: DataConfig) -> list[list[int]]:
+    """Token ids of each example's prompt (chat template or plain text), checked against `data.max_prompt_tokens`."""
+    out = []
+    unk = getattr(tokenizer, "unk_token_id", None)
+    for i, example in enumerate(examples):
+        text, special = prompt_text(tokenizer, example, cfg)
+        enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=unk is not None)
+        ids = list(enc["input_ids"])
+        if not ids:
+            raise DataError(f"example {i}: the prompt {example.prompt!r} encodes to no tokens")
+        if unk is not None and unk in ids:
+            spans = [text[a:b] for t, (a, b) in zip(ids, enc["offset_mapping"]) if t == unk]
+            raise DataError(
+                f"example {i}: the tokenizer cannot represent {sorted(set(spans))} in prompt {example.prompt[:60]!r} "
+                "(they encode to its unknown token); use a tokenizer that covers them or change the text"
+            )
+        if len(ids) > cfg.max_prompt_tokens:
+            raise DataError(
+                f"example {i}: the prompt is {len(ids)} tokens, longer than data.max_prompt_tokens="
+                f"{cfg.max_prompt_tokens}; raise data.max_prompt_tokens (or shorten data.system_prompt)"
+            )
+        out.append(ids)
+    return out
+
+
+def describe_difficulty(difficulty: int) -> str:
+    """Human-readable description of a synthetic difficulty level."""
+    return DIFFICULTY_LEVELS[min(difficulty, 5)]
+
+
+__all__ = [
+    "DIFFICULTY_LEVELS",
+    "DataError",
+    "Example",
+    "PromptIterator",
+    "encode_prompts",
+    "gsm8k_example",
+    "load_dataset",
+    "load_gsm8k_hub",
+    "load_gsm8k_local",
+    "prompt_text",
+    "synthetic_arithmetic",
+]
