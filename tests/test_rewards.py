@@ -1,0 +1,282 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Tests for jaxgrpo.rewards: answer extraction on tricky strings, exact normalisation, format, the RLCR calibration
+reward against hand-computed values, and `score`'s error / invalidate handling."""
+
+from fractions import Fraction
+
+import chex
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jaxgrpo import rewards
+from jaxgrpo.data import Example
+
+F = Fraction
+
+
+def ex(answer: str, prompt: str = "How many apples?", **meta) -> Example:
+    return Example(prompt=prompt, answer=answer, meta=meta)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("#### 72", F(72)),
+        ("#### 1,000.00", F(1000)),
+        ("Each costs $5.\n#### $1,234", F(1234)),
+        ("#### -5", F(-5)),
+        ("#### +8", F(8)),
+        ("#### 0.25", F(1, 4)),
+        ("#### 3/4", F(3, 4)),
+        ("#### 50%", F(50)),
+        ("####72", F(72)),
+        ("#### 72\nI hope this helps! 99 bottles.", F(72)),
+        ("#### 7 apples and 3 pears", F(7)),
+        ("first guess\n#### 3\nwait, no\n#### 4", F(4)),
+        ("#### 4\n#### ", None),  # the last marker has no number: no answer, although an earlier one had
+        ("#### four", None),
+        ("The answer is 72.", None),  # strict mode wants the marker
+        ("", None),
+        ("#### \\frac{1}{8}", F(1, 8)),
+    ],
+)
+def test_strict_extraction(text, expected):
+    assert rewards.normalize_number(rewards.extract_answer(text, "strict")) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("The answer is 72.", F(72)),
+        ("It costs $1,000.50 in total", F(2001, 2)),
+        ("pages 3-5 of the book", F(5)),  # a dash glued to a digit is not a minus sign
+        ("-7 is the result", F(-7)),
+        ("so the total is 0.5 or 1/2", F(1, 2)),
+        ("#### 12 but then 13", F(13)),
+        ("we get \\boxed{\\frac{3}{4}} and then 12", F(3, 4)),  # \boxed wins over a later number
+        ("\\boxed{1{,}000}", F(1000)),
+        ("\\boxed{x = 2} ok", F(2)),
+        ("no numbers here", None),
+    ],
+)
+def test_lenient_extraction(text, expected):
+    assert rewards.normalize_number(rewards.extract_answer(text, "lenient")) == expected
+
+
+@pytest.mark.parametrize(
+    "s, expected",
+    [
+        ("1,000", F(1000)),
+        ("$1,000.00", F(1000)),
+        ("1000.0", F(1000)),
+        ("+3", F(3)),
+        ("-0.5", F(-1, 2)),
+        ("3/4", F(3, 4)),
+        (" 42 ", F(42)),
+        ("12%", F(12)),
+        ("0.1", F(1, 10)),  # exact, not the binary float 0.1
+        ("1/0", None),
+        ("abc", None),
+        ("nan", None),
+        ("inf", None),
+        ("", None),
+        (None, None),
+        ("1.2.3", None),
+    ],
+)
+def test_normalize_number(s, expected):
+    assert rewards.normalize_number(s) == expected
+
+
+@given(st.fractions(max_denominator=10_000))
+def test_format_number_round_trips(x):
+    assert rewards.normalize_number(rewards.format_number(x)) == x
+
+
+def test_format_number_examples():
+    assert [rewards.format_number(F(n, d)) for n, d in [(1000, 1), (-1, 2), (1, 3), (5, 2), (-1, 8)]] == [
+        "1000", "-0.5", "1/3", "2.5", "-0.125"]
+
+
+def test_extract_answer_bad_mode():
+    with pytest.raises(ValueError, match="strict"):
+        rewards.extract_answer("1", "fuzzy")
+
+
+def test_gsm8k_correct():
+    gold = ex("1000")
+    assert rewards.gsm8k_correct("so 10 * 100\n#### 1,000.00", gold) == 1.0
+    assert rewards.gsm8k_correct("#### 999", gold) == 0.0
+    assert rewards.gsm8k_correct("it is 1000", gold, "strict") == 0.0
+    assert rewards.gsm8k_correct("it is 1000", gold, "lenient") == 1.0
+    assert rewards.REWARDS["gsm8k"]("#### 1000", gold) == 1.0
+    assert rewards.REWARDS["gsm8k_lenient"]("1000 it is", gold) == 1.0
+    with pytest.raises(ValueError, match="gold answer"):
+        rewards.gsm8k_correct("#### 1", ex("many"))
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("6 * 7 = 42\n#### 42", 1.0),
+        ("#### 42\n", 1.0),
+        ("#### 42\n<confidence>0.9</confidence>", 1.0),
+        ("#### 1,000.50\nConfidence: 80%", 1.0),
+        ("#### 42 apples", 0.0),
+        ("#### 4\n#### 42", 0.0),
+        ("the answer is 42", 0.0),
+        ("#### 42\nbut maybe 41", 0.0),
+        ("#### x", 0.0),
+    ],
+)
+def test_format_reward(text, expected):
+    assert rewards.format_reward(text, ex("42")) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("<confidence>0.8</confidence>", 0.8),
+        ("Confidence: 80%", 0.8),
+        ("confidence = 0.25", 0.25),
+        ("<confidence> 1 </confidence>", 1.0),
+        ("Confidence: 0.3 ... final Confidence: 0.6", 0.6),
+        ("<confidence>1.5</confidence>", None),
+        ("<confidence>high</confidence>", None),
+        ("no confidence given", None),
+    ],
+)
+def test_extract_confidence(text, expected):
+    q = rewards.extract_confidence(text)
+    assert (q is None) if expected is None else q == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        # R = c - (q - c)^2, by hand
+        ("#### 12\n<confidence>0.8</confidence>", 1 - 0.2**2),  # correct, q=0.8: 0.96
+        ("#### 13\n<confidence>0.8</confidence>", 0 - 0.8**2),  # wrong, q=0.8: -0.64
+        ("#### 12\nConfidence: 30%", 1 - 0.7**2),  # 0.51
+        ("#### 13\nConfidence: 0%", 0.0),  # wrong and said so: the best a wrong answer can get
+        ("#### 12\n<confidence>1</confidence>", 1.0),
+        ("#### 12", 0.0),  # missing confidence: the full Brier penalty 1
+        ("#### 13", -1.0),
+        ("#### 12\n<confidence>2</confidence>", 0.0),  # out of range counts as missing
+    ],
+)
+def test_calibration_reward_by_hand(text, expected):
+    assert rewards.calibration_reward(text, ex("12")) == pytest.approx(expected, abs=1e-12)
+
+
+@given(st.floats(0, 1), st.booleans())
+def test_calibration_missing_is_never_better_than_stating(q, correct):
+    example = ex("12")
+    answer = "12" if correct else "13"
+    stated = rewards.calibration_reward(f"#### {answer}\n<confidence>{q!r}</confidence>", example)
+    missing = rewards.calibration_reward(f"#### {answer}", example)
+    assert missing <= stated
+
+
+@pytest.mark.parametrize(
+    "text, exact, lenient",
+    [
+        ("7", 1.0, 1.0),
+        (" 7\n", 1.0, 1.0),
+        ("7<eos>8", 1.0, 1.0),
+        ("77", 0.0, 0.0),
+        ("7+1", 0.0, 1.0),
+        ("", 0.0, 0.0),
+        ("seven", 0.0, 0.0),
+    ],
+)
+def test_arithmetic_rewards(text, exact, lenient):
+    assert rewards.arithmetic_correct(text, ex("7")) == exact
+    assert rewards.arithmetic_lenient(text, ex("7")) == lenient
+
+
+def test_arithmetic_negative():
+    assert rewards.arithmetic_correct("-35", ex("-35")) == 1.0
+    assert rewards.arithmetic_lenient("-35 ok", ex("-35")) == 1.0
+    assert rewards.arithmetic_lenient("35", ex("-35")) == 0.0
+
+
+def test_score_weighted_sum():
+    examples = [ex("12"), ex("12"), ex("5")]
+    texts = ["#### 12", "#### 12 apples", "#### 4"]
+    r, valid = rewards.score(texts, examples, [("gsm8k", 1.0), ("format", 0.5)])
+    chex.assert_shape([r, valid], (3,))
+    chex.assert_type(r, np.float32)
+    assert valid.dtype == np.bool_ and valid.all()
+    np.testing.assert_allclose(r, [1.5, 1.0, 0.5])
+
+
+def test_score_accepts_callables_import_paths_and_numpy_scalars():
+    examples = [ex("1"), ex("2")]
+
+    def length(completion: str, example: Example) -> np.float64:
+        return np.float64(len(completion))
+
+    r, valid = rewards.score(["a", "bcd"], examples, [(length, 2.0), ("jaxgrpo.rewards:arithmetic_correct", 1.0)])
+    np.testing.assert_allclose(r, [2.0, 6.0])
+    assert valid.all()
+    combined = rewards.combine([(length, 2.0), ("arithmetic", 1.0)])
+    assert combined("1", ex("1")) == 3.0
+
+
+def _boom(completion, example):
+    if completion == "bad":
+        raise ZeroDivisionError("division by zero")
+    return 1.0
+
+
+def _nan_on_bad(completion, example):
+    return float("nan") if completion == "bad" else 1.0
+
+
+def _none_on_bad(completion, example):
+    return None if completion == "bad" else 1.0
+
+
+@pytest.mark.parametrize("fn, what", [(_boom, "raised ZeroDivisionError"), (_nan_on_bad, "non-finite"),
+                                      (_none_on_bad, "not a real number")])
+def test_score_error_names_function_and_example(fn, what):
+    examples = [ex("1", prompt="What is one?", index=7), ex("1", prompt="Q" * 100, index=8)]
+    with pytest.raises(rewards.RewardError) as info:
+        rewards.score(["fine", "bad"], examples, [("arithmetic", 1.0), (fn, 1.0)])
+    msg = str(info.value)
+    assert fn.__name__ in msg and what in msg
+    assert "sample 1" in msg and "dataset example 8" in msg and "QQQ" in msg and "..." in msg
+    assert "algo.on_reward_error=invalidate" in msg
+
+
+def test_score_invalidate():
+    examples = [ex("1"), ex("1"), ex("1")]
+    r, valid = rewards.score(["1", "bad", "1"], examples, [("arithmetic", 2.0), (_nan_on_bad, 1.0)],
+                             on_error="invalidate")
+    np.testing.assert_array_equal(valid, [True, False, True])
+    np.testing.assert_array_equal(r, np.array([3.0, 0.0, 3.0], np.float32))
+    assert np.isfinite(r).all()
+
+
+@pytest.mark.parametrize(
+    "fns, match",
+    [
+        ([("gsm9k", 1.0)], "did you mean 'gsm8k'"),
+        ([("nosuchmodule_xyz:f", 1.0)], "cannot import"),
+        ([("gsm8k", float("nan"))], "finite"),
+        ([], "at least one"),
+    ],
+)
+def test_score_bad_reward_config(fns, match):
+    with pytest.raises(ValueError, match=match):
+        rewards.score(["#### 1"], [ex("1")], fns)
+
+
+def test_score_length_mismatch_and_bad_mode():
+    with pytest.raises(ValueError, match="2 completions but 1 examples"):
+        rewards.score(["a", "b"], [ex("1")], [("gsm8k", 1.0)])
+    with pytest.raises(ValueError, match="on_error"):
+        rewards.score(["a"], [ex("1")], [("gsm8k", 1.0)], on_error="ignore")
