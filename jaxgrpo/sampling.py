@@ -1,0 +1,444 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Rollout sampler: jitted prefill + decode over a preallocated KV cache, G samples per prompt, exact logprobs.
+
+``generate(config, params, prompts, num_samples=G, max_new_tokens=M, ...)`` turns a ragged list of prompts
+(token-id lists) into ``Completions`` of shape ``[len(prompts) * G, M]`` in prompt-major order (rows
+``p*G .. p*G+G-1`` belong to prompt ``p``).
+
+How it runs
+-----------
+1. Host side: the prompts are LEFT-padded to a static length bucket ``Tp`` (the next power of two >= 16, or the
+   smallest of the caller's ``prompt_buckets`` that fits) and their number ``P`` is padded to a power of two (and to a
+   multiple of the mesh's data-parallel size); pad rows are dropped from the result. So the two jitted functions
+   below compile once per (length bucket, batch bucket, G, M, sampling mode), not once per call.
+2. ``_prefill`` (jit): one forward over the ``P`` padded prompts (never G copies), writing the KV cache slots
+   ``[0, Tp)``; then the prompt cache and the last-position logits are broadcast to the G samples of each prompt
+   into a preallocated cache of ``Tp + M`` slots, and the first new token is sampled.
+3. ``_decode`` (jit, cache and loop buffers donated): a ``lax.while_loop`` that feeds the previous token at slot
+   ``Tp + i - 1`` (RoPE position ``len(prompt) + i - 1``), samples token ``i``, and stops as soon as every row has
+   emitted one of ``eos_token_ids`` or ``M`` tokens exist. ``mask`` is True up to and including the EOS token;
+   later tokens are 0 and their logprobs 0.
+
+Sampling distribution (per row, per step), with raw float32 logits ``l`` over the vocabulary:
+  * temperature ``T > 0``: ``z = l / T``;
+  * top-k (``k > 0``): keep the ``k`` largest ``z`` (ties: the lower token id first, so exactly ``k`` survive);
+  * top-p (``p < 1``): sort the survivors by ``z`` descending (ties: lower id first), ``q = softmax(z)`` over them,
+    keep the shortest prefix whose mass reaches ``p``: token ``j`` is kept iff ``sum_{i<j} q_i < p`` (the first
+    token is always kept) -- the "nucleus" of Holtzman et al. 2020, "The Curious Case of Neural Text
+    Degeneration", Sec. 3.1; applied after top-k on the renormalised top-k mass, the same order as HF
+    transformers' TemperatureLogitsWarper -> TopKLogitsWarper -> TopPLogitsWarper;
+  * sample ``x ~ softmax(z restricted to the kept set)`` by the Gumbel-max trick
+    ``x = argmax_j (z_j + g_j), g_j ~ Gumbel(0, 1)`` (exact; Gumbel 1954, see e.g. Maddison et al. 2014);
+  * reported ``logprob = z_x - logsumexp_{j kept} z_j``: the log-probability under the distribution actually
+    sampled from (after temperature and truncation), in float32, as the trainer's old-policy logprob.
+  * ``T = 0`` is greedy: ``x = argmax_j l_j`` (ties: the lowest id); top-k/top-p are irrelevant then (the argmax
+    always survives them) and the reported logprob is ``log_softmax(l)_x``, under the untempered, untruncated
+    model distribution (the temperature -> 0 limit would give 0 for every token, which carries no information).
+
+Randomness: row ``r`` (= ``p*G + g``) at step ``i`` uses ``fold_in(fold_in(key, r), i)``, so a row's samples
+depend only on the key, its row index and the step -- not on the batch padding, the bucket or the sharding. The
+same key gives the same samples; a sharded run gives the same tokens as an unsharded one.
+
+Sharding: with ``mesh`` given, prompts, cache and outputs are sharded over the mesh's batch axes
+(``jaxgrpo.sharding.BATCH_AXES``, as the training batch), the cache's kv heads as the k/v weights (``"tensor"``);
+``params`` are used as given (shard them with ``jaxgrpo.sharding.shard_params``). Host inputs are built with
+``jax.make_array_from_callback`` from the (identical on every host) prompt list, so the same code runs multi-host;
+the outputs are then global arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxgrpo import models
+from jaxgrpo.sharding import BATCH_AXES, logical_to_spec
+
+__all__ = [
+    "Completions",
+    "generate",
+    "prompt_bucket",
+    "batch_bucket",
+    "sample_from_logits",
+    "truncated_logits",
+]
+
+MIN_PROMPT_BUCKET = 16
+
+
+@flax.struct.dataclass
+class Completions:
+    """Sampled completions, ``N = len(prompts) * num_samples`` rows in prompt-major order.
+
+    tokens: ``[N, M]`` int32, 0 after the end of a row.  logprobs: ``[N, M]`` float32 log-probabilities of the
+    sampled tokens under the sampling distribution (0 where ``mask`` is False).  mask: ``[N, M]`` bool, True up to
+    and including the EOS token.  lengths: ``[N]`` int32 = ``mask.sum(-1)``.  truncated: ``[N]`` bool, True when the
+    row ended without emitting an EOS id (it hit ``max_new_tokens``; always True when ``eos_token_ids`` is empty).
+    """
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    mask: jax.Array
+    lengths: jax.Array
+    truncated: jax.Array
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Sampling kernels (pure, jit-safe; static sampling mode, traced temperature / top_p values)
+
+
+def truncated_logits(
+    logits: jax.Array, temperature: jax.Array | float, *, top_k: int = 0, top_p: jax.Array | float | None = None
+) -> tuple[jax.Array, jax.Array | None]:
+    """Temperature-scaled logits restricted to the top-k / top-p set: ``(cand_logits [..., W], cand_ids)``.
+
+    ``cand_logits`` hold ``z = logits / temperature`` for the candidate tokens and ``-inf`` for the truncated ones;
+    ``cand_ids [..., W]`` int32 maps candidate slots to token ids, or is None when nothing was truncated (then
+    ``W = V`` and slot j is token j). With ``top_k`` only ``W = k`` (``lax.top_k``, no full sort); with ``top_p``
+    and no ``top_k`` the whole vocabulary is stably sorted. ``top_k`` is static (0 = off); ``top_p=None`` = off.
+    """
+    z = logits.astype(jnp.float32) / jnp.asarray(temperature, jnp.float32)
+    vocab = z.shape[-1]
+    ids = None
+    if 0 < top_k < vocab:
+        z, ids = jax.lax.top_k(z, top_k)  # descending, ties: lower index first
+    elif top_p is not None:
+        ids = jnp.argsort(-z, axis=-1, stable=True).astype(jnp.int32)  # descending, ties: lower index first
+        z = jnp.take_along_axis(z, ids, axis=-1)
+    if top_p is not None:
+        q = jax.nn.softmax(z, axis=-1)
+        mass_before = jnp.cumsum(q, axis=-1) - q
+        keep = mass_before < jnp.asarray(top_p, jnp.float32)
+        keep = keep.at[..., 0].set(True)
+        z = jnp.where(keep, z, -jnp.inf)
+    return z, ids
+
+
+def sample_from_logits(
+    keys: jax.Array,
+    logits: jax.Array,
+    temperature: jax.Array | float,
+    *,
+    greedy: bool = False,
+    top_k: int = 0,
+    top_p: jax.Array | float | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Sample one token per row of ``logits [N, V]`` with per-row ``keys [N]``: ``(tokens [N] int32, logprobs [N])``.
+
+    The distribution and the reported log-probabilities are those of the module docstring. ``greedy``, ``top_k``
+    (0 = off) and whether ``top_p`` is None (off) are static; the values of ``temperature`` and ``top_p`` may be
+    traced.
+    """
+    logits = logits.astype(jnp.float32)
+    if greedy:
+        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+    z, ids = truncated_logits(logits, temperature, top_k=top_k, top_p=top_p)
+    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, z.shape[-1:], jnp.float32))(keys)
+    slot = jnp.argmax(z + gumbel, axis=-1)
+    logp = jnp.take_along_axis(z, slot[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(z, axis=-1)
+    tokens = slot if ids is None else jnp.take_along_axis(ids, slot[:, None], axis=-1)[:, 0]
+    return tokens.astype(jnp.int32), logp
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Bucketing and validation (host side)
+
+
+def prompt_bucket(length: int, buckets: Sequence[int] | None = None) -> int:
+    """Static padded prompt length: the smallest of ``buckets`` >= ``length``, else the next power of two >= 16."""
+    if buckets is not None:
+        fits = [b for b in sorted(buckets) if b >= length]
+        if not fits:
+            raise ValueError(
+                f"prompt of {length} tokens is longer than the largest prompt bucket {max(buckets)}; "
+                "add a larger bucket to prompt_buckets (or pass prompt_buckets=None for powers of two)"
+            )
+        return int(fits[0])
+    return max(MIN_PROMPT_BUCKET, 1 << (max(length, 1) - 1).bit_length())
+
+
+def batch_bucket(num_prompts: int, multiple_of: int = 1) -> int:
+    """Static padded number of prompts: the next power of two >= ``num_prompts``, rounded up to ``multiple_of``."""
+    padded = 1 << (max(num_prompts, 1) - 1).bit_length()
+    return -(-padded // multiple_of) * multiple_of
+
+
+def _validate(
+    config: Any,
+    prompts: Any,
+    num_samples: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    eos_token_ids: Sequence[int],
+    prompt_buckets: Sequence[int] | None,
+) -> None:
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
+        raise ValueError("prompts must be a non-empty list of token-id lists (got an empty or non-list value)")
+    if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
+        raise ValueError(f"num_samples must be an integer >= 1 (got {num_samples!r})")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1 (got {max_new_tokens!r})")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0, 0 meaning greedy (got {temperature!r})")
+    if not (0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must be in (0, 1], 1 meaning no nucleus truncation (got {top_p!r})")
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
+        raise ValueError(f"top_k must be an integer >= 0, 0 meaning no top-k truncation (got {top_k!r})")
+    vocab = config.vocab_size
+    for e in eos_token_ids:
+        if isinstance(e, bool) or not isinstance(e, (int, np.integer)) or not 0 <= e < vocab:
+            raise ValueError(f"eos_token_ids must be token ids in [0, {vocab}) (got {tuple(eos_token_ids)!r})")
+    if prompt_buckets is not None and (len(prompt_buckets) == 0 or min(prompt_buckets) < 1):
+        raise ValueError(f"prompt_buckets must be positive lengths (got {prompt_buckets!r})")
+    for i, p in enumerate(prompts):
+        if isinstance(p, (str, bytes)) or not hasattr(p, "__len__"):
+            raise ValueError(f"prompt {i} must be a list of token ids, got {type(p).__name__}; tokenize it first")
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token (e.g. BOS)")
+        arr = np.asarray(p)
+        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"prompt {i} must be a flat list of integer token ids (got dtype {arr.dtype})")
+        if arr.min() < 0 or arr.max() >= vocab:
+            raise ValueError(f"prompt {i} has token ids outside [0, {vocab}) (min {arr.min()}, max {arr.max()})")
+        if len(p) + max_new_tokens > config.max_position_embeddings:
+            raise ValueError(
+                f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} that is "
+                f"{len(p) + max_new_tokens} positions, beyond the model's max_position_embeddings="
+                f"{config.max_position_embeddings}; shorten the prompt or lower max_new_tokens"
+            )
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Jitted prefill / decode
+
+
+@dataclasses.dataclass(frozen=True)
+class _Mode:
+    """Static per-compile settings (hashable)."""
+
+    num_samples: int
+    max_new_tokens: int
+    greedy: bool
+    top_k: int
+    use_top_p: bool
+    eos_token_ids: tuple[int, ...]
+    batch_sharding: NamedSharding | None  # for [N, ...] arrays (batch on axis 0)
+    cache_sharding: NamedSharding | None  # for [L, N, S, ...] cache leaves (batch on axis 1)
+
+
+def _constrain(x: jax.Array, sharding: NamedSharding | None) -> jax.Array:
+    return x if sharding is None else jax.lax.with_sharding_constraint(x, sharding)
+
+
+def _logits(config: Any, params: Any, hidden_BxD: jax.Array) -> jax.Array:
+    """The LM head as one einsum, accumulated in float32."""
+    return jnp.einsum("bd,dv->bv", hidden_BxD, models.lm_head(config, params), preferred_element_type=jnp.float32)
+
+
+def _step_keys(row_keys: jax.Array, step: jax.Array) -> jax.Array:
+    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_keys, step)
+
+
+def _sample(mode: _Mode, keys: jax.Array, logits: jax.Array, temperature: jax.Array, top_p: jax.Array):
+    return sample_from_logits(
+        keys, logits, temperature, greedy=mode.greedy, top_k=mode.top_k, top_p=top_p if mode.use_top_p else None
+    )
+
+
+def _is_eos(mode: _Mode, tokens: jax.Array) -> jax.Array:
+    if not mode.eos_token_ids:
+        return jnp.zeros(tokens.shape, bool)
+    return jnp.isin(tokens, jnp.asarray(mode.eos_token_ids, jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "mode"))
+def _prefill(config, mode: _Mode, params, tokens_PxT, mask_PxT, row_active_N, key, temperature, top_p):
+    """Prefill the P prompts once, broadcast cache and last logits to N = P*G rows, sample the first token."""
+    num_prompts, prompt_len = tokens_PxT.shape
+    g, m = mode.num_samples, mode.max_new_tokens
+    n = num_prompts * g
+    positions = jnp.maximum(jnp.cumsum(mask_PxT, axis=-1, dtype=jnp.int32) - 1, 0)
+    cache = models.init_cache(config, num_prompts, prompt_len)
+    hidden, cache = models.forward_with_cache(
+        config, params, tokens_PxT, positions, cache, jnp.int32(0), mask_PxT.astype(bool)
+    )
+    logits_PxV = _logits(config, params, hidden[:, -1])  # left padding: the last slot is each prompt's last token
+
+    def expand(c):  # [L, P, Tp, ...] -> [L, N, Tp + M, ...], each prompt's slots repeated for its G samples
+        c = jnp.repeat(c, g, axis=1)
+        c = jnp.pad(c, [(0, 0), (0, 0), (0, m)] + [(0, 0)] * (c.ndim - 3))
+        return _constrain(c, mode.cache_sharding)
+
+    cache = jax.tree.map(expand, cache)
+    logits_NxV = _constrain(jnp.repeat(logits_PxV, g, axis=0), mode.batch_sharding)
+    kv_mask_NxS = jnp.concatenate([jnp.repeat(mask_PxT.astype(bool), g, axis=0), jnp.ones((n, m), bool)], axis=1)
+    row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(n, dtype=jnp.uint32))
+    tok, logp = _sample(mode, _step_keys(row_keys, jnp.uint32(0)), logits_NxV, temperature, top_p)
+    active = row_active_N
+    tokens_NxM = jnp.zeros((n, m), jnp.int32).at[:, 0].set(jnp.where(active, tok, 0))
+    logprobs_NxM = jnp.zeros((n, m), jnp.float32).at[:, 0].set(jnp.where(active, logp, 0.0))
+    mask_NxM = jnp.zeros((n, m), bool).at[:, 0].set(active)
+    done = ~active | _is_eos(mode, tok)
+    lengths = jnp.repeat(jnp.sum(mask_PxT, axis=-1, dtype=jnp.int32), g)
+    state = dict(
+        tokens=tokens_NxM, logprobs=logprobs_NxM, mask=mask_NxM, done=done, last=tok, eos=active & _is_eos(mode, tok)
+    )
+    return cache, state, dict(kv_mask=kv_mask_NxS, lengths=lengths, row_keys=row_keys)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "mode"), donate_argnames=("cache", "state"))
+def _decode(config, mode: _Mode, params, cache, state, consts, temperature, top_p):
+    """Decode steps 1..M-1 in a while loop; stops early once every row is done. Returns (cache, final state).
+
+    The cache is returned (and dropped by the caller) so that its donated input buffer is aliased to the output and
+    the loop updates it in place instead of copying it into a fresh loop buffer.
+    """
+    m = mode.max_new_tokens
+    prompt_len = consts["kv_mask"].shape[1] - m
+
+    def cond(carry):
+        i, _, st = carry
+        return (i < m) & ~jnp.all(st["done"])
+
+    def body(carry):
+        i, cache, st = carry
+        positions = (consts["lengths"] + i - 1)[:, None]
+        hidden, cache = models.forward_with_cache(
+            config, params, st["last"][:, None], positions, cache, prompt_len + i - 1, consts["kv_mask"]
+        )
+        logits = _constrain(_logits(config, params, hidden[:, 0]), mode.batch_sharding)
+        tok, logp = _sample(mode, _step_keys(consts["row_keys"], i.astype(jnp.uint32)), logits, temperature, top_p)
+        active = ~st["done"]
+        eos = active & _is_eos(mode, tok)
+        st = dict(
+            tokens=jax.lax.dynamic_update_index_in_dim(st["tokens"], jnp.where(active, tok, 0), i, axis=1),
+            logprobs=jax.lax.dynamic_update_index_in_dim(st["logprobs"], jnp.where(active, logp, 0.0), i, axis=1),
+            mask=jax.lax.dynamic_update_index_in_dim(st["mask"], active, i, axis=1),
+            done=st["done"] | eos,
+            last=tok,
+            eos=st["eos"] | eos,
+        )
+        return i + 1, cache, st
+
+    _, cache, state = jax.lax.while_loop(cond, body, (jnp.int32(1), cache, state))
+    return cache, state
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Public entry point
+
+
+def _batch_axes(mesh: Mesh | None) -> tuple[str, ...]:
+    """The mesh's batch axes of size > 1 (the rollout batch is split over them)."""
+    return () if mesh is None else tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1)
+
+
+def _put(x: np.ndarray, sharding: NamedSharding | None) -> jax.Array:
+    if sharding is None:
+        return jnp.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+
+def generate(
+    config: models.ModelConfig,
+    params: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    num_samples: int = 1,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    eos_token_ids: Sequence[int] = (),
+    key: jax.Array,
+    mesh: Mesh | None = None,
+    prompt_buckets: Sequence[int] | None = None,
+) -> Completions:
+    """Sample ``num_samples`` completions of up to ``max_new_tokens`` tokens for each prompt.
+
+    Args:
+      config: the model's ``ModelConfig``.  params: its parameter pytree (sharded by the caller when ``mesh``).
+      prompts: ragged list of token-id lists (each non-empty).  num_samples: G completions per prompt.
+      max_new_tokens: M, the output width.  temperature: > 0 samples, 0 is greedy.  top_p: nucleus mass in (0, 1]
+      (1 = off).  top_k: keep the k most likely tokens (0 = off).  eos_token_ids: ids that end a completion.
+      key: a PRNG key.  mesh: optional mesh; the rollout batch is split over its ``BATCH_AXES``.
+      prompt_buckets: optional ascending static prompt lengths; default powers of two >= 16.
+
+    Returns:
+      ``Completions`` with ``[len(prompts) * num_samples, M]`` arrays in prompt-major order (see the class).
+
+    Raises:
+      ValueError: on an empty prompt list or prompt, out-of-vocabulary ids, a prompt + ``max_new_tokens`` beyond
+      ``config.max_position_embeddings``, ``top_p`` outside (0, 1], a negative temperature, ``num_samples < 1``,
+      ``top_k < 0`` or ``max_new_tokens < 1``.
+    """
+    temperature, top_p = float(temperature), float(top_p)
+    eos_token_ids = (
+        tuple(int(e) for e in eos_token_ids)
+        if not isinstance(eos_token_ids, (int, np.integer))
+        else (int(eos_token_ids),)
+    )
+    _validate(config, prompts, num_samples, max_new_tokens, temperature, top_p, top_k, eos_token_ids, prompt_buckets)
+    g, m = int(num_samples), int(max_new_tokens)
+    num_prompts = len(prompts)
+    axes = _batch_axes(mesh)
+    shards = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+    pad_prompts = batch_bucket(num_prompts, shards)
+    prompt_len = prompt_bucket(max(len(p) for p in prompts), prompt_buckets)
+
+    tokens = np.zeros((pad_prompts, prompt_len), np.int32)
+    mask = np.zeros((pad_prompts, prompt_len), np.int32)
+    for i, p in enumerate(prompts):
+        tokens[i, prompt_len - len(p) :] = np.asarray(p, np.int32)
+        mask[i, prompt_len - len(p) :] = 1
+    mask[num_prompts:, -1] = 1  # pad rows: one dummy token so that no attention row is empty; never sampled from
+    active = np.repeat(np.arange(pad_prompts) < num_prompts, g)
+
+    if axes:
+        spec = axes if len(axes) > 1 else axes[0]
+        batch_sharding = NamedSharding(mesh, P(spec))
+        kv_spec = logical_to_spec(("kv_heads",), (config.num_kv_heads,), mesh)[0]
+        cache_sharding = NamedSharding(mesh, P(None, spec, None, kv_spec, None))
+    else:
+        batch_sharding = cache_sharding = None
+    greedy = temperature == 0.0
+    use_top_k = int(top_k) if (not greedy and top_k < config.vocab_size) else 0  # k >= V truncates nothing
+    mode = _Mode(g, m, greedy, use_top_k, (not greedy) and top_p < 1.0, eos_token_ids, batch_sharding, cache_sharding)
+    temp = jnp.float32(temperature if temperature > 0 else 1.0)
+    top_p_arr = jnp.float32(top_p)
+    cache, state, consts = _prefill(
+        config,
+        mode,
+        params,
+        _put(tokens, batch_sharding),
+        _put(mask, batch_sharding),
+        _put(active, batch_sharding),
+        key,
+        temp,
+        top_p_arr,
+    )
+    if m > 1:
+        _, state = _decode(config, mode, params, cache, state, consts, temp, top_p_arr)
+    n = num_prompts * g
+    out_mask = state["mask"][:n]
+    return Completions(
+        tokens=state["tokens"][:n],
+        logprobs=state["logprobs"][:n],
+        mask=out_mask,
+        lengths=jnp.sum(out_mask, axis=-1, dtype=jnp.int32),
+        truncated=~state["eos"][:n],
+    )
