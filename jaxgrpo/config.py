@@ -7,9 +7,9 @@ plus the top-level ``seed``. Every field has a default; a YAML file or an overri
 * ``load_config(path, overrides)``: the defaults, updated by the YAML file at `path` (or a packaged config named
   like ``"default"`` → ``jaxgrpo/configs/default.yaml``), then by overrides ``section.key=value`` / ``seed=3``.
   Values are parsed by YAML rules (``null``, ``true``, ``[1, 2]``, ``{k: 4}``) and then checked against the field's
-  annotation (``1e-6`` is accepted for a float although YAML reads it as a string; an int field accepts ``8.0`` but
-  not ``8.5``). Dict fields take a whole mapping or one key: ``algo.estimator_args.k=4``, ``data.rewards.format=0.1``;
-  ``data.rewards.format=null`` removes that key.
+  annotation (``1e-6`` is a float, as in YAML 1.2; an int field accepts ``8.0`` but not ``8.5``). Dict fields take
+  a whole mapping or one key: ``algo.estimator_args.k=4``, ``data.rewards.format=0.1``; ``data.rewards.format=null``
+  removes that key.
 * Every mistake is a `ConfigError` whose message names the key and what would be valid: the valid keys (with the
   closest match for a typo), the valid choices of enum-like fields, or the allowed range.
 * ``to_dict`` / ``to_yaml`` / ``from_dict``: the resolved config, written into the run directory; loading it back
@@ -25,6 +25,7 @@ import difflib
 import inspect
 import math
 import pathlib
+import re
 import sys
 import types
 import typing
@@ -192,6 +193,19 @@ CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
 BUILTIN_TOKENIZERS = ("builtin:arithmetic",)
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, plus YAML 1.2 floats without a dot (``1e-6``), which YAML 1.1 would read as text."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
+
+
+def _yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_YamlLoader)  # a SafeLoader subclass: no arbitrary objects
+
+
 def _estimators() -> tuple[str, ...]:
     from jaxgrpo import advantages
 
@@ -354,7 +368,7 @@ def config_name(path: str | None) -> str:
 def _read_yaml(path: str) -> dict[str, Any]:
     file = resolve_config_path(path)
     try:
-        raw = yaml.safe_load(file.read_text(encoding="utf-8"))
+        raw = _yaml_load(file.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise ConfigError(f"{file}: invalid YAML: {e}") from None
     if raw is None:
@@ -377,7 +391,7 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
     if any(not p for p in parts):
         raise ConfigError(f"override {override!r}: empty key component in {dotted!r}")
     try:
-        value = yaml.safe_load(text) if text.strip() else None
+        value = _yaml_load(text) if text.strip() else None
     except yaml.YAMLError as e:
         raise ConfigError(f"override {override!r}: the value is not valid YAML ({e})") from None
     head = parts[0]

@@ -1,0 +1,236 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Tests for jaxgrpo.config: YAML + dotted overrides, type coercion, every bad-input message (unknown keys with
+suggestions, choices, ranges), the resolved-config round trip, the packaged configs, and the CLI helpers."""
+
+import dataclasses
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from jaxgrpo import advantages
+from jaxgrpo import config as C
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path, text, name="run.yaml"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_defaults():
+    assert C.load_config(None, []) == C.Config()
+    assert C.Config().data.rewards == {"arithmetic": 1.0}
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = write(tmp_path, """
+# a comment
+algo:
+  estimator: pass_at_k
+  estimator_args: {k: 4}
+  clip_high: 0.28
+rollout: {group_size: 4}
+data:
+  rewards: {gsm8k: 1.0, format: 0.1}
+seed: 7
+""")
+    cfg = C.load_config(path, ["rollout.group_size=16", "algo.estimator_args.eps=1e-4", "data.rewards.format=null",
+                               "data.rewards.calibration=0.5", "seed=3"])
+    assert cfg.algo.estimator == "pass_at_k"
+    assert cfg.algo.estimator_args == {"k": 4, "eps": 1e-4}
+    assert cfg.algo.clip_high == 0.28
+    assert cfg.rollout.group_size == 16  # the override wins over the file
+    assert cfg.rollout.prompts_per_step == C.RolloutConfig().prompts_per_step  # untouched keys keep defaults
+    assert cfg.data.rewards == {"gsm8k": 1.0, "calibration": 0.5}
+    assert cfg.seed == 3
+
+
+@pytest.mark.parametrize(
+    "override, getter, expected",
+    [
+        ("optim.learning_rate=1e-5", lambda c: c.optim.learning_rate, 1e-5),  # YAML 1.1 reads this as a string
+        ("optim.learning_rate=3", lambda c: c.optim.learning_rate, 3.0),
+        ("train.steps=10.0", lambda c: c.train.steps, 10),
+        ("train.steps=1e3", lambda c: c.train.steps, 1000),
+        ("algo.clip_high=null", lambda c: c.algo.clip_high, None),
+        ("algo.clip_high=0.28", lambda c: c.algo.clip_high, 0.28),
+        ("algo.dual_clip=3", lambda c: c.algo.dual_clip, 3.0),
+        ("log.tensorboard=false", lambda c: c.log.tensorboard, False),
+        ("data.system_prompt=Answer with a number.", lambda c: c.data.system_prompt, "Answer with a number."),
+        ("data.system_prompt=null", lambda c: c.data.system_prompt, None),
+        ("model.name_or_path=1.10", lambda c: c.model.name_or_path, "1.10"),  # text kept as written
+        ("data.split=2020", lambda c: c.data.split, "2020"),
+        ("data.num_examples=null", lambda c: c.data.num_examples, None),
+        ("data.rewards={gsm8k: 1, format: 0.5}", lambda c: c.data.rewards, {"gsm8k": 1.0, "format": 0.5}),
+        ("data.rewards.format=0.25", lambda c: c.data.rewards, {"arithmetic": 1.0, "format": 0.25}),
+        ("algo.estimator_args={k: 2}", lambda c: c.algo.estimator_args, {"k": 2}),
+        ("mesh.data=4", lambda c: (c.mesh.data, c.rollout.prompts_per_step), (4, 8)),
+        ("seed=3", lambda c: c.seed, 3),
+    ],
+)
+def test_override_types(override, getter, expected):
+    cfg = C.load_config(None, (["algo.estimator=pass_at_k"] if "estimator_args" in override else []) + [override])
+    value = getter(cfg)
+    assert value == expected and type(value) is type(expected)
+
+
+def test_every_estimator_of_the_advantages_module_is_accepted():
+    for name in advantages.ESTIMATORS:
+        assert C.load_config(None, [f"algo.estimator={name}"]).algo.estimator == name
+
+
+@pytest.mark.parametrize(
+    "overrides, fragments",
+    [
+        (["algo.estimatr=sign"], ["unknown key 'algo.estimatr'", "did you mean 'algo.estimator'", "valid keys in "
+                                  "section 'algo'", "degenerate_groups", "on_reward_error"]),
+        (["algoo.estimator=sign"], ["unknown key 'algoo.estimator'", "did you mean 'algo'", "rollout", "seed"]),
+        (["sed=3"], ["did you mean 'seed'"]),
+        (["rollout.group_size"], ["must look like section.key=value"]),
+        (["rollout=3"], ["names a whole section", "group_size"]),
+        (["seed.x=3"], ["top-level value"]),
+        (["algo.clip_low.x=1"], ["algo.clip_low is float", "not a mapping"]),
+        (["algo.estimator=grpoo"], ["algo.estimator='grpoo' is not a valid choice", "did you mean 'grpo'",
+                                    "dr_grpo", "avspo"]),
+        (["algo.estimator=pass_at_k", "algo.estimator_args.kk=4"], ["algo.estimator_args.kk is not an argument",
+                                                                    "did you mean 'k'"]),
+        (["algo.estimator_args.k=4"], ["not an argument of the 'grpo' estimator"]),
+        (["data.rewards.gsm9k=1"], ["data.rewards", "did you mean 'gsm8k'", "calibration"]),
+        (["data.rewards=null"], ["data.rewards may not be null"]),
+        (["data.rewards.arithmetic=null"], ["data.rewards must be a non-empty mapping"]),
+        (["model.tokenizer=builtin:arithmetc"], ["model.tokenizer", "builtin:arithmetic"]),
+        (["rollout.group_size=1"], ["rollout.group_size must be >= 2", "got 1"]),
+        (["rollout.prompts_per_step=0"], ["rollout.prompts_per_step must be >= 1"]),
+        (["rollout.temperature=-0.5"], ["rollout.temperature must be >= 0"]),
+        (["rollout.top_p=0"], ["rollout.top_p must be in (0, 1]"]),
+        (["rollout.top_p=1.5"], ["rollout.top_p must be in (0, 1]"]),
+        (["rollout.top_k=-1"], ["rollout.top_k must be >= 0"]),
+        (["algo.clip_low=0"], ["algo.clip_low must be in (0, 1)"]),
+        (["algo.clip_high=-0.1"], ["algo.clip_high must be > 0"]),
+        (["algo.dual_clip=1"], ["algo.dual_clip must be > 1"]),
+        (["algo.kl_coef=-1"], ["algo.kl_coef must be >= 0"]),
+        (["algo.num_minibatches=3"], ["rollout.prompts_per_step must be a multiple of algo.num_minibatches=3"]),
+        (["optim.learning_rate=0"], ["optim.learning_rate must be > 0"]),
+        (["optim.learning_rate=nan"], ["optim.learning_rate must be a finite number"]),
+        (["optim.b2=1"], ["optim.b2 must be in [0, 1)"]),
+        (["mesh.fsdp=0"], ["mesh.fsdp must be >= 1"]),
+        (["mesh.data=3"], ["mesh.data=3", "groups are kept whole"]),
+        (["model.num_heads=3"], ["model.hidden_size must be a multiple of model.num_heads=3"]),
+        (["data.difficulty=13"], ["data.difficulty must be in [0, 12]"]),
+        (["train.steps=0"], ["train.steps must be >= 1"]),
+        (["checkpoint.keep=0"], ["checkpoint.keep must be >= 1"]),
+        (["seed=-1"], ["seed must be >= 0"]),
+        (["train.steps=2.5"], ["train.steps must be int", "2.5"]),
+        (["train.steps=abc"], ["train.steps must be int"]),
+        (["log.tensorboard=maybe"], ["log.tensorboard must be bool"]),
+        (["train.steps=null"], ["train.steps may not be null"]),
+        (["algo.estimator_args=3"], ["algo.estimator_args must be dict"]),
+        (["data.rewards.format=high"], ["data.rewards.format must be float"]),
+        (["rollout.top_p=[1, 2]"], ["rollout.top_p must be float"]),
+        (["algo.estimator={oops"], ["not valid YAML"]),
+    ],
+)
+def test_bad_overrides_name_the_problem(overrides, fragments):
+    with pytest.raises(C.ConfigError) as info:
+        C.load_config(None, overrides)
+    msg = str(info.value)
+    for fragment in fragments:
+        assert fragment in msg, (fragment, msg)
+
+
+@pytest.mark.parametrize("section_key, choices", list(C.CHOICES.items()))
+def test_every_enum_field_lists_its_choices(section_key, choices):
+    section, key = section_key
+    with pytest.raises(C.ConfigError) as info:
+        C.load_config(None, [f"{section}.{key}=bogus"])
+    msg = str(info.value)
+    assert f"{section}.{key}='bogus' is not a valid choice" in msg
+    assert all(c in msg for c in choices)
+    for c in choices:  # and each listed choice is accepted
+        if (section, key) == ("data", "source") and c == "gsm8k":
+            continue
+        assert getattr(getattr(C.load_config(None, [f"{section}.{key}={c}"]), section), key) == c
+
+
+@pytest.mark.parametrize(
+    "text, fragments",
+    [
+        ("algo:\n  estimater: sign\n", ["unknown key 'algo.estimater'", "did you mean 'algo.estimator'"]),
+        ("optimizer:\n  learning_rate: 1\n", ["unknown key 'optimizer'", "did you mean 'optim'"]),
+        ("algo: sign\n", ["config section 'algo' must be a mapping"]),
+        ("- 1\n- 2\n", ["top level must be a mapping"]),
+        ("algo: {estimator: [\n", ["invalid YAML"]),
+        ("rollout:\n  group_size: one\n", ["rollout.group_size must be int"]),
+    ],
+)
+def test_bad_files(tmp_path, text, fragments):
+    path = write(tmp_path, text)
+    with pytest.raises(C.ConfigError) as info:
+        C.load_config(path, [])
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_empty_file_and_missing_file(tmp_path):
+    assert C.load_config(write(tmp_path, ""), []) == C.Config()
+    with pytest.raises(C.ConfigError, match="config file 'nope.yaml' not found; give a YAML path or a packaged config"):
+        C.load_config("nope.yaml", [])
+
+
+def test_resolved_yaml_round_trip(tmp_path):
+    cfg = C.load_config(None, ["algo.estimator=pass_at_k", "algo.estimator_args.k=4", "algo.clip_high=null",
+                               "optim.learning_rate=1e-7", "data.system_prompt=Be brief: 2 lines.",
+                               "data.rewards.format=0.1", "model.name_or_path=007", "seed=9", "data.path=null"])
+    text = C.to_yaml(cfg)
+    assert C.from_dict(yaml.safe_load(text)) == cfg
+    path = write(tmp_path, text, "config.yaml")
+    assert C.load_config(path, []) == cfg
+    assert C.to_dict(cfg)["algo"]["estimator_args"] == {"k": 4}
+    assert list(C.to_dict(cfg)) == [f.name for f in dataclasses.fields(C.Config)]
+
+
+def test_packaged_configs_load():
+    names = sorted(p.stem for p in C.PACKAGED_CONFIGS.glob("*.yaml"))
+    assert names, "no packaged configs"
+    for name in names:
+        cfg = C.load_config(name, [])  # a packaged config is reachable by name
+        assert cfg == C.load_config(str(C.PACKAGED_CONFIGS / f"{name}.yaml"), [])
+
+
+def test_parse_cli():
+    assert C.parse_cli([]) == ("default", None, [])
+    assert C.parse_cli(["a.b=1", "--config", "x.yaml", "c.d=2", "--run-dir=runs/r"]) == (
+        "x.yaml", "runs/r", ["a.b=1", "c.d=2"])
+    with pytest.raises(C.ConfigError, match="'train' is not an override"):
+        C.parse_cli(["train"])
+    with pytest.raises(SystemExit) as info:
+        C.parse_cli(["--bogus"])
+    assert info.value.code == 2
+    assert C.config_name("configs/smollm2_gsm8k.yaml") == "smollm2_gsm8k" and C.config_name(None) == "default"
+
+
+def test_cli_error(capsys):
+    assert C.cli_error("rollout.group_size must be >= 2") == 2
+    captured = capsys.readouterr()
+    assert captured.err == "error: rollout.group_size must be >= 2\n" and captured.out == ""
+
+
+def test_cli_error_without_traceback_in_a_process():
+    code = (
+        "import sys\n"
+        "from jaxgrpo import config as c\n"
+        "try:\n"
+        "    c.load_config(None, sys.argv[1:])\n"
+        "except c.ConfigError as e:\n"
+        "    sys.exit(c.cli_error(str(e)))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, "algo.degenerate_groups=drop"], capture_output=True,
+                          text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: algo.degenerate_groups='drop' is not a valid choice")
+    assert "keep, mask, resample" in proc.stderr and "Traceback" not in proc.stderr
