@@ -296,17 +296,25 @@ def prompt_text(tokenizer: Any, example: Example, cfg: DataConfig) -> tuple[str,
 
 
 def encode_prompts(tokenizer: Any, examples: Sequence[Example], cfg: DataConfig) -> list[list[int]]:
-    """Token ids of each example's prompt (chat template or plain text), checked against `data.max_prompt_tokens`."""
-    out = []
+    """Token ids of each example's prompt (chat template or plain text), checked against `data.max_prompt_tokens`.
+
+    Errors name the example's index: a prompt longer than `data.max_prompt_tokens`, an empty encoding, or
+    characters the tokenizer maps to its unknown token.
+    """
+    if not examples:
+        return []
+    rendered = [prompt_text(tokenizer, e, cfg) for e in examples]
+    special = rendered[0][1]
+    texts = [text for text, _ in rendered]
     unk = getattr(tokenizer, "unk_token_id", None)
-    for i, example in enumerate(examples):
-        text, special = prompt_text(tokenizer, example, cfg)
-        enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=unk is not None)
-        ids = list(enc["input_ids"])
+    enc = tokenizer(texts, add_special_tokens=special, return_offsets_mapping=unk is not None)
+    out = []
+    for i, (example, text) in enumerate(zip(examples, texts)):
+        ids = list(enc["input_ids"][i])
         if not ids:
             raise DataError(f"example {i}: the prompt {example.prompt!r} encodes to no tokens")
         if unk is not None and unk in ids:
-            spans = [text[a:b] for t, (a, b) in zip(ids, enc["offset_mapping"]) if t == unk]
+            spans = [text[a:b] for t, (a, b) in zip(ids, enc["offset_mapping"][i]) if t == unk]
             raise DataError(
                 f"example {i}: the tokenizer cannot represent {sorted(set(spans))} in prompt {example.prompt[:60]!r} "
                 "(they encode to its unknown token); use a tokenizer that covers them or change the text"

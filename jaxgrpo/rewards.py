@@ -25,8 +25,9 @@ Uncertainty", arXiv:2507.16806): the completion states a confidence ``q`` in [0,
 
     R = c - (q - c)^2,   c = 1[answer correct]   (correctness plus the negative Brier score)
 
-which, being built on a bounded proper scoring rule, is maximised in expectation by the most likely answer stated
-with its true probability of being correct. Confidence is read from ``<confidence>0.8</confidence>`` or
+(c is judged on the completion with its confidence statements removed), which, being built on a bounded proper
+scoring rule, is maximised in expectation by the most likely answer stated with its true probability of being
+correct. Confidence is read from ``<confidence>0.8</confidence>`` or
 ``Confidence: 80%`` / ``confidence = 0.8`` (the last such statement wins); a value with ``%`` is divided by 100.
 **Missing, unparseable or out-of-range confidence** is scored with the largest possible Brier penalty, 1, so
 ``R = c - 1``: omitting the confidence is never better than stating any ``q`` in [0, 1] (with ``q = 0`` as the
@@ -232,12 +233,25 @@ def extract_confidence(text: str) -> float | None:
     return q if 0.0 <= q <= 1.0 else None
 
 
+def strip_confidence(text: str) -> str:
+    """`text` without its confidence statements (so lenient answer extraction does not read 0.8 as the answer)."""
+    for r in _CONFIDENCE_RES:
+        text = r.sub(" ", text)
+    return text
+
+
 def calibration_reward(completion: str, example: Example, mode: Mode = "strict") -> float:
-    """RLCR: ``c - (q - c)^2`` with c = `gsm8k_correct(completion, example, mode)`; missing q → ``c - 1``."""
-    c = gsm8k_correct(completion, example, mode)
+    """RLCR: ``c - (q - c)^2`` with c = `gsm8k_correct` on the completion minus its confidence statements and q its
+    stated confidence; missing q → ``c - 1``."""
+    c = gsm8k_correct(strip_confidence(completion), example, mode)
     q = extract_confidence(completion)
     brier = 1.0 if q is None else (q - c) ** 2
     return c - brier
+
+
+def calibration_lenient(completion: str, example: Example) -> float:
+    """`calibration_reward` with lenient answer extraction."""
+    return calibration_reward(completion, example, "lenient")
 
 
 def _cut_at_eos(completion: str) -> str:
@@ -265,6 +279,7 @@ REWARDS: dict[str, RewardFn] = {
     "gsm8k_lenient": gsm8k_lenient,
     "format": format_reward,
     "calibration": calibration_reward,
+    "calibration_lenient": calibration_lenient,
     "arithmetic": arithmetic_correct,
     "arithmetic_lenient": arithmetic_lenient,
 }

@@ -171,6 +171,13 @@ def test_calibration_reward_by_hand(text, expected):
     assert rewards.calibration_reward(text, ex("12")) == pytest.approx(expected, abs=1e-12)
 
 
+def test_calibration_lenient_ignores_the_confidence_number():
+    text = "The answer is 12. <confidence>0.8</confidence>"
+    assert rewards.gsm8k_lenient(text, ex("12")) == 0.0  # plain lenient extraction reads the 0.8
+    assert rewards.calibration_reward(text, ex("12"), "lenient") == pytest.approx(1 - 0.2**2)
+    assert rewards.REWARDS["calibration_lenient"]("12\nConfidence: 10%", ex("12")) == pytest.approx(1 - 0.9**2)
+
+
 @given(st.floats(0, 1), st.booleans())
 def test_calibration_missing_is_never_better_than_stating(q, correct):
     example = ex("12")
