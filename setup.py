@@ -31,8 +31,10 @@ setup(
     ],
     extras_require={
         # torch is pinned to the CPU build the CI machines carry; tests use it as an independent reference only.
-        "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "torch==2.13.0", "accelerate>=1.0", "nbformat>=5", "nbclient>=0.10",
-                 "ipykernel>=6"],
+        "test": [
+            "pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "torch==2.13.0", "accelerate>=1.0",
+            "nbformat>=5", "nbclient>=0.10", "ipykernel>=6",
+        ],
     },
     classifiers=["License :: OSI Approved :: Apache Software License", "Programming Language :: Python :: 3"],
 )
