@@ -538,8 +538,6 @@ def validate(cfg: Config) -> None:
     for key in ("num_iterations", "num_minibatches", "grad_accum_steps", "resample_max_rounds"):
         _require(getattr(a, key) >= 1, f"algo.{key}", getattr(a, key), ">= 1")
     _require(a.logprob_chunk >= 0, "algo.logprob_chunk", a.logprob_chunk, ">= 0 (0 = automatic)")
-    _require(r.prompts_per_step % a.num_minibatches == 0, "rollout.prompts_per_step", r.prompts_per_step,
-             f"a multiple of algo.num_minibatches={a.num_minibatches} (minibatches hold whole groups)")
 
     _require(o.learning_rate > 0, "optim.learning_rate", o.learning_rate, "> 0")
     _require(o.warmup_steps >= 0, "optim.warmup_steps", o.warmup_steps, ">= 0")
@@ -556,10 +554,16 @@ def validate(cfg: Config) -> None:
     _require(t.eval_examples >= 1, "train.eval_examples", t.eval_examples, ">= 1")
     for key in ("data", "fsdp", "tensor"):
         _require(getattr(cfg.mesh, key) >= 1, f"mesh.{key}", getattr(cfg.mesh, key), ">= 1")
-    groups_per_minibatch = r.prompts_per_step // a.num_minibatches
-    _require(groups_per_minibatch % cfg.mesh.data == 0, "rollout.prompts_per_step", r.prompts_per_step,
-             f"such that each minibatch's {groups_per_minibatch} groups split evenly over mesh.data={cfg.mesh.data} "
-             "(groups are kept whole on one data shard)")
+    # The train step splits the P groups into num_minibatches × grad_accum_steps parts of whole groups on each of
+    # the data × fsdp batch shards (jaxgrpo.train_step), so P must be a multiple of their product.
+    parts = a.num_minibatches * a.grad_accum_steps * cfg.mesh.data * cfg.mesh.fsdp
+    if r.prompts_per_step % parts:
+        raise ConfigError(
+            f"rollout.prompts_per_step={r.prompts_per_step} must be a multiple of algo.num_minibatches × "
+            f"algo.grad_accum_steps × mesh.data × mesh.fsdp = {a.num_minibatches} × {a.grad_accum_steps} × "
+            f"{cfg.mesh.data} × {cfg.mesh.fsdp} = {parts} (the train step splits the rollout into parts of whole "
+            "groups on every batch shard)"
+        )
     _require(cfg.checkpoint.every >= 0, "checkpoint.every", cfg.checkpoint.every, ">= 0 (0 = only on exit)")
     _require(cfg.checkpoint.keep >= 1, "checkpoint.keep", cfg.checkpoint.keep, ">= 1")
     _require(cfg.log.every >= 1, "log.every", cfg.log.every, ">= 1")

@@ -70,6 +70,7 @@ seed: 7
         ("data.rewards.format=0.25", lambda c: c.data.rewards, {"arithmetic": 1.0, "format": 0.25}),
         ("algo.estimator_args={k: 2}", lambda c: c.algo.estimator_args, {"k": 2}),
         ("mesh.data=4", lambda c: (c.mesh.data, c.rollout.prompts_per_step), (4, 8)),
+        ("mesh.fsdp=8", lambda c: c.mesh.fsdp, 8),
         ("seed=3", lambda c: c.seed, 3),
     ],
 )
@@ -114,12 +115,14 @@ def test_every_estimator_of_the_advantages_module_is_accepted():
         (["algo.clip_high=-0.1"], ["algo.clip_high must be > 0"]),
         (["algo.dual_clip=1"], ["algo.dual_clip must be > 1"]),
         (["algo.kl_coef=-1"], ["algo.kl_coef must be >= 0"]),
-        (["algo.num_minibatches=3"], ["rollout.prompts_per_step must be a multiple of algo.num_minibatches=3"]),
+        (["algo.num_minibatches=3"], ["rollout.prompts_per_step=8 must be a multiple of algo.num_minibatches",
+                                      "3 × 1 × 1 × 1 = 3"]),
+        (["mesh.fsdp=2", "algo.grad_accum_steps=8"], ["1 × 8 × 1 × 2 = 16"]),
         (["optim.learning_rate=0"], ["optim.learning_rate must be > 0"]),
         (["optim.learning_rate=nan"], ["optim.learning_rate must be a finite number"]),
         (["optim.b2=1"], ["optim.b2 must be in [0, 1)"]),
         (["mesh.fsdp=0"], ["mesh.fsdp must be >= 1"]),
-        (["mesh.data=3"], ["mesh.data=3", "groups are kept whole"]),
+        (["mesh.data=3"], ["1 × 1 × 3 × 1 = 3", "whole groups"]),
         (["model.num_heads=3"], ["model.hidden_size must be a multiple of model.num_heads=3"]),
         (["data.difficulty=13"], ["data.difficulty must be in [0, 12]"]),
         (["train.steps=0"], ["train.steps must be >= 1"]),
@@ -197,9 +200,15 @@ def test_resolved_yaml_round_trip(tmp_path):
 def test_packaged_configs_load():
     names = sorted(p.stem for p in C.PACKAGED_CONFIGS.glob("*.yaml"))
     assert names, "no packaged configs"
+    errors = {}
     for name in names:
-        cfg = C.load_config(name, [])  # a packaged config is reachable by name
+        try:
+            cfg = C.load_config(name, [])  # a packaged config is reachable by name
+        except C.ConfigError as e:
+            errors[name] = str(e)
+            continue
         assert cfg == C.load_config(str(C.PACKAGED_CONFIGS / f"{name}.yaml"), [])
+    assert not errors, errors
 
 
 def test_parse_cli():
