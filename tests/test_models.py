@@ -1,0 +1,232 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Transformer on random parameters: shapes/dtypes, jit and no-jit, causality, padding invariance, KV cache
+consistency with the full forward, masked rows without NaN, config validation. HF parity lives in test_models_hf.py."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxgrpo.models import (
+    KVCache,
+    ModelConfig,
+    ModelConfigError,
+    RopeScaling,
+    count_params,
+    forward,
+    forward_with_cache,
+    from_hf_config,
+    hidden_states,
+    init_cache,
+    init_params,
+    lm_head,
+    param_axes,
+)
+
+V = 97
+
+
+def tiny(arch: str = "llama", **kw) -> ModelConfig:
+    base = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
+                rope_theta=10000.0, rms_norm_eps=1e-6, architecture=arch, qkv_bias=arch == "qwen2",
+                qk_norm=arch == "qwen3")  # fmt: skip
+    if arch == "qwen3":
+        base["head_dim"] = 32  # explicit head_dim != hidden / heads
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def random_params(config: ModelConfig, seed: int = 0):
+    """init_params, then non-trivial norms and biases so that every parameter matters."""
+    params = init_params(config, jax.random.key(seed))
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+    leaves = [x + (0.1 * jax.random.normal(k, x.shape)).astype(x.dtype) for x, k in zip(leaves, keys)]
+    return jax.tree.unflatten(treedef, leaves)
+
+
+CONFIGS = {
+    "llama": tiny("llama"),
+    "llama3rope": tiny("llama", rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 16), rope_theta=500000.0),
+    "qwen2_tied": tiny("qwen2", tie_word_embeddings=True),
+    "qwen3": tiny("qwen3"),
+}
+
+
+def tokens(B: int, T: int, seed: int = 3) -> jax.Array:
+    return jax.random.randint(jax.random.key(seed), (B, T), 0, V, dtype=jnp.int32)
+
+
+class TestForward(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_shapes_dtypes_finite(self):
+        for name, cfg in CONFIGS.items():
+            params = random_params(cfg)
+            fwd = self.variant(lambda p, t, c=cfg: forward(c, p, t))
+            logits = fwd(params, tokens(2, 5))
+            chex.assert_shape(logits, (2, 5, V))
+            chex.assert_type(logits, jnp.float32)
+            chex.assert_tree_all_finite(logits)
+            h = hidden_states(cfg, params, tokens(2, 5))
+            chex.assert_shape(h, (2, 5, cfg.hidden_size))
+            np.testing.assert_allclose(h @ lm_head(cfg, params), logits, rtol=1e-5, atol=1e-5, err_msg=name)
+
+    def test_bfloat16_params_give_float32_logits_close_to_float32(self):
+        cfg = CONFIGS["qwen3"]
+        params = random_params(cfg)
+        cfg16 = cfg.replace(dtype="bfloat16")
+        p16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+        chex.assert_trees_all_equal_dtypes(p16, init_params(cfg16, jax.random.key(0)))
+        l32 = forward(cfg, params, tokens(2, 6))
+        l16 = forward(cfg16, p16, tokens(2, 6))
+        chex.assert_type(l16, jnp.float32)
+        assert hidden_states(cfg16, p16, tokens(2, 6)).dtype == jnp.bfloat16
+        # bf16 has ~3 significant digits; logits here are O(1)
+        np.testing.assert_allclose(l16, l32, atol=0.1)
+        assert float(jnp.mean(jnp.abs(l16 - l32))) < 0.02
+
+    def test_causal(self):
+        cfg = CONFIGS["llama3rope"]
+        params = random_params(cfg)
+        t = tokens(2, 8)
+        t2 = t.at[:, 5:].set((t[:, 5:] + 1) % V)
+        a, b = forward(cfg, params, t), forward(cfg, params, t2)
+        np.testing.assert_allclose(a[:, :5], b[:, :5], rtol=1e-6, atol=1e-6)
+        assert not np.allclose(a[:, 5:], b[:, 5:])
+
+    def test_left_and_right_padding_match_unpadded(self):
+        for name in ("llama3rope", "qwen3"):  # qwen2 (bias) padding is covered by the HF parity tests
+            cfg = CONFIGS[name]
+            params = random_params(cfg)
+            seqs = [np.asarray(tokens(1, n, seed=n)[0]) for n in (7, 4, 1)]
+            ref = [forward(cfg, params, jnp.asarray(s)[None])[0] for s in seqs]
+            W = 9
+            for side in ("left", "right"):
+                tok = np.zeros((3, W), np.int32)
+                mask = np.zeros((3, W), bool)
+                for i, s in enumerate(seqs):
+                    sl = slice(W - len(s), W) if side == "left" else slice(0, len(s))
+                    tok[i, sl], mask[i, sl] = s, True
+                logits = forward(cfg, params, jnp.asarray(tok), attention_mask=jnp.asarray(mask))
+                chex.assert_tree_all_finite(logits)  # padding query rows (no visible key) must not be NaN
+                for i in range(len(seqs)):
+                    np.testing.assert_allclose(logits[i][mask[i]], ref[i], rtol=1e-5, atol=1e-5,
+                                               err_msg=f"{name} {side} row {i}")  # fmt: skip
+
+    def test_fully_masked_row_is_finite(self):
+        cfg = CONFIGS["qwen2_tied"]
+        params = random_params(cfg)
+        mask = jnp.array([[0, 0, 0, 0], [1, 1, 1, 0]], bool)
+        logits = forward(cfg, params, tokens(2, 4), attention_mask=mask)
+        chex.assert_tree_all_finite(logits)
+
+    def test_explicit_positions_shift_changes_logits_only_through_rope(self):
+        # RoPE is relative: shifting all positions by a constant leaves the logits unchanged.
+        cfg = CONFIGS["llama"]
+        params = random_params(cfg)
+        t = tokens(2, 6)
+        pos = jnp.broadcast_to(jnp.arange(6), (2, 6))
+        np.testing.assert_allclose(forward(cfg, params, t, positions=pos + 11), forward(cfg, params, t),
+                                   rtol=2e-4, atol=2e-4)  # fmt: skip
+
+
+class TestKVCache(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_prefill_then_decode_matches_full_forward(self):
+        cfg = CONFIGS["llama3rope"]
+        self._check(self.variant(lambda p, t, pos, c, s, m: forward_with_cache(cfg, p, t, pos, c, s, m)), cfg)
+
+    def test_prefill_then_decode_other_families(self):
+        for name in ("qwen2_tied", "qwen3"):
+            cfg = CONFIGS[name]
+            self._check(jax.jit(lambda p, t, pos, c, s, m, cfg=cfg: forward_with_cache(cfg, p, t, pos, c, s, m)), cfg)
+
+    @staticmethod
+    def _check(step, cfg):
+        params = random_params(cfg)
+        # row 0: 5 real prompt tokens; row 1: 3 real tokens, left-padded by 2
+        prompt = np.asarray(tokens(2, 5))
+        pmask = np.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]], bool)
+        new = np.asarray(tokens(2, 3, seed=9))
+        S = 10
+        kv_mask = np.zeros((2, S), bool)
+        kv_mask[:, :5] = pmask
+        pos = np.maximum(np.cumsum(pmask, 1) - 1, 0)
+        cache = init_cache(cfg, 2, S)
+        chex.assert_shape(cache.k, (cfg.num_layers, 2, S, cfg.num_kv_heads, cfg.head_dim))
+        h, cache = step(params, jnp.asarray(prompt), jnp.asarray(pos), cache, 0, jnp.asarray(kv_mask))
+        assert isinstance(cache, KVCache)
+        outs = [h]
+        nxt = pos[:, -1] + 1
+        for i in range(3):
+            kv_mask[:, 5 + i] = True
+            h, cache = step(params, jnp.asarray(new[:, i : i + 1]), jnp.asarray(nxt[:, None] + i), cache,
+                            jnp.int32(5 + i), jnp.asarray(kv_mask))  # fmt: skip
+            outs.append(h)
+        h_all = jnp.concatenate(outs, axis=1)
+        full_tok = jnp.asarray(np.concatenate([prompt, new], 1))
+        full_mask = jnp.asarray(np.concatenate([pmask, np.ones((2, 3), bool)], 1))
+        ref = hidden_states(cfg, params, full_tok, attention_mask=full_mask)
+        m = np.asarray(full_mask)
+        np.testing.assert_allclose(h_all[m], ref[m], rtol=1e-5, atol=1e-5)
+
+    def test_cache_dtype_and_shape_errors(self):
+        cfg = CONFIGS["llama"]
+        params = random_params(cfg)
+        cache = init_cache(cfg, 2, 8, dtype=jnp.bfloat16)
+        assert cache.k.dtype == jnp.bfloat16
+        with pytest.raises(ValueError, match="kv_mask shape"):
+            forward_with_cache(cfg, params, tokens(2, 1), jnp.zeros((2, 1), jnp.int32), cache, 0, jnp.ones((2, 7)))
+        with pytest.raises(ValueError, match="does not fit batch"):
+            forward_with_cache(cfg, params, tokens(3, 1), jnp.zeros((3, 1), jnp.int32), cache, 0, jnp.ones((3, 8)))
+
+
+class TestConfig:
+    def test_hashable_static_arg(self):
+        cfg = CONFIGS["llama3rope"]
+        assert hash(cfg) == hash(cfg.replace())
+        f = jax.jit(forward, static_argnums=0)
+        chex.assert_shape(f(cfg, random_params(cfg), tokens(1, 3)), (1, 3, V))
+
+    def test_param_axes_match_param_ranks(self):
+        for cfg in CONFIGS.values():
+            params = init_params(cfg, jax.random.key(0))
+            axes = param_axes(cfg)
+            flat_axes = jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple))
+            for x, a in zip(jax.tree.leaves(params), flat_axes):
+                assert x.ndim == len(a)
+            assert jax.tree.structure(params) == jax.tree.structure(axes, is_leaf=lambda x: isinstance(x, tuple))
+
+    def test_count_params_closed_form(self):
+        cfg = CONFIGS["qwen3"]  # untied, qk-norm, head_dim 32
+        D, F, N, K, H, L = 64, 96, 4, 2, 32, 2
+        per_layer = D * N * H + 2 * D * K * H + N * H * D + 3 * D * F + 2 * D + 2 * H
+        assert count_params(cfg) == 2 * V * D + L * per_layer + D
+
+    def test_errors(self):
+        with pytest.raises(ModelConfigError, match="supported: \\('llama', 'qwen2', 'qwen3'\\)"):
+            tiny("gpt2")
+        with pytest.raises(ModelConfigError, match="multiple of num_kv_heads"):
+            tiny(num_kv_heads=3)
+        with pytest.raises(ModelConfigError, match="unsupported dtype"):
+            tiny(dtype="float16")
+        with pytest.raises(ModelConfigError, match="rope scaling type 'yarn'"):
+            RopeScaling("yarn")
+        with pytest.raises(ModelConfigError, match="model_type='mistral'.*supported"):
+            from_hf_config({"model_type": "mistral", "architectures": ["MistralForCausalLM"]})
+        with pytest.raises(ModelConfigError, match="missing 'intermediate_size'"):
+            from_hf_config({"model_type": "llama", "vocab_size": 3, "hidden_size": 4, "num_hidden_layers": 1,
+                            "num_attention_heads": 1})  # fmt: skip
+        with pytest.raises(ValueError, match="tokens must be"):
+            forward(CONFIGS["llama"], init_params(CONFIGS["llama"], jax.random.key(0)), jnp.zeros((3,), jnp.int32))
+
+    def test_from_hf_config_reads_rope_parameters(self):
+        hf = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
+              "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "eos_token_id": [1, 2],
+              "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                  "original_max_position_embeddings": 8192}}  # fmt: skip
+        cfg = from_hf_config(hf)
+        assert cfg.rope_theta == 500000.0 and cfg.head_dim == 4 and cfg.eos_token_ids == (1, 2)
+        assert cfg.rope_scaling == RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)

@@ -1,0 +1,69 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Mesh construction, the logical-axis rules, and sharded forward == single-device forward on 8 fake CPU devices."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from jaxgrpo import sharding
+from jaxgrpo.models import ModelConfig, forward, init_params
+
+CFG = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                  architecture="qwen2", qkv_bias=True)  # fmt: skip
+
+
+def test_eight_devices():
+    assert jax.device_count() == 8, "conftest must force 8 host devices"
+
+
+def test_make_mesh_shapes_and_errors():
+    mesh = sharding.make_mesh(2, 2, 2)
+    assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert dict(sharding.make_mesh(1, -1, 2).shape) == {"data": 1, "fsdp": 4, "tensor": 2}
+    assert dict(sharding.make_mesh(devices=jax.devices()[:1]).shape) == {"data": 1, "fsdp": 1, "tensor": 1}
+    with pytest.raises(ValueError, match="= 12 devices, but 8 are available"):
+        sharding.make_mesh(3, 2, 2)
+    with pytest.raises(ValueError, match="at most one mesh axis may be -1"):
+        sharding.make_mesh(-1, -1, 2)
+    with pytest.raises(ValueError, match="not divisible"):
+        sharding.make_mesh(3, -1, 1)
+
+
+def test_rules_and_divisibility_fallback():
+    mesh = sharding.make_mesh(1, 4, 2)
+    assert sharding.logical_to_spec(("layers", "embed", "heads", "head_dim"), (2, 64, 4, 16), mesh) == P(
+        None, "fsdp", "tensor", None
+    )
+    # 3 kv heads cannot be split over tensor=2 -> replicated on that dim; 6 rows of embed not divisible by fsdp=4
+    assert sharding.logical_to_spec(("layers", "embed", "kv_heads", "head_dim"), (2, 6, 3, 16), mesh) == P(
+        None, None, None, None
+    )
+    # vocab and mlp both map to tensor: a mesh axis is used once per array
+    assert sharding.logical_to_spec(("mlp", "vocab"), (8, 8), mesh) == P("tensor", None)
+    with pytest.raises(ValueError, match="unknown logical axis 'bogus'"):
+        sharding.logical_to_spec(("bogus",), (4,), mesh)
+    with pytest.raises(ValueError, match="do not match array rank"):
+        sharding.logical_to_spec(("embed",), (4, 4), mesh)
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 2), (2, 2, 2)])
+def test_sharded_forward_equals_single_device(shape):
+    params = init_params(CFG, jax.random.key(0))
+    params = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(7), x.shape, x.dtype), params)
+    tokens = jax.random.randint(jax.random.key(1), (8, 6), 0, CFG.vocab_size)
+    mask = jnp.ones((8, 6), bool).at[::3, :2].set(False)
+    ref = forward(CFG, params, tokens, attention_mask=mask)
+
+    mesh = sharding.make_mesh(*shape)
+    sp = sharding.shard_params(params, CFG, mesh)
+    q = sp["layers"]["q"]
+    assert q.sharding.spec == P(None, "fsdp", "tensor", None)
+    assert len(q.addressable_shards) == 8 and q.addressable_shards[0].data.shape == (2, 64 // shape[1], 2, 16)
+    tok = jax.device_put(tokens, sharding.batch_sharding(mesh))
+    msk = jax.device_put(mask, sharding.batch_sharding(mesh))
+    out = jax.jit(forward, static_argnums=0)(CFG, sp, tok, None, msk)
+    chex.assert_shape(out, (8, 6, CFG.vocab_size))
+    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-5, atol=2e-5)
