@@ -519,6 +519,15 @@ def validate(cfg: Config) -> None:
             rewards_lib.resolve(name)
         except ValueError as e:
             raise ConfigError(f"data.rewards: {e}") from None
+        sources = rewards_lib.REWARD_SOURCES.get(name)
+        if sources is not None and d.source not in sources:
+            fitting = [k for k, v in rewards_lib.REWARD_SOURCES.items() if d.source in v]
+            example = "arithmetic" if d.source == "synthetic" else fitting[0]
+            raise ConfigError(
+                f"data.rewards has {name!r}, which is meant for data.source={' or '.join(sources)}, not "
+                f"data.source={d.source}; rewards for {d.source}: {', '.join(fitting)} "
+                f"(e.g. data.rewards={{{example}: 1.0}})"
+            )
 
     _require(r.prompts_per_step >= 1, "rollout.prompts_per_step", r.prompts_per_step, ">= 1")
     _require(r.group_size >= 2, "rollout.group_size", r.group_size,

@@ -285,6 +285,19 @@ REWARDS: dict[str, RewardFn] = {
 }
 
 
+# Which data.source each registered reward is meant for (a strict GSM8K reward on the synthetic task, whose completions
+# carry no "####", is always 0; the exact-match arithmetic reward on GSM8K reasoning is always 0).
+REWARD_SOURCES: dict[str, tuple[str, ...]] = {
+    "gsm8k": ("gsm8k",),
+    "gsm8k_lenient": ("gsm8k", "synthetic"),
+    "format": ("gsm8k",),
+    "calibration": ("gsm8k",),
+    "calibration_lenient": ("gsm8k",),
+    "arithmetic": ("synthetic",),
+    "arithmetic_lenient": ("synthetic",),
+}
+
+
 def resolve(name_or_fn: str | RewardFn) -> tuple[str, RewardFn]:
     """(display name, function) for a registry name, a ``"module:function"`` import path, or a callable."""
     if callable(name_or_fn):

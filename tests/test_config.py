@@ -30,16 +30,16 @@ def test_defaults():
 def test_yaml_then_overrides(tmp_path):
     path = write(tmp_path, """
 # a comment
+data: {source: gsm8k}
 algo:
   estimator: pass_at_k
   estimator_args: {k: 4}
   clip_high: 0.28
 rollout: {group_size: 4}
-data:
-  rewards: {gsm8k: 1.0, format: 0.1}
 seed: 7
 """)
-    cfg = C.load_config(path, ["rollout.group_size=16", "algo.estimator_args.eps=1e-4", "data.rewards.format=null",
+    cfg = C.load_config(path, ["data.rewards={gsm8k: 1.0, format: 0.1}", "rollout.group_size=16",
+                               "algo.estimator_args.eps=1e-4", "data.rewards.format=null",
                                "data.rewards.calibration=0.5", "seed=3"])
     assert cfg.algo.estimator == "pass_at_k"
     assert cfg.algo.estimator_args == {"k": 4, "eps": 1e-4}
@@ -66,8 +66,10 @@ seed: 7
         ("model.name_or_path=1.10", lambda c: c.model.name_or_path, "1.10"),  # text kept as written
         ("data.split=2020", lambda c: c.data.split, "2020"),
         ("data.num_examples=null", lambda c: c.data.num_examples, None),
-        ("data.rewards={gsm8k: 1, format: 0.5}", lambda c: c.data.rewards, {"gsm8k": 1.0, "format": 0.5}),
-        ("data.rewards.format=0.25", lambda c: c.data.rewards, {"arithmetic": 1.0, "format": 0.25}),
+        ("data.rewards={gsm8k_lenient: 1, arithmetic: 0.5}", lambda c: c.data.rewards,
+         {"gsm8k_lenient": 1.0, "arithmetic": 0.5}),
+        ("data.rewards.arithmetic_lenient=0.25", lambda c: c.data.rewards, {"arithmetic": 1.0,
+                                                                            "arithmetic_lenient": 0.25}),
         ("algo.estimator_args={k: 2}", lambda c: c.algo.estimator_args, {"k": 2}),
         ("mesh.data=4", lambda c: (c.mesh.data, c.rollout.prompts_per_step), (4, 8)),
         ("mesh.fsdp=8", lambda c: c.mesh.fsdp, 8),
@@ -103,6 +105,10 @@ def test_every_estimator_of_the_advantages_module_is_accepted():
         (["algo.estimator_args.k=4"], ["not an argument of the 'grpo' estimator"]),
         (["data.rewards.gsm9k=1"], ["data.rewards", "did you mean 'gsm8k'", "calibration"]),
         (["data.rewards=null"], ["data.rewards may not be null"]),
+        (["data.source=gsm8k"], ["data.rewards has 'arithmetic', which is meant for data.source=synthetic",
+                                 "data.rewards={gsm8k: 1.0}"]),
+        (["data.rewards.gsm8k=1"], ["'gsm8k', which is meant for data.source=gsm8k", "arithmetic, arithmetic_lenient",
+                                    "data.rewards={arithmetic: 1.0}"]),
         (["data.rewards.arithmetic=null"], ["data.rewards must be a non-empty mapping"]),
         (["model.tokenizer=builtin:arithmetc"], ["model.tokenizer", "builtin:arithmetic"]),
         (["rollout.group_size=1"], ["rollout.group_size must be >= 2", "got 1"]),
@@ -133,7 +139,7 @@ def test_every_estimator_of_the_advantages_module_is_accepted():
         (["log.tensorboard=maybe"], ["log.tensorboard must be bool"]),
         (["train.steps=null"], ["train.steps may not be null"]),
         (["algo.estimator_args=3"], ["algo.estimator_args must be dict"]),
-        (["data.rewards.format=high"], ["data.rewards.format must be float"]),
+        (["data.rewards.arithmetic=high"], ["data.rewards.arithmetic must be float"]),
         (["rollout.top_p=[1, 2]"], ["rollout.top_p must be float"]),
         (["algo.estimator={oops"], ["not valid YAML"]),
     ],
@@ -155,9 +161,8 @@ def test_every_enum_field_lists_its_choices(section_key, choices):
     assert f"{section}.{key}='bogus' is not a valid choice" in msg
     assert all(c in msg for c in choices)
     for c in choices:  # and each listed choice is accepted
-        if (section, key) == ("data", "source") and c == "gsm8k":
-            continue
-        assert getattr(getattr(C.load_config(None, [f"{section}.{key}={c}"]), section), key) == c
+        extra = ["data.rewards={gsm8k: 1}"] if (section, key, c) == ("data", "source", "gsm8k") else []
+        assert getattr(getattr(C.load_config(None, [f"{section}.{key}={c}", *extra]), section), key) == c
 
 
 @pytest.mark.parametrize(
@@ -188,7 +193,7 @@ def test_empty_file_and_missing_file(tmp_path):
 def test_resolved_yaml_round_trip(tmp_path):
     cfg = C.load_config(None, ["algo.estimator=pass_at_k", "algo.estimator_args.k=4", "algo.clip_high=null",
                                "optim.learning_rate=1e-7", "data.system_prompt=Be brief: 2 lines.",
-                               "data.rewards.format=0.1", "model.name_or_path=007", "seed=9", "data.path=null"])
+                               "data.rewards.gsm8k_lenient=0.1", "model.name_or_path=007", "seed=9", "data.path=null"])
     text = C.to_yaml(cfg)
     assert C.from_dict(yaml.safe_load(text)) == cfg
     path = write(tmp_path, text, "config.yaml")

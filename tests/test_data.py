@@ -278,3 +278,10 @@ def test_synthetic_prompts_fit_the_tokenizer(tok):
         ids = data.encode_prompts(tok, data.synthetic_arithmetic(20, difficulty, 0), DataConfig())
         assert all(tok.unk_token_id not in x for x in ids)
         assert np.max([len(x) for x in ids]) <= 8 + 3 * (difficulty - 2 if difficulty > 4 else 2)
+
+
+def test_example_is_frozen():
+    e = data.Example("1+1=", "2")
+    assert e.meta == {}
+    with pytest.raises(AttributeError):
+        e.answer = "3"

@@ -287,3 +287,23 @@ def test_score_length_mismatch_and_bad_mode():
         rewards.score(["a", "b"], [ex("1")], [("gsm8k", 1.0)])
     with pytest.raises(ValueError, match="on_error"):
         rewards.score(["a"], [ex("1")], [("gsm8k", 1.0)], on_error="ignore")
+
+
+@given(st.text(alphabet=st.sampled_from(list("0123456789#$,./%-+ \n\\{}boxedfrac<>confidence:")), max_size=60))
+def test_reward_functions_never_raise_on_arbitrary_text(text):
+    example = ex("12")
+    for mode in ("strict", "lenient"):
+        got = rewards.extract_answer(text, mode)
+        assert got is None or (isinstance(got, str) and got)
+    for name, fn in rewards.REWARDS.items():
+        value = fn(text, example)
+        assert isinstance(value, float) and np.isfinite(value), name
+        assert -1.0 <= value <= 1.0, name
+
+
+@given(st.integers(-10**7, 10**7), st.sampled_from(["", "$"]), st.booleans())
+def test_strict_extraction_of_written_integers(n, dollar, commas):
+    written = f"{abs(n):,}" if commas else str(abs(n))
+    sign = "-" if n < 0 else ""
+    text = f"Step 1: 3 + 4 = 7.\n#### {sign}{dollar}{written}\nDone in 2 steps."
+    assert rewards.normalize_number(rewards.extract_answer(text, "strict")) == n
