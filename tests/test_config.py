@@ -82,6 +82,16 @@ def test_override_types(override, getter, expected):
     assert value == expected and type(value) is type(expected)
 
 
+def test_choices_agree_with_the_modules_that_use_them():
+    from jaxgrpo import losses, train_step
+
+    assert C.CHOICES[("algo", "aggregation")] == tuple(losses.AGGREGATIONS)
+    assert C.CHOICES[("algo", "ratio_level")] == tuple(losses.RATIO_LEVELS)
+    assert C.CHOICES[("algo", "kl_estimator")] == tuple(losses.KL_ESTIMATORS)
+    assert C.CHOICES[("algo", "degenerate_groups")] == tuple(train_step.DEGENERATE_MODES)
+    assert C.CHOICES[("optim", "schedule")] == tuple(train_step.SCHEDULES)
+
+
 def test_every_estimator_of_the_advantages_module_is_accepted():
     for name in advantages.ESTIMATORS:
         assert C.load_config(None, [f"algo.estimator={name}"]).algo.estimator == name
