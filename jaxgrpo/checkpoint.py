@@ -43,6 +43,14 @@ EXTRA_ITEM = "extra"
 TMP_MARKER = ".orbax-checkpoint-tmp"
 
 
+CHECKPOINT_SUBDIR = "checkpoints"
+
+
+def run_checkpoint_dir(run_dir: str | os.PathLike) -> pathlib.Path:
+    """Where a training run keeps its checkpoints: ``<run_dir>/checkpoints`` (used by train and eval alike)."""
+    return pathlib.Path(run_dir) / CHECKPOINT_SUBDIR
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be found or does not match the structure it is restored into."""
 

@@ -1,0 +1,504 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Evaluation of a policy: pass@k, per-prompt success rates, and the degeneracy rate against its i.i.d. prediction.
+
+``python -m jaxgrpo.eval (--config FILE | --run-dir DIR) [--checkpoint STEP] [--split test] [--num-prompts N]
+[--num-samples n] [--group-size G ...] [--out DIR] [section.key=value ...]`` draws n completions per prompt with
+the training sampler (``jaxgrpo.sampling.generate``, the config's rollout settings), scores them, and writes
+``eval.json``, ``success_histogram.png`` and ``degeneracy_vs_group_size.png``.
+
+Statistics, for a prompt with c successes among n samples (success: reward >= ``success_threshold``):
+
+- **unbiased pass@k** (Chen et al. 2021, "Evaluating Large Language Models Trained on Code", arXiv:2107.03374,
+  eq. 1): ``pass@k = 1 - C(n-c, k) / C(n, k)``, computed in the numerically stable product form
+  ``1 - prod_{i=n-c+1}^{n} (1 - k / i)`` (= 1 when ``n - c < k``), averaged over prompts; pass@1 = mean c/n.
+- **measured degeneracy at group size G**: the probability that G draws without replacement from the prompt's n
+  samples are all successes or all failures, ``[C(c, G) + C(n-c, G)] / C(n, G)`` (hypergeometric), averaged over
+  prompts. It is the unbiased estimate of ``mean_j(p_j^G + (1-p_j)^G)`` (``jaxgrpo.degeneracy.expected_rate``) for
+  the prompts' true success probabilities p_j, because ``C(c, G) / C(n, G)`` is the unbiased estimator of p^G when
+  c ~ Binomial(n, p).
+- **i.i.d. prediction**: ``p̄^G + (1-p̄)^G`` at the mean success rate p̄ (``jaxgrpo.degeneracy.iid_rate``).
+  The map p -> p^G + (1-p)^G is convex, so by Jensen the measured rate is >= the prediction (in expectation); the
+  difference (``gap``) is how much more often GRPO groups of size G collapse because prompts differ in difficulty.
+  A prompt set with success rates {0, 1} collapses always (measured 1) while i.i.d. at p̄ = 0.5 predicts 2 * 0.5^G.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fractions
+import json
+import math
+import os
+import pathlib
+import sys
+from collections.abc import Sequence
+from math import comb
+from typing import Any
+
+import numpy as np
+
+from jaxgrpo import degeneracy
+
+DEFAULT_NUM_SAMPLES = 16
+CORRECTNESS_REWARDS = ("gsm8k", "gsm8k_lenient", "arithmetic", "arithmetic_lenient")
+
+
+# -- statistics (host side, exact integer arithmetic where it matters) ----------------------------------------------
+
+
+def _check_counts(n: int, c: np.ndarray, what: str) -> None:
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1:
+        raise ValueError(f"{what}: n={n!r} must be an integer >= 1 (samples per prompt)")
+    if c.size and (c.min() < 0 or c.max() > n):
+        raise ValueError(f"{what}: success counts must lie in [0, n={n}], got min {c.min()} max {c.max()}")
+
+
+def pass_at_k_unbiased(n: int, c: int | Sequence[int] | np.ndarray, k: int) -> float | np.ndarray:
+    """Unbiased pass@k of Chen et al. (2021): ``1 - C(n-c, k) / C(n, k)`` per prompt (c successes of n samples).
+
+    Product form ``1 - prod_{i=n-c+1}^{n} (1 - k/i)`` (no huge binomials); 1.0 when ``n - c < k``. `c` may be an
+    int (→ float) or an array of per-prompt counts (→ float64 array of the same shape).
+    """
+    c_arr = np.asarray(c)
+    if not np.issubdtype(c_arr.dtype, np.integer):
+        raise ValueError(f"pass_at_k_unbiased: c must be integer success counts, got dtype {c_arr.dtype}")
+    _check_counts(n, c_arr, "pass_at_k_unbiased")
+    if isinstance(k, bool) or not isinstance(k, int | np.integer) or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k_unbiased: k={k!r} must be an integer in [1, n={n}]")
+
+    def one(ci: int) -> float:
+        if n - ci < k:
+            return 1.0
+        i = np.arange(n - ci + 1, n + 1, dtype=np.float64)
+        return float(1.0 - np.prod(1.0 - k / i))
+
+    out = np.asarray([one(int(ci)) for ci in c_arr.reshape(-1)], np.float64).reshape(c_arr.shape)
+    return float(out) if c_arr.ndim == 0 else out
+
+
+def degenerate_probability(n: int, c: int | Sequence[int] | np.ndarray, group_size: int) -> float | np.ndarray:
+    """``[C(c, G) + C(n-c, G)] / C(n, G)``: probability that G of the n samples, drawn without replacement, all
+    succeed or all fail (exact rational arithmetic, then float64). Same shape conventions as `pass_at_k_unbiased`."""
+    c_arr = np.asarray(c)
+    _check_counts(n, c_arr, "degenerate_probability")
+    g = group_size
+    if isinstance(g, bool) or not isinstance(g, int | np.integer) or not 1 <= g <= n:
+        raise ValueError(
+            f"group size G={g!r} must be an integer in [1, n={n}]: draw at least G samples per prompt "
+            "(raise --num-samples)"
+        )
+    total = comb(n, int(g))
+    out = np.asarray(
+        [float(fractions.Fraction(comb(int(ci), int(g)) + comb(n - int(ci), int(g)), total)) for ci in c_arr.ravel()],
+        np.float64,
+    ).reshape(c_arr.shape)
+    return float(out) if c_arr.ndim == 0 else out
+
+
+def default_ks(n: int) -> list[int]:
+    """1, 2, 4, ... up to n."""
+    return [2**i for i in range(int(math.log2(n)) + 1)] if n >= 1 else []
+
+
+def summarize(successes: np.ndarray, group_sizes: Sequence[int], ks: Sequence[int] | None = None) -> dict[str, Any]:
+    """Statistics of a boolean success matrix ``[P prompts, n samples]`` (see the module docstring).
+
+    Returns a JSON-ready dict: ``num_prompts``, ``num_samples``, ``pass@k`` {k: value}, ``success_counts`` (c per
+    prompt), ``success_histogram`` {"rate": [c/n for c = 0..n], "prompts": [#prompts with c successes]},
+    ``mean_success_rate`` (p̄), ``all_fail_prompts`` / ``all_pass_prompts`` (fractions with c = 0 / c = n), and
+    ``degeneracy``: one entry per G with ``measured``, ``all_pass``, ``all_fail``, ``iid`` and ``gap`` (measured − iid).
+    """
+    s = np.asarray(successes)
+    if s.ndim != 2 or s.shape[0] < 1 or s.shape[1] < 1:
+        raise ValueError(f"successes must be a non-empty [prompts, samples] matrix, got shape {s.shape}")
+    if s.dtype != np.bool_:
+        raise ValueError(f"successes must be boolean (reward >= threshold), got dtype {s.dtype}")
+    p_count, n = s.shape
+    c = s.sum(axis=1).astype(np.int64)
+    ks = default_ks(n) if ks is None else list(ks)
+    p_bar = float(c.sum() / (p_count * n))
+    result: dict[str, Any] = {
+        "num_prompts": int(p_count),
+        "num_samples": int(n),
+        "pass@k": {str(k): float(np.mean(pass_at_k_unbiased(n, c, k))) for k in ks},
+        "mean_success_rate": p_bar,
+        "success_counts": c.tolist(),
+        "success_histogram": {
+            "rate": [j / n for j in range(n + 1)],
+            "prompts": np.bincount(c, minlength=n + 1).tolist(),
+        },
+        "all_fail_prompts": float(np.mean(c == 0)),
+        "all_pass_prompts": float(np.mean(c == n)),
+        "degeneracy": [],
+    }
+    for g in group_sizes:
+        measured = float(np.mean(degenerate_probability(n, c, g)))
+        all_pass = float(np.mean([fractions.Fraction(comb(int(ci), int(g)), comb(n, int(g))) for ci in c]))
+        all_fail = float(np.mean([fractions.Fraction(comb(n - int(ci), int(g)), comb(n, int(g))) for ci in c]))
+        iid = float(degeneracy.iid_rate(p_bar, int(g)))
+        result["degeneracy"].append(
+            {
+                "group_size": int(g),
+                "measured": measured,
+                "all_pass": all_pass,
+                "all_fail": all_fail,
+                "iid": iid,
+                "gap": measured - iid,
+            }
+        )
+    return result
+
+
+# -- sampling driver ------------------------------------------------------------------------------------------------
+
+
+def evaluate(
+    model_config: Any,
+    params: Any,
+    tokenizer: Any,
+    examples: Sequence[Any],
+    reward_fn: Any,
+    *,
+    num_samples: int,
+    group_sizes: Sequence[int],
+    key: Any,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    eos_token_ids: Sequence[int] | None = None,
+    data_config: Any = None,
+    success_threshold: float = 0.5,
+    prompts_per_batch: int = 32,
+    mesh: Any = None,
+    keep_texts: int = 4,
+) -> dict[str, Any]:
+    """Samples `num_samples` completions per example with `jaxgrpo.sampling.generate`, scores them with `reward_fn`
+    (a `jaxgrpo.rewards.RewardFn` or registry name; success = reward >= `success_threshold`) and returns
+    `summarize(...)` plus ``mean_reward``, completion-length statistics, the settings, and the first `keep_texts`
+    completions of the first prompts (``samples``).
+
+    Prompts are encoded with `jaxgrpo.data.encode_prompts(tokenizer, examples, data_config)` (default DataConfig),
+    sampled `prompts_per_batch` at a time with key ``fold_in(key, batch_index)``.
+    """
+    import jax
+
+    from jaxgrpo import config as config_lib
+    from jaxgrpo import data as data_lib
+    from jaxgrpo import rewards as rewards_lib
+    from jaxgrpo import sampling
+
+    if not examples:
+        raise ValueError("evaluate: no examples (check the split / --num-prompts)")
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+        raise ValueError(f"num_samples={num_samples!r} must be an integer >= 1")
+    for g in group_sizes:  # fail before sampling, not after
+        degenerate_probability(num_samples, 0, g)
+    if prompts_per_batch < 1:
+        raise ValueError(f"prompts_per_batch={prompts_per_batch!r} must be >= 1")
+    data_config = data_config if data_config is not None else config_lib.DataConfig()
+    prompts = data_lib.encode_prompts(tokenizer, examples, data_config)
+    if eos_token_ids is None:
+        ids = set(getattr(model_config, "eos_token_ids", ()) or ())
+        if getattr(tokenizer, "eos_token_id", None) is not None:
+            ids.add(int(tokenizer.eos_token_id))
+        eos_token_ids = tuple(sorted(ids))
+    name, fn = rewards_lib.resolve(reward_fn)
+    all_rewards, lengths, truncated, texts_kept = [], [], [], []
+    for b, start in enumerate(range(0, len(prompts), prompts_per_batch)):
+        batch = prompts[start : start + prompts_per_batch]
+        comp = sampling.generate(
+            model_config,
+            params,
+            batch,
+            num_samples=num_samples,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            eos_token_ids=eos_token_ids,
+            key=jax.random.fold_in(key, b),
+            mesh=mesh,
+        )
+        tokens, mask = np.asarray(comp.tokens), np.asarray(comp.mask)
+        texts = tokenizer.batch_decode([t[m].tolist() for t, m in zip(tokens, mask)], skip_special_tokens=True)
+        rows = [ex for ex in examples[start : start + prompts_per_batch] for _ in range(num_samples)]
+        r, _ = rewards_lib.score(texts, rows, [(fn, 1.0)], on_error="error")
+        all_rewards.append(r.reshape(len(batch), num_samples))
+        lengths.append(np.asarray(comp.lengths))
+        truncated.append(np.asarray(comp.truncated))
+        for p in range(len(batch)):
+            if len(texts_kept) < keep_texts:
+                texts_kept.append(
+                    {
+                        "prompt": examples[start + p].prompt,
+                        "answer": examples[start + p].answer,
+                        "completion": texts[p * num_samples],
+                        "reward": float(r[p * num_samples]),
+                    }
+                )
+    rewards_arr = np.concatenate(all_rewards)
+    result = summarize(rewards_arr >= success_threshold, group_sizes)
+    result.update(
+        mean_reward=float(rewards_arr.mean()),
+        completion_length_mean=float(np.concatenate(lengths).mean()),
+        truncated_frac=float(np.concatenate(truncated).mean()),
+        settings={
+            "reward": name,
+            "success_threshold": float(success_threshold),
+            "num_samples": num_samples,
+            "max_new_tokens": int(max_new_tokens),
+            "temperature": float(temperature),
+            "top_p": float(top_p),
+            "top_k": int(top_k),
+            "eos_token_ids": [int(e) for e in eos_token_ids],
+        },
+        samples=texts_kept,
+    )
+    return result
+
+
+# -- report ---------------------------------------------------------------------------------------------------------
+
+
+def write_report(result: dict[str, Any], out_dir: str | os.PathLike) -> list[pathlib.Path]:
+    """Writes ``eval.json``, ``success_histogram.png`` and ``degeneracy_vs_group_size.png`` to `out_dir`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "eval.json"]
+    paths[0].write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")
+
+    hist = result["success_histogram"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    width = 0.8 / max(result["num_samples"], 1)
+    ax.bar(hist["rate"], hist["prompts"], width=width, color="tab:blue")
+    ax.set_xlabel(f"per-prompt success rate c/n (n = {result['num_samples']})")
+    ax.set_ylabel("prompts")
+    ax.set_title(f"success rates of {result['num_prompts']} prompts (mean {result['mean_success_rate']:.3f})")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    paths.append(out / "success_histogram.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    deg = result["degeneracy"]
+    if deg:
+        g = [d["group_size"] for d in deg]
+        fig, ax = plt.subplots(figsize=(6.4, 4.0))
+        ax.plot(g, [d["measured"] for d in deg], "o-", color="black", label="measured (hypergeometric)")
+        ax.plot(g, [d["all_fail"] for d in deg], "v:", color="tab:red", label="  all-fail part")
+        ax.plot(g, [d["all_pass"] for d in deg], "^:", color="tab:green", label="  all-pass part")
+        ax.plot(g, [d["iid"] for d in deg], "s--", color="tab:purple", label="i.i.d. prediction p̄^G+(1−p̄)^G")
+        if len(g) > 1 and min(g) > 0 and max(g) / min(g) >= 4:
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(g, [str(x) for x in g])
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("group size G")
+        ax.set_ylabel("probability a group is degenerate")
+        ax.set_title("degenerate groups vs group size (Jensen gap = measured − i.i.d.)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        paths.append(out / "degeneracy_vs_group_size.png")
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths
+
+
+def format_summary(result: dict[str, Any]) -> str:
+    """A few human-readable lines: pass@k and the degeneracy table."""
+    lines = [
+        f"{result['num_prompts']} prompts × {result['num_samples']} samples, mean success rate "
+        f"{result['mean_success_rate']:.4f}",
+        "  " + "  ".join(f"pass@{k} {v:.4f}" for k, v in result["pass@k"].items()),
+        "  G   measured  i.i.d.   gap",
+    ]
+    for d in result["degeneracy"]:
+        lines.append(f"  {d['group_size']:<3d} {d['measured']:.4f}    {d['iid']:.4f}   {d['gap']:+.4f}")
+    return "\n".join(lines)
+
+
+# -- loading a policy -----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class EvalPolicy:
+    """What `evaluate` needs about the policy: the model, its (mesh-sharded) params, tokenizer, mesh, and the
+    checkpoint step the params came from (None = the initial/pretrained weights)."""
+
+    model_config: Any
+    params: Any
+    tokenizer: Any
+    mesh: Any
+    step: int | None
+
+
+def load_policy_for_eval(cfg: Any, run_dir: str | os.PathLike | None, step: int | None) -> EvalPolicy:
+    """The policy to evaluate, as an `EvalPolicy`.
+
+    The model and tokenizer are built exactly as training builds them (`jaxgrpo.trainer.build_policy`); with a
+    `run_dir`, the params are then replaced by the checkpoint's (step `step`, None = latest) read from
+    ``<run_dir>/checkpoints`` (only the params: the optimizer state is not loaded). For ``model.name_or_path=tiny``
+    the weights come only from the checkpoint, so a `run_dir` is required; for a pretrained model without `run_dir`
+    the pretrained weights are evaluated (step None).
+    """
+    import jax
+
+    from jaxgrpo import checkpoint as ckpt_lib
+    from jaxgrpo import config as config_lib
+    from jaxgrpo import sharding, trainer
+
+    if run_dir is None and cfg.model.name_or_path == "tiny":
+        raise config_lib.ConfigError(
+            "model.name_or_path=tiny is trained from scratch: its weights exist only in a run's checkpoints; "
+            "pass --run-dir DIR"
+        )
+    if run_dir is None and step is not None:
+        raise config_lib.ConfigError("--checkpoint needs --run-dir (the run whose checkpoint to load)")
+    model_config, params, tokenizer = trainer.build_policy(cfg, jax.random.key(cfg.seed))
+    size = cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tensor
+    if size > jax.device_count():
+        raise config_lib.ConfigError(
+            f"mesh data*fsdp*tensor = {size} devices but only {jax.device_count()} are available; lower mesh.*"
+        )
+    mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=jax.devices()[:size])
+    params = sharding.shard_params(params, model_config, mesh)
+    if run_dir is not None:
+        directory = ckpt_lib.run_checkpoint_dir(run_dir)
+        if not directory.is_dir():
+            raise ckpt_lib.CheckpointError(f"{directory} does not exist: is {run_dir} a jaxgrpo run directory?")
+        with ckpt_lib.CheckpointManager(directory, keep=10**6, save_interval=0) as mgr:
+            step = mgr.latest_step() if step is None else step
+            params = mgr.restore_subtree(step, "params", params)
+    return EvalPolicy(model_config, params, tokenizer, mesh, step)
+
+
+# -- command line ---------------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m jaxgrpo.eval",
+        description="pass@k, per-prompt success rates and measured vs i.i.d. degeneracy of a policy.",
+        epilog="overrides: section.key=value applied on top of the config, e.g. rollout.temperature=0.7 "
+        "data.source=gsm8k data.path=../shared/data/gsm8k",
+    )
+    p.add_argument("--config", default=None, help="YAML config (default: RUN_DIR/config.yaml)")
+    p.add_argument("--run-dir", default=None, help="training run directory whose checkpoint to evaluate")
+    p.add_argument("--checkpoint", type=int, default=None, help="checkpoint step (default: the latest)")
+    p.add_argument("--split", default="test", help="dataset split (default: test)")
+    p.add_argument("--num-prompts", type=int, default=None, help="number of prompts (default: train.eval_examples)")
+    p.add_argument("--num-samples", type=int, default=DEFAULT_NUM_SAMPLES, help="samples per prompt n (default 16)")
+    p.add_argument(
+        "--group-size",
+        type=int,
+        nargs="+",
+        default=None,
+        help="group sizes G for the degeneracy table (default: 2, 4, ... <= n and rollout.group_size)",
+    )
+    p.add_argument(
+        "--reward",
+        default=None,
+        help="correctness reward (registry name or module:function; default: from data.rewards)",
+    )
+    p.add_argument("--success-threshold", type=float, default=0.5, help="a sample succeeds when reward >= this")
+    p.add_argument("--prompts-per-batch", type=int, default=32)
+    p.add_argument("--out", default=None, help="output directory (default: RUN_DIR/eval/<step>-<split>)")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value")
+    return p
+
+
+def correctness_reward(cfg: Any, explicit: str | None) -> str:
+    """The reward that defines success: `explicit`, the only configured reward, or the configured correctness one."""
+    from jaxgrpo import config as config_lib
+
+    if explicit is not None:
+        return explicit
+    names = list(cfg.data.rewards)
+    if len(names) == 1:
+        return names[0]
+    for n in names:
+        if n in CORRECTNESS_REWARDS:
+            return n
+    raise config_lib.ConfigError(
+        f"data.rewards={cfg.data.rewards} has no correctness reward ({', '.join(CORRECTNESS_REWARDS)}): "
+        "pass --reward NAME"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import jax
+
+    from jaxgrpo import checkpoint as ckpt_lib
+    from jaxgrpo import config as config_lib
+    from jaxgrpo import data as data_lib
+    from jaxgrpo import rewards as rewards_lib
+
+    args = _parser().parse_intermixed_args(sys.argv[1:] if argv is None else list(argv))
+    try:
+        bad = [o for o in args.overrides if "=" not in o]
+        if bad:
+            raise config_lib.ConfigError(f"argument {bad[0]!r} is not an override (section.key=value)")
+        if args.config is None and args.run_dir is None:
+            raise config_lib.ConfigError("give --config FILE or --run-dir DIR (or both)")
+        config_path = args.config
+        if config_path is None:
+            config_path = str(pathlib.Path(args.run_dir) / "config.yaml")
+            if not os.path.exists(config_path):
+                raise config_lib.ConfigError(f"{config_path} not found: pass --config FILE")
+        cfg = config_lib.load_config(config_path, args.overrides)
+        num_prompts = args.num_prompts if args.num_prompts is not None else cfg.train.eval_examples
+        if num_prompts < 1 or args.num_samples < 1:
+            raise config_lib.ConfigError("--num-prompts and --num-samples must be >= 1")
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, split=args.split, num_examples=num_prompts))
+        n = args.num_samples
+        groups = args.group_size or sorted({*(g for g in default_ks(n) if g >= 2), cfg.rollout.group_size} - {0})
+        groups = [g for g in groups if g <= n] if args.group_size is None else groups
+        reward = correctness_reward(cfg, args.reward)
+        rewards_lib.resolve(reward)
+        examples = data_lib.load_dataset(cfg.data, cfg.seed)
+        policy = load_policy_for_eval(cfg, args.run_dir, args.checkpoint)
+        step = policy.step
+        r = cfg.rollout
+        result = evaluate(
+            policy.model_config,
+            policy.params,
+            policy.tokenizer,
+            examples,
+            reward,
+            num_samples=n,
+            group_sizes=groups,
+            key=jax.random.key(cfg.seed + 1),
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            data_config=cfg.data,
+            success_threshold=args.success_threshold,
+            prompts_per_batch=args.prompts_per_batch,
+            mesh=policy.mesh,
+        )
+        result["settings"].update(split=args.split, checkpoint_step=step, config=config_path, run_dir=args.run_dir)
+        if args.out is not None:
+            out = pathlib.Path(args.out)
+        elif args.run_dir is not None:
+            out = pathlib.Path(args.run_dir) / "eval" / f"step{step}-{args.split}"
+        else:
+            out = pathlib.Path("eval") / f"{config_lib.config_name(config_path)}-{args.split}"
+        paths = write_report(result, out)
+    except (config_lib.ConfigError, ckpt_lib.CheckpointError, ValueError, FileNotFoundError) as e:
+        return config_lib.cli_error(str(e))
+    print(format_summary(result))
+    for p in paths:
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

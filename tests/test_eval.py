@@ -1,0 +1,264 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Tests for jaxgrpo.eval: unbiased pass@k against the binomial definition and hand values, the hypergeometric
+degeneracy probability against brute-force enumeration of subsets, the Jensen-gap summary on hand-made prompt sets
+(and its unbiasedness for mean_j(p_j^G + (1-p_j)^G) by simulation), the sampling driver on a tiny random model
+(prompt-major grouping checked against the reward calls it made), the report files, and the command line on a
+checkpointed run directory."""
+
+import dataclasses
+import itertools
+import json
+import pathlib
+from fractions import Fraction
+from math import comb
+
+import jax
+import numpy as np
+import pytest
+
+from jaxgrpo import checkpoint as ckpt
+from jaxgrpo import config as config_lib
+from jaxgrpo import data as data_lib
+from jaxgrpo import degeneracy
+from jaxgrpo import eval as ev
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+# -- pass@k ---------------------------------------------------------------------------------------------------------
+
+
+def test_pass_at_k_hand_values():
+    assert ev.pass_at_k_unbiased(4, 2, 2) == pytest.approx(5 / 6)  # 1 - C(2,2)/C(4,2) = 1 - 1/6
+    assert ev.pass_at_k_unbiased(10, 3, 1) == pytest.approx(0.3)
+    assert ev.pass_at_k_unbiased(5, 0, 3) == 0.0
+    assert ev.pass_at_k_unbiased(5, 5, 1) == 1.0
+    assert ev.pass_at_k_unbiased(5, 3, 3) == 1.0  # n - c = 2 < k: every 3-subset holds a success
+
+
+def test_pass_at_k_matches_binomial_definition_and_is_stable():
+    for n in range(1, 13):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                exact = 1 - Fraction(comb(n - c, k), comb(n, k))
+                assert ev.pass_at_k_unbiased(n, c, k) == pytest.approx(float(exact), abs=1e-12), (n, c, k)
+    # large n: binomials with hundreds of digits, the product form stays accurate
+    n, c, k = 2000, 3, 700
+    exact = 1 - Fraction(comb(n - c, k), comb(n, k))
+    assert ev.pass_at_k_unbiased(n, c, k) == pytest.approx(float(exact), rel=1e-10)
+    got = ev.pass_at_k_unbiased(4, np.array([0, 1, 2, 4]), 2)
+    np.testing.assert_allclose(got, [0.0, 0.5, 5 / 6, 1.0])
+    assert got.dtype == np.float64
+
+
+def test_pass_at_k_bad_input():
+    with pytest.raises(ValueError, match=r"k=5 must be an integer in \[1, n=4\]"):
+        ev.pass_at_k_unbiased(4, 1, 5)
+    with pytest.raises(ValueError, match="success counts must lie in"):
+        ev.pass_at_k_unbiased(4, 6, 1)
+    with pytest.raises(ValueError, match="integer success counts"):
+        ev.pass_at_k_unbiased(4, 1.5, 1)
+
+
+# -- degeneracy -----------------------------------------------------------------------------------------------------
+
+
+def test_degenerate_probability_hand_values_and_enumeration():
+    assert ev.degenerate_probability(4, 2, 2) == pytest.approx(1 / 3)  # [C(2,2)+C(2,2)]/C(4,2) = 2/6
+    assert ev.degenerate_probability(4, 1, 2) == pytest.approx(1 / 2)  # [0 + C(3,2)]/6
+    assert ev.degenerate_probability(4, 0, 3) == 1.0
+    assert ev.degenerate_probability(4, 3, 1) == 1.0  # a group of one is always degenerate
+    for n in range(1, 8):
+        for c in range(n + 1):
+            samples = [1] * c + [0] * (n - c)
+            for g in range(1, n + 1):
+                subsets = list(itertools.combinations(samples, g))
+                brute = sum(len(set(s)) == 1 for s in subsets) / len(subsets)
+                assert ev.degenerate_probability(n, c, g) == pytest.approx(brute, abs=1e-12), (n, c, g)
+    with pytest.raises(ValueError, match=r"group size G=8 must be an integer in \[1, n=4\].*--num-samples"):
+        ev.degenerate_probability(4, 1, 8)
+
+
+def test_summarize_prompts_at_rates_zero_and_one():
+    s = np.array([[0, 0, 0, 0], [1, 1, 1, 1]], bool)
+    r = ev.summarize(s, [1, 2, 4])
+    assert r["pass@k"] == {"1": 0.5, "2": 0.5, "4": 0.5}
+    assert r["mean_success_rate"] == 0.5
+    assert r["success_counts"] == [0, 4]
+    assert r["success_histogram"] == {"rate": [0, 0.25, 0.5, 0.75, 1.0], "prompts": [1, 0, 0, 0, 1]}
+    assert r["all_fail_prompts"] == 0.5 and r["all_pass_prompts"] == 0.5
+    for d, g in zip(r["degeneracy"], [1, 2, 4]):
+        assert d["group_size"] == g
+        assert d["measured"] == 1.0 and d["all_fail"] == 0.5 and d["all_pass"] == 0.5
+        assert d["iid"] == pytest.approx(2 * 0.5**g)
+        assert d["gap"] == pytest.approx(1 - 2 * 0.5**g)
+    json.dumps(r, allow_nan=False)  # JSON-ready
+
+
+def test_summarize_homogeneous_prompts_by_hand():
+    # every prompt 2 of 4: pass@2 = 5/6; measured at G=2 is 1/3 (without replacement) while iid(0.5, 2) = 1/2
+    s = np.array([[1, 1, 0, 0], [0, 1, 0, 1], [1, 0, 0, 1]], bool)
+    r = ev.summarize(s, [2, 3])
+    assert r["pass@k"]["2"] == pytest.approx(5 / 6)
+    d2, d3 = r["degeneracy"]
+    assert d2["measured"] == pytest.approx(1 / 3) and d2["iid"] == pytest.approx(0.5)
+    assert d2["all_pass"] == pytest.approx(1 / 6) and d2["all_fail"] == pytest.approx(1 / 6)
+    assert d3["measured"] == 0.0 and d3["iid"] == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="must be boolean"):
+        ev.summarize(s.astype(np.float32), [2])
+    with pytest.raises(ValueError, match="non-empty"):
+        ev.summarize(np.zeros((0, 4), bool), [2])
+
+
+def test_measured_rate_is_unbiased_for_heterogeneous_prompts():
+    """With p_j ~ Beta(0.5, 0.5) and c_j ~ Binomial(n, p_j), the mean hypergeometric rate estimates
+    expected_rate(p, G) = mean_j(p_j^G + (1-p_j)^G), which exceeds iid_rate(mean p, G) (Jensen)."""
+    rng = np.random.default_rng(0)
+    n, g, prompts = 8, 4, 4000
+    p = rng.beta(0.5, 0.5, size=prompts)
+    s = rng.random((prompts, n)) < p[:, None]
+    d = ev.summarize(s, [g])["degeneracy"][0]
+    target = float(degeneracy.expected_rate(p, g))
+    assert d["measured"] == pytest.approx(target, abs=0.015)
+    assert d["gap"] > 0.2  # heterogeneous difficulty: far more collapse than the i.i.d. prediction (~0.125)
+
+
+# -- the sampling driver on a tiny model ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_policy():
+    from jaxgrpo import trainer
+
+    cfg = config_lib.load_config(
+        None,
+        [
+            "model.hidden_size=32",
+            "model.intermediate_size=64",
+            "model.num_layers=1",
+            "model.num_heads=2",
+            "model.num_kv_heads=1",
+        ],
+    )
+    model_config, params, tokenizer = trainer.build_policy(cfg, jax.random.key(0))
+    return cfg, model_config, params, tokenizer
+
+
+def test_evaluate_groups_prompt_major(tiny_policy):
+    cfg, model_config, params, tokenizer = tiny_policy
+    examples = data_lib.synthetic_arithmetic(3, 1, seed=0, split="test")
+    calls = []
+
+    def reward(text, example):
+        calls.append((example.prompt, text))
+        return float(len(text) % 2 == 0)
+
+    r = ev.evaluate(
+        model_config,
+        params,
+        tokenizer,
+        examples,
+        reward,
+        num_samples=4,
+        group_sizes=[2, 4],
+        key=jax.random.key(1),
+        max_new_tokens=4,
+        temperature=1.0,
+        data_config=cfg.data,
+    )
+    assert len(calls) == 12
+    # prompt-major: the 4 calls for example p come in one block, and the counts per prompt match the calls
+    assert [c[0] for c in calls] == [e.prompt for e in examples for _ in range(4)]
+    expected = [sum(len(t) % 2 == 0 for pr, t in calls[4 * i : 4 * i + 4]) for i in range(3)]
+    assert r["success_counts"] == expected
+    assert r["mean_reward"] == pytest.approx(sum(expected) / 12)
+    assert r["num_prompts"] == 3 and r["num_samples"] == 4
+    assert [d["group_size"] for d in r["degeneracy"]] == [2, 4]
+    assert r["samples"][0]["prompt"] == examples[0].prompt and r["samples"][0]["completion"] == calls[0][1]
+    assert 0 <= r["truncated_frac"] <= 1 and 0 < r["completion_length_mean"] <= 4
+
+
+def test_evaluate_greedy_groups_are_always_degenerate(tiny_policy, tmp_path):
+    cfg, model_config, params, tokenizer = tiny_policy
+    examples = data_lib.synthetic_arithmetic(4, 2, seed=1, split="test")
+    r = ev.evaluate(
+        model_config,
+        params,
+        tokenizer,
+        examples,
+        lambda t, e: float(len(t) % 2),
+        num_samples=4,
+        group_sizes=[2, 3],
+        key=jax.random.key(0),
+        max_new_tokens=3,
+        temperature=0.0,
+        data_config=cfg.data,
+        prompts_per_batch=2,
+    )
+    # greedy decoding: the n samples of a prompt are identical, so c is 0 or n and every group is degenerate
+    assert set(r["success_counts"]) <= {0, 4}
+    assert all(d["measured"] == 1.0 for d in r["degeneracy"])
+    paths = ev.write_report(r, tmp_path / "rep")
+    assert sorted(p.name for p in paths) == ["degeneracy_vs_group_size.png", "eval.json", "success_histogram.png"]
+    assert json.loads((tmp_path / "rep" / "eval.json").read_text())["success_counts"] == r["success_counts"]
+    for p in paths[1:]:
+        assert p.read_bytes()[:8] == PNG_SIGNATURE and p.stat().st_size > 5000
+    with pytest.raises(ValueError, match="group size G=5"):
+        ev.evaluate(
+            model_config,
+            params,
+            tokenizer,
+            examples,
+            "arithmetic",
+            num_samples=4,
+            group_sizes=[5],
+            key=jax.random.key(0),
+            max_new_tokens=3,
+        )
+
+
+def test_cli_on_a_checkpointed_run(tiny_policy, tmp_path, capsys):
+    cfg, model_config, params, tokenizer = tiny_policy
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(
+        config_lib.to_yaml(
+            dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, max_new_tokens=3, group_size=2))
+        )
+    )
+    trained = jax.tree.map(lambda x: x + 0.5, params)  # not what build_policy initialises
+    with ckpt.CheckpointManager(ckpt.run_checkpoint_dir(run), keep=2) as mgr:
+        mgr.save(7, {"params": trained, "step": 7}, {"iterator": {"epoch": 0, "position": 0}})
+    loaded = ev.load_policy_for_eval(config_lib.load_config(str(run / "config.yaml")), run, None)
+    assert loaded.step == 7
+    jax.tree.map(np.testing.assert_array_equal, loaded.params, trained)
+
+    rc = ev.main(["--run-dir", str(run), "--num-prompts", "2", "--num-samples", "2", "--split", "test"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    result = json.loads((run / "eval" / "step7-test" / "eval.json").read_text())
+    assert result["settings"]["checkpoint_step"] == 7 and result["num_prompts"] == 2
+    assert [d["group_size"] for d in result["degeneracy"]] == [2]
+    assert "pass@1" in out.out
+
+    assert ev.main(["--config", str(run / "config.yaml")]) == 2  # tiny model: weights only in a run's checkpoint
+    assert "pass --run-dir" in capsys.readouterr().err
+    assert ev.main(["--run-dir", str(run), "--checkpoint", "3"]) == 2
+    assert "available steps: [7]" in capsys.readouterr().err
+    assert ev.main(["--run-dir", str(tmp_path / "nope")]) == 2
+    assert "config.yaml not found" in capsys.readouterr().err
+
+
+def test_correctness_reward_choice():
+    cfg = config_lib.load_config(None, [])
+    assert ev.correctness_reward(cfg, None) == "arithmetic"
+    assert ev.correctness_reward(cfg, "gsm8k") == "gsm8k"
+    two = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, rewards={"format": 0.2, "gsm8k": 1.0}))
+    assert ev.correctness_reward(two, None) == "gsm8k"
+    neither = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, rewards={"format": 0.2, "calibration": 1}))
+    with pytest.raises(config_lib.ConfigError, match="--reward"):
+        ev.correctness_reward(neither, None)
+
+
+def test_module_paths():
+    assert ckpt.run_checkpoint_dir("x") == pathlib.Path("x") / "checkpoints"
