@@ -7,6 +7,7 @@ Public surface: `ModelConfig`, `init_params`, `param_axes`, `forward`, `hidden_s
 """
 
 from jaxgrpo.models.config import ModelConfig, ModelConfigError, RopeScaling, from_hf_config, to_hf_config
+from jaxgrpo.models.convert import CheckpointError, load_pretrained, load_tokenizer, save_pretrained
 from jaxgrpo.models.transformer import (
     KVCache,
     count_params,
@@ -21,6 +22,10 @@ from jaxgrpo.models.transformer import (
 )
 
 __all__ = [
+    "CheckpointError",
+    "load_pretrained",
+    "load_tokenizer",
+    "save_pretrained",
     "KVCache",
     "ModelConfig",
     "ModelConfigError",
