@@ -180,6 +180,40 @@ class CheckpointManager:
             )
         return int(step)
 
+    def _check_target(self, step: int, item: Any, partial: bool) -> None:
+        """Compares the restore target with the checkpoint's metadata before any array is read, so a mismatch is
+        one clear error naming the entry (and no read is left half-done)."""
+        saved = ocp.tree.to_flat_dict(self._manager.item_metadata(step)[STATE_ITEM].tree)
+        saved = {k: v for k, v in saved.items() if v is not None}
+        flat = ocp.tree.to_flat_dict(ocp.tree.serialize_tree(item, keep_empty_nodes=True))
+        wanted = {k: v for k, v in flat.items() if v is not None}
+        where = f"checkpoint step {step} under {self.directory}"
+        fix = "; the model and optimizer configuration must be the ones of the run that wrote it"
+        missing = [k for k in wanted if k not in saved]
+        if missing:
+            raise CheckpointError(
+                f"{where}: {'.'.join(missing[0])} (and {len(missing) - 1} more) of the restore "
+                f"target are not in the checkpoint{fix}"
+            )
+        unused = [k for k in saved if k not in wanted]
+        if unused and not partial:
+            raise CheckpointError(
+                f"{where}: {'.'.join(unused[0])} (and {len(unused) - 1} more) of the checkpoint "
+                f"are not in the restore target{fix}"
+            )
+        for k, want in wanted.items():
+            shape = getattr(want, "shape", None)
+            if shape is None:
+                continue
+            if jax.dtypes.issubdtype(want.dtype, jax.dtypes.prng_key):  # stored as its key data
+                shape = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(shape, want.dtype)).shape
+            have = getattr(saved[k], "shape", None)
+            if have is not None and tuple(have) != tuple(shape):
+                raise CheckpointError(
+                    f"{where}: {'.'.join(k)} has shape {tuple(have)} in the checkpoint but "
+                    f"{tuple(shape)} in the restore target{fix}"
+                )
+
     def restore(self, step: int | None, target: Any) -> tuple[Any, dict[str, Any]]:
         """Restores step `step` (None = latest) into the structure of `target` → (state, extra).
 
@@ -189,6 +223,7 @@ class CheckpointManager:
         """
         step = self._check_step(step)
         item, restore_args = _restore_target(target)
+        self._check_target(step, item, partial=False)
         try:
             out = self._manager.restore(
                 step,
@@ -218,6 +253,7 @@ class CheckpointManager:
                 f"its entries: {sorted(map(str, names))}"
             )
         item, restore_args = _restore_target({name: target})
+        self._check_target(step, item, partial=True)
         try:
             out = self._manager.restore(
                 step,
@@ -230,18 +266,7 @@ class CheckpointManager:
                 f"checkpoint step {step} under {self.directory}: its {name!r} entry does not match the restore "
                 f"target ({e})"
             ) from e
-        restored = out[STATE_ITEM][name]
-        missing = [
-            jax.tree_util.keystr(path)
-            for path, leaf in jax.tree_util.tree_leaves_with_path(restored)
-            if isinstance(leaf, jax.ShapeDtypeStruct)
-        ]
-        if missing:
-            raise CheckpointError(
-                f"checkpoint step {step} under {self.directory}: {name}{missing[0]} (and "
-                f"{len(missing) - 1} more) of the restore target are not in the checkpoint"
-            )
-        return restored
+        return out[STATE_ITEM][name]
 
     def read_extra(self, step: int | None = None) -> dict[str, Any]:
         """The JSON `extra` of step `step` (None = latest), without touching the arrays."""

@@ -415,21 +415,24 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def correctness_reward(cfg: Any, explicit: str | None) -> str:
-    """The reward that defines success: `explicit`, the only configured reward, or the configured correctness one."""
+    """The reward that defines success: `explicit`; else the first configured correctness reward
+    (`CORRECTNESS_REWARDS`); else a single configured user function ("module:function"); else the answer check of
+    the data source (arithmetic for synthetic, gsm8k for GSM8K) — shaping rewards (format, calibration) do not define
+    success."""
     from jaxgrpo import config as config_lib
 
     if explicit is not None:
         return explicit
     names = list(cfg.data.rewards)
-    if len(names) == 1:
-        return names[0]
     for n in names:
         if n in CORRECTNESS_REWARDS:
             return n
-    raise config_lib.ConfigError(
-        f"data.rewards={cfg.data.rewards} has no correctness reward ({', '.join(CORRECTNESS_REWARDS)}): "
-        "pass --reward NAME"
-    )
+    if len(names) == 1 and ":" in names[0]:
+        return names[0]
+    by_source = {"synthetic": "arithmetic", "gsm8k": "gsm8k"}
+    if cfg.data.source not in by_source:
+        raise config_lib.ConfigError(f"data.source={cfg.data.source!r}: no default correctness reward; pass --reward")
+    return by_source[cfg.data.source]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

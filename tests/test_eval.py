@@ -253,11 +253,15 @@ def test_correctness_reward_choice():
     cfg = config_lib.load_config(None, [])
     assert ev.correctness_reward(cfg, None) == "arithmetic"
     assert ev.correctness_reward(cfg, "gsm8k") == "gsm8k"
-    two = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, rewards={"format": 0.2, "gsm8k": 1.0}))
-    assert ev.correctness_reward(two, None) == "gsm8k"
-    neither = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, rewards={"format": 0.2, "calibration": 1}))
+
+    def with_rewards(source, rewards):
+        return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, source=source, rewards=rewards))
+
+    assert ev.correctness_reward(with_rewards("gsm8k", {"format": 0.2, "gsm8k_lenient": 1.0}), None) == "gsm8k_lenient"
+    assert ev.correctness_reward(with_rewards("gsm8k", {"calibration": 1.0}), None) == "gsm8k"
+    assert ev.correctness_reward(with_rewards("synthetic", {"mymod:fn": 1.0}), None) == "mymod:fn"
     with pytest.raises(config_lib.ConfigError, match="--reward"):
-        ev.correctness_reward(neither, None)
+        ev.correctness_reward(with_rewards("other", {"format": 1.0}), None)
 
 
 def test_module_paths():
