@@ -30,6 +30,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+import jax
 import numpy as np
 
 METRICS_FILE = "metrics.jsonl"
@@ -146,8 +147,6 @@ class MetricsLogger:
         if progress_total is not None and (not isinstance(progress_total, int | np.integer) or progress_total < 0):
             raise ValueError(f"progress_total={progress_total!r}: must be None (no bar) or an integer >= 0")
         if active is None:
-            import jax
-
             active = jax.process_index() == 0
         self.active = bool(active)
         self.run_dir = pathlib.Path(run_dir)
@@ -208,8 +207,6 @@ class MetricsLogger:
             )
         if "step" in metrics:
             raise ValueError("'step' is reserved for the step number: rename that metric")
-        import jax
-
         host = jax.device_get(dict(metrics))  # one transfer for all device scalars
         values = {str(k): to_scalar(str(k), v) for k, v in host.items()}
         self.last_step = step

@@ -55,6 +55,7 @@ def test_log_writes_strict_json_and_tensorboard(tmp_path):
                 "kl": float("nan"),
                 "grad_norm": np.inf,
                 "one_elem": np.ones((1,)),
+                "bf16": jnp.asarray(0.75, jnp.bfloat16),
             },
         )
         log.log(2, {"reward/mean": 0.5, "loss": -2.0})
@@ -74,6 +75,7 @@ def test_log_writes_strict_json_and_tensorboard(tmp_path):
         "kl": None,
         "grad_norm": None,
         "one_elem": 1.0,
+        "bf16": 0.75,
     }
     assert isinstance(first["tokens"], int)
     recs = ml.read_metrics(tmp_path)
