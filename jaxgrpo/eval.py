@@ -463,6 +463,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         n = args.num_samples
         groups = args.group_size or sorted({*(g for g in default_ks(n) if g >= 2), cfg.rollout.group_size} - {0})
         groups = [g for g in groups if g <= n] if args.group_size is None else groups
+        for g in groups:  # before the (slow) model load
+            degenerate_probability(n, 0, g)
         reward = correctness_reward(cfg, args.reward)
         rewards_lib.resolve(reward)
         examples = data_lib.load_dataset(cfg.data, cfg.seed)

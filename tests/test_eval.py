@@ -245,6 +245,8 @@ def test_cli_on_a_checkpointed_run(tiny_policy, tmp_path, capsys):
     assert "pass --run-dir" in capsys.readouterr().err
     assert ev.main(["--run-dir", str(run), "--checkpoint", "3"]) == 2
     assert "available steps: [7]" in capsys.readouterr().err
+    assert ev.main(["--run-dir", str(run), "--num-samples", "4", "--group-size", "8"]) == 2
+    assert "group size G=8" in capsys.readouterr().err
     assert ev.main(["--run-dir", str(tmp_path / "nope")]) == 2
     assert "config.yaml not found" in capsys.readouterr().err
 
