@@ -132,11 +132,12 @@ class CheckpointManager:
 
     # -- queries -------------------------------------------------------------------------------------------------
     def all_steps(self) -> list[int]:
-        """The steps with a complete (finalized) checkpoint, ascending; half-written ones are never listed."""
+        """The steps with a checkpoint, ascending: the complete ones on disk (a save killed half-way is never
+        listed) plus a save this manager started that is still being written (restores wait for it)."""
         return sorted(int(s) for s in self._manager.all_steps())
 
     def latest_step(self) -> int | None:
-        """The newest step with a complete checkpoint, or None when there is none."""
+        """The newest step of `all_steps()`, or None when there is none."""
         steps = self.all_steps()
         return steps[-1] if steps else None
 
@@ -169,6 +170,7 @@ class CheckpointManager:
         return True
 
     def _check_step(self, step: int | None) -> int:
+        self.wait()  # a step this manager is still writing is restorable once it is complete
         steps = self.all_steps()
         if not steps:
             raise CheckpointError(f"no complete checkpoint under {self.directory}")
