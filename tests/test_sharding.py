@@ -49,21 +49,28 @@ def test_rules_and_divisibility_fallback():
         sharding.logical_to_spec(("embed",), (4, 4), mesh)
 
 
-@pytest.mark.parametrize("shape", [(1, 4, 2), (2, 2, 2)])
-def test_sharded_forward_equals_single_device(shape):
-    params = init_params(CFG, jax.random.key(0))
+# SmolLM2-like head counts: 6 query heads split over tensor=2, 3 kv heads replicated (not divisible)
+CFG_KV3 = CFG.replace(num_heads=6, num_kv_heads=3, head_dim=16, architecture="llama", qkv_bias=False)
+
+
+@pytest.mark.parametrize("shape,cfg", [((1, 4, 2), CFG), ((2, 2, 2), CFG), ((1, 4, 2), CFG_KV3)])
+def test_sharded_forward_equals_single_device(shape, cfg):
+    params = init_params(cfg, jax.random.key(0))
     params = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(7), x.shape, x.dtype), params)
-    tokens = jax.random.randint(jax.random.key(1), (8, 6), 0, CFG.vocab_size)
+    tokens = jax.random.randint(jax.random.key(1), (8, 6), 0, cfg.vocab_size)
     mask = jnp.ones((8, 6), bool).at[::3, :2].set(False)
-    ref = forward(CFG, params, tokens, attention_mask=mask)
+    ref = forward(cfg, params, tokens, attention_mask=mask)
 
     mesh = sharding.make_mesh(*shape)
-    sp = sharding.shard_params(params, CFG, mesh)
+    sp = sharding.shard_params(params, cfg, mesh)
     q = sp["layers"]["q"]
     assert q.sharding.spec == P(None, "fsdp", "tensor", None)
-    assert len(q.addressable_shards) == 8 and q.addressable_shards[0].data.shape == (2, 64 // shape[1], 2, 16)
+    assert len(q.addressable_shards) == 8
+    assert q.addressable_shards[0].data.shape == (2, 64 // shape[1], cfg.num_heads // 2, 16)
+    kv_spec = P(None, "fsdp", None, None) if cfg.num_kv_heads == 3 else P(None, "fsdp", "tensor", None)
+    assert sp["layers"]["k"].sharding.spec == kv_spec
     tok = jax.device_put(tokens, sharding.batch_sharding(mesh))
     msk = jax.device_put(mask, sharding.batch_sharding(mesh))
-    out = jax.jit(forward, static_argnums=0)(CFG, sp, tok, None, msk)
-    chex.assert_shape(out, (8, 6, CFG.vocab_size))
+    out = jax.jit(forward, static_argnums=0)(cfg, sp, tok, None, msk)
+    chex.assert_shape(out, (8, 6, cfg.vocab_size))
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-5, atol=2e-5)

@@ -8,6 +8,7 @@ Public surface: `ModelConfig`, `init_params`, `param_axes`, `forward`, `hidden_s
 
 from jaxgrpo.models.config import ModelConfig, ModelConfigError, RopeScaling, from_hf_config, to_hf_config
 from jaxgrpo.models.convert import CheckpointError, load_pretrained, load_tokenizer, save_pretrained
+from jaxgrpo.models.presets import PRESETS, get_preset
 from jaxgrpo.models.transformer import (
     KVCache,
     count_params,
@@ -27,6 +28,8 @@ __all__ = [
     "load_tokenizer",
     "save_pretrained",
     "KVCache",
+    "PRESETS",
+    "get_preset",
     "ModelConfig",
     "ModelConfigError",
     "RopeScaling",
