@@ -298,21 +298,32 @@ ESTIMATORS: tuple[str, ...] = tuple(_ESTIMATOR_FNS)
 
 
 def compute(
-    name: str, rewards: Array, valid: Array | None = None, *, axis_name: str | None = None, **kwargs
+    name: str,
+    rewards: Array,
+    valid: Array | None = None,
+    *,
+    axis_name: str | None = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    **kwargs,
 ) -> Array:
     """Dispatches to the estimator called ``name`` (one of :data:`ESTIMATORS`) with keyword arguments ``kwargs``.
 
-    ``axis_name`` is forwarded only to the estimators with batch-wide statistics (grpo, avspo) and ignored by the
-    others, whose statistics are per group. Unknown names or keyword arguments raise ValueError listing the valid ones.
+    ``axis_name`` is forwarded only to the estimators with batch-wide statistics (grpo, avspo); ``atol``/``rtol``
+    (the degenerate-group tolerance; None = the estimator's default) only to those that use it (all but sign and
+    pass_at_k). Others ignore them, so a trainer can pass the same three to every estimator. Unknown names or
+    keyword arguments raise ValueError listing the valid ones.
     """
     if name not in _ESTIMATOR_FNS:
         raise ValueError(f"unknown advantage estimator {name!r}; valid: {', '.join(ESTIMATORS)}")
     fn = _ESTIMATOR_FNS[name]
     params = inspect.signature(fn).parameters
-    allowed = [p for p, spec in params.items() if spec.kind is inspect.Parameter.KEYWORD_ONLY and p != "axis_name"]
+    routed = {"axis_name": axis_name, "atol": atol, "rtol": rtol}
+    allowed = [p for p, spec in params.items() if spec.kind is inspect.Parameter.KEYWORD_ONLY and p not in routed]
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise ValueError(f"estimator {name!r} got unknown argument(s) {unknown}; valid: {allowed}")
-    if "axis_name" in params:
-        kwargs["axis_name"] = axis_name
+    for key, value in routed.items():
+        if key in params and value is not None:
+            kwargs[key] = value
     return fn(rewards, valid, **kwargs)

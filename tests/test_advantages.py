@@ -240,6 +240,11 @@ def test_compute_dispatch_and_errors():
         adv.compute("ppo", r)
     with pytest.raises(ValueError, match=r"unknown argument\(s\) \['kk'\]"):
         adv.compute("pass_at_k", r, kk=2)
+    # the degenerate tolerance and axis_name are routed only to the estimators that take them
+    loose = jnp.array([[1.0, 1.01, 1.0, 1.0]])
+    np.testing.assert_array_equal(adv.compute("grpo", loose, atol=0.1), 0.0)
+    assert float(jnp.abs(adv.compute("grpo", loose)).max()) > 1.0
+    np.testing.assert_array_equal(adv.compute("sign", loose, atol=0.1, rtol=0.0, axis_name=None), 1.0)
     with pytest.raises(ValueError, match="scale must be one of"):
         adv.grpo(r, scale="global")
     with pytest.raises(ValueError, match="ddof"):

@@ -64,7 +64,9 @@ class MaskTest(chex.TestCase):
 
 def test_iid_and_expected_rate_values():
     np.testing.assert_allclose(degeneracy.iid_rate(0.5, 4), 0.125)
-    np.testing.assert_allclose(degeneracy.iid_rate(jnp.array([0.0, 1.0, 0.1]), 3), [1.0, 1.0, 0.1**3 + 0.9**3], rtol=1e-6)
+    np.testing.assert_allclose(
+        degeneracy.iid_rate(jnp.array([0.0, 1.0, 0.1]), 3), [1.0, 1.0, 0.1**3 + 0.9**3], rtol=1e-6
+    )
     np.testing.assert_allclose(degeneracy.expected_rate(jnp.array([0.0, 1.0, 0.5]), 4), (1 + 1 + 0.125) / 3)
     with pytest.raises(ValueError, match="group_size"):
         degeneracy.iid_rate(0.5, 0)
