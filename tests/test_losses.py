@@ -293,3 +293,29 @@ def test_sharded_equals_unsharded():
         np.testing.assert_allclose(grad_s, grad_u, rtol=1e-5, atol=1e-8, err_msg=f"{agg} {level}")
         for key in met_u:
             np.testing.assert_allclose(met_s[key], met_u[key], rtol=1e-5, atol=1e-7, err_msg=key)
+
+
+def test_sharded_gradient_of_a_replicated_parameter_is_the_global_gradient():
+    # What a data-parallel train step relies on: inside shard_map (check_vma=True), the gradient of the global loss
+    # w.r.t. a replicated parameter already sums the shards' contributions; no extra psum is needed.
+    mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
+    rng = np.random.default_rng(6)
+    x = jnp.asarray(rng.normal(size=(16, 6)), jnp.float32)
+    adv = jnp.asarray(rng.normal(size=16), jnp.float32)
+    mask = jnp.asarray(rng.random((16, 6)) > 0.3)
+    w = jnp.float32(0.3)
+
+    def loss(w, x, a, m, axis_name=None):
+        lp = -jax.nn.softplus(w * x)
+        old = jax.lax.stop_gradient(lp) - 0.05 * x
+        return losses.policy_loss(lp, old, a, m, axis_name=axis_name, aggregation="seq-mean-token-mean")[0]
+
+    unsharded = jax.jit(jax.grad(loss))(w, x, adv, mask)
+    sharded = jax.jit(
+        jax.shard_map(
+            lambda w, x, a, m: jax.grad(loss)(w, x, a, m, "data"),
+            mesh=mesh, in_specs=(P(), P("data"), P("data"), P("data")), out_specs=P(),
+        )
+    )(w, x, adv, mask)
+    assert abs(float(unsharded)) > 1e-3
+    np.testing.assert_allclose(sharded, unsharded, rtol=1e-5)
