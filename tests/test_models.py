@@ -121,6 +121,20 @@ class TestForward(chex.TestCase):
         logits = forward(cfg, params, tokens(2, 4), attention_mask=mask)
         chex.assert_tree_all_finite(logits)
 
+    def test_remat_same_values_and_gradients(self):
+        cfg = CONFIGS["qwen3"]
+        params = random_params(cfg)
+        t = tokens(2, 5)
+
+        def loss(p, remat):
+            return jnp.mean(jax.nn.log_softmax(forward(cfg, p, t, remat=remat))[..., 0])
+
+        g0 = jax.jit(jax.grad(loss), static_argnums=1)(params, False)
+        g1 = jax.jit(jax.grad(loss), static_argnums=1)(params, True)
+        chex.assert_trees_all_close(g0, g1, rtol=1e-5, atol=1e-7)
+        chex.assert_tree_all_finite(g1)
+        assert float(jnp.abs(g1["layers"]["q_norm"]).max()) > 0
+
     def test_explicit_positions_shift_changes_logits_only_through_rope(self):
         # RoPE is relative: shifting all positions by a constant leaves the logits unchanged.
         cfg = CONFIGS["llama"]

@@ -28,6 +28,7 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from jaxgrpo.models import (  # noqa: E402
     CheckpointError,
     ModelConfigError,
+    RopeScaling,
     forward,
     hidden_states,
     lm_head,
@@ -43,7 +44,8 @@ def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_tiny_gguf(path: pathlib.Path, arch: str, seed: int = 0, qtypes=None, skip=(), tied=False) -> pathlib.Path:
+def write_tiny_gguf(path: pathlib.Path, arch: str, seed: int = 0, qtypes=None, skip=(), tied=False, theta=10000.0,
+                    rope_freqs=None) -> pathlib.Path:
     """A tiny random model as GGUF. qtypes: {gguf tensor suffix: GGMLQuantizationType}, default F32."""
     rng = np.random.default_rng(seed)
     # qwen3: explicit head_dim != D / N. transformers' GGUF loader ignores qwen3.attention.key_length and assumes
@@ -58,7 +60,7 @@ def write_tiny_gguf(path: pathlib.Path, arch: str, seed: int = 0, qtypes=None, s
     w.add_head_count(N)
     w.add_head_count_kv(K)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000.0)
+    w.add_rope_freq_base(theta)
     w.add_rope_dimension_count(head_dim)
     if arch == "qwen3":
         w.add_key_length(head_dim)
@@ -78,6 +80,8 @@ def write_tiny_gguf(path: pathlib.Path, arch: str, seed: int = 0, qtypes=None, s
             w.add_tensor(name, gguf.quants.quantize(x, q), raw_dtype=q)
 
     add("token_embd.weight", 0.5 * rng.standard_normal((V, D)))
+    if rope_freqs is not None:
+        add("rope_freqs.weight", rope_freqs)
     for i in range(L):
         q = 0.2 * rng.standard_normal((N * head_dim, D))
         k = 0.2 * rng.standard_normal((K * head_dim, D))
@@ -146,6 +150,30 @@ def test_tiny_gguf_matches_transformers(tmp_path, arch, tied):
     assert rel_err(ours, ref) < 1e-4
 
 
+def _llama_cpp_rope_factors(head_dim, theta, factor, low, high, orig):
+    """llama.cpp convert_hf_to_gguf.py LlamaModel.generate_extra_tensors (the rope_freqs tensor of Llama 3.1+)."""
+    freqs = 1.0 / (theta ** (np.arange(0, head_dim, 2) / head_dim))
+    out = []
+    for f in freqs:
+        wavelen = 2 * np.pi / f
+        if wavelen < orig / high:
+            out.append(1.0)
+        elif wavelen > orig / low:
+            out.append(factor)
+        else:
+            smooth = (orig / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, np.float32)
+
+
+@pytest.mark.parametrize("factor,low,high", [(8.0, 1.0, 4.0), (8.0, 1.0, 8.0), (32.0, 2.0, 16.0)])
+def test_gguf_llama3_rope_freqs(tmp_path, factor, low, high):
+    freqs = _llama_cpp_rope_factors(H, 10000.0, factor, low, high, 8192)
+    path = write_tiny_gguf(tmp_path / "rope.gguf", "llama", rope_freqs=freqs)
+    cfg, _ = load_pretrained(path)
+    assert cfg.rope_scaling == RopeScaling("llama3", factor, low, high, 8192)
+
+
 def test_gguf_errors(tmp_path):
     # unsupported quantization type (Q5_K: a valid GGUF type we do not dequantize)
     w = gguf.GGUFWriter(str(tmp_path / "q5k.gguf"), "llama")
@@ -172,6 +200,10 @@ def test_gguf_errors(tmp_path):
     w.close()
     with pytest.raises(ModelConfigError, match="unsupported GGUF architecture 'phi3'; supported: \\('llama'"):
         load_pretrained(tmp_path / "phi.gguf")
+    # rope_freqs that are not llama3 scaling
+    write_tiny_gguf(tmp_path / "rope.gguf", "llama", rope_freqs=np.linspace(1, 3, H // 2))
+    with pytest.raises(ModelConfigError, match="rope_freqs tensor .* is not a llama3 RoPE scaling"):
+        load_pretrained(tmp_path / "rope.gguf")
     # truncated file
     good = write_tiny_gguf(tmp_path / "good.gguf", "qwen2").read_bytes()
     (tmp_path / "trunc.gguf").write_bytes(good[: len(good) // 3])

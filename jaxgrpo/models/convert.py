@@ -231,12 +231,22 @@ def _load_hf(directory: pathlib.Path, dtype: str, shardings: Any) -> tuple[Model
 
 
 # --------------------------------------------------------------------------------------------------- save
+def _to_host(x: Any) -> np.ndarray:
+    """Full numpy copy of a (possibly multi-host sharded) array."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+
 def save_pretrained(
     config: ModelConfig, params: Params, directory: PathLike, *, max_shard_bytes: int = 4 * 1024**3
 ) -> pathlib.Path:
     """Write ``config.json`` + safetensors (sharded with an index above ``max_shard_bytes``) that transformers loads.
 
-    Parameters may be sharded device arrays (they are gathered one parameter at a time).
+    Parameters may be sharded device arrays (they are gathered one parameter at a time; on multi-host meshes every
+    process must call this, and process 0 writes).
     """
     from safetensors.numpy import save_file
 
@@ -250,7 +260,7 @@ def save_pretrained(
     size = 0
     np_dtype = _NP_DTYPES[config.dtype]
     for path, _shape, names, kind in _tensor_plan(config):
-        host = np.asarray(jax.device_get(_get(params, path))).astype(np_dtype)
+        host = _to_host(_get(params, path)).astype(np_dtype)
         for i, (hf_name, _) in enumerate(names):
             t = _to_hf(host[i] if path[0] == "layers" else host, kind)
             if size and size + t.nbytes > max_shard_bytes:
@@ -258,6 +268,8 @@ def save_pretrained(
                 size = 0
             shards[-1][hf_name] = t
             size += t.nbytes
+    if jax.process_index() != 0:
+        return directory  # every process gathered (a collective); process 0 writes
     for f in list(directory.glob("model*.safetensors")) + list(directory.glob("model.safetensors.index.json")):
         f.unlink()  # stale shards from an earlier save would be picked up by the glob fallback
     meta = {"format": "pt"}
@@ -348,7 +360,8 @@ def gguf_config(reader: Any, dtype: str = "float32") -> ModelConfig:
     bos = _gguf_field(reader, "tokenizer.ggml.bos_token_id")
     rope_scaling = None
     if "rope_freqs.weight" in names:
-        rope_scaling = _llama3_from_rope_freqs(reader, head_dim or hidden // num_heads, float(req("rope.freq_base")))
+        dim = int(head_dim or hidden // num_heads)
+        rope_scaling = _llama3_from_rope_freqs(reader, arch, dim, _f32_to_float(req("rope.freq_base")))
     scaling_type = _gguf_field(reader, f"{arch}.rope.scaling.type")
     if scaling_type not in (None, "none"):
         if scaling_type != "linear":
@@ -381,23 +394,37 @@ def _f32_to_float(x: Any) -> float:
     return float(str(np.float32(x)))
 
 
-def _llama3_from_rope_freqs(reader: Any, head_dim: int, theta: float) -> RopeScaling:
-    """Recover llama3 RoPE scaling from llama.cpp's ``rope_freqs`` tensor (per-frequency divisors)."""
+def _llama3_from_rope_freqs(reader: Any, arch: str, head_dim: int, theta: float) -> RopeScaling:
+    """Recover llama3 RoPE scaling from llama.cpp's ``rope_freqs`` tensor.
+
+    llama.cpp stores per-frequency divisors ``r_i = inv_freq_i / scaled_inv_freq_i``: 1 (high frequencies), ``factor``
+    (low frequencies) and in between ``1 / r = (1 - s) / factor + s`` with ``s = (L / wavelen - low) / (high - low)``.
+    ``s`` is linear in ``1 / wavelen``, so two medium-band points give ``L / (high - low)`` and ``low / (high - low)``;
+    with ``L`` = the GGUF's original context length (default 8192, Llama 3.1/3.2) that fixes ``low`` and ``high``.
+    """
     from jaxgrpo.models.transformer import rope_inv_freq
 
-    freqs = _gguf_array(reader, _gguf_tensor_index(reader)["rope_freqs.weight"]).reshape(-1).astype(np.float64)
-    factor = float(freqs.max())
+    r = _gguf_array(reader, _gguf_tensor_index(reader)["rope_freqs.weight"]).reshape(-1).astype(np.float64)
+    factor = float(np.round(r.max(), 4))
+    orig = int(_gguf_field(reader, f"{arch}.rope.scaling.original_context_length") or 8192)
     probe = ModelConfig(vocab_size=1, hidden_size=head_dim, intermediate_size=1, num_layers=1, num_heads=1,
                         num_kv_heads=1, rope_theta=theta)  # fmt: skip
-    base = rope_inv_freq(probe)
-    for low, high, orig in ((1.0, 4.0, 8192),):
-        cand = RopeScaling("llama3", factor, low, high, orig)
-        scaled = rope_inv_freq(probe.replace(rope_scaling=cand))
-        if np.allclose(base / scaled, freqs, rtol=1e-3):
-            return cand
+    base = rope_inv_freq(probe).astype(np.float64)
+    low, high = 1.0, 4.0  # Meta's values, used when the tensor has fewer than two medium-band points
+    medium = (r > 1 + 1e-4) & (r < factor - 1e-4)
+    if medium.sum() >= 2 and factor > 1:
+        s = (1 / r[medium] - 1 / factor) / (1 - 1 / factor)
+        # s = slope / wavelen + intercept with slope = L / (high - low), intercept = -low / (high - low)
+        slope, intercept = np.polyfit(base[medium] / (2 * math.pi), s, 1)
+        width = orig / slope
+        low = float(np.round(-intercept * width, 4))
+        high = float(np.round(low + width, 4))
+    cand = RopeScaling("llama3", factor, low, high, orig) if factor > 1 and high > low else None
+    if cand is not None and np.allclose(base / rope_inv_freq(probe.replace(rope_scaling=cand)), r, rtol=1e-3):
+        return cand
     raise ModelConfigError(
-        "GGUF rope_freqs tensor does not match llama3 scaling with low_freq_factor=1, high_freq_factor=4, "
-        "original_max_position_embeddings=8192; only that (Llama 3.1/3.2) variant is supported"
+        f"GGUF rope_freqs tensor (divisors {np.round(r, 3).tolist()}) is not a llama3 RoPE scaling; supported: "
+        f"llama3 scaling (Llama 3.1/3.2) or no rope_freqs tensor"
     )
 
 
