@@ -137,6 +137,7 @@ class Trainer:
                 "data.max_prompt_tokens or rollout.max_new_tokens")
         self.prompt_width = int(math.ceil(longest / 8) * 8)
         self.examples = examples
+        self.eval_examples: list[data_lib.Example] | None = None
         self.iterator = data_lib.PromptIterator(list(range(len(examples))), cfg.rollout.prompts_per_step, cfg.seed,
                                                 cfg.data.shuffle)
         self.reward_fns = list(cfg.data.rewards.items())
@@ -237,8 +238,34 @@ class Trainer:
         metrics["time/sample_s"] = t1 - t0
         metrics["time/train_s"] = t2 - t1
         metrics["throughput/tokens_per_s"] = float(lengths.sum()) / max(t2 - t0, 1e-9)
-        self.last_texts = roll.texts
+        if self.cfg.train.eval_every and (step + 1) % self.cfg.train.eval_every == 0:
+            metrics.update(self.evaluate(step + 1))
+        g = self.cfg.rollout.group_size
+        self.last_samples = ([f"{roll.examples[0].prompt} -> {t}" for t in roll.texts[:g]],
+                             roll.rewards[0].tolist())
         return metrics
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """pass@1 / pass@G and measured vs i.i.d. degeneracy at G on `train.eval_examples` held-out prompts
+        (the dataset's "test" split), sampled like the rollouts; written to <run_dir>/eval/step<N>/ too."""
+        from jaxgrpo import eval as eval_lib
+
+        if self.eval_examples is None:
+            data_cfg = dataclasses.replace(self.cfg.data, split="test", num_examples=self.cfg.train.eval_examples)
+            self.eval_examples = data_lib.load_dataset(data_cfg, self.cfg.seed)
+        r = self.cfg.rollout
+        result = eval_lib.evaluate(
+            self.model_config, self.state.params, self.tokenizer, self.eval_examples,
+            eval_lib.correctness_reward(self.cfg, None), num_samples=r.group_size, group_sizes=[r.group_size],
+            key=jax.random.fold_in(jax.random.fold_in(self.key, step), 1), max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, eos_token_ids=self.eos_token_ids,
+            data_config=self.cfg.data, mesh=self.mesh)
+        eval_lib.write_report(result, self.run_dir / "eval" / f"step{step}")
+        (deg,) = result["degeneracy"]
+        out = {f"eval/pass@{k}": v for k, v in result["pass@k"].items()}
+        out.update({"eval/mean_reward": result["mean_reward"], "eval/degeneracy_measured": deg["measured"],
+                    "eval/degeneracy_iid": deg["iid"]})
+        return out
 
 
 def merge_groups(pool: list[Rollout], picks: list[tuple[int, int]]) -> Rollout:
@@ -275,10 +302,11 @@ def run(cfg: config_lib.Config, run_dir: str | os.PathLike) -> list[dict[str, fl
             if step % cfg.log.every == 0:
                 logger.log(step, metrics)
             if cfg.log.sample_every and step % cfg.log.sample_every == 0:
-                logger.log_samples(step, trainer.last_texts[: cfg.rollout.group_size])
-            if stop.is_set() or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
+                logger.log_samples(step, *trainer.last_samples)
+            preempted = stop.any_process()  # a collective on pods: every host stops at the same step
+            if preempted or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
                 trainer.ckpt.save(step, trainer.state, {"iterator": trainer.iterator.state()}, force=True)
-            if stop.is_set():
+            if preempted:
                 break
         if step >= cfg.train.steps and cfg.checkpoint.every and step % cfg.checkpoint.every:
             trainer.ckpt.save(step, trainer.state, {"iterator": trainer.iterator.state()}, force=True)
