@@ -516,6 +516,11 @@ def _state_shardings(model_config: models.ModelConfig, mesh: Mesh, tx: optax.Gra
     return TrainState(params=params_sh, opt_state=opt_sh, step=rep, rng=rep)
 
 
+def _replicated(x: np.ndarray, mesh: Mesh) -> jax.Array:
+    """A host value (identical on every process) as a mesh-replicated global array (works multi-process)."""
+    return jax.make_array_from_callback(x.shape, NamedSharding(mesh, P()), lambda idx: x[idx])
+
+
 def make_train_step(
     model_config: models.ModelConfig,
     algo: AlgoConfig,
@@ -541,8 +546,13 @@ def make_train_step(
         if mesh is not None:
             params = sharding_lib.shard_params(params, model_config, mesh)
             opt_state = jax.jit(tx.init, out_shardings=state_sh.opt_state)(params)
-            count = jax.device_put(jnp.zeros((), jnp.int32), state_sh.step)
-            key = jax.device_put(key, state_sh.rng)
+            count = _replicated(np.zeros((), np.int32), mesh)
+            if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+                impl = jax.random.key_impl(key)
+                data = _replicated(np.asarray(jax.random.key_data(key)), mesh)
+                key = jax.jit(lambda d: jax.random.wrap_key_data(d, impl=impl), out_shardings=state_sh.rng)(data)
+            else:
+                key = _replicated(np.asarray(key), mesh)
         else:
             opt_state = jax.jit(tx.init)(params)
             count = jnp.zeros((), jnp.int32)
