@@ -181,42 +181,33 @@ class Trainer:
         return Rollout(prompt_ids, examples, comp, texts, rw.reshape(shape), valid.reshape(shape))
 
     def rollout(self, step: int) -> tuple[Rollout, dict[str, float]]:
-        """Samples P groups; with degenerate_groups=resample, draws further prompts until P informative groups
-        are held or `algo.resample_max_rounds` rounds are spent (DAPO's dynamic sampling, Yu et al. 2025)."""
+        """Samples P groups; with degenerate_groups=resample, draws further rounds of P prompts until P informative
+        groups are held or `algo.resample_max_rounds` rounds are spent (DAPO's dynamic sampling, Yu et al. 2025,
+        arXiv:2503.14476). A shortfall is filled with degenerate groups in sampling order (the step masks them)."""
         key = jax.random.fold_in(jax.random.fold_in(self.key, step), 0)
         first = self.sample(self.iterator.next_batch(), key)
-        if self.cfg.algo.degenerate_groups != "resample":
-            return first, {}
         a = self.cfg.algo
+        if a.degenerate_groups != "resample":
+            return first, {}
         want = len(first.prompt_ids)
-        kept: list[int] = []
-        pool: list[Rollout] = [first]
-        rounds, discarded = 1, 0
+        pool, informative, degenerate = [first], [], []
         while True:
-            cur = pool[-1]
+            r_i, cur = len(pool) - 1, pool[-1]
             deg = np.asarray(degeneracy.degenerate_mask(cur.rewards, cur.valid, atol=a.degenerate_atol,
                                                         rtol=a.degenerate_rtol))
-            for p in range(len(cur.prompt_ids)):
-                if not deg[p] and len(kept) < want:
-                    kept.append((len(pool) - 1, p))
-                else:
-                    discarded += int(deg[p])
-            if len(kept) >= want or rounds >= a.resample_max_rounds:
+            informative += [(r_i, p) for p in np.flatnonzero(~deg)]
+            degenerate += [(r_i, p) for p in np.flatnonzero(deg)]
+            if len(informative) >= want or len(pool) >= a.resample_max_rounds:
                 break
-            rounds += 1
-            pool.append(self.sample(self.iterator.next_batch(), jax.random.fold_in(key, rounds)))
-        # Fill any shortfall with the first round's degenerate groups (they get zero advantage / are masked).
-        used = set(kept)
-        for r_i, roll in enumerate(pool):
-            for p in range(len(roll.prompt_ids)):
-                if len(kept) >= want:
-                    break
-                if (r_i, p) not in used:
-                    kept.append((r_i, p))
-        merged = merge_groups(pool, kept)
-        return merged, {"resample/rounds": float(rounds), "resample/discarded_groups": float(discarded),
-                        "resample/informative_frac": float(
-                            1 - np.mean(np.asarray(degeneracy.degenerate_mask(merged.rewards, merged.valid))))}
+            pool.append(self.sample(self.iterator.next_batch(), jax.random.fold_in(key, len(pool))))
+        kept = (informative + degenerate)[:want]
+        sampled = sum(len(r.prompt_ids) for r in pool)
+        return merge_groups(pool, kept), {
+            "resample/rounds": float(len(pool)),
+            "resample/discarded_groups": float(sampled - want),
+            "resample/degenerate_frac": len(degenerate) / sampled,
+            "resample/informative_frac": min(len(informative), want) / want,
+        }
 
     def step(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()

@@ -1,0 +1,255 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""End-to-end trainer tests: a tiny run on CPU, kill-and-resume equality, 8-device equality, bad-input messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from jaxgrpo import config as config_lib
+from jaxgrpo import metrics_log, rewards, trainer
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# A few steps of the default demo, small enough for CI: 8 prompts x 4 samples, 2 new tokens.
+SMALL = [
+    "train.steps=4",
+    "rollout.prompts_per_step=8",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=2",
+    "checkpoint.every=2",
+    "log.progress=false",
+    "log.tensorboard=false",
+    "log.sample_every=2",
+]
+
+REQUIRED_METRICS = [
+    "reward/mean", "degeneracy/collapse_rate", "degeneracy/all_pass", "degeneracy/all_fail", "degeneracy/iid_rate",
+    "advantage/abs_max", "loss", "kl", "entropy", "clip/low_frac", "clip/high_frac", "grad_norm",
+    "completion/len_mean", "completion/truncated_frac", "time/sample_s", "time/train_s", "throughput/tokens_per_s",
+]
+
+# Metrics that are a deterministic function of (config, seed, step): everything but wall-clock timings.
+def deterministic(rec: dict) -> dict:
+    return {k: v for k, v in rec.items() if not k.startswith(("time/", "throughput/"))}
+
+
+def small_config(*extra: str) -> config_lib.Config:
+    return config_lib.load_config("default", [*SMALL, *extra])
+
+
+def assert_records_close(a: list[dict], b: list[dict], rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b):
+        da, db = deterministic(ra), deterministic(rb)
+        assert da.keys() == db.keys()
+        for k in da:
+            np.testing.assert_allclose(da[k], db[k], rtol=rtol, atol=atol, err_msg=f"step {ra['step']} {k}")
+
+
+def test_tiny_run_end_to_end(tmp_path):
+    run_dir = tmp_path / "run"
+    history = trainer.run(small_config(), run_dir)
+    assert len(history) == 4
+    recs = metrics_log.read_metrics(run_dir)
+    assert [r["step"] for r in recs] == [1, 2, 3, 4]
+    for rec in recs:
+        missing = [k for k in REQUIRED_METRICS if k not in rec]
+        assert not missing, f"metrics.jsonl lacks {missing}"
+        assert all(np.isfinite(v) for v in rec.values())
+        assert 0.0 <= rec["degeneracy/collapse_rate"] <= 1.0
+        assert rec["degeneracy/all_pass"] + rec["degeneracy/all_fail"] <= rec["degeneracy/collapse_rate"] + 1e-6
+    # the resolved config is written and loads back to the same Config
+    assert config_lib.load_config(str(run_dir / "config.yaml"), []) == small_config()
+    # checkpoints at steps 2 and 4, the exported policy loads back
+    from jaxgrpo import checkpoint as ckpt_lib
+    from jaxgrpo import models
+
+    with ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(run_dir), keep=10, save_interval=0) as mgr:
+        assert mgr.all_steps() == [2, 4]
+    mcfg, params = models.load_pretrained(str(run_dir / "final"))
+    assert mcfg.vocab_size == len(trainer.load_tokenizer("builtin:arithmetic"))
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [2, 4]
+
+
+def test_second_run_in_same_dir_resumes_and_does_nothing_more(tmp_path):
+    run_dir = tmp_path / "run"
+    trainer.run(small_config(), run_dir)
+    assert trainer.run(small_config(), run_dir) == []  # already at train.steps: nothing to do
+    assert [r["step"] for r in metrics_log.read_metrics(run_dir)] == [1, 2, 3, 4]
+
+
+def _train_cmd(run_dir: pathlib.Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "jaxgrpo.train", "--run-dir", str(run_dir), *SMALL, *extra]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = ""  # one CPU device, like a laptop
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["sigkill", "sigterm"])
+def test_killed_run_resumes_to_the_uninterrupted_metrics(tmp_path, how):
+    """Kill a run after its step-2 checkpoint (SIGKILL: no chance to save; SIGTERM: preemption, it saves and
+    exits), re-run with the same --run-dir: the later steps' metrics equal those of an uninterrupted run."""
+    steps = ["train.steps=6", "checkpoint.every=2"]
+    ref_dir = tmp_path / "ref"
+    subprocess.run(_train_cmd(ref_dir, *steps), check=True, env=_env(), cwd=tmp_path, capture_output=True)
+    reference = metrics_log.read_metrics(ref_dir)
+    assert len(reference) == 6
+
+    run_dir = tmp_path / "killed"
+    proc = subprocess.Popen(_train_cmd(run_dir, *steps, "checkpoint.keep=10"), env=_env(), cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    ckpt_dir = run_dir / "checkpoints"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        done = [p for p in ckpt_dir.glob("*") if p.name.isdigit()] if ckpt_dir.exists() else []
+        if any(int(p.name) >= 2 for p in done) or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
+    proc.send_signal(signal.SIGKILL if how == "sigkill" else signal.SIGTERM)
+    rc = proc.wait(timeout=120)
+    if how == "sigterm":
+        assert rc == 0, proc.stderr.read().decode()[-2000:]
+    first = metrics_log.read_metrics(run_dir)
+    assert 2 <= len(first) < 6, f"killed too late to test a resume ({len(first)} steps logged)"
+
+    resumed = subprocess.run(_train_cmd(run_dir, *steps, "checkpoint.keep=10"), env=_env(), cwd=tmp_path,
+                             capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert_records_close(metrics_log.read_metrics(run_dir), reference)
+
+
+@pytest.mark.slow
+def test_eight_device_run_equals_one_device_run(tmp_path):
+    """mesh data=4 x fsdp=2 on 8 fake CPU devices: the same metrics as the single-device run."""
+    one = trainer.run(small_config("train.steps=3", "checkpoint.every=0", "checkpoint.export_final=false"),
+                      tmp_path / "one")
+    eight = trainer.run(small_config("train.steps=3", "checkpoint.every=0", "checkpoint.export_final=false",
+                                     "mesh.data=4", "mesh.fsdp=2"), tmp_path / "eight")
+    for a, b in zip(one, eight):
+        for k in deterministic(a):
+            np.testing.assert_allclose(a[k], b[k], rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+# -- bad input ------------------------------------------------------------------------------------------------------
+
+
+def test_bad_config_key_is_a_clean_error():
+    out = subprocess.run([sys.executable, "-m", "jaxgrpo.train", "algo.estimatr=sign"], capture_output=True,
+                         text=True, env=_env(), cwd=REPO)
+    assert out.returncode == 2
+    assert "algo.estimator" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_missing_model_file_is_a_clean_error(tmp_path):
+    cfg = small_config(f"model.name_or_path={tmp_path / 'nope.gguf'}")
+    with pytest.raises(config_lib.ConfigError, match="neither 'tiny', 'smollm2' nor an existing"):
+        trainer.Trainer(cfg, tmp_path / "run")
+
+
+def test_prompt_longer_than_the_context_is_a_clean_error(tmp_path):
+    cfg = small_config("model.max_position_embeddings=12", "rollout.max_new_tokens=8")
+    with pytest.raises(config_lib.ConfigError, match="exceeds the model's context"):
+        trainer.Trainer(cfg, tmp_path / "run")
+
+
+FAILING_REWARDS = """
+def raising_reward(completion, example):
+    raise ZeroDivisionError("boom")
+
+def nan_reward(completion, example):
+    return float("nan")
+"""
+
+
+@pytest.fixture
+def failing_rewards(tmp_path, monkeypatch):
+    (tmp_path / "failing_rewards.py").write_text(FAILING_REWARDS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+@pytest.mark.parametrize("fn", ["raising_reward", "nan_reward"])
+def test_failing_reward_names_the_function(tmp_path, failing_rewards, fn):
+    cfg = small_config("data.rewards.arithmetic=null", f"data.rewards.failing_rewards:{fn}=1.0")
+    with pytest.raises(rewards.RewardError, match=fn):
+        trainer.run(cfg, tmp_path / "run")
+
+
+def test_failing_reward_can_invalidate_instead(tmp_path, failing_rewards):
+    cfg = small_config("data.rewards.failing_rewards:nan_reward=1.0", "algo.on_reward_error=invalidate",
+                       "train.steps=1", "checkpoint.every=0", "checkpoint.export_final=false")
+    (rec,) = trainer.run(cfg, tmp_path / "run")
+    assert rec["tokens/loss"] == 0.0  # every sample invalid: nothing enters the loss
+    assert np.isfinite(rec["loss"])
+
+
+# -- dynamic sampling -----------------------------------------------------------------------------------------------
+
+
+def _fake_rollout(rewards: np.ndarray, tag: int) -> trainer.Rollout:
+    """A rollout whose completions encode (tag, prompt, sample) so merged rows can be traced back."""
+    from jaxgrpo import sampling
+    from jaxgrpo.data import Example
+
+    p, g = rewards.shape
+    ids = np.array([[tag * 100 + i] for i in range(p * g)], np.int32)
+    comp = sampling.Completions(tokens=ids, logprobs=np.zeros(ids.shape, np.float32), mask=np.ones(ids.shape, bool),
+                                lengths=np.ones(p * g, np.int32), truncated=np.ones(p * g, bool))
+    return trainer.Rollout(prompt_ids=[[tag, i] for i in range(p)],
+                           examples=[Example(f"{tag}.{i}", "0") for i in range(p)], completions=comp,
+                           texts=[f"{tag}.{i // g}.{i % g}" for i in range(p * g)], rewards=rewards.astype(np.float32),
+                           valid=np.ones((p, g), bool))
+
+
+def test_dynamic_sampling_keeps_informative_groups_until_full(tmp_path, monkeypatch):
+    tr = trainer.Trainer(small_config("algo.degenerate_groups=resample", "algo.resample_max_rounds=5"), tmp_path)
+    flat, mixed = [0, 0, 0, 0], [1, 0, 0, 0]
+    rounds = [  # 8 prompts per round; informative groups: 2, then 3, then 4 (only 3 of them needed)
+        np.array([mixed, flat, flat, mixed, flat, flat, flat, flat]),
+        np.array([flat, mixed, flat, flat, mixed, mixed, flat, flat]),
+        np.array([mixed, mixed, flat, mixed, flat, mixed, flat, flat]),
+    ]
+    calls = []
+
+    def fake_sample(indices, key):
+        calls.append(list(indices))
+        return _fake_rollout(rounds[len(calls) - 1], len(calls))
+
+    monkeypatch.setattr(tr, "sample", fake_sample)
+    roll, extra = tr.rollout(0)
+    assert len(calls) == 3 and all(len(c) == 8 for c in calls)
+    assert extra["resample/rounds"] == 3.0
+    assert extra["resample/informative_frac"] == 1.0
+    assert extra["resample/discarded_groups"] == 3 * 8 - 8  # sampled but not trained on
+    assert extra["resample/degenerate_frac"] == (6 + 5 + 4) / 24
+    assert roll.prompt_ids == [[1, 0], [1, 3], [2, 1], [2, 4], [2, 5], [3, 0], [3, 1], [3, 3]]
+    assert roll.rewards.shape == (8, 4) and (roll.rewards[:, 0] == 1).all()
+    assert roll.texts[4:8] == ["1.3.0", "1.3.1", "1.3.2", "1.3.3"]  # whole groups move together, in order
+    np.testing.assert_array_equal(np.asarray(roll.completions.tokens)[4:8, 0], [112, 113, 114, 115])
+
+
+def test_dynamic_sampling_round_limit_fills_with_degenerate_groups(tmp_path, monkeypatch):
+    tr = trainer.Trainer(small_config("algo.degenerate_groups=resample", "algo.resample_max_rounds=2"), tmp_path)
+    flat, mixed = [1, 1, 1, 1], [1, 0, 1, 0]
+    rounds = [np.array([mixed] + [flat] * 7), np.array([flat, mixed] + [flat] * 6)]
+    monkeypatch.setattr(tr, "sample", lambda indices, key: _fake_rollout(rounds.pop(0), 2 - len(rounds)))
+    roll, extra = tr.rollout(0)
+    assert extra["resample/rounds"] == 2.0 and extra["resample/discarded_groups"] == 8
+    assert extra["resample/degenerate_frac"] == 14 / 16
+    assert roll.prompt_ids[:2] == [[1, 0], [2, 1]]  # the informative groups first, then degenerate fill
+    assert extra["resample/informative_frac"] == 2 / 8
