@@ -304,7 +304,8 @@ def test_grad_accumulation_equals_unsplit_batch(config, params, aggregation, acc
     # groups 0 and 4 are long, the rest short: the 4 micro-batches (group p -> p mod 4) hold unequal token counts
     clen = np.where(np.arange(P * G) // G % 4 == 0, TC, 1)
     raw = make_batch_np(9, P, G, clen=clen)
-    raw["rewards"][:, 0], raw["rewards"][:, 1] = 1.0, 0.0  # every group informative
+    raw["rewards"][:, 0], raw["rewards"][:, 1] = 1.0, 0.0  # every group informative...
+    raw["valid"][0, 1] = False  # ...but group 0 lost a sample: micro-batch 0 holds fewer sequences too
     batch = to_batch(config, params, raw, noise=0.2)
     base = AlgoConfig(aggregation=aggregation, clip_high=0.3)
     loss1, g1, m1 = ts.policy_gradient(config, base, params, batch, temperature=TEMP)
