@@ -159,6 +159,11 @@ def from_hf_config(hf: Mapping[str, Any], dtype: str = "float32") -> ModelConfig
     if rope_scaling is None and rope_params:
         rope_scaling = rope_params
     rope_theta = hf.get("rope_theta", rope_params.get("rope_theta", 10000.0))
+    act = hf.get("hidden_act", "silu")
+    if act != "silu":
+        raise ModelConfigError(f"hidden_act={act!r} is not supported; supported: 'silu' (SwiGLU MLP)")
+    if hf.get("use_sliding_window", False):
+        raise ModelConfigError("use_sliding_window=True is not supported (full causal attention only)")
     mlp_bias = hf.get("mlp_bias", False)
     if mlp_bias:
         raise ModelConfigError("mlp_bias=True is not supported (Llama/Qwen checkpoints have no MLP bias)")

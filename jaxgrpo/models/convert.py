@@ -349,13 +349,14 @@ def gguf_config(reader: Any, dtype: str = "float32") -> ModelConfig:
     kv = _gguf_field(reader, f"{arch}.attention.head_count_kv")
     head_dim = _gguf_field(reader, f"{arch}.attention.key_length")
     head_dim = head_dim or _gguf_field(reader, f"{arch}.rope.dimension_count")
-    tokens = _gguf_field(reader, "tokenizer.ggml.tokens")
-    vocab = _gguf_field(reader, f"{arch}.vocab_size") or (len(tokens) if tokens is not None else None)
     names = {t.name: t for t in reader.tensors}
-    if vocab is None and "token_embd.weight" in names:
-        vocab = int(names["token_embd.weight"].shape[-1])  # GGML dims (D, V)
+    if "token_embd.weight" in names:
+        vocab = int(names["token_embd.weight"].shape[-1])  # GGML dims (D, V): the weights decide
+    else:
+        tokens = _gguf_field(reader, "tokenizer.ggml.tokens")
+        vocab = _gguf_field(reader, f"{arch}.vocab_size") or (len(tokens) if tokens is not None else None)
     if vocab is None:
-        raise CheckpointError("GGUF has neither a vocab size nor a token list nor token_embd.weight")
+        raise CheckpointError("GGUF has no token_embd.weight tensor, vocab size or token list")
     eos = _gguf_field(reader, "tokenizer.ggml.eos_token_id")
     bos = _gguf_field(reader, "tokenizer.ggml.bos_token_id")
     rope_scaling = None
