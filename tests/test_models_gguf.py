@@ -30,6 +30,7 @@ from jaxgrpo.models import (  # noqa: E402
     ModelConfigError,
     RopeScaling,
     forward,
+    get_preset,
     hidden_states,
     lm_head,
     load_pretrained,
@@ -228,6 +229,7 @@ def test_smollm2_config_matches_published(smollm2):
     assert cfg.tie_word_embeddings and cfg.rope_scaling is None and cfg.eos_token_ids == (2,)
     chex.assert_shape(params["layers"]["q"], (30, 576, 9, 64))
     assert sum(x.size for x in jax.tree.leaves(params)) == 134_515_008  # published SmolLM2-135M count
+    assert cfg == get_preset("smollm2-135m")
 
 
 @pytest.mark.slow
@@ -282,3 +284,15 @@ def test_smollm2_greedy_answer(smollm2, smollm2_gguf):
             break
     answer = tok.decode(buf[0, len(ids) : length], skip_special_tokens=True)
     assert "Paris" in answer, answer
+
+
+@pytest.mark.slow
+def test_tokenizer_from_gguf_saves_and_reloads_as_hf_dir(smollm2_gguf, tmp_path):
+    tok = load_tokenizer(smollm2_gguf)
+    tok.save_pretrained(tmp_path)
+    tok2 = load_tokenizer(tmp_path)
+    text = "Janet has 3 apples. 2 + 2 = 4!"
+    assert tok2(text)["input_ids"] == tok(text)["input_ids"]
+    msgs = [{"role": "user", "content": "hi"}]
+    assert tok2.apply_chat_template(msgs, tokenize=False) == tok.apply_chat_template(msgs, tokenize=False)
+    assert tok.convert_ids_to_tokens(2) == "<|im_end|>"

@@ -32,6 +32,15 @@ def test_make_mesh_shapes_and_errors():
         sharding.make_mesh(3, -1, 1)
 
 
+def test_batch_sharding_and_single_host_init(monkeypatch):
+    mesh = sharding.make_mesh(2, 2, 2)
+    assert sharding.batch_sharding(mesh, 3).spec == P(("data", "fsdp"), None, None)
+    assert sharding.replicated(mesh).spec == P()
+    for var in ("JAX_COORDINATOR_ADDRESS", "SLURM_NTASKS", "TPU_WORKER_HOSTNAMES", "OMPI_COMM_WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    assert sharding.initialize_distributed() is False
+
+
 def test_rules_and_divisibility_fallback():
     mesh = sharding.make_mesh(1, 4, 2)
     assert sharding.logical_to_spec(("layers", "embed", "heads", "head_dim"), (2, 64, 4, 16), mesh) == P(
