@@ -6,7 +6,8 @@ Inside one `jax.jit` (state donated), for one rollout of P prompts × G samples:
 1. **Advantages and degeneracy, per group, inside `shard_map`.** ``A = advantages.compute(algo.estimator, rewards,
    valid, axis_name=BATCH_AXES, **algo.estimator_args)`` on the ``[P, G]`` rewards (sharded by groups; a batch-wide
    statistic such as ``scale="batch"`` is ``psum``'ed over the batch axes), and
-   ``D = degeneracy.degenerate_mask(rewards, valid, atol, rtol)`` ``[P]``. Per-token loss mask:
+   ``D = degeneracy.degenerate_mask(rewards, valid, atol, rtol)`` ``[P]``, and `degeneracy.diagnostics` (its
+   batch-wide counts psum'ed too). Per-token loss mask:
    ``m = completion_mask ∧ valid``, and for ``degenerate_groups="mask"`` (and ``"resample"``) also ``∧ ¬D``.
    The global normalizers of every optimizer step (token counts ``Σ m`` and the counts of sequences with ≥ 1 loss
    token, for each micro-batch) are ``psum``'ed here too, once, up front.
@@ -52,11 +53,16 @@ except norms and biases.
 
 **Metrics** (float32 scalars): every `degeneracy.diagnostics` key; ``loss``, ``pg_loss``, ``kl`` and the
 `policy_loss` statistics (clip fractions, ratio statistics, ``approx_kl_old``) averaged over the step's optimizer
-updates (``*/max`` and ``*/min`` are the extremes); ``entropy`` (mean over the valid completion tokens, first
-iteration); ``mismatch/abs_diff_mean``, ``mismatch/abs_diff_max``, ``mismatch/ratio_mean`` = mean
-``exp(logp_trainer − logp_sampler)`` over the valid tokens of the first update (before any parameter change);
-``grad_norm`` (before clipping, averaged over updates), ``lr``, ``tokens/prompt``, ``tokens/completion``,
-``tokens/loss``, ``degeneracy/masked_groups`` (groups dropped from the loss).
+updates (``*/max`` and ``*/min`` are the extremes); ``entropy`` (mean over the valid completion tokens of the first
+iteration, each minibatch measured at the params that train on it); ``mismatch/abs_diff_mean``,
+``mismatch/abs_diff_max`` (of ``|logp_trainer − logp_sampler|``) and ``mismatch/ratio_mean`` (mean
+``exp(logp_trainer − logp_sampler)``, log-ratio clamped to ±20 as in `losses`) over the valid tokens of the first
+update, before any parameter change; ``grad_norm`` (before clipping, averaged over updates), ``lr``,
+``tokens/prompt``, ``tokens/completion``, ``tokens/loss`` and ``sequences/loss`` (what the loss normalises by),
+``degeneracy/masked_groups`` (groups dropped from the loss).
+
+Parameters keep their dtype: with bfloat16 params, micro-batch gradients are accumulated in float32 and cast
+back, and AdamW runs on bfloat16 params and moments (no float32 master copy).
 """
 
 from __future__ import annotations
@@ -405,7 +411,7 @@ class _Step:
             "entropy_sum": jnp.sum(jnp.where(tm, entropy, 0.0)),
             "abs_diff_sum": jnp.sum(jnp.abs(diff)),
             "abs_diff_max": jnp.max(jnp.abs(diff)),
-            "exp_diff_sum": jnp.sum(jnp.where(tm, jnp.exp(diff), 0.0)),
+            "exp_diff_sum": jnp.sum(jnp.where(tm, jnp.exp(jnp.clip(diff, -20.0, 20.0)), 0.0)),
             "valid_tokens": jnp.sum(tm).astype(jnp.float32),
         }
         stats = jax.lax.stop_gradient(stats)
@@ -535,7 +541,8 @@ def make_train_step(
     ``step_fn`` is a `jax.jit` function (state donated: do not reuse the input state). ``temperature`` is the
     rollout temperature (the sampler's logits were divided by it). ``total_steps``: rollout steps of the run, for
     the schedule. With ``mesh``, ``init_fn`` places params/optimizer state by their logical axes and the batch
-    must come from `global_batch` (or be placed with `jaxgrpo.sharding.batch_sharding`).
+    must come from `global_batch` (or be placed with `jaxgrpo.sharding.batch_sharding`). ``init_fn`` takes
+    ownership of the params it is given: the first step donates them (pass a copy to keep using the originals).
     """
     step = _Step(model_config, algo, mesh, temperature)
     updates = int(algo.num_iterations) * step.nm
