@@ -173,7 +173,8 @@ class Trainer:
             self.model_config, self.state.params, prompt_ids, num_samples=r.group_size,
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
             eos_token_ids=self.eos_token_ids, key=key, mesh=self.mesh)
-        tokens, mask = np.asarray(comp.tokens), np.asarray(comp.mask)
+        comp = jax.tree.map(to_host, comp)
+        tokens, mask = comp.tokens, comp.mask
         texts = self.tokenizer.batch_decode([t[m].tolist() for t, m in zip(tokens, mask)], skip_special_tokens=True)
         row_examples = [e for e in examples for _ in range(r.group_size)]
         rw, valid = rewards.score(texts, row_examples, self.reward_fns, on_error=self.cfg.algo.on_reward_error)
@@ -215,7 +216,7 @@ class Trainer:
         t1 = time.perf_counter()
         batch = make_batch(roll, self.prompt_width, self.pad_id)
         if self.mesh is not None:
-            batch = ts.global_batch(batch, self.mesh)
+            batch = ts.global_batch(process_share(batch, len(roll.prompt_ids)), self.mesh)
         if self.ref_params is not None:
             batch = batch.replace(ref_logprobs=self.ref_logprobs(self.ref_params, batch))
         self.state, metrics = self.step_fn(self.state, batch)
@@ -257,6 +258,34 @@ class Trainer:
         out.update({"eval/mean_reward": result["mean_reward"], "eval/degeneracy_measured": deg["measured"],
                     "eval/degeneracy_iid": deg["iid"]})
         return out
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+    """The full value of a (possibly multi-host) array on this host: every process sees the whole rollout, scores
+    it (rewards are cheap and deterministic), and then contributes its own share of groups to the train step."""
+    if jax.process_count() > 1 and not getattr(x, "is_fully_addressable", True):
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
+def process_share(batch: ts.Batch, num_groups: int) -> ts.Batch:
+    """This process's whole groups of a host-global batch: the contiguous slice `process_index` of P / processes
+    groups (`train_step.global_batch` assembles the global array; group order does not change the step)."""
+    n = jax.process_count()
+    if n == 1:
+        return batch
+    per, i = num_groups // n, jax.process_index()
+    rows = batch.tokens.shape[0] // num_groups
+
+    def take(x):
+        if x is None:
+            return None
+        scale = rows if x.shape[0] == batch.tokens.shape[0] else 1
+        return x[i * per * scale:(i + 1) * per * scale]
+
+    return jax.tree.map(take, batch)
 
 
 def merge_groups(pool: list[Rollout], picks: list[tuple[int, int]]) -> Rollout:
