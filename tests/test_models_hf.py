@@ -223,6 +223,13 @@ def test_errors(tmp_path, checkpoints):
     (untied / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match="tensor 'lm_head.weight' not found"):
         load_pretrained(untied)
+    # tensors the config would ignore (a qwen2 checkpoint relabelled as llama: its q/k/v biases are unused)
+    relabel = _copy(checkpoints["qwen2"][0], tmp_path / "relabel")
+    cfg = json.loads((relabel / "config.json").read_text())
+    cfg.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    (relabel / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"relabel has 6 tensors that a llama model .* does not use.*q_proj.bias"):
+        load_pretrained(relabel)
     with pytest.raises(ModelConfigError, match="unsupported dtype 'float16'"):
         load_pretrained(d_llama, dtype="float16")
     with pytest.raises(CheckpointError, match="neither a directory"):

@@ -167,8 +167,11 @@ def from_hf_config(hf: Mapping[str, Any], dtype: str = "float32") -> ModelConfig
     mlp_bias = hf.get("mlp_bias", False)
     if mlp_bias:
         raise ModelConfigError("mlp_bias=True is not supported (Llama/Qwen checkpoints have no MLP bias)")
-    if arch == "llama" and hf.get("attention_bias", False):
-        raise ModelConfigError("attention_bias=True llama checkpoints are not supported (only Qwen2 uses q/k/v bias)")
+    if arch in ("llama", "qwen3") and hf.get("attention_bias", False):
+        raise ModelConfigError(
+            f"attention_bias=True {arch} checkpoints are not supported (of the supported families only qwen2 has "
+            f"q/k/v bias)"
+        )
     eos = hf.get("eos_token_id")
     eos_ids = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
     num_heads = int(hf["num_attention_heads"])

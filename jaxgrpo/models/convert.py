@@ -162,6 +162,17 @@ def _assemble(
     return params
 
 
+def _check_unexpected(config: ModelConfig, present: set[str], which: int, allowed: tuple[str, ...], where: str) -> None:
+    """Fail before streaming anything if the checkpoint has tensors this config would silently ignore."""
+    expected = {names[which] for _, _, plan, _ in _tensor_plan(config) for names in plan}
+    extra = sorted(n for n in present - expected if not n.endswith(allowed))
+    if extra:
+        raise CheckpointError(
+            f"{where} has {len(extra)} tensors that a {config.architecture} model with qkv_bias={config.qkv_bias}, "
+            f"qk_norm={config.qk_norm}, {config.num_layers} layers does not use (unsupported variant?): {extra[:8]}"
+        )
+
+
 def _check_shape(name: str, found: tuple[int, ...], expected: tuple[int, ...], where: str) -> None:
     if tuple(found) != tuple(expected):
         raise CheckpointError(
@@ -212,6 +223,8 @@ def _load_hf(directory: pathlib.Path, dtype: str, shardings: Any) -> tuple[Model
                 where[k] = h
         # Base-model checkpoints (LlamaModel) have no "model." prefix.
         prefix_fix = "model.embed_tokens.weight" not in where and "embed_tokens.weight" in where
+        present = {("model." + k if prefix_fix else k) for k in where}
+        _check_unexpected(config, present, 0, ("lm_head.weight", "rotary_emb.inv_freq"), directory.name)
 
         def read(hf_name: str, _gguf_name: str, expected: tuple[int, ...]) -> np.ndarray:
             name = hf_name.removeprefix("model.") if prefix_fix else hf_name
@@ -469,6 +482,7 @@ def _load_gguf(path: pathlib.Path, dtype: str, shardings: Any) -> tuple[ModelCon
         raise CheckpointError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from e
     config = gguf_config(reader, dtype)
     index = _gguf_tensor_index(reader)
+    _check_unexpected(config, set(index), 1, ("rope_freqs.weight",), path.name)
 
     def read(_hf_name: str, gguf_name: str, expected: tuple[int, ...]) -> np.ndarray:
         if gguf_name not in index:
