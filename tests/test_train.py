@@ -81,6 +81,26 @@ def test_tiny_run_end_to_end(tmp_path):
     assert [s["step"] for s in samples] == [2, 4]
 
 
+@pytest.mark.slow
+def test_default_demo_learns(tmp_path):
+    """`python -m jaxgrpo.train` with no arguments: reward from near chance to >= 0.9; the collapse rate starts
+    high (all-fail groups), falls while groups are mixed, and rises again as they turn all-pass."""
+    cfg = config_lib.load_config("default", ["log.progress=false", "log.tensorboard=false"])
+    trainer.run(cfg, tmp_path / "run")
+    recs = metrics_log.read_metrics(tmp_path / "run")
+    reward = np.array([r["reward/mean"] for r in recs])
+    collapse = np.array([r["degeneracy/collapse_rate"] for r in recs])
+    all_fail = np.array([r["degeneracy/all_fail"] for r in recs])
+    all_pass = np.array([r["degeneracy/all_pass"] for r in recs])
+    assert len(recs) == cfg.train.steps
+    assert reward[:5].mean() < 0.1  # chance is 1/60
+    assert reward[-20:].mean() >= 0.9
+    lowest = int(np.argmin(np.convolve(collapse, np.ones(10) / 10, mode="valid")))
+    assert collapse[:10].mean() > 0.4 and all_fail[:10].mean() > 0.4
+    assert collapse[lowest:lowest + 10].mean() < 0.1
+    assert collapse[-20:].mean() > 0.4 and all_pass[-20:].mean() > 0.4
+
+
 def test_second_run_in_same_dir_resumes_and_does_nothing_more(tmp_path):
     run_dir = tmp_path / "run"
     trainer.run(small_config(), run_dir)
