@@ -187,6 +187,8 @@ def compute_logprobs(
     batch: Batch,
     temperature: float = 1.0,
     chunk: int = 0,
+    *,
+    remat: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
     """Per-token log-probs and entropies ``([B, Tc], [B, Tc])`` float32 of the completion tokens of `batch`.
 
@@ -194,7 +196,9 @@ def compute_logprobs(
     ``entropy[b, t] = −Σ_v p_v log p_v`` of the same distribution. The LM head runs in sequence chunks of
     ``chunk`` completion positions (0 = automatic: the largest chunk whose float32 logits stay ≤ 256 MiB), each
     under `jax.checkpoint`, so the backward pass recomputes a chunk's logits instead of storing ``[B, Tc, V]``.
-    Values at masked positions are meaningless (callers mask them). Entropy carries no gradient.
+    Values at masked positions are meaningless (callers mask them). Entropy carries no gradient. ``remat=True``
+    recomputes each decoder layer in the backward pass (`models.hidden_states(remat=True)`): activation memory of
+    about one ``[B, T, D]`` per layer for ~1/3 more compute.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 (greedy rollouts have no log-probs to train on), got {temperature}")
@@ -209,7 +213,7 @@ def compute_logprobs(
     if chunk < 0:
         raise ValueError(f"chunk must be >= 0 (0 = automatic), got {chunk}")
     attention_mask = jnp.concatenate([batch.prompt_mask, batch.completion_mask], axis=1).astype(bool)
-    h_BTD = models.hidden_states(model_config, params, batch.tokens, attention_mask=attention_mask)
+    h_BTD = models.hidden_states(model_config, params, batch.tokens, attention_mask=attention_mask, remat=remat)
     h_BCD = h_BTD[:, Tp - 1 : Tp + Tc - 1]  # the hidden state at position i predicts token i+1
     targets_BC = batch.tokens[:, Tp:]
     w_DV = models.lm_head(model_config, params)
@@ -290,8 +294,16 @@ def _check_batch(batch: Batch, algo: AlgoConfig, num_shards: int) -> tuple[int, 
 class _Step:
     """The pieces of the train step for one (model, algo, mesh, temperature); all methods trace under jit."""
 
-    def __init__(self, model_config: models.ModelConfig, algo: AlgoConfig, mesh: Mesh | None, temperature: float):
+    def __init__(
+        self,
+        model_config: models.ModelConfig,
+        algo: AlgoConfig,
+        mesh: Mesh | None,
+        temperature: float,
+        remat: bool = False,
+    ):
         _validate(algo, temperature, mesh)
+        self.remat = bool(remat)
         self.config, self.algo, self.mesh, self.temperature = model_config, algo, mesh, float(temperature)
         self.axis_name = BATCH_AXES if mesh is not None else None
         self.num_shards = 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
@@ -375,7 +387,9 @@ class _Step:
             valid=jnp.zeros((0, 0), bool),
             old_logprobs=mb["old_logprobs"],
         )
-        logp, entropy = compute_logprobs(self.config, params, batch, self.temperature, algo.logprob_chunk)
+        logp, entropy = compute_logprobs(
+            self.config, params, batch, self.temperature, algo.logprob_chunk, remat=self.remat
+        )
         logp = self._constrain_rows(logp)
         max_tokens = algo.max_tokens if algo.max_tokens is not None else logp.shape[1]
         use_kl = algo.kl_coef > 0
@@ -499,11 +513,12 @@ def policy_gradient(
     *,
     temperature: float = 1.0,
     mesh: Mesh | None = None,
+    remat: bool = False,
 ) -> tuple[jax.Array, Params, dict[str, jax.Array]]:
     """Loss, gradient and policy-loss metrics of the first optimizer update of a train step (minibatch 0, with
     the configured gradient accumulation) — the exact function `make_train_step` differentiates. Jitted inside.
     For research code and tests; `make_train_step` is the entry point for training."""
-    step = _Step(model_config, algo, mesh, temperature)
+    step = _Step(model_config, algo, mesh, temperature, remat)
 
     @jax.jit
     def run(params, batch):
@@ -535,16 +550,18 @@ def make_train_step(
     mesh: Mesh | None = None,
     temperature: float = 1.0,
     total_steps: int,
+    remat: bool = False,
 ) -> tuple[Callable[[Params, jax.Array], TrainState], Callable[[TrainState, Batch], tuple[TrainState, dict]]]:
     """Build ``(init_fn(params, key) -> TrainState, step_fn(state, batch) -> (state, metrics))``.
 
     ``step_fn`` is a `jax.jit` function (state donated: do not reuse the input state). ``temperature`` is the
     rollout temperature (the sampler's logits were divided by it). ``total_steps``: rollout steps of the run, for
-    the schedule. With ``mesh``, ``init_fn`` places params/optimizer state by their logical axes and the batch
-    must come from `global_batch` (or be placed with `jaxgrpo.sharding.batch_sharding`). ``init_fn`` takes
-    ownership of the params it is given: the first step donates them (pass a copy to keep using the originals).
+    the schedule. ``remat``: recompute decoder layers in the backward pass (see `compute_logprobs`).
+    With ``mesh``, ``init_fn`` places params/optimizer state by their logical axes and the batch must come from
+    `global_batch` (or be placed with `jaxgrpo.sharding.batch_sharding`). ``init_fn`` takes ownership of the
+    params it is given: the first step donates them (pass a copy to keep using the originals).
     """
-    step = _Step(model_config, algo, mesh, temperature)
+    step = _Step(model_config, algo, mesh, temperature, remat)
     updates = int(algo.num_iterations) * step.nm
     tx, schedule = make_optimizer(optim, total_steps, updates_per_step=updates)
     state_sh = _state_shardings(model_config, mesh, tx) if mesh is not None else None

@@ -178,13 +178,14 @@ class TestComputeLogprobs(chex.TestCase):
         AlgoConfig(aggregation="seq-mean-token-mean", kl_coef=0.1, dual_clip=3.0, estimator="rloo"),
         AlgoConfig(ratio_level="sequence", aggregation="seq-mean-token-sum-norm", degenerate_groups="mask"),
     ],
-    ids=["token-mean-cliphigh", "seqmean-kl-rloo", "gspo-mask"],
+    ids=["token-mean-cliphigh", "seqmean-kl-rloo", "gspo-mask-remat"],
 )
 def test_gradient_matches_jax_grad_of_policy_loss(config, params, algo):
     rewards = np.array([[1, 0, 0, 1], [1, 1, 1, 1], [0.5, 0, 1, 0]], np.float32)
     valid = np.array([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 0, 1]], bool)
     batch = to_batch(config, params, make_batch_np(4, 3, 4, rewards, valid), kl=algo.kl_coef > 0, noise=0.2)
-    loss, grads, metrics = ts.policy_gradient(config, algo, params, batch, temperature=TEMP)
+    remat = algo.ratio_level == "sequence"  # one case with per-layer rematerialisation
+    loss, grads, metrics = ts.policy_gradient(config, algo, params, batch, temperature=TEMP, remat=remat)
     ref_fn = reference_loss_fn(config, algo, batch)
     ref_loss, ref_grads = jax.jit(jax.value_and_grad(ref_fn))(params)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
