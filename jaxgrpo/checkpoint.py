@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import os
 import pathlib
+import shutil
 import signal
 import threading
 from collections.abc import Iterable, Mapping
@@ -117,6 +118,9 @@ class CheckpointManager:
             raise ValueError(f"checkpoint directory {self.directory} exists and is not a directory")
         self.keep = keep
         self.save_interval = save_interval
+        if jax.process_index() == 0:  # synchronously: orbax's own cleanup may still be running when we return
+            for leftover in incomplete_checkpoints(self.directory):
+                shutil.rmtree(leftover, ignore_errors=True)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             save_interval_steps=1,  # the cadence is decided in `should_save`; orbax writes what it is handed

@@ -115,6 +115,10 @@ class Trainer:
     """Holds what the loop needs between steps; `step()` performs one RL step and returns its metrics."""
 
     def __init__(self, cfg: config_lib.Config, run_dir: str | os.PathLike):
+        if not cfg.rollout.temperature > 0:
+            raise config_lib.ConfigError(
+                f"rollout.temperature={cfg.rollout.temperature}: training needs sampled rollouts (> 0); greedy "
+                "decoding makes every group's G completions identical, hence every group degenerate")
         self.cfg = cfg
         self.run_dir = pathlib.Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)

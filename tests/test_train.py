@@ -188,6 +188,11 @@ def test_prompt_longer_than_the_context_is_a_clean_error(tmp_path):
         trainer.Trainer(cfg, tmp_path / "run")
 
 
+def test_greedy_rollouts_are_a_clean_error(tmp_path):
+    with pytest.raises(config_lib.ConfigError, match="rollout.temperature=0.0"):
+        trainer.Trainer(small_config("rollout.temperature=0"), tmp_path / "run")
+
+
 FAILING_REWARDS = """
 def raising_reward(completion, example):
     raise ZeroDivisionError("boom")
