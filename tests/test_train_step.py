@@ -285,19 +285,6 @@ def test_mask_vs_keep_closed_form(config, params, aggregation):
         np.testing.assert_allclose(out["resample"][0], out["mask"][0], rtol=1e-6)
 
 
-def test_mask_mode_step_metrics(config, params):
-    rewards = np.array([[1, 1, 1, 1], [1, 0, 0, 0]], np.float32)
-    raw = make_batch_np(8, 2, 4, rewards)
-    batch = to_batch(config, params, raw)
-    init_fn, step_fn = ts.make_train_step(
-        config, AlgoConfig(degenerate_groups="mask"), OptimConfig(), temperature=TEMP, total_steps=1
-    )
-    _, m = step_fn(init_fn(fresh(params), jax.random.key(0)), batch)
-    assert float(m["degeneracy/masked_groups"]) == 1.0
-    assert float(m["degeneracy/collapse_rate"]) == 0.5
-    np.testing.assert_allclose(m["tokens/loss"], raw["completion_mask"][4:].sum())
-
-
 # ----------------------------------------------------------------------------------------------- accumulation
 @pytest.mark.parametrize("aggregation,accums", [("token-mean", (4,)), ("seq-mean-token-mean", (2,))])
 def test_grad_accumulation_equals_unsplit_batch(config, params, aggregation, accums):
@@ -371,12 +358,20 @@ def test_mu_iterations_and_minibatches_equal_sequential_steps(config, params):
 
 # ----------------------------------------------------------------------------------------------- compilation
 def test_no_recompilation_across_completion_lengths(config, params):
-    init_fn, step_fn = ts.make_train_step(config, AlgoConfig(), OptimConfig(), temperature=TEMP, total_steps=3)
+    """Steps whose completion lengths (and rewards) differ reuse one compiled step; `mask` mode's metrics count
+    the dropped degenerate group."""
+    algo = AlgoConfig(degenerate_groups="mask")
+    init_fn, step_fn = ts.make_train_step(config, algo, OptimConfig(), temperature=TEMP, total_steps=3)
     state = init_fn(fresh(params), jax.random.key(0))
     for seed, clen in ((0, 1), (1, TC), (2, 3)):
-        raw = make_batch_np(seed, 2, 4, clen=np.full(8, clen))
+        rewards = np.array([[1, 1, 1, 1], [1, 0, 0, 0]], np.float32) if seed == 1 else None
+        raw = make_batch_np(seed, 2, 4, rewards, clen=np.full(8, clen))
         state, m = step_fn(state, to_batch(config, params, raw))
         np.testing.assert_allclose(m["tokens/completion"], 8 * clen)
+        if seed == 1:  # group 0 is degenerate: dropped from the loss and its token count
+            assert float(m["degeneracy/masked_groups"]) == 1.0
+            assert float(m["degeneracy/collapse_rate"]) == 0.5
+            np.testing.assert_allclose(m["tokens/loss"], 4 * TC)
     assert step_fn._cache_size() == 1
     assert int(state.step) == 3
 
