@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -53,7 +54,11 @@ def make_mesh(data: int = 1, fsdp: int = -1, tensor: int = 1, devices: Sequence[
             f"mesh data={sizes[0]} x fsdp={sizes[1]} x tensor={sizes[2]} = {int(np.prod(sizes))} devices, "
             f"but {len(devices)} are available; make the product equal the device count (or use -1 for one axis)"
         )
-    return Mesh(np.asarray(devices, dtype=object).reshape(sizes), MESH_AXES)
+    try:  # topology-aware device order on TPU/GPU slices (a plain reshape on CPU)
+        grid = mesh_utils.create_device_mesh(sizes, devices)
+    except (ValueError, NotImplementedError, AssertionError):
+        grid = np.asarray(devices, dtype=object).reshape(sizes)
+    return Mesh(grid, MESH_AXES)
 
 
 def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh) -> PartitionSpec:
