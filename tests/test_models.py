@@ -140,9 +140,11 @@ class TestForward(chex.TestCase):
         cfg = CONFIGS["qwen3"]
         params = random_params(cfg)
         t = tokens(2, 5)
+        mask = jnp.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], bool)  # left padding: fully masked query rows
 
         def loss(p, remat):
-            return jnp.mean(jax.nn.log_softmax(forward(cfg, p, t, remat=remat))[..., 0])  # jitted below
+            logp = jax.nn.log_softmax(forward(cfg, p, t, None, mask, remat=remat))[..., 0]  # jitted below
+            return jnp.sum(jnp.where(mask, logp, 0.0))
 
         g0 = jax.jit(jax.grad(loss), static_argnums=1)(params, False)
         g1 = jax.jit(jax.grad(loss), static_argnums=1)(params, True)
