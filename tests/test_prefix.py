@@ -1,0 +1,162 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Prefix-shared forward (jaxgrpo.models.prefix) == the plain path (models.hidden_states on the concatenated rows).
+
+The plain path is tested against transformers in test_models_hf.py; here every prefix-shared output (hidden states,
+per-token log-probs, a GRPO-style loss, and its gradient w.r.t. every parameter) must equal it to 1e-5, on tiny
+random llama / qwen2 (qkv bias, tied) / qwen3 (qk-norm, explicit head_dim) models with ragged left-padded prompts
+and ragged right-padded completions, with and without jit.
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxgrpo.models import ModelConfig, hidden_states, lm_head, param_shapes
+from jaxgrpo.models.prefix import check_groups, group_prompts, prefix_shared_hidden, prefix_shared_predictors
+
+V = 61
+P, G, TP, TC = 2, 3, 6, 5
+
+
+def tiny(arch: str, **kw) -> ModelConfig:
+    base = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4, num_kv_heads=2,
+                architecture=arch, qkv_bias=arch == "qwen2", qk_norm=arch == "qwen3")  # fmt: skip
+    if arch == "qwen3":
+        base["head_dim"] = 16
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+CONFIGS = {"llama": tiny("llama"), "qwen2_tied": tiny("qwen2", tie_word_embeddings=True), "qwen3": tiny("qwen3")}
+
+
+def random_params(config: ModelConfig, seed: int = 0):
+    """Weights large enough (std 0.3) that attention is far from uniform; norms ~1, biases non-zero."""
+    rng = np.random.default_rng(seed)
+
+    def leaf(path, shape):
+        x = 0.3 * rng.standard_normal(shape)
+        if "norm" in jax.tree_util.keystr(path):
+            x = 0.1 * x + 1.0
+        return jnp.asarray(x, jnp.float32)
+
+    return jax.tree_util.tree_map_with_path(leaf, param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
+
+
+def rollout(seed: int = 0):
+    """Train-step rows: prompt p left-padded (lengths 6 and 2), completions right-padded (lengths 5, 1, 3 / 2, 5, 4)."""
+    rng = np.random.default_rng(seed)
+    plen, clen = np.array([TP, 2]), np.array([[TC, 1, 3], [2, TC, 4]])
+    prompts = rng.integers(1, V, (P, TP))
+    pmask = np.arange(TP)[None, :] >= (TP - plen)[:, None]
+    prompts = np.where(pmask, prompts, 0)
+    comp = rng.integers(1, V, (P, G, TC))
+    cmask = np.arange(TC)[None, None, :] < clen[..., None]
+    comp = np.where(cmask, comp, 0)
+    tokens = np.concatenate([np.repeat(prompts, G, 0), comp.reshape(P * G, TC)], 1).astype(np.int32)
+    rows = (tokens, np.repeat(pmask, G, 0), cmask.reshape(P * G, TC))
+    groups = (prompts.astype(np.int32), pmask, comp.astype(np.int32), cmask)
+    return tuple(jnp.asarray(x) for x in rows + groups)
+
+
+def plain_predictors(cfg, params, tokens, pmask, cmask):
+    h = hidden_states(cfg, params, tokens, attention_mask=jnp.concatenate([pmask, cmask], 1))
+    return h[:, TP - 1 : TP + TC - 1]
+
+
+def logprobs(cfg, params, h_BCD, tokens):
+    logits = jnp.einsum("bcd,dv->bcv", h_BCD, lm_head(cfg, params))
+    return jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, TP:, None], axis=-1)[..., 0]
+
+
+def loss_fn(cfg, params, tokens, pmask, cmask, adv, shared: bool):
+    if shared:
+        h = prefix_shared_predictors(cfg, params, tokens, pmask, cmask, G)
+    else:
+        h = plain_predictors(cfg, params, tokens, pmask, cmask)
+    logp = logprobs(cfg, params, h, tokens)
+    return -jnp.sum(jnp.where(cmask, logp * adv[:, None], 0.0)) / jnp.sum(cmask), logp
+
+
+class TestPrefixShared(chex.TestCase):
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_hidden_states_equal_plain(self):
+        for arch in sorted(CONFIGS):
+            cfg = CONFIGS[arch]
+            params = random_params(cfg)
+            tokens, pm, cm, prompts, pmask, comp, cmask = rollout()
+            h_c, h_last = self.variant(prefix_shared_hidden, static_argnums=0)(cfg, params, prompts, pmask, comp, cmask)
+            chex.assert_shape(h_c, (P, G, TC, cfg.hidden_size))
+            chex.assert_shape(h_last, (P, cfg.hidden_size))
+            chex.assert_tree_all_finite((h_c, h_last))
+            ref = jax.jit(hidden_states, static_argnums=0)(cfg, params, tokens, None, jnp.concatenate([pm, cm], 1))
+            # every completion position (padding ones too: they see the same keys in both paths)
+            np.testing.assert_allclose(h_c.reshape(P * G, TC, -1), ref[:, TP:], rtol=1e-5, atol=1e-5, err_msg=arch)
+            np.testing.assert_allclose(h_last, ref[::G, TP - 1], rtol=1e-5, atol=1e-5, err_msg=arch)
+            # not trivially equal: different completions of one prompt give different states, and the prompt matters
+            assert float(jnp.abs(h_c[0, 0, 0] - h_c[0, 1, 0]).max()) > 1e-3
+            assert float(jnp.abs(h_last[0] - h_last[1]).max()) > 1e-3
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_logprobs_loss_and_gradients_equal_plain(self):
+        adv = jnp.asarray([1.0, -0.5, 0.25, -1.0, 2.0, 0.5])
+        for arch in sorted(CONFIGS):
+            cfg = CONFIGS[arch]
+            params = random_params(cfg, seed=1)
+            tokens, pm, cm, *_ = rollout(seed=2)
+            fn = jax.value_and_grad(loss_fn, argnums=1, has_aux=True)
+            run = self.variant(fn, static_argnums=(0, 6))
+            (l0, lp0), g0 = run(cfg, params, tokens, pm, cm, adv, False)
+            (l1, lp1), g1 = run(cfg, params, tokens, pm, cm, adv, True)
+            chex.assert_tree_all_finite((l1, lp1, g1))
+            np.testing.assert_allclose(lp1, lp0, rtol=1e-5, atol=1e-5, err_msg=arch)
+            np.testing.assert_allclose(l1, l0, rtol=1e-5, atol=1e-6, err_msg=arch)
+            chex.assert_trees_all_close(g1, g0, rtol=1e-5, atol=1e-6)
+            # every parameter gets gradient (so equality is not 0 == 0), including the prompt-only path's weights
+            for path, g in jax.tree_util.tree_flatten_with_path(g1)[0]:
+                assert float(jnp.abs(g).max()) > 0, (arch, jax.tree_util.keystr(path))
+
+    def test_remat_same_gradients(self):
+        cfg = CONFIGS["qwen3"]
+        params = random_params(cfg, seed=3)
+        tokens, pm, cm, *_ = rollout(seed=4)
+
+        def loss(p, remat):
+            h = prefix_shared_predictors(cfg, p, tokens, pm, cm, G, remat=remat)
+            return jnp.sum(logprobs(cfg, p, h, tokens) * cm)
+
+        g0 = jax.jit(jax.grad(loss), static_argnums=1)(params, False)
+        g1 = jax.jit(jax.grad(loss), static_argnums=1)(params, True)
+        chex.assert_trees_all_close(g0, g1, rtol=1e-5, atol=1e-6)
+
+    def test_single_completion_token(self):
+        cfg = CONFIGS["llama"]
+        params = random_params(cfg)
+        tokens, pm, cm, *_ = rollout()
+        tokens1, cm1 = tokens[:, : TP + 1], cm[:, :1]
+        h = jax.jit(prefix_shared_predictors, static_argnums=(0, 5))(cfg, params, tokens1, pm, cm1, G)
+        ref = hidden_states(cfg, params, tokens1, attention_mask=jnp.concatenate([pm, cm1], 1))[:, TP - 1 : TP]
+        np.testing.assert_allclose(h, ref, rtol=1e-5, atol=1e-5)
+
+    def test_group_prompts_and_errors(self):
+        tokens, pm, cm, prompts, pmask, comp, cmask = rollout()
+        pr, m = group_prompts(tokens, pm, G)
+        np.testing.assert_array_equal(pr, prompts)
+        np.testing.assert_array_equal(m, pmask)
+        check_groups(tokens, pm, G)  # the rollout layout passes
+        bad = np.asarray(tokens).copy()
+        bad[4, TP - 1] = (bad[4, TP - 1] + 1) % V  # row 4 is in group 1
+        with pytest.raises(ValueError, match="group 1 .rows 3..5. does not share one prompt"):
+            check_groups(bad, pm, G)
+        with pytest.raises(ValueError, match="group_size=4"):
+            group_prompts(tokens, pm, 4)
+        cfg = CONFIGS["llama"]
+        params = random_params(cfg)
+        with pytest.raises(ValueError, match="completion_tokens must be .P, G, Tc."):
+            prefix_shared_hidden(cfg, params, prompts, pmask, comp[0])
+        with pytest.raises(ValueError, match="prompt_mask has shape"):
+            prefix_shared_hidden(cfg, params, prompts, pmask[:, 1:], comp)
+        with pytest.raises(ValueError, match="tokens has shape .6, 11., expected .6, 10."):
+            prefix_shared_predictors(cfg, params, tokens, pm, cm[:, 1:], G)
