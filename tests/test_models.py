@@ -237,6 +237,9 @@ class TestConfig:
             tiny(num_kv_heads=3)
         with pytest.raises(ModelConfigError, match="unsupported dtype"):
             tiny(dtype="float16")
+        with pytest.raises(ModelConfigError, match="unsupported dtype 'float16'"):
+            tiny(dtype=jnp.float16)
+        assert tiny(dtype=jnp.bfloat16).dtype == "bfloat16" and tiny(dtype=np.float32).dtype == "float32"
         with pytest.raises(ModelConfigError, match="rope scaling type 'yarn'"):
             RopeScaling("yarn")
         with pytest.raises(ModelConfigError, match="model_type='mistral'.*supported"):

@@ -160,7 +160,7 @@ def test_save_pretrained_round_trip_through_transformers(tmp_path, arch):
 
 def test_bfloat16_save_and_load(tmp_path, checkpoints):
     d, _ = checkpoints["qwen2"]
-    cfg, params = load_pretrained(d, dtype="bfloat16")
+    cfg, params = load_pretrained(d, dtype=jnp.bfloat16)  # a dtype object or its name
     assert cfg.dtype == "bfloat16"
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(params))
     save_pretrained(cfg, params, tmp_path)

@@ -79,6 +79,8 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.dtype, str):  # accept jnp.bfloat16 / np.float32 / np.dtype objects
+            object.__setattr__(self, "dtype", _dtype_name(self.dtype))
         if self.architecture not in ARCHITECTURES:
             raise ModelConfigError(f"unsupported architecture {self.architecture!r}; supported: {ARCHITECTURES}")
         if self.dtype not in DTYPES:
@@ -111,6 +113,17 @@ class ModelConfig:
 
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
+
+
+def _dtype_name(dtype: Any) -> str:
+    import ml_dtypes  # registers bfloat16 with numpy
+    import numpy as np
+
+    del ml_dtypes
+    try:
+        return np.dtype(dtype).name
+    except TypeError as e:
+        raise ModelConfigError(f"unsupported dtype {dtype!r}; supported: {DTYPES}") from e
 
 
 def _rope_scaling_from_dict(d: dict[str, Any] | None) -> RopeScaling | None:

@@ -316,6 +316,8 @@ def load_pretrained(path: PathLike, dtype: str = "float32", shardings: Any = Non
     `jax.sharding.Mesh` (parameters placed by `jaxgrpo.sharding.RULES`), or a pytree of shardings like the params.
     """
     path = pathlib.Path(path)
+    if not isinstance(dtype, str):
+        dtype = np.dtype(dtype).name  # jnp.bfloat16 -> "bfloat16"
     if dtype not in _NP_DTYPES:
         raise ModelConfigError(f"unsupported dtype {dtype!r}; supported: {tuple(_NP_DTYPES)}")
     if not path.exists():
