@@ -23,14 +23,16 @@ import os
 import pathlib
 import platform
 import statistics
+import sys
 import time
 
 import jax
 import numpy as np
 
-from jaxgrpo import models, sampling
-
 REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a checkout without installing
+
+from jaxgrpo import models, sampling  # noqa: E402
 
 
 def _gguf_path() -> pathlib.Path:

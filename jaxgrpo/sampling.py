@@ -7,13 +7,14 @@
 
 How it runs
 -----------
-1. Host side: the prompts are LEFT-padded to a static length bucket ``Tp`` (the next power of two >= 16, or the
+1. Host side: the prompts are LEFT-padded to a static length bucket ``Tp`` (the smallest of 16, 24, 32, 48, 64, 96,
+   ... -- powers of two and 1.5x powers of two, so at most 50% padding and O(log length) buckets -- or the
    smallest of the caller's ``prompt_buckets`` that fits) and their number ``P`` is padded to a power of two (and to a
    multiple of the mesh's data-parallel size); pad rows are dropped from the result. So the two jitted functions
    below compile once per (length bucket, batch bucket, G, M, sampling mode), not once per call.
-2. ``_prefill`` (jit): one forward over the ``P`` padded prompts (never G copies), writing the KV cache slots
-   ``[0, Tp)``; then the prompt cache and the last-position logits are broadcast to the G samples of each prompt
-   into a preallocated cache of ``Tp + M`` slots, and the first new token is sampled.
+2. ``_prefill`` (jit): one forward over the ``P`` padded prompts (never G copies), writing slots ``[0, Tp)`` of a
+   cache preallocated with ``Tp + M`` slots; then each prompt's cache rows and last-position logits are broadcast
+   to its G samples, and the first new token is sampled.
 3. ``_decode`` (jit, cache and loop buffers donated): a ``lax.while_loop`` that feeds the previous token at slot
    ``Tp + i - 1`` (RoPE position ``len(prompt) + i - 1``), samples token ``i``, and stops as soon as every row has
    emitted one of ``eos_token_ids`` or ``M`` tokens exist. ``mask`` is True up to and including the EOS token;
@@ -26,9 +27,10 @@ Sampling distribution (per row, per step), with raw float32 logits ``l`` over th
     keep the shortest prefix whose mass reaches ``p``: token ``j`` is kept iff ``sum_{i<j} q_i < p`` (the first
     token is always kept) -- the "nucleus" of Holtzman et al. 2020, "The Curious Case of Neural Text
     Degeneration", Sec. 3.1; applied after top-k on the renormalised top-k mass, the same order as HF
-    transformers' TemperatureLogitsWarper -> TopKLogitsWarper -> TopPLogitsWarper;
+    transformers' TemperatureLogitsWarper -> TopKLogitsWarper -> TopPLogitsWarper. Without top-k the nucleus is
+    looked for among the 256 largest logits and a full sort runs only when that is not enough (same set);
   * sample ``x ~ softmax(z restricted to the kept set)`` by the Gumbel-max trick
-    ``x = argmax_j (z_j + g_j), g_j ~ Gumbel(0, 1)`` (exact; Gumbel 1954, see e.g. Maddison et al. 2014);
+    ``x = argmax_j (z_j + g_j), g_j ~ Gumbel(0, 1)`` iid (exact: Gumbel 1954; Maddison et al. 2014, "A* Sampling");
   * reported ``logprob = z_x - logsumexp_{j kept} z_j``: the log-probability under the distribution actually
     sampled from (after temperature and truncation), in float32, as the trainer's old-policy logprob.
   * ``T = 0`` is greedy: ``x = argmax_j l_j`` (ties: the lowest id); top-k/top-p are irrelevant then (the argmax
@@ -40,7 +42,7 @@ depend only on the key, its row index and the step -- not on the batch padding, 
 same key gives the same samples; a sharded run gives the same tokens as an unsharded one.
 
 Sharding: with ``mesh`` given, prompts, cache and outputs are sharded over the mesh's batch axes
-(``jaxgrpo.sharding.BATCH_AXES``, as the training batch), the cache's kv heads as the k/v weights (``"tensor"``);
+(``jaxgrpo.sharding.BATCH_AXES``, as the training batch; the cache's other axes are left to the partitioner);
 ``params`` are used as given (shard them with ``jaxgrpo.sharding.shard_params``). Host inputs are built with
 ``jax.make_array_from_callback`` from the (identical on every host) prompt list, so the same code runs multi-host;
 the outputs are then global arrays.
@@ -62,7 +64,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxgrpo import models
-from jaxgrpo.sharding import BATCH_AXES, logical_to_spec
+from jaxgrpo.sharding import BATCH_AXES
 
 __all__ = [
     "Completions",
@@ -74,6 +76,9 @@ __all__ = [
 ]
 
 MIN_PROMPT_BUCKET = 16
+# Nucleus sampling without top-k first looks for the nucleus among this many most likely tokens (exact when their
+# mass reaches top_p; otherwise a full-vocabulary sort runs). XLA's CPU sort of a 50k vocabulary is ~100x slower.
+TOP_P_CANDIDATES = 256
 
 
 @flax.struct.dataclass
@@ -97,31 +102,66 @@ class Completions:
 # Sampling kernels (pure, jit-safe; static sampling mode, traced temperature / top_p values)
 
 
+def _first_argmax(x: jax.Array) -> jax.Array:
+    """``argmax`` over the last axis (lowest index among ties), as max + masked min: cheaper than XLA's variadic
+    argmax reduction on CPU."""
+    m = jnp.max(x, axis=-1, keepdims=True)
+    iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    return jnp.min(jnp.where(x == m, iota, x.shape[-1]), axis=-1)
+
+
+def _keep_prefix(q_sorted: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Nucleus rule on descending probabilities: keep slot j iff the mass strictly before it is < top_p."""
+    mass_before = jnp.cumsum(q_sorted, axis=-1) - q_sorted
+    return (mass_before < top_p).at[..., 0].set(True)
+
+
+def _nucleus_mask(z: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Boolean ``[N, V]`` mask of the nucleus of ``softmax(z)`` (ties in z: lower token id first).
+
+    Fast path: the nucleus is searched among the ``TOP_P_CANDIDATES`` largest logits (``lax.top_k``); it is exact
+    whenever their total mass reaches ``top_p`` in every row (the next token then has mass-before >= top_p). If
+    some row's nucleus is wider, a ``lax.cond`` takes the exact full-vocabulary stable sort instead. Both paths give
+    the same set, so the sample does not depend on which one ran (the noise is indexed by token id, see below).
+    """
+    n, vocab = z.shape
+    lse = jax.nn.logsumexp(z, axis=-1, keepdims=True)
+    rows = jnp.arange(n)[:, None]
+
+    def nucleus(z_sorted, ids):
+        keep = _keep_prefix(jnp.exp(z_sorted - lse), top_p)
+        return jnp.zeros((n, vocab), bool).at[rows, ids].set(keep)
+
+    def full_sort():
+        ids = jnp.argsort(-z, axis=-1, stable=True).astype(jnp.int32)
+        return nucleus(jnp.take_along_axis(z, ids, axis=-1), ids)
+
+    cand = min(vocab, TOP_P_CANDIDATES)
+    z_c, ids_c = jax.lax.top_k(z, cand)  # descending, ties: lower index first
+    covered = jnp.all(jnp.sum(jnp.exp(z_c - lse), axis=-1) >= top_p)
+    return jax.lax.cond(covered, lambda: nucleus(z_c, ids_c), full_sort)
+
+
 def truncated_logits(
     logits: jax.Array, temperature: jax.Array | float, *, top_k: int = 0, top_p: jax.Array | float | None = None
 ) -> tuple[jax.Array, jax.Array | None]:
     """Temperature-scaled logits restricted to the top-k / top-p set: ``(cand_logits [..., W], cand_ids)``.
 
     ``cand_logits`` hold ``z = logits / temperature`` for the candidate tokens and ``-inf`` for the truncated ones;
-    ``cand_ids [..., W]`` int32 maps candidate slots to token ids, or is None when nothing was truncated (then
-    ``W = V`` and slot j is token j). With ``top_k`` only ``W = k`` (``lax.top_k``, no full sort); with ``top_p``
-    and no ``top_k`` the whole vocabulary is stably sorted. ``top_k`` is static (0 = off); ``top_p=None`` = off.
+    ``cand_ids [..., W]`` int32 maps candidate slots to token ids, or is None when slot j is token j (``W = V``).
+    With ``top_k``, ``W = k`` (``lax.top_k``, no full sort) and top-p renormalises over the k candidates (HF's
+    order); with top-p alone the nucleus is found by `_nucleus_mask` over the whole vocabulary. ``top_k`` is static
+    (0 = off); ``top_p=None`` = off (static), otherwise its value may be traced.
     """
     z = logits.astype(jnp.float32) / jnp.asarray(temperature, jnp.float32)
-    vocab = z.shape[-1]
-    ids = None
-    if 0 < top_k < vocab:
+    if 0 < top_k < z.shape[-1]:
         z, ids = jax.lax.top_k(z, top_k)  # descending, ties: lower index first
-    elif top_p is not None:
-        ids = jnp.argsort(-z, axis=-1, stable=True).astype(jnp.int32)  # descending, ties: lower index first
-        z = jnp.take_along_axis(z, ids, axis=-1)
+        if top_p is not None:
+            z = jnp.where(_keep_prefix(jax.nn.softmax(z, axis=-1), jnp.asarray(top_p, jnp.float32)), z, -jnp.inf)
+        return z, ids
     if top_p is not None:
-        q = jax.nn.softmax(z, axis=-1)
-        mass_before = jnp.cumsum(q, axis=-1) - q
-        keep = mass_before < jnp.asarray(top_p, jnp.float32)
-        keep = keep.at[..., 0].set(True)
-        z = jnp.where(keep, z, -jnp.inf)
-    return z, ids
+        z = jnp.where(_nucleus_mask(z, jnp.asarray(top_p, jnp.float32)), z, -jnp.inf)
+    return z, None
 
 
 def sample_from_logits(
@@ -137,16 +177,16 @@ def sample_from_logits(
 
     The distribution and the reported log-probabilities are those of the module docstring. ``greedy``, ``top_k``
     (0 = off) and whether ``top_p`` is None (off) are static; the values of ``temperature`` and ``top_p`` may be
-    traced.
+    traced. The Gumbel noise has one entry per candidate slot: per token id without top-k, per rank with it.
     """
     logits = logits.astype(jnp.float32)
     if greedy:
-        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+        tokens = _first_argmax(logits)
+        logp = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(logits, axis=-1)
+        return tokens, logp
     z, ids = truncated_logits(logits, temperature, top_k=top_k, top_p=top_p)
     gumbel = jax.vmap(lambda k: jax.random.gumbel(k, z.shape[-1:], jnp.float32))(keys)
-    slot = jnp.argmax(z + gumbel, axis=-1)
+    slot = _first_argmax(z + gumbel)
     logp = jnp.take_along_axis(z, slot[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(z, axis=-1)
     tokens = slot if ids is None else jnp.take_along_axis(ids, slot[:, None], axis=-1)[:, 0]
     return tokens.astype(jnp.int32), logp
@@ -157,16 +197,20 @@ def sample_from_logits(
 
 
 def prompt_bucket(length: int, buckets: Sequence[int] | None = None) -> int:
-    """Static padded prompt length: the smallest of ``buckets`` >= ``length``, else the next power of two >= 16."""
+    """Static padded prompt length: the smallest of ``buckets`` >= ``length``; by default the smallest of
+    16, 24, 32, 48, 64, 96, ... (``2^k`` and ``3 * 2^(k-1)``) that is >= ``length``."""
     if buckets is not None:
         fits = [b for b in sorted(buckets) if b >= length]
         if not fits:
             raise ValueError(
                 f"prompt of {length} tokens is longer than the largest prompt bucket {max(buckets)}; "
-                "add a larger bucket to prompt_buckets (or pass prompt_buckets=None for powers of two)"
+                "add a larger bucket to prompt_buckets (or pass prompt_buckets=None for the default buckets)"
             )
         return int(fits[0])
-    return max(MIN_PROMPT_BUCKET, 1 << (max(length, 1) - 1).bit_length())
+    bucket = MIN_PROMPT_BUCKET
+    while bucket < length:
+        bucket = bucket * 3 // 2 if bucket & (bucket - 1) == 0 else bucket * 4 // 3  # 2^k -> 1.5*2^k -> 2^(k+1)
+    return bucket
 
 
 def batch_bucket(num_prompts: int, multiple_of: int = 1) -> int:
@@ -237,7 +281,7 @@ class _Mode:
     use_top_p: bool
     eos_token_ids: tuple[int, ...]
     batch_sharding: NamedSharding | None  # for [N, ...] arrays (batch on axis 0)
-    cache_sharding: NamedSharding | None  # for [L, N, S, ...] cache leaves (batch on axis 1)
+    cache_sharding: NamedSharding | None  # for [L, N, ...] cache leaves (batch on axis 1)
 
 
 def _constrain(x: jax.Array, sharding: NamedSharding | None) -> jax.Array:
@@ -272,18 +316,13 @@ def _prefill(config, mode: _Mode, params, tokens_PxT, mask_PxT, row_active_N, ke
     g, m = mode.num_samples, mode.max_new_tokens
     n = num_prompts * g
     positions = jnp.maximum(jnp.cumsum(mask_PxT, axis=-1, dtype=jnp.int32) - 1, 0)
-    cache = models.init_cache(config, num_prompts, prompt_len)
-    hidden, cache = models.forward_with_cache(
-        config, params, tokens_PxT, positions, cache, jnp.int32(0), mask_PxT.astype(bool)
-    )
+    # prefill straight into a cache with room for the M new tokens (slots [Tp, Tp + M) stay empty and masked)
+    cache = models.init_cache(config, num_prompts, prompt_len + m)
+    kv_mask_PxS = jnp.concatenate([mask_PxT.astype(bool), jnp.zeros((num_prompts, m), bool)], axis=1)
+    hidden, cache = models.forward_with_cache(config, params, tokens_PxT, positions, cache, jnp.int32(0), kv_mask_PxS)
     logits_PxV = _logits(config, params, hidden[:, -1])  # left padding: the last slot is each prompt's last token
-
-    def expand(c):  # [L, P, Tp, ...] -> [L, N, Tp + M, ...], each prompt's slots repeated for its G samples
-        c = jnp.repeat(c, g, axis=1)
-        c = jnp.pad(c, [(0, 0), (0, 0), (0, m)] + [(0, 0)] * (c.ndim - 3))
-        return _constrain(c, mode.cache_sharding)
-
-    cache = jax.tree.map(expand, cache)
+    # each prompt's cache rows repeated for its G samples (batch is axis 1 of every cache leaf [L, B, ...])
+    cache = jax.tree.map(lambda c: _constrain(jnp.repeat(c, g, axis=1), mode.cache_sharding), cache)
     logits_NxV = _constrain(jnp.repeat(logits_PxV, g, axis=0), mode.batch_sharding)
     kv_mask_NxS = jnp.concatenate([jnp.repeat(mask_PxT.astype(bool), g, axis=0), jnp.ones((n, m), bool)], axis=1)
     row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(n, dtype=jnp.uint32))
@@ -376,7 +415,7 @@ def generate(
       max_new_tokens: M, the output width.  temperature: > 0 samples, 0 is greedy.  top_p: nucleus mass in (0, 1]
       (1 = off).  top_k: keep the k most likely tokens (0 = off).  eos_token_ids: ids that end a completion.
       key: a PRNG key.  mesh: optional mesh; the rollout batch is split over its ``BATCH_AXES``.
-      prompt_buckets: optional ascending static prompt lengths; default powers of two >= 16.
+      prompt_buckets: optional static prompt lengths; default 16, 24, 32, 48, 64, 96, ... (see ``prompt_bucket``).
 
     Returns:
       ``Completions`` with ``[len(prompts) * num_samples, M]`` arrays in prompt-major order (see the class).
@@ -411,8 +450,8 @@ def generate(
     if axes:
         spec = axes if len(axes) > 1 else axes[0]
         batch_sharding = NamedSharding(mesh, P(spec))
-        kv_spec = logical_to_spec(("kv_heads",), (config.num_kv_heads,), mesh)[0]
-        cache_sharding = NamedSharding(mesh, P(None, spec, None, kv_spec, None))
+        # cache leaves [L, B, ...]: batch split like the prompts, the other axes left to the partitioner
+        cache_sharding = NamedSharding(mesh, P(None, spec, *([P.UNCONSTRAINED] * 3)))
     else:
         batch_sharding = cache_sharding = None
     greedy = temperature == 0.0

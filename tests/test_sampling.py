@@ -7,6 +7,7 @@ transformers on SmolLM2-135M (slow)."""
 from __future__ import annotations
 
 import functools
+from unittest import mock
 
 import chex
 import jax
@@ -114,16 +115,21 @@ class KernelTest(chex.TestCase):
 
     @chex.variants(with_jit=True, without_jit=True)
     def test_frequencies_match_truncated_distribution(self):
-        for temperature, top_k, top_p in [(1.0, 0, 1.0), (1.0, 3, 1.0), (1.0, 0, 0.7), (0.6, 4, 0.8), (1.7, 0, 0.9)]:
+        cases = [(1.0, 0, 1.0, 256), (1.0, 3, 1.0, 256), (0.6, 4, 0.8, 256)]
+        # top-p alone: the top-k fast path (8 <= 256 candidates) and, with 2 candidates, the full-sort fallback
+        cases += [(t, 0, p, c) for t, p in [(1.0, 0.7), (1.7, 0.9)] for c in (256, 2)]
+        for temperature, top_k, top_p, candidates in cases:
             expected = _np_truncated_probs(self.LOGITS, temperature, top_k, top_p)
-            tokens, logp = self._draw(temperature, top_k, top_p)
+            with mock.patch.object(sampling, "TOP_P_CANDIDATES", candidates):
+                tokens, logp = self._draw(temperature, top_k, top_p)
             counts = np.bincount(tokens, minlength=len(self.LOGITS))
             kept = expected > 0
-            assert counts[~kept].sum() == 0, (temperature, top_k, top_p, counts, expected)
+            case = (temperature, top_k, top_p, candidates, counts, self.N * expected)
+            assert counts[~kept].sum() == 0, case
             if kept.sum() > 1:
-                stat, pval = scipy.stats.chisquare(counts[kept], self.N * expected[kept])
+                _, pval = scipy.stats.chisquare(counts[kept], self.N * expected[kept])
                 # fixed key: deterministic; 1e-4 leaves room for any key while catching real bias at N = 30000
-                assert pval > 1e-4, (temperature, top_k, top_p, counts, self.N * expected, pval)
+                assert pval > 1e-4, (case, pval)
             np.testing.assert_allclose(logp, np.log(expected[tokens]), atol=1e-5)
 
     @chex.variants(with_jit=True, without_jit=True)
@@ -151,7 +157,9 @@ class KernelTest(chex.TestCase):
 
 
 def test_buckets():
-    assert [sampling.prompt_bucket(n) for n in (1, 16, 17, 33, 100)] == [16, 16, 32, 64, 128]
+    assert [sampling.prompt_bucket(n) for n in (1, 16, 17, 25, 33, 49, 100, 137, 200)] == [16, 16, 24, 32, 48, 64,
+                                                                                         128, 192, 256]  # fmt: skip
+    assert len({sampling.prompt_bucket(n) for n in range(1, 4097)}) == 17  # O(log) buckets: 16 .. 4096
     assert sampling.prompt_bucket(5, (8, 24)) == 8 and sampling.prompt_bucket(9, (24, 8)) == 24
     with pytest.raises(ValueError, match="largest prompt bucket"):
         sampling.prompt_bucket(25, (8, 24))
@@ -250,7 +258,7 @@ def test_jit_cache_is_bounded_over_varying_prompts(tiny):
     sampling._prefill.clear_cache()
     sampling._decode.clear_cache()
     rng = np.random.default_rng(0)
-    for length in range(1, 31, 2):  # 15 different max lengths -> length buckets 16, 32
+    for length in range(1, 25, 2):  # 12 different max lengths -> length buckets 16, 24
         prompts = [list(rng.integers(1, 60, size=int(n))) for n in (length, max(1, length // 2))]
         sampling.generate(config, params, prompts, max_new_tokens=3, key=jax.random.key(length))
     assert sampling._prefill._cache_size() <= 2 and sampling._decode._cache_size() <= 2
