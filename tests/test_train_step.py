@@ -409,5 +409,8 @@ def test_bad_inputs_raise_clear_errors(config, params):
     batch = to_batch(config, params, make_batch_np(0, 2, 2))
     with pytest.raises(ValueError, match="ref_logprobs"):
         ts.policy_gradient(config, AlgoConfig(kl_coef=0.1), params, batch, temperature=TEMP)
+    with pytest.raises(ValueError, match="skip the reference forward"):  # kl_coef = 0: no reference log-probs
+        with_ref = to_batch(config, params, make_batch_np(0, 2, 2), kl=True)
+        ts.policy_gradient(config, AlgoConfig(), params, with_ref, temperature=TEMP)
     with pytest.raises(ValueError, match="multiple of 4"):
         ts.policy_gradient(config, AlgoConfig(grad_accum_steps=4), params, batch, temperature=TEMP)
