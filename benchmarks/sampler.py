@@ -50,12 +50,17 @@ def _questions(data_dir: pathlib.Path, n: int) -> list[str]:
         return [json.loads(line)["question"] for line, _ in zip(f, range(n))]
 
 
-def _median_time(fn, repeats: int) -> tuple[float, list[float]]:
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _median_time(fn, repeats: int, name: str) -> tuple[float, list[float]]:
     times = []
-    for _ in range(repeats):
+    for i in range(repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
+        _log(f"{name} run {i + 1}/{repeats}: {times[-1]:.2f} s")
     return statistics.median(times), times
 
 
@@ -74,8 +79,9 @@ def bench_jaxgrpo(gguf, prompts, args) -> dict:
     t0 = time.perf_counter()
     out = run()  # compile + first run
     warm_s = time.perf_counter() - t0
+    _log(f"jaxgrpo warm-up (compile + run): {warm_s:.2f} s")
     assert out.tokens.shape == (len(prompts) * args.samples, args.new_tokens) and bool(np.all(out.mask))
-    med, times = _median_time(run, args.repeats)
+    med, times = _median_time(run, args.repeats, "jaxgrpo")
     res = dict(load_s=load_s, first_run_s=warm_s, median_s=med, times_s=times)
     res["tokens_per_s"] = len(prompts) * args.samples * args.new_tokens / med
     # decode roofline: each step reads every weight once plus the attended KV-cache slots of every row
@@ -123,8 +129,9 @@ def bench_transformers(gguf, questions, args) -> dict:
     t0 = time.perf_counter()
     out = run()
     warm_s = time.perf_counter() - t0
+    _log(f"transformers warm-up: {warm_s:.2f} s")
     assert out.shape == (len(questions) * args.samples, enc["input_ids"].shape[1] + args.new_tokens), out.shape
-    med, times = _median_time(run, args.repeats)
+    med, times = _median_time(run, args.repeats, "transformers")
     tokens_per_s = len(questions) * args.samples * args.new_tokens / med
     return dict(load_s=load_s, first_run_s=warm_s, median_s=med, times_s=times, tokens_per_s=tokens_per_s,
                 torch_threads=torch.get_num_threads())  # fmt: skip

@@ -7,9 +7,9 @@
 
 How it runs
 -----------
-1. Host side: the prompts are LEFT-padded to a static length bucket ``Tp`` (the smallest of 16, 24, 32, 48, 64, 96,
-   ... -- powers of two and 1.5x powers of two, so at most 50% padding and O(log length) buckets -- or the
-   smallest of the caller's ``prompt_buckets`` that fits) and their number ``P`` is padded to a power of two (and to a
+1. Host side: the prompts are LEFT-padded to a static length bucket ``Tp`` (the smallest of 16, 20, 24, 28, 32, 40,
+   48, 56, 64, 80, ...: four per octave, so at most 25% padding and O(log length) buckets -- or the smallest of the
+   caller's ``prompt_buckets`` that fits) and their number ``P`` is padded to a power of two (and to a
    multiple of the mesh's data-parallel size); pad rows are dropped from the result. So the two jitted functions
    below compile once per (length bucket, batch bucket, G, M, sampling mode), not once per call.
 2. ``_prefill`` (jit): one forward over the ``P`` padded prompts (never G copies), writing slots ``[0, Tp)`` of a
@@ -198,7 +198,7 @@ def sample_from_logits(
 
 def prompt_bucket(length: int, buckets: Sequence[int] | None = None) -> int:
     """Static padded prompt length: the smallest of ``buckets`` >= ``length``; by default the smallest of
-    16, 24, 32, 48, 64, 96, ... (``2^k`` and ``3 * 2^(k-1)``) that is >= ``length``."""
+    16, 20, 24, 28, 32, 40, 48, 56, 64, 80, ... (``2^k * (1 + j/4)``, j = 0..3) that is >= ``length``."""
     if buckets is not None:
         fits = [b for b in sorted(buckets) if b >= length]
         if not fits:
@@ -207,10 +207,10 @@ def prompt_bucket(length: int, buckets: Sequence[int] | None = None) -> int:
                 "add a larger bucket to prompt_buckets (or pass prompt_buckets=None for the default buckets)"
             )
         return int(fits[0])
-    bucket = MIN_PROMPT_BUCKET
-    while bucket < length:
-        bucket = bucket * 3 // 2 if bucket & (bucket - 1) == 0 else bucket * 4 // 3  # 2^k -> 1.5*2^k -> 2^(k+1)
-    return bucket
+    if length <= MIN_PROMPT_BUCKET:
+        return MIN_PROMPT_BUCKET
+    step = 1 << max((length - 1).bit_length() - 3, 0)  # a quarter of the octave [2^k, 2^(k+1)) holding length - 1
+    return -(-length // step) * step
 
 
 def batch_bucket(num_prompts: int, multiple_of: int = 1) -> int:
@@ -415,7 +415,7 @@ def generate(
       max_new_tokens: M, the output width.  temperature: > 0 samples, 0 is greedy.  top_p: nucleus mass in (0, 1]
       (1 = off).  top_k: keep the k most likely tokens (0 = off).  eos_token_ids: ids that end a completion.
       key: a PRNG key.  mesh: optional mesh; the rollout batch is split over its ``BATCH_AXES``.
-      prompt_buckets: optional static prompt lengths; default 16, 24, 32, 48, 64, 96, ... (see ``prompt_bucket``).
+      prompt_buckets: optional static prompt lengths; default 16, 20, 24, 28, 32, 40, ... (see ``prompt_bucket``).
 
     Returns:
       ``Completions`` with ``[len(prompts) * num_samples, M]`` arrays in prompt-major order (see the class).
