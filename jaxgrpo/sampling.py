@@ -425,6 +425,8 @@ def generate(
       ``config.max_position_embeddings``, ``top_p`` outside (0, 1], a negative temperature, ``num_samples < 1``,
       ``top_k < 0`` or ``max_new_tokens < 1``.
     """
+    if isinstance(prompts, np.ndarray) and prompts.ndim == 2:  # a rectangular batch of prompts is fine too
+        prompts = [list(row) for row in prompts]
     temperature, top_p = float(temperature), float(top_p)
     eos_token_ids = (
         tuple(int(e) for e in eos_token_ids)

@@ -7,6 +7,12 @@ transformers on SmolLM2-135M (slow)."""
 from __future__ import annotations
 
 import functools
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
 from unittest import mock
 
 import chex
@@ -75,14 +81,19 @@ TINY = models.ModelConfig(
     max_position_embeddings=64, rope_theta=10000.0,
 )  # fmt: skip
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12], [13]]  # ragged
+SHARDED_KW = dict(num_samples=2, max_new_tokens=5, top_p=0.9, eos_token_ids=(7,))  # the sharded / multi-host runs
 
 
-@pytest.fixture(scope="module")
-def tiny():
+def tiny_model():
     params = models.init_params(TINY, jax.random.key(0))
     # sharpen the output distribution (random init is nearly uniform) so that truncation and argmax matter
     params["lm_head"] = params["lm_head"] * (3.0 / jnp.std(params["lm_head"]) / np.sqrt(TINY.hidden_size))
     return TINY, params
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model()
 
 
 def _check_completions(comp: sampling.Completions, n: int, m: int) -> None:
@@ -226,6 +237,10 @@ def test_same_key_same_samples(tiny):
     d = sampling.generate(config, params, PROMPTS + [[5, 6], [7], [8, 9, 10]], **kw)
     np.testing.assert_array_equal(d.tokens[: len(a.tokens)], a.tokens)
     np.testing.assert_allclose(d.logprobs[: len(a.tokens)], a.logprobs, atol=1e-5)
+    # a rectangular numpy batch of prompts is accepted and means the same as the list of its rows
+    rect = np.array([[1, 2, 3], [4, 5, 6], [7, 8, 9]], np.int32)
+    chex.assert_trees_all_equal(sampling.generate(config, params, rect, **kw),
+                                sampling.generate(config, params, rect.tolist(), **kw))  # fmt: skip
 
 
 def test_eos_mask_lengths_truncated(tiny):
@@ -271,13 +286,78 @@ def test_jit_cache_is_bounded_over_varying_prompts(tiny):
 def test_sharded_equals_unsharded(tiny):
     config, params = tiny
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)  # all 8 fake devices: batch over data x fsdp, heads on tensor
-    kw = dict(num_samples=2, max_new_tokens=5, top_p=0.9, eos_token_ids=(7,), key=jax.random.key(21))
+    kw = dict(**SHARDED_KW, key=jax.random.key(21))
     ref = sampling.generate(config, params, PROMPTS, **kw)
     out = sampling.generate(config, sharding.shard_params(params, config, mesh), PROMPTS, mesh=mesh, **kw)
     np.testing.assert_array_equal(out.tokens, ref.tokens)
     np.testing.assert_array_equal(out.mask, ref.mask)
     np.testing.assert_array_equal(out.truncated, ref.truncated)
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
+
+
+WORKER = r"""
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.config.update("jax_default_matmul_precision", "highest")
+port, pid, out, tests_dir = sys.argv[1:5]
+jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=2, process_id=int(pid))
+assert len(jax.devices()) == 8 and len(jax.local_devices()) == 4
+sys.path.insert(0, tests_dir)
+import numpy as np
+from jax.experimental import multihost_utils
+from jaxgrpo import sampling, sharding
+from test_sampling import PROMPTS, SHARDED_KW, tiny_model
+config, params = tiny_model()
+mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
+comp = sampling.generate(config, sharding.shard_params(params, config, mesh), PROMPTS, mesh=mesh,
+                         key=jax.random.key(21), **SHARDED_KW)
+got = {k: np.asarray(multihost_utils.process_allgather(getattr(comp, k), tiled=True))
+       for k in ("tokens", "logprobs", "mask", "truncated")}
+if int(pid) == 0:
+    np.savez(out, **got)
+jax.distributed.shutdown()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_process_generate_equals_single_process(tiny, tmp_path):
+    """Multi-host: two jax.distributed CPU processes (4 devices each, gloo) sample what one process does."""
+    config, params = tiny
+    tests_dir = pathlib.Path(__file__).resolve().parent
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    out = tmp_path / "result.npz"
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tests_dir.parent), env.get("PYTHONPATH", "")])
+    procs = [
+        subprocess.Popen([sys.executable, str(script), str(port), str(i), str(out), str(tests_dir)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for i in range(2)
+    ]  # fmt: skip
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=600)[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            logs.append(p.communicate()[0])
+    assert all(p.returncode == 0 for p in procs), json.dumps([log[-3000:] for log in logs], indent=1)
+    got = np.load(out)
+    ref = sampling.generate(config, params, PROMPTS, key=jax.random.key(21), **SHARDED_KW)
+    np.testing.assert_array_equal(got["tokens"], ref.tokens)
+    np.testing.assert_array_equal(got["mask"], ref.mask)
+    np.testing.assert_array_equal(got["truncated"], ref.truncated)
+    np.testing.assert_allclose(got["logprobs"], ref.logprobs, atol=1e-5)
 
 
 @pytest.mark.parametrize(
