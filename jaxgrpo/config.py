@@ -99,6 +99,7 @@ class AlgoConfig:
     num_minibatches: int = 1  # optimizer steps per pass (the rollout split by groups)
     grad_accum_steps: int = 1  # micro-batches accumulated into each optimizer step
     logprob_chunk: int = 0  # sequence chunk for the LM head in the train step; 0 = automatic
+    remat: bool = False  # recompute each layer in the backward pass: ~1/3 more compute, far less activation memory
     # encode each group's prompt once for its G completions in the train step's forward/backward (same loss and
     # gradients as the plain path; jaxgrpo.models.prefix); false = every row encodes its own copy of the prompt
     prefix_sharing: bool = True

@@ -28,6 +28,7 @@ from jaxgrpo import train_step as ts
 from jaxgrpo.tokenizer import arithmetic_tokenizer
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PROMPT_BUCKET = 32  # train-step prompt widths are multiples of this
 
 
 def resolve_model_path(name_or_path: str) -> str:
@@ -139,7 +140,7 @@ class Trainer:
                 f"the longest prompt ({longest} tokens) + rollout.max_new_tokens ({cfg.rollout.max_new_tokens}) "
                 f"exceeds the model's context ({self.model_config.max_position_embeddings}); lower "
                 "data.max_prompt_tokens or rollout.max_new_tokens")
-        self.prompt_width = int(math.ceil(longest / 8) * 8)
+        self.prompt_width = PROMPT_BUCKET * math.ceil(longest / PROMPT_BUCKET)
         self.examples = examples
         self.eval_examples: list[data_lib.Example] | None = None
         self.iterator = data_lib.PromptIterator(list(range(len(examples))), cfg.rollout.prompts_per_step, cfg.seed,
@@ -156,7 +157,7 @@ class Trainer:
             self.ref_params = None
         self.init_fn, self.step_fn = ts.make_train_step(
             self.model_config, cfg.algo, cfg.optim, mesh=self.mesh, temperature=temperature,
-            total_steps=cfg.train.steps)
+            total_steps=cfg.train.steps, remat=cfg.algo.remat)
         self.state = self.init_fn(params, jax.random.fold_in(self.key, 2 * 10**9))
         self.ckpt = ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(self.run_dir), keep=cfg.checkpoint.keep,
                                                save_interval=cfg.checkpoint.every)
@@ -218,7 +219,10 @@ class Trainer:
         t0 = time.perf_counter()
         roll, extra = self.rollout(step)
         t1 = time.perf_counter()
-        batch = make_batch(roll, self.prompt_width, self.pad_id)
+        # Prompt width: the batch's longest prompt rounded up to a multiple of 32 (at most the dataset's longest),
+        # so padding stays small and the step compiles once per width bucket, not once per batch.
+        width = min(self.prompt_width, PROMPT_BUCKET * math.ceil(max(map(len, roll.prompt_ids)) / PROMPT_BUCKET))
+        batch = make_batch(roll, width, self.pad_id)
         if self.mesh is not None:
             batch = ts.global_batch(process_share(batch, len(roll.prompt_ids)), self.mesh)
         if self.ref_params is not None:
