@@ -41,13 +41,13 @@ import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a checkout without installing
 GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 P, G, TC, LR = 8, 4, 64, 1e-6
 
 
 def _examples_and_prompts():
     """The 8 GSM8K examples and their chat-templated prompt strings (shared by both frameworks)."""
-    sys.path.insert(0, str(REPO))
     from jaxgrpo import data as data_lib
     from jaxgrpo import trainer as trainer_lib
     from jaxgrpo.config import DataConfig
@@ -82,7 +82,14 @@ def run_trl(steps: int) -> dict:
     tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    gguf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    # transformers flags a GGUF-loaded model as quantized (and Trainer then refuses to train it) although its weights
+    # are dequantized float32 tensors: copy them into a plain float32 model of the same config.
+    model = AutoModelForCausalLM.from_config(gguf_model.config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict())
+    model.generation_config = gguf_model.generation_config
+    del gguf_model
+    assert not getattr(model, "is_quantized", False) and next(model.parameters()).dtype == torch.float32
     by_prompt = {p: e for p, e in zip(prompts, examples)}
     ds = datasets.Dataset.from_list([{"prompt": p} for p in prompts])
     lengths = []
@@ -123,7 +130,6 @@ def run_trl(steps: int) -> dict:
 
 # ------------------------------------------------------------------------------------------------------------ jaxgrpo
 def run_jaxgrpo(steps: int, prefix_sharing: bool) -> dict:
-    sys.path.insert(0, str(REPO))
     import jax
     import jax.numpy as jnp
 
