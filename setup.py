@@ -25,6 +25,7 @@ setup(
         "safetensors>=0.4",
         "gguf>=0.10",
         "pyyaml>=6",
+        "jinja2>=3.1",  # chat templates (transformers needs it for apply_chat_template)
         "tqdm>=4.60",
         "tensorboardX>=2.6",
         "matplotlib>=3.8",
