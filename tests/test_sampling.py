@@ -7,12 +7,6 @@ transformers on SmolLM2-135M (slow)."""
 from __future__ import annotations
 
 import functools
-import json
-import os
-import pathlib
-import socket
-import subprocess
-import sys
 from unittest import mock
 
 import chex
@@ -21,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats
+from multihost import run_two_processes
 
 from jaxgrpo import models, sampling, sharding
 
@@ -295,18 +290,7 @@ def test_sharded_equals_unsharded(tiny):
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
 
 
-WORKER = r"""
-import os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-os.environ["JAX_PLATFORMS"] = "cpu"
-import jax
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.config.update("jax_default_matmul_precision", "highest")
-port, pid, out, tests_dir = sys.argv[1:5]
-jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=2, process_id=int(pid))
-assert len(jax.devices()) == 8 and len(jax.local_devices()) == 4
-sys.path.insert(0, tests_dir)
-import numpy as np
+TWO_PROCESS_BODY = r"""
 from jax.experimental import multihost_utils
 from jaxgrpo import sampling, sharding
 from test_sampling import PROMPTS, SHARDED_KW, tiny_model
@@ -316,43 +300,16 @@ comp = sampling.generate(config, sharding.shard_params(params, config, mesh), PR
                          key=jax.random.key(21), **SHARDED_KW)
 got = {k: np.asarray(multihost_utils.process_allgather(getattr(comp, k), tiled=True))
        for k in ("tokens", "logprobs", "mask", "truncated")}
-if int(pid) == 0:
+if pid == 0:
     np.savez(out, **got)
-jax.distributed.shutdown()
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
 def test_two_process_generate_equals_single_process(tiny, tmp_path):
     """Multi-host: two jax.distributed CPU processes (4 devices each, gloo) sample what one process does."""
     config, params = tiny
-    tests_dir = pathlib.Path(__file__).resolve().parent
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    out = tmp_path / "result.npz"
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["PYTHONPATH"] = os.pathsep.join([str(tests_dir.parent), env.get("PYTHONPATH", "")])
-    procs = [
-        subprocess.Popen([sys.executable, str(script), str(port), str(i), str(out), str(tests_dir)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for i in range(2)
-    ]  # fmt: skip
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=600)[0])
-        except subprocess.TimeoutExpired:
-            p.kill()
-            logs.append(p.communicate()[0])
-    assert all(p.returncode == 0 for p in procs), json.dumps([log[-3000:] for log in logs], indent=1)
-    got = np.load(out)
+    got = run_two_processes(TWO_PROCESS_BODY, tmp_path)
     ref = sampling.generate(config, params, PROMPTS, key=jax.random.key(21), **SHARDED_KW)
     np.testing.assert_array_equal(got["tokens"], ref.tokens)
     np.testing.assert_array_equal(got["mask"], ref.mask)

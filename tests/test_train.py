@@ -278,3 +278,28 @@ def test_dynamic_sampling_round_limit_fills_with_degenerate_groups(tmp_path, mon
     assert extra["resample/degenerate_frac"] == 14 / 16
     assert roll.prompt_ids[:2] == [[1, 0], [2, 1]]  # the informative groups first, then degenerate fill
     assert extra["resample/informative_frac"] == 2 / 8
+
+
+TWO_PROCESS_TRAIN = r"""
+from jaxgrpo import config as config_lib, trainer
+from test_train import SMALL
+cfg = config_lib.load_config("default", [*SMALL, "train.steps=2", "checkpoint.every=0",
+                                         "checkpoint.export_final=false", "mesh.data=4", "mesh.fsdp=2"])
+history = trainer.run(cfg, os.path.join(os.path.dirname(out), "run"))
+if pid == 0:
+    np.savez(out, **{f"{i}:{k}": v for i, rec in enumerate(history) for k, v in rec.items()})
+"""
+
+
+@pytest.mark.slow
+def test_two_process_run_equals_one_process_run(tmp_path):
+    """Multi-host trainer: two jax.distributed processes (4 CPU devices each) sample the global rollout, score it,
+    and each feeds its share of groups to the step; the metrics equal the single-process 8-device run."""
+    from multihost import run_two_processes
+
+    got = run_two_processes(TWO_PROCESS_TRAIN, tmp_path)
+    want = trainer.run(small_config("train.steps=2", "checkpoint.every=0", "checkpoint.export_final=false",
+                                    "mesh.data=4", "mesh.fsdp=2"), tmp_path / "one")
+    for i, rec in enumerate(want):
+        for k, v in deterministic(rec).items():
+            np.testing.assert_allclose(got[f"{i}:{k}"], v, rtol=1e-4, atol=1e-5, err_msg=f"step {i + 1} {k}")

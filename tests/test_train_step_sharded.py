@@ -10,17 +10,11 @@ sequence-mean aggregation, RLOO, μ = 2 inner iterations and two minibatches (ca
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import socket
-import subprocess
-import sys
-
 import jax
 import numpy as np
 import pytest
 from jax.experimental import multihost_utils
+from multihost import run_two_processes
 from test_train_step import TEMP, make_batch_np, tiny_config, to_batch
 
 from jaxgrpo import models, sharding
@@ -111,62 +105,19 @@ def test_sharded_step_equals_single_device(name):
         np.testing.assert_allclose(m0["degeneracy/masked_groups@0"], np.sum(rewards[:, 0] == rewards[:, 1]))
 
 
-WORKER = r"""
-import os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-os.environ["JAX_PLATFORMS"] = "cpu"
-import jax
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-jax.config.update("jax_default_matmul_precision", "highest")
-port, pid, out, tests_dir = sys.argv[1:5]
-jax.distributed.initialize(coordinator_address=f"localhost:{port}", num_processes=2, process_id=int(pid))
-assert len(jax.devices()) == 8 and len(jax.local_devices()) == 4
-sys.path.insert(0, tests_dir)
-import numpy as np
+TWO_PROCESS_BODY = r"""
 from test_train_step_sharded import run_case
-metrics, params = run_case("a", sharded=True, num_processes=2, process_id=int(pid))
-if int(pid) == 0:
+metrics, params = run_case("a", sharded=True, num_processes=2, process_id=pid)
+if pid == 0:
     leaves = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_flatten_with_path(params)[0]}
     np.savez(out, **{"m:" + k: v for k, v in metrics.items()}, **{"p:" + k: v for k, v in leaves.items()})
-jax.distributed.shutdown()
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
 def test_two_process_run_equals_single_process(tmp_path):
-    tests_dir = pathlib.Path(__file__).resolve().parent
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    out = tmp_path / "result.npz"
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["PYTHONPATH"] = os.pathsep.join([str(tests_dir.parent), env.get("PYTHONPATH", "")])
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(port), str(i), str(out), str(tests_dir)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
-        for i in range(2)
-    ]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=600)[0])
-        except subprocess.TimeoutExpired:
-            p.kill()
-            logs.append(p.communicate()[0])
-    assert all(p.returncode == 0 for p in procs), json.dumps([log[-3000:] for log in logs], indent=1)
-    data = np.load(out)
-    metrics = {k[2:]: data[k] for k in data.files if k.startswith("m:")}
+    data = run_two_processes(TWO_PROCESS_BODY, tmp_path)
+    metrics = {k[2:]: v for k, v in data.items() if k.startswith("m:")}
     want_m, want_p = single_device("a")
     flat = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_flatten_with_path(want_p)[0]}
     got_p = {k: data["p:" + k] for k in flat}
