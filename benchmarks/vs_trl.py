@@ -151,6 +151,10 @@ def run_jaxgrpo(steps: int, prefix_sharing: bool) -> dict:
         overrides.append(f"algo.prefix_sharing={str(prefix_sharing).lower()}")
     cfg = config_lib.load_config(None, overrides)
     timings: dict[str, list[float]] = {"sampling": [], "rewards": [], "update": []}
+    compiles: list[float] = []  # XLA compile durations; counted per step to show nothing recompiles after step 1
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, secs, **kw: compiles.append(secs) if event == "/jax/core/compile/backend_compile_duration" else 0
+    )
     real_generate, real_score = sampling.generate, rewards_lib.score
 
     def timed_generate(*a, **kw):
@@ -180,17 +184,19 @@ def run_jaxgrpo(steps: int, prefix_sharing: bool) -> dict:
             return state, metrics
 
         sampling.generate, rewards_lib.score, trainer.step_fn = timed_generate, timed_score, timed_step
-        step_s, sample_s, train_s, lens = [], [], [], []
+        step_s, sample_s, train_s, lens, compile_s = [], [], [], [], []
         try:
             for s in range(steps):
-                t = time.perf_counter()
+                t, n0 = time.perf_counter(), len(compiles)
                 m = trainer.step(s)
                 step_s.append(time.perf_counter() - t)
+                compile_s.append(sum(compiles[n0:]))
                 sample_s.append(m["time/sample_s"])
                 train_s.append(m["time/train_s"])
                 lens.append(m["completion/len_mean"])
                 print(f"[jaxgrpo prefix={prefix_sharing}] step {s}: {step_s[-1]:.2f} s (sample {sample_s[-1]:.2f}, "
-                      f"train {train_s[-1]:.2f}) reward {m['reward/mean']:.3f}", flush=True)  # fmt: skip
+                      f"train {train_s[-1]:.2f}, XLA compile {compile_s[-1]:.2f}) reward {m['reward/mean']:.3f}",
+                      flush=True)  # fmt: skip
         finally:
             sampling.generate, rewards_lib.score = real_generate, real_score
         # The forward log-prob pass alone (no gradient), on the last batch, for its share of the update.
@@ -209,6 +215,7 @@ def run_jaxgrpo(steps: int, prefix_sharing: bool) -> dict:
         "framework": f"jaxgrpo (jax {jax.__version__})",
         "prefix_sharing": bool(supports_prefix and prefix_sharing),
         "step_s": step_s,
+        "compile_s": compile_s,
         "trainer_sample_s": sample_s,
         "trainer_train_s": train_s,
         "sampling_s": timings["sampling"],
