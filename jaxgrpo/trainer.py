@@ -64,13 +64,15 @@ def build_policy(cfg: config_lib.Config, key: jax.Array) -> tuple[models.ModelCo
     return mcfg, params, tokenizer
 
 
-def load_tokenizer(name: str):
+def load_tokenizer(name: str) -> Any:
+    """A transformers tokenizer: "builtin:arithmetic" (made in code) or a model's own (HF directory or GGUF)."""
     if name == "builtin:arithmetic":
         return arithmetic_tokenizer()
     return models.load_tokenizer(name)
 
 
-def eos_ids(mcfg: models.ModelConfig, tokenizer) -> tuple[int, ...]:
+def eos_ids(mcfg: models.ModelConfig, tokenizer: Any) -> tuple[int, ...]:
+    """The ids that end a completion: the model config's EOS ids and the tokenizer's."""
     ids = set(mcfg.eos_token_ids or ())
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
