@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from model_helpers import pad_rows, random_params
 
 from jaxgrpo.models import (
     KVCache,
@@ -22,7 +23,6 @@ from jaxgrpo.models import (
     init_params,
     lm_head,
     param_axes,
-    param_shapes,
 )
 
 V = 97
@@ -40,19 +40,6 @@ def tiny(arch: str = "llama", **kw) -> ModelConfig:
         base["head_dim"] = 32  # explicit head_dim != hidden / heads
     base.update(kw)
     return ModelConfig(**base)
-
-
-def random_params(config: ModelConfig, seed: int = 0):
-    """Random params (numpy: no PRNG compile), norms ~1 and biases non-zero so that every parameter matters."""
-    rng = np.random.default_rng(seed)
-
-    def leaf(path, shape):
-        x = 0.1 * rng.standard_normal(shape)
-        if "norm" in jax.tree_util.keystr(path):
-            x = x + 1.0
-        return jnp.asarray(x, config.dtype)
-
-    return jax.tree_util.tree_map_with_path(leaf, param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
 
 
 CONFIGS = {
@@ -118,11 +105,7 @@ class TestForward(chex.TestCase):
             ref = [fwd(cfg, params, jnp.asarray(s)[None])[0] for s in seqs]
             W = 9
             for side in ("left", "right"):
-                tok = np.zeros((len(seqs), W), np.int32)
-                mask = np.zeros((len(seqs), W), bool)
-                for i, s in enumerate(seqs):
-                    sl = slice(W - len(s), W) if side == "left" else slice(0, len(s))
-                    tok[i, sl], mask[i, sl] = s, True
+                tok, mask = pad_rows(seqs, W, side)
                 logits = fwd(cfg, params, jnp.asarray(tok), None, jnp.asarray(mask))
                 chex.assert_tree_all_finite(logits)  # padding query rows (no visible key) must not be NaN
                 for i in range(len(seqs)):

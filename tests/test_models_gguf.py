@@ -24,6 +24,7 @@ transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 from gguf import GGMLQuantizationType as Q  # noqa: E402
+from model_helpers import rel_err  # noqa: E402
 
 from jaxgrpo.models import (  # noqa: E402
     CheckpointError,
@@ -118,10 +119,6 @@ def hf_gguf_model(path: pathlib.Path):
     return transformers.AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     ).eval()
-
-
-def rel_err(a, b) -> float:
-    return float(np.max(np.abs(np.asarray(a) - b)) / np.max(np.abs(b)))
 
 
 QUANTS = {"attn_q.weight": Q.Q4_0, "attn_k.weight": Q.Q4_1, "attn_v.weight": Q.Q8_0, "attn_output.weight": Q.F16,

@@ -19,6 +19,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from model_helpers import pad_rows, random_params, rel_err  # noqa: E402
+
 from jaxgrpo import sharding  # noqa: E402
 from jaxgrpo.models import (  # noqa: E402
     CheckpointError,
@@ -27,7 +29,6 @@ from jaxgrpo.models import (  # noqa: E402
     RopeScaling,
     forward,
     load_pretrained,
-    param_shapes,
     save_pretrained,
 )
 from jaxgrpo.models.transformer import rope_inv_freq  # noqa: E402
@@ -75,21 +76,6 @@ def torch_logits(model, ids: np.ndarray) -> np.ndarray:
         return model(torch.tensor(ids, dtype=torch.long)).logits.float().numpy()
 
 
-def rel_err(a, b) -> float:
-    return float(np.max(np.abs(np.asarray(a) - b)) / np.max(np.abs(b)))
-
-
-def numpy_params(config, seed: int = 0, scale: float = 0.1):
-    """Random params drawn with numpy (no PRNG compiles): weights ~ N(0, scale^2), norms ~ 1 + N(0, scale^2)."""
-    rng = np.random.default_rng(seed)
-
-    def leaf(path, shape):
-        base = 1.0 if "norm" in jax.tree_util.keystr(path) else 0.0
-        return jnp.asarray(base + scale * rng.standard_normal(shape), config.dtype)
-
-    return jax.tree_util.tree_map_with_path(leaf, param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
-
-
 SEQS = [np.random.default_rng(0).integers(0, V, n) for n in (24, 9, 1)]
 
 
@@ -109,11 +95,7 @@ def test_parity_with_transformers_unpadded_and_padded(checkpoints, name):
     # left- and right-padded batch of ragged rows vs each row alone in transformers
     W = 26
     for side in ("left", "right"):
-        tok = np.zeros((len(SEQS), W), np.int32)
-        mask = np.zeros((len(SEQS), W), bool)
-        for i, s in enumerate(SEQS):
-            sl = slice(W - len(s), W) if side == "left" else slice(0, len(s))
-            tok[i, sl], mask[i, sl] = s, True
+        tok, mask = pad_rows(SEQS, W, side)
         logits = np.asarray(fwd(config, params, jnp.asarray(tok), None, jnp.asarray(mask)))
         assert np.isfinite(logits).all()
         for i in range(len(SEQS)):
@@ -143,7 +125,7 @@ def test_save_pretrained_round_trip_through_transformers(tmp_path, arch):
                       head_dim=24 if arch == "qwen3" else None, architecture=arch, qkv_bias=arch == "qwen2",
                       qk_norm=arch == "qwen3", tie_word_embeddings=arch == "qwen2", rope_scaling=scaling,
                       rope_theta=1e4, rms_norm_eps=1e-5, eos_token_ids=(3, 4), bos_token_id=1)  # fmt: skip
-    params = numpy_params(cfg)
+    params = random_params(cfg)
     # small max_shard_bytes -> several shards + index
     save_pretrained(cfg, params, tmp_path, max_shard_bytes=200_000)
     assert (tmp_path / "model.safetensors.index.json").exists()

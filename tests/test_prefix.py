@@ -12,8 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from model_helpers import random_params
 
-from jaxgrpo.models import ModelConfig, hidden_states, lm_head, param_shapes
+from jaxgrpo.models import ModelConfig, hidden_states, lm_head
 from jaxgrpo.models.prefix import check_groups, group_prompts, prefix_shared_hidden, prefix_shared_predictors
 
 V = 61
@@ -29,20 +30,10 @@ def tiny(arch: str, **kw) -> ModelConfig:
     return ModelConfig(**base)
 
 
+# Weights large enough (std 0.3) that attention is far from uniform; norms ~1.
+PARAMS = dict(scale=0.3, norm_scale=0.03, dtype=jnp.float32)
+
 CONFIGS = {"llama": tiny("llama"), "qwen2_tied": tiny("qwen2", tie_word_embeddings=True), "qwen3": tiny("qwen3")}
-
-
-def random_params(config: ModelConfig, seed: int = 0):
-    """Weights large enough (std 0.3) that attention is far from uniform; norms ~1, biases non-zero."""
-    rng = np.random.default_rng(seed)
-
-    def leaf(path, shape):
-        x = 0.3 * rng.standard_normal(shape)
-        if "norm" in jax.tree_util.keystr(path):
-            x = 0.1 * x + 1.0
-        return jnp.asarray(x, jnp.float32)
-
-    return jax.tree_util.tree_map_with_path(leaf, param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
 
 
 def rollout(seed: int = 0):
@@ -86,7 +77,7 @@ class TestPrefixShared(chex.TestCase):
         # op-by-op (no jit) is slow on CPU: one model there, all three under jit
         for arch in sorted(CONFIGS) if self.variant.type == chex.ChexVariantType.WITH_JIT else ["qwen3"]:
             cfg = CONFIGS[arch]
-            params = random_params(cfg)
+            params = random_params(cfg, **PARAMS)
             tokens, pm, cm, prompts, pmask, comp, cmask = rollout()
             h_c, h_last = self.variant(prefix_shared_hidden, static_argnums=0)(cfg, params, prompts, pmask, comp, cmask)
             chex.assert_shape(h_c, (P, G, TC, cfg.hidden_size))
@@ -107,7 +98,7 @@ class TestPrefixShared(chex.TestCase):
         adv = jnp.asarray([1.0, -0.5, 0.25, -1.0, 2.0, 0.5])
         for arch in ("qwen2_tied", "qwen3"):
             cfg = CONFIGS[arch]
-            params = random_params(cfg, seed=1)
+            params = random_params(cfg, seed=1, **PARAMS)
             tokens, pm, cm, *_ = rollout(seed=2)
 
             modes = ("plain", "shared", "remat") if arch == "qwen3" else ("plain", "shared", "shared")
@@ -131,7 +122,7 @@ class TestPrefixShared(chex.TestCase):
 
     def test_single_completion_token(self):
         cfg = CONFIGS["llama"]
-        params = random_params(cfg)
+        params = random_params(cfg, **PARAMS)
         tokens, pm, cm, *_ = rollout()
         tokens1, cm1 = tokens[:, : TP + 1], cm[:, :1]
         h = jax.jit(prefix_shared_predictors, static_argnums=(0, 5))(cfg, params, tokens1, pm, cm1, G)
@@ -151,7 +142,7 @@ class TestPrefixShared(chex.TestCase):
         with pytest.raises(ValueError, match="group_size=4"):
             group_prompts(tokens, pm, 4)
         cfg = CONFIGS["llama"]
-        params = random_params(cfg)
+        params = random_params(cfg, **PARAMS)
         with pytest.raises(ValueError, match="completion_tokens must be .P, G, Tc."):
             prefix_shared_hidden(cfg, params, prompts, pmask, comp[0])
         with pytest.raises(ValueError, match="prompt_mask has shape"):

@@ -7,9 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from model_helpers import random_params
 
 from jaxgrpo import sharding
-from jaxgrpo.models import ModelConfig, forward, param_shapes
+from jaxgrpo.models import ModelConfig, forward
 
 CFG = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
                   architecture="qwen2", qkv_bias=True)  # fmt: skip
@@ -59,23 +60,12 @@ def test_rules_and_divisibility_fallback():
 
 
 # SmolLM2-like head counts: 6 query heads split over tensor=2, 3 kv heads replicated (not divisible)
-def numpy_params(config, seed: int = 0, scale: float = 0.1):
-    """Random params drawn with numpy (no PRNG compiles): weights ~ N(0, scale^2), norms ~ 1 + N(0, scale^2)."""
-    rng = np.random.default_rng(seed)
-
-    def leaf(path, shape):
-        base = 1.0 if "norm" in jax.tree_util.keystr(path) else 0.0
-        return jnp.asarray(base + scale * rng.standard_normal(shape), config.dtype)
-
-    return jax.tree_util.tree_map_with_path(leaf, param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
-
-
 CFG_KV3 = CFG.replace(num_heads=6, num_kv_heads=3, head_dim=16, architecture="llama", qkv_bias=False)
 
 
 @pytest.mark.parametrize("shape,cfg", [((1, 4, 2), CFG), ((2, 2, 2), CFG), ((1, 4, 2), CFG_KV3)])
 def test_sharded_forward_equals_single_device(shape, cfg):
-    params = numpy_params(cfg)
+    params = random_params(cfg)
     tokens = jax.random.randint(jax.random.key(1), (8, 6), 0, cfg.vocab_size)
     mask = jnp.ones((8, 6), bool).at[::3, :2].set(False)
     ref = forward(cfg, params, tokens, attention_mask=mask)
