@@ -127,6 +127,9 @@ class TrainConfig:
     steps: int = 100
     eval_every: int = 0  # 0 = never
     eval_examples: int = 64
+    # stop once this many completion tokens were sampled (every resampling round counted, so a fixed token budget
+    # compares degenerate_groups=resample with keep/mask fairly); None = only train.steps limits the run
+    max_sampled_tokens: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -566,6 +569,8 @@ def validate(cfg: Config) -> None:
     _require(t.steps >= 1, "train.steps", t.steps, ">= 1")
     _require(t.eval_every >= 0, "train.eval_every", t.eval_every, ">= 0 (0 = never)")
     _require(t.eval_examples >= 1, "train.eval_examples", t.eval_examples, ">= 1")
+    _require(t.max_sampled_tokens is None or t.max_sampled_tokens >= 1, "train.max_sampled_tokens",
+             t.max_sampled_tokens, ">= 1 or null (no token budget)")
     for key in ("data", "fsdp", "tensor"):
         _require(getattr(cfg.mesh, key) >= 1, f"mesh.{key}", getattr(cfg.mesh, key), ">= 1")
     # The train step splits the P groups into num_minibatches × grad_accum_steps parts of whole groups on each of

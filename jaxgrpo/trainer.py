@@ -164,12 +164,18 @@ class Trainer:
         self.ckpt = ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(self.run_dir), keep=cfg.checkpoint.keep,
                                                save_interval=cfg.checkpoint.every)
         self.start_step = 0
+        self.sampled_tokens = 0  # completion tokens sampled so far, every resampling round included
         latest = self.ckpt.latest_step()
         if latest is not None:
             self.state, extra = self.ckpt.restore(latest, self.state)
             self.iterator.restore(extra["iterator"])
+            self.sampled_tokens = int(extra.get("sampled_tokens", 0))
             self.start_step = latest
         (self.run_dir / "config.yaml").write_text(config_lib.to_yaml(cfg))
+
+    def checkpoint_extra(self) -> dict[str, Any]:
+        """What a resume needs besides the train state: the prompt iterator's position and the sampled-token count."""
+        return {"iterator": self.iterator.state(), "sampled_tokens": self.sampled_tokens}
 
     # -- one RL step -------------------------------------------------------------------------------------------
     def sample(self, indices: list[int], key: jax.Array) -> Rollout:
@@ -196,7 +202,7 @@ class Trainer:
         first = self.sample(self.iterator.next_batch(), key)
         a = self.cfg.algo
         if a.degenerate_groups != "resample":
-            return first, {}
+            return first, {"tokens/sampled": float(np.asarray(first.completions.mask).sum())}
         want = len(first.prompt_ids)
         pool, informative, degenerate = [first], [], []
         while True:
@@ -211,6 +217,7 @@ class Trainer:
         kept = (informative + degenerate)[:want]
         sampled = sum(len(r.prompt_ids) for r in pool)
         return merge_groups(pool, kept), {
+            "tokens/sampled": float(sum(np.asarray(r.completions.mask).sum() for r in pool)),
             "resample/rounds": float(len(pool)),
             "resample/discarded_groups": float(sampled - want),
             "resample/degenerate_frac": len(degenerate) / sampled,
@@ -316,7 +323,8 @@ def merge_groups(pool: list[Rollout], picks: list[tuple[int, int]]) -> Rollout:
 
 
 def run(cfg: config_lib.Config, run_dir: str | os.PathLike) -> list[dict[str, float]]:
-    """Trains to `cfg.train.steps`, resuming from `run_dir` if it holds a checkpoint; returns this call's metrics."""
+    """Trains to `cfg.train.steps` (or until `cfg.train.max_sampled_tokens` completion tokens were sampled, counting
+    every resampling round), resuming from `run_dir` if it holds a checkpoint; returns this call's metrics."""
     trainer = Trainer(cfg, run_dir)
     stop = ckpt_lib.install_signal_handlers()
     logger = metrics_log.MetricsLogger(trainer.run_dir, tensorboard=cfg.log.tensorboard,
@@ -324,10 +332,13 @@ def run(cfg: config_lib.Config, run_dir: str | os.PathLike) -> list[dict[str, fl
                                        resume_step=trainer.start_step)
     history = []
     step = trainer.start_step
+    budget = cfg.train.max_sampled_tokens
     try:
-        while step < cfg.train.steps:
+        while step < cfg.train.steps and not (budget is not None and trainer.sampled_tokens >= budget):
             metrics = trainer.step(step)
             step += 1
+            trainer.sampled_tokens += int(metrics["tokens/sampled"])
+            metrics["tokens/sampled_total"] = float(trainer.sampled_tokens)
             history.append(metrics)
             if step % cfg.log.every == 0:
                 logger.log(step, metrics)
@@ -335,13 +346,14 @@ def run(cfg: config_lib.Config, run_dir: str | os.PathLike) -> list[dict[str, fl
                 logger.log_samples(step, *trainer.last_samples)
             preempted = stop.any_process()  # a collective on pods: every host stops at the same step
             if preempted or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
-                trainer.ckpt.save(step, trainer.state, {"iterator": trainer.iterator.state()}, force=True)
+                trainer.ckpt.save(step, trainer.state, trainer.checkpoint_extra(), force=True)
             if preempted:
                 break
-        if step >= cfg.train.steps and cfg.checkpoint.every and step % cfg.checkpoint.every:
-            trainer.ckpt.save(step, trainer.state, {"iterator": trainer.iterator.state()}, force=True)
+        finished = step >= cfg.train.steps or (budget is not None and trainer.sampled_tokens >= budget)
+        if finished and cfg.checkpoint.every and step % cfg.checkpoint.every:
+            trainer.ckpt.save(step, trainer.state, trainer.checkpoint_extra(), force=True)
         trainer.ckpt.wait()
-        if step >= cfg.train.steps and cfg.checkpoint.export_final:
+        if finished and cfg.checkpoint.export_final:
             models.save_pretrained(trainer.model_config, jax.device_get(trainer.state.params),
                                    trainer.run_dir / "final")
             trainer.tokenizer.save_pretrained(trainer.run_dir / "final")

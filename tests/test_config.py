@@ -127,6 +127,7 @@ def test_every_estimator_of_the_advantages_module_is_accepted():
         (["rollout.top_p=0"], ["rollout.top_p must be in (0, 1]"]),
         (["rollout.top_p=1.5"], ["rollout.top_p must be in (0, 1]"]),
         (["rollout.top_k=-1"], ["rollout.top_k must be >= 0"]),
+        (["train.max_sampled_tokens=0"], ["train.max_sampled_tokens must be >= 1 or null"]),
         (["algo.clip_low=0"], ["algo.clip_low must be in (0, 1)"]),
         (["algo.clip_high=-0.1"], ["algo.clip_high must be > 0"]),
         (["algo.dual_clip=1"], ["algo.dual_clip must be > 1"]),

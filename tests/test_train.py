@@ -262,6 +262,7 @@ def test_dynamic_sampling_keeps_informative_groups_until_full(tmp_path, monkeypa
     assert extra["resample/informative_frac"] == 1.0
     assert extra["resample/discarded_groups"] == 3 * 8 - 8  # sampled but not trained on
     assert extra["resample/degenerate_frac"] == (6 + 5 + 4) / 24
+    assert extra["tokens/sampled"] == 3 * 8 * 4  # every round's completions (1 token each), discarded ones too
     assert roll.prompt_ids == [[1, 0], [1, 3], [2, 1], [2, 4], [2, 5], [3, 0], [3, 1], [3, 3]]
     assert roll.rewards.shape == (8, 4) and (roll.rewards[:, 0] == 1).all()
     assert roll.texts[4:8] == ["1.3.0", "1.3.1", "1.3.2", "1.3.3"]  # whole groups move together, in order
@@ -278,6 +279,21 @@ def test_dynamic_sampling_round_limit_fills_with_degenerate_groups(tmp_path, mon
     assert extra["resample/degenerate_frac"] == 14 / 16
     assert roll.prompt_ids[:2] == [[1, 0], [2, 1]]  # the informative groups first, then degenerate fill
     assert extra["resample/informative_frac"] == 2 / 8
+    assert extra["tokens/sampled"] == 2 * 8 * 4
+
+
+def test_token_budget_stops_at_the_first_step_boundary_past_it(tmp_path):
+    budget = 100  # 8 prompts x 4 samples of 1-2 tokens: 32-64 tokens a step, so 2-4 steps
+    cfg = small_config("train.steps=50", f"train.max_sampled_tokens={budget}", "checkpoint.every=0",
+                       "checkpoint.export_final=false")
+    history = trainer.run(cfg, tmp_path / "run")
+    per_step = [rec["tokens/sampled"] for rec in history]
+    # independent count: the completion lengths of each step's 32 rows
+    np.testing.assert_allclose(per_step, [rec["completion/len_mean"] * 32 for rec in history])
+    totals = np.cumsum(per_step)
+    assert totals[-1] >= budget and (len(totals) == 1 or totals[-2] < budget)
+    assert 2 <= len(history) <= 4
+    assert [rec["tokens/sampled_total"] for rec in history] == totals.tolist()
 
 
 TWO_PROCESS_TRAIN = r"""
