@@ -7,18 +7,21 @@
 
 How it runs
 -----------
-1. Host side: the prompts are LEFT-padded to a static length bucket ``Tp`` (the smallest of 16, 20, 24, 28, 32, 40,
-   48, 56, 64, 80, ...: four per octave, so at most 25% padding and O(log length) buckets -- or the smallest of the
-   caller's ``prompt_buckets`` that fits) and their number ``P`` is padded to a power of two (and to a
-   multiple of the mesh's data-parallel size); pad rows are dropped from the result. So the two jitted functions
-   below compile once per (length bucket, batch bucket, G, M, sampling mode), not once per call.
-2. ``_prefill`` (jit): one forward over the ``P`` padded prompts (never G copies), writing slots ``[0, Tp)`` of a
-   cache preallocated with ``Tp + M`` slots; then each prompt's cache rows and last-position logits are broadcast
-   to its G samples, and the first new token is sampled.
-3. ``_decode`` (jit, cache and loop buffers donated): a ``lax.while_loop`` that feeds the previous token at slot
-   ``Tp + i - 1`` (RoPE position ``len(prompt) + i - 1``), samples token ``i``, and stops as soon as every row has
-   emitted one of ``eos_token_ids`` or ``M`` tokens exist. ``mask`` is True up to and including the EOS token;
-   later tokens are 0 and their logprobs 0.
+1. Host side: each prompt gets a static slot width ``Tp`` (the smallest of 16, 20, 24, 28, 32, 40, 48, 56, 64, 80,
+   ...: four per octave, so at most 25% padding and O(log length) buckets -- or the smallest of the caller's
+   ``prompt_buckets`` that fits) and the number of prompts ``P`` is padded to a power of two (and to a multiple of
+   the mesh's data-parallel size ``S``); pad rows are dropped from the result. The prompts are also packed end to
+   end, ``P / S`` per row, into ``[S, W]`` (``W`` the length bucket of the longest row; `pack_prompts`). So the two
+   jitted functions below compile once per (``Tp``, ``W``, ``P``, G, M, sampling mode) bucket, not once per call.
+2. ``_prefill`` (jit): one forward over the packed prompts (`models.prefill_packed`: the token-wise matmuls run on
+   real tokens only, attention per prompt) writes the shared prefix cache ``[L, P, Tp, K, H]`` -- one copy per
+   prompt, never G -- and gives each prompt's last hidden state, whose logits are broadcast to its G samples to
+   sample the first token. The rows' own decode cache ``[L, P*G, M-1, K, H]`` is allocated empty.
+3. ``_decode`` (jit, cache and loop buffers donated): a ``lax.while_loop`` that feeds the previous token at decode
+   slot ``i - 1`` (RoPE position ``len(prompt) + i - 1``) through `models.forward_with_prefix_cache` (each row
+   attends to its prompt's shared prefix slots and its own decode slots, one softmax over both), samples token
+   ``i``, and stops as soon as every row has emitted one of ``eos_token_ids`` or ``M`` tokens exist. ``mask`` is
+   True up to and including the EOS token; later tokens are 0 and their logprobs 0.
 
 Sampling distribution (per row, per step), with raw float32 logits ``l`` over the vocabulary:
   * temperature ``T > 0``: ``z = l / T``;
@@ -47,13 +50,13 @@ Sharding: with ``mesh`` given, prompts, cache and outputs are sharded over the m
 ``jax.make_array_from_callback`` from the (identical on every host) prompt list, so the same code runs multi-host;
 the outputs are then global arrays.
 
-Cost notes (decode is memory-bound): the cache is preallocated once, donated to ``_decode`` and returned from it, so
-the while loop updates it in place (the compiled loop aliases input and output; no per-step cache copy); the LM head
-is one einsum accumulating in float32 and only the last prompt position is projected at prefill; with top-k and
-top-p off nothing is sorted (one Gumbel draw per vocabulary entry, a max and a masked min for the argmax); top-k uses
-``lax.top_k`` and top-p alone a 256-candidate ``lax.top_k`` with the exact sort only as a fallback. On XLA:CPU the
-remaining decode time is the transformer step itself, about 60% of it attention over the cache: every row attends over
-its own copy of its prompt's keys/values, which a prefix-shared decode step (one prompt cache per group) would avoid.
+Cost notes: the decode cache is preallocated once, donated to ``_decode`` and returned from it, so the while loop
+updates it in place (the compiled loop aliases input and output; no per-step cache copy); the prompt's keys and
+values are stored and read once per group (`models.forward_with_prefix_cache`: the G rows' prefix scores are one
+matrix product per prompt and kv head); the prefill skips the prompt padding; the LM head is one einsum accumulating
+in float32 on one position per row; with top-k and top-p off nothing is sorted (one Gumbel draw per vocabulary
+entry, a max and a masked min for the argmax); top-k uses ``lax.top_k`` and top-p alone a 256-candidate
+``lax.top_k`` with the exact sort only as a fallback.
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ __all__ = [
     "Completions",
     "generate",
     "prompt_bucket",
+    "pack_prompts",
     "batch_bucket",
     "sample_from_logits",
     "truncated_logits",
@@ -227,6 +231,35 @@ def batch_bucket(num_prompts: int, multiple_of: int = 1) -> int:
     return -(-padded // multiple_of) * multiple_of
 
 
+def pack_prompts(prompts: Sequence[np.ndarray], num_rows: int, prompt_len: int) -> dict[str, np.ndarray]:
+    """Host-side packing for `models.prefill_packed`: prompts ``q*Q .. q*Q+Q-1`` (``Q = len(prompts) / num_rows``)
+    end to end in row ``q``, padded to the width ``prompt_bucket(longest row)``; each prompt left-padded to
+    ``prompt_len`` in the per-prompt slot layout. Returns numpy arrays tokens, positions, token_slot ``[S, W]`` and
+    slot_index, prefix_mask ``[S, Q, Tp]`` (see `models.prefill_packed`)."""
+    per_row = len(prompts) // num_rows
+    rows = [prompts[r * per_row : (r + 1) * per_row] for r in range(num_rows)]
+    width = prompt_bucket(max(sum(len(p) for p in row) for row in rows))
+    out = dict(
+        tokens=np.zeros((num_rows, width), np.int32),
+        positions=np.zeros((num_rows, width), np.int32),
+        token_slot=np.zeros((num_rows, width), np.int32),
+        slot_index=np.zeros((num_rows, per_row, prompt_len), np.int32),
+        prefix_mask=np.zeros((num_rows, per_row, prompt_len), bool),
+    )
+    for r, row in enumerate(rows):
+        offset = 0
+        for q, p in enumerate(row):
+            n = len(p)
+            cols, slots = offset + np.arange(n), prompt_len - n + np.arange(n)
+            out["tokens"][r, cols] = p
+            out["positions"][r, cols] = np.arange(n)
+            out["token_slot"][r, cols] = q * prompt_len + slots
+            out["slot_index"][r, q, slots] = cols
+            out["prefix_mask"][r, q, slots] = True
+            offset += n
+    return out
+
+
 def _validate(
     config: Any,
     prompts: Any,
@@ -318,21 +351,28 @@ def _is_eos(mode: _Mode, tokens: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("config", "mode"))
-def _prefill(config, mode: _Mode, params, tokens_PxT, mask_PxT, row_active_N, key, temperature, top_p):
-    """Prefill the P prompts once, broadcast cache and last logits to N = P*G rows, sample the first token."""
-    num_prompts, prompt_len = tokens_PxT.shape
+def _prefill(config, mode: _Mode, params, packed, row_active_N, key, temperature, top_p):
+    """Prefill the P prompts once (packed, see `models.prefill_packed`) into the shared prefix cache, sample every
+    row's first token from its prompt's last logits, and allocate the rows' decode cache."""
+    num_rows, per_row, prompt_len = packed["prefix_mask"].shape
+    num_prompts = num_rows * per_row
     g, m = mode.num_samples, mode.max_new_tokens
     n = num_prompts * g
-    positions = jnp.maximum(jnp.cumsum(mask_PxT, axis=-1, dtype=jnp.int32) - 1, 0)
-    # prefill straight into a cache with room for the M new tokens (slots [Tp, Tp + M) stay empty and masked)
-    cache = models.init_cache(config, num_prompts, prompt_len + m)
-    kv_mask_PxS = jnp.concatenate([mask_PxT.astype(bool), jnp.zeros((num_prompts, m), bool)], axis=1)
-    hidden, cache = models.forward_with_cache(config, params, tokens_PxT, positions, cache, jnp.int32(0), kv_mask_PxS)
-    logits_PxV = _logits(config, params, hidden[:, -1])  # left padding: the last slot is each prompt's last token
-    # each prompt's cache rows repeated for its G samples (batch is axis 1 of every cache leaf [L, B, ...])
-    cache = jax.tree.map(lambda c: _constrain(jnp.repeat(c, g, axis=1), mode.cache_sharding), cache)
+    mask_PxT = packed["prefix_mask"].reshape(num_prompts, prompt_len)
+    last_PxD, prefix = models.prefill_packed(
+        config,
+        params,
+        packed["tokens"],
+        packed["positions"],
+        packed["slot_index"],
+        packed["prefix_mask"],
+        packed["token_slot"],
+    )
+    prefix = jax.tree.map(lambda c: _constrain(c, mode.cache_sharding), prefix)
+    logits_PxV = _logits(config, params, last_PxD)
     logits_NxV = _constrain(jnp.repeat(logits_PxV, g, axis=0), mode.batch_sharding)
-    kv_mask_NxS = jnp.concatenate([jnp.repeat(mask_PxT.astype(bool), g, axis=0), jnp.ones((n, m), bool)], axis=1)
+    # decode slot j holds generated token j; token M-1 is never fed back, so M-1 slots suffice
+    cache = jax.tree.map(lambda c: _constrain(c, mode.cache_sharding), models.init_cache(config, n, max(m - 1, 1)))
     row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(n, dtype=jnp.uint32))
     tok, logp = _sample(mode, _step_keys(row_keys, jnp.uint32(0)), logits_NxV, temperature, top_p)
     active = row_active_N
@@ -344,7 +384,8 @@ def _prefill(config, mode: _Mode, params, tokens_PxT, mask_PxT, row_active_N, ke
     state = dict(
         tokens=tokens_NxM, logprobs=logprobs_NxM, mask=mask_NxM, done=done, last=tok, eos=active & _is_eos(mode, tok)
     )
-    return cache, state, dict(kv_mask=kv_mask_NxS, lengths=lengths, row_keys=row_keys)
+    consts = dict(prefix=prefix, prefix_mask=mask_PxT, lengths=lengths, row_keys=row_keys)
+    return cache, state, consts
 
 
 @functools.partial(jax.jit, static_argnames=("config", "mode"), donate_argnames=("cache", "state"))
@@ -355,7 +396,7 @@ def _decode(config, mode: _Mode, params, cache, state, consts, temperature, top_
     the loop updates it in place instead of copying it into a fresh loop buffer.
     """
     m = mode.max_new_tokens
-    prompt_len = consts["kv_mask"].shape[1] - m
+    kv_mask = jnp.ones(cache.k.shape[1:3], bool)  # every decode slot is a real token once written (causal by slot)
 
     def cond(carry):
         i, _, st = carry
@@ -364,8 +405,9 @@ def _decode(config, mode: _Mode, params, cache, state, consts, temperature, top_
     def body(carry):
         i, cache, st = carry
         positions = (consts["lengths"] + i - 1)[:, None]
-        hidden, cache = models.forward_with_cache(
-            config, params, st["last"][:, None], positions, cache, prompt_len + i - 1, consts["kv_mask"]
+        prefix, prefix_mask = consts["prefix"], consts["prefix_mask"]
+        hidden, cache = models.forward_with_prefix_cache(
+            config, params, st["last"][:, None], positions, prefix, prefix_mask, cache, i - 1, kv_mask
         )
         logits = _constrain(_logits(config, params, hidden[:, 0]), mode.batch_sharding)
         tok, logp = _sample(mode, _step_keys(consts["row_keys"], i.astype(jnp.uint32)), logits, temperature, top_p)
@@ -449,12 +491,8 @@ def generate(
     pad_prompts = batch_bucket(num_prompts, shards)
     prompt_len = prompt_bucket(max(len(p) for p in prompts), prompt_buckets)
 
-    tokens = np.zeros((pad_prompts, prompt_len), np.int32)
-    mask = np.zeros((pad_prompts, prompt_len), np.int32)
-    for i, p in enumerate(prompts):
-        tokens[i, prompt_len - len(p) :] = np.asarray(p, np.int32)
-        mask[i, prompt_len - len(p) :] = 1
-    mask[num_prompts:, -1] = 1  # pad rows: one dummy token so that no attention row is empty; never sampled from
+    padded = [np.asarray(p, np.int32) for p in prompts] + [np.zeros(1, np.int32)] * (pad_prompts - num_prompts)
+    packed = pack_prompts(padded, shards, prompt_len)  # pad prompts: one dummy token (never sampled from)
     active = np.repeat(np.arange(pad_prompts) < num_prompts, g)
 
     if axes:
@@ -469,17 +507,8 @@ def generate(
     mode = _Mode(g, m, greedy, use_top_k, (not greedy) and top_p < 1.0, eos_token_ids, batch_sharding, cache_sharding)
     temp = jnp.float32(temperature if temperature > 0 else 1.0)
     top_p_arr = jnp.float32(top_p)
-    cache, state, consts = _prefill(
-        config,
-        mode,
-        params,
-        _put(tokens, batch_sharding),
-        _put(mask, batch_sharding),
-        _put(active, batch_sharding),
-        key,
-        temp,
-        top_p_arr,
-    )
+    packed = {k: _put(v, batch_sharding) for k, v in packed.items()}
+    cache, state, consts = _prefill(config, mode, params, packed, _put(active, batch_sharding), key, temp, top_p_arr)
     if m > 1:
         _, state = _decode(config, mode, params, cache, state, consts, temp, top_p_arr)
     n = num_prompts * g

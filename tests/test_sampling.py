@@ -6,6 +6,7 @@ transformers on SmolLM2-135M (slow)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from unittest import mock
 
@@ -266,16 +267,31 @@ def test_eos_mask_lengths_truncated(tiny):
 
 
 def test_jit_cache_is_bounded_over_varying_prompts(tiny):
+    """Prefill compiles once per (prompt bucket, packed-width bucket, batch bucket), decode once per (prompt bucket,
+    batch bucket): 20 calls with 10 different prompt-length pairs compile a handful of programs, and calling again
+    with new prompts of the same buckets compiles nothing."""
     config, params = tiny
+    config = dataclasses.replace(config, max_position_embeddings=config.max_position_embeddings + 1)  # fresh jit key
     prefill0, decode0 = sampling._prefill._cache_size(), sampling._decode._cache_size()
     rng = np.random.default_rng(0)
-    for length in range(1, 21, 2):  # 10 different max lengths -> length buckets 16, 20
-        prompts = [list(rng.integers(1, 60, size=int(n))) for n in (length, max(1, length // 2))]
-        sampling.generate(config, params, prompts, max_new_tokens=3, key=jax.random.key(length))
-    assert sampling._prefill._cache_size() - prefill0 <= 2 and sampling._decode._cache_size() - decode0 <= 2
-    for num_prompts in range(1, 5):  # batch buckets 1, 2, 4 (2 already compiled for length bucket 16)
-        sampling.generate(config, params, [[1, 2, 3]] * num_prompts, max_new_tokens=3, key=jax.random.key(0))
-    assert sampling._prefill._cache_size() - prefill0 <= 4 and sampling._decode._cache_size() - decode0 <= 4
+    calls = [(length, max(1, length // 2)) for length in range(1, 21, 2)] + [(3,) * n for n in (1, 2, 3, 4)]
+    prefill_keys, decode_keys = set(), set()
+    for lengths in calls:
+        prompts = [list(rng.integers(1, 60, size=n)) for n in lengths]
+        sampling.generate(config, params, prompts, max_new_tokens=3, key=jax.random.key(len(prompts)))
+        # expected buckets from the documented rules: length buckets 16, 20, 24, ...; batch: next power of two;
+        # packed width: the length bucket of the sum of the (batch-padded, 1-token pad prompts) lengths
+        tp, pb = sampling.prompt_bucket(max(lengths)), sampling.batch_bucket(len(lengths))
+        prefill_keys.add((tp, sampling.prompt_bucket(sum(lengths) + pb - len(lengths)), pb))
+        decode_keys.add((tp, pb))
+    assert len(prefill_keys) <= 6 and len(decode_keys) <= 4  # 14 calls, few buckets
+    assert sampling._prefill._cache_size() - prefill0 == len(prefill_keys)
+    assert sampling._decode._cache_size() - decode0 == len(decode_keys)
+    for lengths in calls:  # new prompts, same buckets: nothing recompiles
+        prompts = [list(rng.integers(1, 60, size=n)) for n in lengths]
+        sampling.generate(config, params, prompts, max_new_tokens=3, key=jax.random.key(1))
+    assert sampling._prefill._cache_size() - prefill0 == len(prefill_keys)
+    assert sampling._decode._cache_size() - decode0 == len(decode_keys)
 
 
 def test_sharded_equals_unsharded(tiny):

@@ -2,12 +2,13 @@
 """Llama / Qwen2 / Qwen3 decoders as pytrees + pure functions, with HF safetensors and GGUF conversion.
 
 Public surface: `ModelConfig`, `init_params`, `param_axes`, `forward`, `hidden_states`, `lm_head`, `init_cache`,
-`forward_with_cache`, `KVCache`, `count_params`, and (convert.py) `load_pretrained`, `save_pretrained`,
-`load_tokenizer`, and (presets.py) `PRESETS`.
+`forward_with_cache`, `KVCache`, `count_params`, (decode.py) `prefill_packed`, `forward_with_prefix_cache`, and
+(convert.py) `load_pretrained`, `save_pretrained`, `load_tokenizer`, and (presets.py) `PRESETS`.
 """
 
 from jaxgrpo.models.config import ModelConfig, ModelConfigError, RopeScaling, from_hf_config, to_hf_config
 from jaxgrpo.models.convert import CheckpointError, load_pretrained, load_tokenizer, save_pretrained
+from jaxgrpo.models.decode import forward_with_prefix_cache, prefill_packed
 from jaxgrpo.models.presets import PRESETS, get_preset
 from jaxgrpo.models.transformer import (
     KVCache,
@@ -36,6 +37,7 @@ __all__ = [
     "count_params",
     "forward",
     "forward_with_cache",
+    "forward_with_prefix_cache",
     "from_hf_config",
     "hidden_states",
     "init_cache",
@@ -43,5 +45,6 @@ __all__ = [
     "lm_head",
     "param_axes",
     "param_shapes",
+    "prefill_packed",
     "to_hf_config",
 ]
