@@ -32,8 +32,12 @@ Sampling distribution (per row, per step), with raw float32 logits ``l`` over th
     Degeneration", Sec. 3.1; applied after top-k on the renormalised top-k mass, the same order as HF
     transformers' TemperatureLogitsWarper -> TopKLogitsWarper -> TopPLogitsWarper. Without top-k the nucleus is
     looked for among the 256 largest logits and a full sort runs only when that is not enough (same set);
-  * sample ``x ~ softmax(z restricted to the kept set)`` by the Gumbel-max trick
-    ``x = argmax_j (z_j + g_j), g_j ~ Gumbel(0, 1)`` iid (exact: Gumbel 1954; Maddison et al. 2014, "A* Sampling");
+  * sample ``x ~ q = softmax(z restricted to the kept set)`` by inversion (the inverse-CDF method; e.g. Devroye
+    1986, "Non-Uniform Random Variate Generation", Sec. II.2): one ``u ~ U[0, 1)`` per row and step, ``x`` = the
+    first candidate slot ``j`` (in slot order) with ``sum_{i<=j} q_i > u * sum_i q_i``. The cumulative sums are
+    taken in two levels (blocks of 128 slots, then within the chosen block), so a step costs O(V) with one random
+    number per row instead of one per vocabulary entry; the sampled law is ``q`` up to the float32 rounding of those
+    sums (~1e-7 relative), and a slot of probability 0 (truncated) is never returned;
   * reported ``logprob = z_x - logsumexp_{j kept} z_j``: the log-probability under the distribution actually
     sampled from (after temperature and truncation), in float32, as the trainer's old-policy logprob.
   * ``T = 0`` is greedy: ``x = argmax_j l_j`` (ties: the lowest id); top-k/top-p are irrelevant then (the argmax
@@ -54,8 +58,8 @@ Cost notes: the decode cache is preallocated once, donated to ``_decode`` and re
 updates it in place (the compiled loop aliases input and output; no per-step cache copy); the prompt's keys and
 values are stored and read once per group (`models.forward_with_prefix_cache`: the G rows' prefix scores are one
 matrix product per prompt and kv head); the prefill skips the prompt padding; the LM head is one einsum accumulating
-in float32 on one position per row; with top-k and top-p off nothing is sorted (one Gumbel draw per vocabulary
-entry, a max and a masked min for the argmax); top-k uses ``lax.top_k`` and top-p alone a 256-candidate
+in float32 on one position per row; with top-k and top-p off nothing is sorted (one exp over the vocabulary, two
+short cumulative sums and one uniform draw per row); top-k uses ``lax.top_k`` and top-p alone a 256-candidate
 ``lax.top_k`` with the exact sort only as a fallback.
 """
 
@@ -176,6 +180,33 @@ def truncated_logits(
     return z, None
 
 
+_CDF_BLOCK = 128
+
+
+def _last_positive(x: jax.Array) -> jax.Array:
+    """Index of the last entry > 0 along the last axis (0 if none)."""
+    iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    return jnp.max(jnp.where(x > 0, iota, 0), axis=-1)
+
+
+def _invert_cdf(q: jax.Array, u: jax.Array) -> jax.Array:
+    """Inverse-CDF draw per row: the first slot ``j`` of ``q [N, W]`` (non-negative, any total) with
+    ``cumsum(q)_j > u * sum(q)``, ``u [N]`` in [0, 1); two-level cumulative sums over blocks of `_CDF_BLOCK` slots.
+    Rounding can only push the threshold past the last positive slot; it is clipped there, so the slot returned
+    always has ``q > 0``."""
+    n, w = q.shape
+    nb = -(-w // _CDF_BLOCK)
+    q_NBC = jnp.pad(q, ((0, 0), (0, nb * _CDF_BLOCK - w))).reshape(n, nb, _CDF_BLOCK)
+    block_mass = jnp.sum(q_NBC, axis=-1)
+    block_cdf = jnp.cumsum(block_mass, axis=-1)
+    target = u * block_cdf[:, -1]
+    block = jnp.minimum(jnp.sum(block_cdf <= target[:, None], axis=-1, dtype=jnp.int32), _last_positive(block_mass))
+    rest = target - (jnp.take_along_axis(block_cdf - block_mass, block[:, None], axis=-1)[:, 0])
+    q_NC = jnp.take_along_axis(q_NBC, block[:, None, None], axis=1)[:, 0]
+    within = jnp.sum(jnp.cumsum(q_NC, axis=-1) <= rest[:, None], axis=-1, dtype=jnp.int32)
+    return block * _CDF_BLOCK + jnp.minimum(within, _last_positive(q_NC))
+
+
 def sample_from_logits(
     keys: jax.Array,
     logits: jax.Array,
@@ -189,7 +220,8 @@ def sample_from_logits(
 
     The distribution and the reported log-probabilities are those of the module docstring. ``greedy``, ``top_k``
     (0 = off) and whether ``top_p`` is None (off) are static; the values of ``temperature`` and ``top_p`` may be
-    traced. The Gumbel noise has one entry per candidate slot: per token id without top-k, per rank with it.
+    traced. The uniform draw is per row: the inversion runs over candidate slots, token ids without top-k (so the
+    two nucleus paths, which give the same set, give the same sample) and ranks with it.
     """
     logits = logits.astype(jnp.float32)
     if greedy:
@@ -197,9 +229,10 @@ def sample_from_logits(
         logp = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(logits, axis=-1)
         return tokens, logp
     z, ids = truncated_logits(logits, temperature, top_k=top_k, top_p=top_p)
-    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, z.shape[-1:], jnp.float32))(keys)
-    slot = _first_argmax(z + gumbel)
-    logp = jnp.take_along_axis(z, slot[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(z, axis=-1)
+    lse = jax.nn.logsumexp(z, axis=-1)
+    u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
+    slot = _invert_cdf(jnp.exp(z - lse[:, None]), u)
+    logp = jnp.take_along_axis(z, slot[:, None], axis=-1)[:, 0] - lse
     tokens = slot if ids is None else jnp.take_along_axis(ids, slot[:, None], axis=-1)[:, 0]
     return tokens.astype(jnp.int32), logp
 

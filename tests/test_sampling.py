@@ -153,6 +153,27 @@ class KernelTest(chex.TestCase):
         np.testing.assert_allclose(logp, np.log(0.5), atol=1e-6)
 
     @chex.variants(with_jit=True, without_jit=True)
+    def test_inverse_cdf_on_a_uniform_grid_hits_each_slot_in_proportion(self):
+        """Inversion with u on the grid (i + 1/2) / n returns slot j for exactly n * q_j (+-1) of the n draws:
+        a deterministic check of the two-level search over 300 slots (blocks of 128, the last one partial), with
+        zero-mass slots at the start, inside, across a whole block and at the end, and an unnormalised q."""
+        rng = np.random.default_rng(0)
+        q = rng.uniform(0.5, 2.0, 300) * (rng.uniform(size=300) < 0.5)
+        q[:3] = 0.0
+        q[128:256] = 0.0  # an empty middle block
+        q[-5:] = 0.0
+        n = 20000
+        u = (np.arange(n) + 0.5) / n
+        slots = np.asarray(self.variant(sampling._invert_cdf)(jnp.asarray(np.tile(q, (n, 1)), jnp.float32),
+                                                               jnp.asarray(u, jnp.float32)))  # fmt: skip
+        counts = np.bincount(slots, minlength=300)
+        assert counts[q == 0].sum() == 0
+        np.testing.assert_allclose(counts, n * q / q.sum(), atol=1.01)
+        edge = self.variant(sampling._invert_cdf)(jnp.asarray(np.tile(q, (2, 1)), jnp.float32),
+                                                  jnp.asarray([0.0, np.nextafter(1.0, 0.0)], jnp.float32))  # fmt: skip
+        np.testing.assert_array_equal(edge, [np.flatnonzero(q)[0], np.flatnonzero(q)[-1]])
+
+    @chex.variants(with_jit=True, without_jit=True)
     def test_greedy(self):
         logits = jnp.array([[0.0, 3.0, 3.0, 1.0], [5.0, -1.0, 0.0, 0.0]])
         keys = jax.random.split(jax.random.key(0), 2)
