@@ -3,19 +3,23 @@
 long run that asserts no recompilation and flat memory.
 
 Grid mode (default): for each (model, G, completion length) — models ``tiny`` (2 layers, hidden 64, vocab 512) and
-``135m`` (the SmolLM2-135M config, random weights) — one subprocess samples ``--prompts`` random prompts of
-``--prompt-len`` tokens × G completions of exactly L tokens (`jaxgrpo.sampling.generate`,
-no stop token) and runs the jitted train step (`jaxgrpo.train_step.make_train_step`, ``algo.prefix_sharing`` per
-``--prefix-sharing``) on them, ``--steps`` times. Reported per cell: median seconds of sampling and of the train
-step (first call = compile, excluded), and peak memory: the process's peak RSS (``ru_maxrss``, CPU) and, where the
-device reports it, ``peak_bytes_in_use`` (GPU/TPU). One subprocess per cell, so each peak is that cell's own.
+``135m`` (the SmolLM2-135M config, random weights) — one subprocess builds ``--prompts`` random prompts of
+``--prompt-len`` tokens × G completions of exactly L tokens and runs the jitted train step
+(`jaxgrpo.train_step.make_train_step`, ``algo.prefix_sharing`` per ``--prefix-sharing``, ``remat`` per ``--remat``)
+on them, ``--steps`` times. The completions are uniform random tokens with random old log-probs by default (the
+train step's cost does not depend on token values); ``--sample`` draws them with `jaxgrpo.sampling.generate` (no
+stop token) instead and reports the sampling time too. Reported per cell: median seconds of the train step (first
+call = compile, excluded), and peak memory: the process's peak RSS (``ru_maxrss``, CPU; includes the parameters,
+AdamW state and the Python/XLA runtime) and, where the device reports it, ``peak_bytes_in_use`` (GPU/TPU). One
+subprocess per cell, so each peak is that cell's own. ``--skip MODEL,G,L ...`` records cells as skipped (with
+``--skip-reason``) without running them; a cell running past ``--cell-timeout`` seconds is recorded as timed out.
 
 Long-run mode (``--long-run N``): the real `jaxgrpo.trainer.Trainer` on the default synthetic-arithmetic config
 (tiny model, varying completion lengths with EOS stops) for N steps. Asserted: after the warm-up steps no XLA
 compilation happens (a `jax.monitoring` listener counts ``/jax/core/compile/backend_compile_duration`` events), and
 the resident memory is flat (mean RSS of the last quarter of the run <= mean of the second quarter × 1.05 + 64 MiB).
 
-  python benchmarks/scaling.py --models tiny --groups 4 8 16 --lengths 64 256 1024      # the grid (135m: slow on CPU)
+  python benchmarks/scaling.py --models tiny 135m --prompts 1 --groups 4 8 16 --lengths 64 256 1024   # the grid
   python benchmarks/scaling.py --long-run 200                                           # leak / recompile check
 
 Results go to ``--out`` (JSON) and a table on stdout. On a 2-core CPU the 135M × 1024-token cells take many minutes
@@ -36,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -61,7 +66,10 @@ def model_config(name: str):
     raise SystemExit(f"unknown model {name!r}; choose tiny or 135m")
 
 
-def run_cell(model: str, G: int, L: int, prompts: int, prompt_len: int, steps: int, prefix_sharing: bool) -> dict:
+def run_cell(
+    model: str, G: int, L: int, prompts: int, prompt_len: int, steps: int, prefix_sharing: bool, remat: bool,
+    sample: bool,
+) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -76,7 +84,7 @@ def run_cell(model: str, G: int, L: int, prompts: int, prompt_len: int, steps: i
     lens = rng.integers(prompt_len // 2, prompt_len + 1, prompts)
     prompt_ids = [rng.integers(1, cfg.vocab_size, n).tolist() for n in lens]
     algo = AlgoConfig(prefix_sharing=prefix_sharing)
-    init_fn, step_fn = ts.make_train_step(cfg, algo, OptimConfig(learning_rate=1e-6), total_steps=steps)
+    init_fn, step_fn = ts.make_train_step(cfg, algo, OptimConfig(learning_rate=1e-6), total_steps=steps, remat=remat)
     state = init_fn(params, jax.random.key(1))
     pm = np.arange(prompt_len)[None] >= (prompt_len - lens)[:, None]
     ptok = np.zeros((prompts, prompt_len), np.int32)
@@ -85,11 +93,18 @@ def run_cell(model: str, G: int, L: int, prompts: int, prompt_len: int, steps: i
     sample_s, train_s = [], []
     for s in range(steps):
         t = time.perf_counter()
-        comp = jax.block_until_ready(
-            sampling.generate(cfg, state.params, prompt_ids, num_samples=G, max_new_tokens=L,
-                              key=jax.random.key(s), eos_token_ids=())  # fmt: skip
-        )
-        sample_s.append(time.perf_counter() - t)
+        if sample:
+            comp = jax.block_until_ready(
+                sampling.generate(cfg, state.params, prompt_ids, num_samples=G, max_new_tokens=L,
+                                  key=jax.random.key(s), eos_token_ids=())  # fmt: skip
+            )
+            sample_s.append(time.perf_counter() - t)
+        else:
+            comp = types.SimpleNamespace(
+                tokens=jnp.asarray(rng.integers(1, cfg.vocab_size, (prompts * G, L)), jnp.int32),
+                logprobs=jnp.asarray(-rng.exponential(3.0, (prompts * G, L)), jnp.float32),
+                mask=jnp.ones((prompts * G, L), bool),
+            )
         batch = ts.Batch(
             tokens=jnp.concatenate([jnp.asarray(np.repeat(ptok, G, 0)), comp.tokens], 1),
             prompt_mask=jnp.asarray(np.repeat(pm, G, 0)), completion_mask=comp.mask,
@@ -103,9 +118,10 @@ def run_cell(model: str, G: int, L: int, prompts: int, prompt_len: int, steps: i
     dev_stats = jax.devices()[0].memory_stats() or {}
     return {
         "model": model, "G": G, "L": L, "prompts": prompts, "prompt_len": prompt_len, "prefix_sharing": prefix_sharing,
-        "sample_s": statistics.median(sample_s[1:]) if steps > 1 else None,
-        "train_s": statistics.median(train_s[1:]) if steps > 1 else None,
-        "first_sample_s": sample_s[0], "first_train_s": train_s[0],
+        "remat": remat, "sampled": sample,
+        "sample_s": statistics.median(sample_s[1:]) if sample and steps > 1 else None,
+        "train_s": statistics.median(train_s[1:]) if steps > 1 else None, "train_steps_s": train_s,
+        "first_sample_s": sample_s[0] if sample else None, "first_train_s": train_s[0],
         "peak_rss_mib": _peak_rss_bytes() / 2**20,
         "device_peak_mib": dev_stats.get("peak_bytes_in_use", 0) / 2**20 or None,
     }  # fmt: skip
@@ -158,6 +174,11 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=3, help="per cell; the first (compile) is excluded from medians")
     ap.add_argument("--prefix-sharing", choices=["on", "off"], default="on")
+    ap.add_argument("--remat", choices=["auto", "on", "off"], default="auto", help="auto: on for 135m, off for tiny")
+    ap.add_argument("--sample", action="store_true", help="sample the completions (default: random tokens)")
+    ap.add_argument("--skip", nargs="*", default=[], help="cells MODEL,G,L recorded as skipped, not run")
+    ap.add_argument("--skip-reason", default="not run: estimated beyond this CPU's time budget")
+    ap.add_argument("--cell-timeout", type=float, default=0, help="seconds per cell (0 = none)")
     ap.add_argument("--long-run", type=int, default=0, help="run the leak/recompile check for this many steps")
     ap.add_argument("--warmup", type=int, default=10, help="long run: steps before compilations are counted")
     ap.add_argument("--cell", default=None, help=argparse.SUPPRESS)
@@ -165,7 +186,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.cell:
         model, G, L = args.cell.split(",")
-        res = run_cell(model, int(G), int(L), args.prompts, args.prompt_len, args.steps, args.prefix_sharing == "on")
+        remat = args.remat == "on" or (args.remat == "auto" and model == "135m")
+        res = run_cell(model, int(G), int(L), args.prompts, args.prompt_len, args.steps, args.prefix_sharing == "on",
+                       remat, args.sample)  # fmt: skip
         print("RESULT " + json.dumps(res), flush=True)
         return
     out = {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv),
@@ -176,10 +199,22 @@ def main() -> None:
         cells = []
         print(f"{'model':<6}{'G':>4}{'L':>6}{'sample s':>10}{'train s':>9}{'peak RSS MiB':>14}", flush=True)
         for model, G, L in itertools.product(args.models, args.groups, args.lengths):
+            if f"{model},{G},{L}" in args.skip:
+                cells.append({"model": model, "G": G, "L": L, "skipped": args.skip_reason})
+                print(f"{model:<6}{G:>4}{L:>6}  skipped: {args.skip_reason}", flush=True)
+                continue
             cmd = [sys.executable, __file__, "--cell", f"{model},{G},{L}", "--prompts", str(args.prompts),
                    "--prompt-len", str(args.prompt_len), "--steps", str(args.steps),
-                   "--prefix-sharing", args.prefix_sharing]  # fmt: skip
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+                   "--prefix-sharing", args.prefix_sharing, "--remat", args.remat]  # fmt: skip
+            if args.sample:
+                cmd.append("--sample")
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.cell_timeout or None)
+            except subprocess.TimeoutExpired:
+                reason = f"timed out after {args.cell_timeout:.0f} s on this machine"
+                cells.append({"model": model, "G": G, "L": L, "skipped": reason})
+                print(f"{model:<6}{G:>4}{L:>6}  {reason}", flush=True)
+                continue
             lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
             if proc.returncode or not lines:
                 sys.stderr.write(proc.stderr[-4000:])

@@ -96,6 +96,8 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-
 SCHEDULES = ("constant", "cosine")
 # Elements of one float32 logits chunk [rows, chunk, V] when the chunk is chosen automatically (256 MiB).
 _AUTO_CHUNK_ELEMENTS = 1 << 26
+# Below this many bytes of float32 [B, Tc, V] probabilities the LM-head backward reuses the forward's (no recompute).
+_KEEP_PROBS_BYTES = 1 << 29
 
 Params = Any
 
@@ -240,20 +242,28 @@ def compute_logprobs(
     h_NBcD = jnp.pad(h_BCD, ((0, 0), (0, pad), (0, 0))).reshape(B, n, c, -1).swapaxes(0, 1)
     t_NBc = jnp.pad(targets_BC, ((0, 0), (0, pad))).reshape(B, n, c).swapaxes(0, 1)
     inv_temp = 1.0 / float(temperature)
-    logp_NBc, ent_NBc = jax.lax.map(lambda xs: _chunk_logprobs(xs[0], xs[1], w_DV, inv_temp), (h_NBcD, t_NBc))
+    keep = n * B * c * w_DV.shape[1] * 4 <= _KEEP_PROBS_BYTES
+    logp_NBc, ent_NBc = jax.lax.map(lambda xs: _chunk_logprobs(xs[0], xs[1], w_DV, inv_temp, keep), (h_NBcD, t_NBc))
     unchunk = lambda x: x.swapaxes(0, 1).reshape(B, n * c)[:, :Tc]
     return unchunk(logp_NBc), unchunk(ent_NBc)
 
 
 def _chunk_forward(h_BcD: jax.Array, t_Bc: jax.Array, w_DV: jax.Array, inv_temp: float):
+    """``(logp, entropy, logz, probs)`` of one chunk, with one pass of ``exp`` over the ``[B, c, V]`` logits:
+    ``m = max z``, ``e = exp(z − m)``, ``S = Σ e``; ``logz = m + log S``, ``p = e / S``, ``H = logz − Σ p z``."""
     logits = jnp.einsum("bcd,dv->bcv", h_BcD, w_DV, preferred_element_type=jnp.float32) * inv_temp
-    logz = jax.nn.logsumexp(logits, axis=-1)
+    m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    e = jnp.exp(logits - m)
+    s = jnp.sum(e, axis=-1)
+    logz = m[..., 0] + jnp.log(s)
+    probs = e / s[..., None]
+    entropy = logz - jnp.sum(probs * logits, axis=-1)
     logp = jnp.take_along_axis(logits, t_Bc[..., None].astype(jnp.int32), axis=-1)[..., 0] - logz
-    return logits, logz, logp
+    return logp, entropy, logz, probs
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _chunk_logprobs(h_BcD: jax.Array, t_Bc: jax.Array, w_DV: jax.Array, inv_temp: float):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _chunk_logprobs(h_BcD: jax.Array, t_Bc: jax.Array, w_DV: jax.Array, inv_temp: float, keep_probs: bool):
     """One LM-head chunk: ``(logp, entropy)`` ``[B, c]`` float32 of ``log_softmax(h W · inv_temp)``.
 
     Hand-written backward (the entropy is a statistic: it gets no gradient). With ``z = h W · τ⁻¹`` and
@@ -261,25 +271,27 @@ def _chunk_logprobs(h_BcD: jax.Array, t_Bc: jax.Array, w_DV: jax.Array, inv_temp
 
         dz = g · (onehot(t) − p) · τ⁻¹;   dh = dz Wᵀ;   dW = hᵀ dz
 
-    The logits are recomputed in the backward (only ``h``, ``W``, the targets and ``logsumexp`` are kept: no
-    ``[B, c, V]`` residual), as `jax.checkpoint` would, and ``dW`` is written as an explicit ``hᵀ dz`` contraction
-    so that XLA transposes the small ``h`` rather than the ``[B·c, V]`` ``dz`` (measured faster on XLA:CPU).
+    ``keep_probs``: keep ``p`` ``[B, c, V]`` from the forward (memory) instead of recomputing the logits in the
+    backward (one more ``[B·c, D] × [D, V]`` matmul and ``exp``); `compute_logprobs` keeps them when all chunks
+    together stay under `_KEEP_PROBS_BYTES`. ``dW`` is an explicit ``hᵀ dz`` contraction so that XLA transposes the
+    small ``h`` rather than the ``[B·c, V]`` ``dz`` (measured faster on XLA:CPU).
     """
-    return _chunk_logprobs_fwd(h_BcD, t_Bc, w_DV, inv_temp)[0]
+    return _chunk_logprobs_fwd(h_BcD, t_Bc, w_DV, inv_temp, keep_probs)[0]
 
 
-def _chunk_logprobs_fwd(h_BcD, t_Bc, w_DV, inv_temp):
-    logits, logz, logp = _chunk_forward(h_BcD, t_Bc, w_DV, inv_temp)
-    probs = jnp.exp(logits - logz[..., None])
-    entropy = logz - jnp.sum(probs * logits, axis=-1)
-    return (logp, entropy), (h_BcD, t_Bc, w_DV, logz)
+def _chunk_logprobs_fwd(h_BcD, t_Bc, w_DV, inv_temp, keep_probs):
+    logp, entropy, logz, probs = _chunk_forward(h_BcD, t_Bc, w_DV, inv_temp)
+    return (logp, entropy), (h_BcD, t_Bc, w_DV, probs if keep_probs else logz)
 
 
-def _chunk_logprobs_bwd(inv_temp, res, cotangents):
-    h_BcD, t_Bc, w_DV, logz = res
+def _chunk_logprobs_bwd(inv_temp, keep_probs, res, cotangents):
+    h_BcD, t_Bc, w_DV, saved = res
     g_Bc = cotangents[0].astype(jnp.float32)
-    logits = jnp.einsum("bcd,dv->bcv", h_BcD, w_DV, preferred_element_type=jnp.float32) * inv_temp
-    probs = jnp.exp(logits - logz[..., None])
+    if keep_probs:
+        probs = saved
+    else:
+        logits = jnp.einsum("bcd,dv->bcv", h_BcD, w_DV, preferred_element_type=jnp.float32) * inv_temp
+        probs = jnp.exp(logits - saved[..., None])
     onehot = jax.nn.one_hot(t_Bc, w_DV.shape[1], dtype=jnp.float32)
     dz_BcV = (g_Bc * inv_temp)[..., None] * (onehot - probs)
     dh = jnp.einsum("bcv,dv->bcd", dz_BcV, w_DV, preferred_element_type=jnp.float32).astype(h_BcD.dtype)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from unittest import mock
 
 import chex
 import jax
@@ -150,7 +151,9 @@ class TestComputeLogprobs(chex.TestCase):
         assert np.all(np.asarray(ent)[cm] > 0) and np.all(np.asarray(ent)[cm] <= math.log(V) + 1e-5)
 
     def test_no_float32_btv_tensor_and_no_prompt_head(self):
-        """The jaxpr of the log-prob gradient never holds a [B, T, V] or [B, Tc, V] float32 array when chunked."""
+        """The jaxpr of the log-prob gradient never holds a [B, T, V] or [B, Tc, V] float32 array when chunked
+        (above the size where the forward's probabilities are kept for the backward: forced here)."""
+        self.enter_context(mock.patch.object(ts, "_KEEP_PROBS_BYTES", 0))
         config = tiny_config()
         params = models.init_params(config, jax.random.key(1))
         batch = to_batch(config, params, make_batch_np(3, P=2, G=3))
@@ -180,11 +183,13 @@ class TestComputeLogprobs(chex.TestCase):
     ],
     ids=["token-mean-cliphigh", "seqmean-kl-rloo", "gspo-mask-remat"],
 )
-def test_gradient_matches_jax_grad_of_policy_loss(config, params, algo):
+def test_gradient_matches_jax_grad_of_policy_loss(config, params, algo, monkeypatch):
     rewards = np.array([[1, 0, 0, 1], [1, 1, 1, 1], [0.5, 0, 1, 0]], np.float32)
     valid = np.array([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 0, 1]], bool)
     batch = to_batch(config, params, make_batch_np(4, 3, 4, rewards, valid), kl=algo.kl_coef > 0, noise=0.2)
     remat = algo.ratio_level == "sequence"  # one case with per-layer rematerialisation
+    if remat:  # ... and with the LM head's logits recomputed in the backward instead of kept
+        monkeypatch.setattr(ts, "_KEEP_PROBS_BYTES", 0)
     loss, grads, metrics = ts.policy_gradient(config, algo, params, batch, temperature=TEMP, remat=remat)
     ref_fn = reference_loss_fn(config, algo, batch)
     ref_loss, ref_grads = jax.jit(jax.value_and_grad(ref_fn))(params)
