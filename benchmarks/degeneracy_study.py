@@ -62,6 +62,8 @@ from jaxgrpo import data as data_lib
 from jaxgrpo import eval as eval_lib
 from jaxgrpo import trainer as trainer_lib
 
+JENSEN_N = 16  # samples per prompt for the Jensen-gap measurements
+JENSEN_G = [2, 4, 8, 16]
 ESTIMATORS = ("grpo", "dr_grpo", "rloo", "sign", "pass_at_k", "avspo")
 ESTIMATOR_ARGS: dict[str, dict[str, Any]] = {"pass_at_k": {"k": 4}}
 MODES = ("keep", "mask", "resample")
@@ -116,8 +118,24 @@ def _setup_jax(cache_dir: str | None) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+def _git_state() -> str:
+    """HEAD commit, with '+dirty' when jaxgrpo/ or this script has uncommitted changes (the numbers depend on them)."""
+    import subprocess
+
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "jaxgrpo", "benchmarks/degeneracy_study.py"],
+                               cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
 def _meta(kind: str, t0: float, extra: dict[str, Any]) -> dict[str, Any]:
     return {
+        "git": _git_state(),
         "study": kind,
         "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]]),
         "wall_s": round(time.time() - t0, 1),
@@ -230,6 +248,13 @@ def run_synthetic(out: pathlib.Path, s: SyntheticSettings) -> dict[str, Any]:
                      "mixed": 1.0 - res["all_fail_prompts"] - res["all_pass_prompts"],
                      "mean_success_rate": res["mean_success_rate"], "success_counts": res["success_counts"]}
     regimes = choose_regimes({lv: split[lv] for lv in REGIME_LEVELS})
+    jensen_tiny = {}  # the Jensen-gap measurement of the same base policy: n = 16 samples, G in 2..16
+    for lv in LEVELS:
+        ex = level_examples(lv, 2 * s.probe_prompts, 4, "test")
+        res = success_counts(base_tr, base_params, ex, JENSEN_N, jax.random.key(200 + lv), group_sizes=JENSEN_G)
+        jensen_tiny[f"tiny_level{lv}"] = {**{k: v for k, v in res.items() if k != "samples"}, "level": lv,
+                                          "regime": next((k for k, v in regimes.items() if v == lv), None)}
+    _write_json(out / "synthetic" / "jensen_tiny.json", jensen_tiny)
     if s.impossible_control:
         regimes["impossible"] = -1
     print(f"[synthetic] level splits {({k: (v['all_fail'], v['all_pass']) for k, v in split.items()})} "
@@ -314,36 +339,19 @@ def run_synthetic(out: pathlib.Path, s: SyntheticSettings) -> dict[str, Any]:
 
 
 def run_jensen(out: pathlib.Path, quick: bool, gsm8k_dir: pathlib.Path) -> dict[str, Any]:
+    """SmolLM2-135M-Instruct (pretrained, no RL) on GSM8K-test: n = 16 samples per prompt, the degeneracy table at
+    G in {2, 4, 8, 16} from the per-prompt counts (the tiny model's is written by `run_synthetic`, same base policy)."""
     t0 = time.time()
-    group_sizes = [2, 4, 8, 16]
-    n = 16
-    result: dict[str, Any] = {}
-    # tiny base policy, matched level (needs the synthetic base: retrain it, deterministic)
-    s = QUICK if quick else FULL
-    workdir = pathlib.Path(tempfile.mkdtemp(prefix="degeneracy_jensen_"))
-    base_tr, base_params, _ = train_base(s, workdir)
-    synth = out / "synthetic" / "base.json"
-    matched = json.loads(synth.read_text())["regimes"]["matched"] if synth.exists() else 1
-    for lv in LEVELS:
-        ex = level_examples(lv, s.probe_prompts * 2, 4, "test")
-        r = success_counts(base_tr, base_params, ex, n, jax.random.key(200 + lv), group_sizes=group_sizes)
-        r["level"] = lv
-        r["matched"] = lv == matched
-        result[f"tiny_level{lv}"] = {k: v for k, v in r.items() if k != "samples"}
-    print(f"[jensen] tiny done in {time.time() - t0:.0f}s", flush=True)
-    # SmolLM2-135M-Instruct on GSM8K-test
     num_prompts, max_new, per_batch = (4, 16, 4) if quick else (32, 128, 8)
     cfg = config_lib.load_config("smollm2_gsm8k", [f"data.path={gsm8k_dir}", "data.split=test",
                                                    f"data.num_examples={num_prompts}"])
     mcfg, params, tok = trainer_lib.build_policy(cfg, jax.random.key(0))
     examples = data_lib.load_dataset(cfg.data, cfg.seed)
-    t1 = time.time()
-    r = eval_lib.evaluate(mcfg, params, tok, examples, "gsm8k_lenient", num_samples=n, group_sizes=group_sizes,
+    r = eval_lib.evaluate(mcfg, params, tok, examples, "gsm8k_lenient", num_samples=JENSEN_N, group_sizes=JENSEN_G,
                           key=jax.random.key(1), max_new_tokens=max_new, temperature=1.0, data_config=cfg.data,
                           prompts_per_batch=per_batch, keep_texts=3)
-    result["smollm2_gsm8k"] = r
-    result["smollm2_gsm8k"]["settings"].update(num_prompts=num_prompts, split="test", wall_s=_r(time.time() - t1, 1))
-    result["meta"] = _meta("jensen", t0, {"num_samples": n, "group_sizes": group_sizes})
+    r["settings"].update(num_prompts=num_prompts, split="test")
+    result = {"smollm2_gsm8k": r, "meta": _meta("jensen", t0, {"num_samples": JENSEN_N, "group_sizes": JENSEN_G})}
     _write_json(out / "jensen.json", result)
     return result
 
@@ -355,7 +363,7 @@ REAL_ARMS = (("grpo", "keep"), ("sign", "keep"), ("grpo", "mask"))
 
 def run_real(out: pathlib.Path, quick: bool, gsm8k_dir: pathlib.Path) -> dict[str, Any]:
     t0 = time.time()
-    steps, p, g, max_new = (1, 2, 2, 8) if quick else (3, 4, 4, 64)
+    steps, p, g, max_new = (1, 2, 2, 8) if quick else (6, 4, 4, 192)
     curves, arms = [], []
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="degeneracy_real_"))
     for est, mode in REAL_ARMS:
@@ -363,6 +371,7 @@ def run_real(out: pathlib.Path, quick: bool, gsm8k_dir: pathlib.Path) -> dict[st
             f"data.path={gsm8k_dir}", "data.num_examples=512", f"rollout.prompts_per_step={p}",
             f"rollout.group_size={g}", f"rollout.max_new_tokens={max_new}", f"train.steps={steps}",
             "algo.grad_accum_steps=2", f"algo.estimator={est}", f"algo.degenerate_groups={mode}",
+            "data.rewards.gsm8k=null", "data.rewards.gsm8k_lenient=1.0",
             "checkpoint.every=0", "checkpoint.export_final=false", "log.progress=false", "log.tensorboard=false",
             "log.sample_every=0"])
         t1 = time.time()
@@ -380,7 +389,8 @@ def run_real(out: pathlib.Path, quick: bool, gsm8k_dir: pathlib.Path) -> dict[st
                      "samples": tr.last_samples[0][:2]})
         del tr
         result = {"settings": {"prompts": p, "group": g, "max_new_tokens": max_new, "steps": steps, "seed": 0,
-                               "learning_rate": cfg.optim.learning_rate, "reward": "gsm8k (strict, '#### n')"},
+                               "learning_rate": cfg.optim.learning_rate,
+                               "reward": "gsm8k_lenient (last number in the completion)"},
                   "arms": arms, "meta": _meta("real", t0, {})}
         _write_csv(out / "real" / "curves.csv", curves)  # after every arm: a cut-short run keeps what it has
         _write_json(out / "real" / "summary.json", result)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import math
 import pathlib
 import sys
 
@@ -39,7 +40,8 @@ def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("degeneracy")
     assert runner.main(["synthetic", "--quick", "--out", str(out)]) == 0
     d = out / "synthetic"
-    return runner, json.loads((d / "base.json").read_text()), _read_csv(d / "runs.csv"), _read_csv(d / "curves.csv")
+    return (runner, json.loads((d / "base.json").read_text()), _read_csv(d / "runs.csv"), _read_csv(d / "curves.csv"),
+            json.loads((d / "jensen_tiny.json").read_text()))
 
 
 def test_impossible_control_needs_three_digit_answers():
@@ -53,7 +55,7 @@ def test_impossible_control_needs_three_digit_answers():
 
 @pytest.mark.slow
 def test_quick_study_schema_and_facts(quick):
-    runner, base, runs, curves = quick
+    runner, base, runs, curves, _ = quick
     s = runner.QUICK
     # schema
     assert set(base) >= {"settings", "level_split", "regimes", "initial_accuracy", "base_curve", "meta"}
@@ -112,6 +114,23 @@ def test_quick_study_schema_and_facts(quick):
     keep = [int(r["steps"]) for r in runs if r["regime"] == "impossible" and r["mode"] == "keep"]
     resample = [int(r["steps"]) for r in runs if r["regime"] == "impossible" and r["mode"] == "resample"]
     assert min(keep) > max(resample)  # the same budget buys fewer steps when every step samples 4 rounds
+
+
+@pytest.mark.slow
+def test_quick_jensen_table_is_the_hypergeometric_recount(quick):
+    runner, base, _, _, jensen = quick
+    assert set(jensen) == {f"tiny_level{lv}" for lv in runner.LEVELS}
+    for r in jensen.values():
+        n, c = r["num_samples"], np.array(r["success_counts"])
+        assert n == 16 and len(c) == 2 * runner.QUICK.probe_prompts
+        p_bar = c.sum() / (n * len(c))
+        assert [d["group_size"] for d in r["degeneracy"]] == [2, 4, 8, 16]
+        for d in r["degeneracy"]:
+            g = d["group_size"]
+            measured = np.mean([(math.comb(int(k), g) + math.comb(n - int(k), g)) / math.comb(n, g) for k in c])
+            assert d["measured"] == pytest.approx(measured, abs=1e-12)
+            assert d["iid"] == pytest.approx(p_bar**g + (1 - p_bar) ** g, abs=1e-6)
+    assert jensen[f"tiny_level{base['regimes']['matched']}"]["regime"] == "matched"
 
 
 def test_choose_regimes_rule():
