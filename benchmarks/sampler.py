@@ -77,12 +77,13 @@ def bench_jaxgrpo(gguf, prompts, args) -> dict:
     med, times = _median_time(run, args.repeats, "jaxgrpo")
     res = dict(load_s=load_s, first_run_s=warm_s, median_s=med, times_s=times)
     res["tokens_per_s"] = len(prompts) * args.samples * args.new_tokens / med
-    # decode roofline: each step reads every weight once plus the attended KV-cache slots of every row
+    # decode roofline: each step reads every weight once, each prompt's shared prefix cache once (prompt slots Tp)
+    # and every row's own decode cache (M - 1 slots, read whole each step), keys and values
     width = sampling.prompt_bucket(max(len(p) for p in prompts))
-    slots = width + args.new_tokens
+    slots = len(prompts) * width + len(prompts) * args.samples * (args.new_tokens - 1)
     itemsize = np.dtype(config.dtype).itemsize
     weight_bytes = models.count_params(config) * itemsize
-    cache_bytes = 2 * config.num_layers * len(prompts) * args.samples * slots * config.num_kv_heads * config.head_dim
+    cache_bytes = 2 * config.num_layers * slots * config.num_kv_heads * config.head_dim
     res["bytes_per_step"] = weight_bytes + cache_bytes * itemsize
     res["step_s"] = med / args.new_tokens  # prefill included: an upper bound on the decode step time
     if args.bandwidth_gbs:

@@ -196,14 +196,11 @@ def _matmul_bwd(res: tuple[jax.Array, jax.Array], dy_MO: jax.Array) -> tuple[jax
 
 
 _matmul.defvjp(_matmul_fwd, _matmul_bwd)
-_CUSTOM_MATMUL = True  # module switch for A/B profiling (benchmarks); the math is identical either way
 
 
 def _proj(x_BTI: jax.Array, w: jax.Array, n_in: int) -> jax.Array:
     """Contract the last ``n_in`` axes of ``x`` with the first ``n_in`` axes of ``w`` (a dense projection)."""
     in_shape, out_shape = w.shape[:n_in], w.shape[n_in:]
-    if not _CUSTOM_MATMUL:
-        return jnp.tensordot(x_BTI, w, axes=n_in)
     x_flat = x_BTI.reshape(*x_BTI.shape[: x_BTI.ndim - n_in], math.prod(in_shape))
     y = _matmul(x_flat, w.reshape(math.prod(in_shape), math.prod(out_shape)))
     return y.reshape(*y.shape[:-1], *out_shape)
