@@ -175,7 +175,10 @@ def _apply_rope(x_BTXH: jax.Array, cos_BTh: jax.Array, sin_BTh: jax.Array) -> ja
 
 @jax.custom_vjp
 def _matmul(x_MI: jax.Array, w_IO: jax.Array) -> jax.Array:
-    """``x [..., I] @ w [I, O]`` with a hand-written backward (see `_matmul_bwd`)."""
+    """``x [..., I] @ w [I, O]`` with a hand-written backward (see `_matmul_bwd`).
+
+    A `jax.custom_vjp`: reverse mode (`jax.grad`, `jax.vjp`) works, forward mode (`jax.jvp`, `jax.jacfwd`) through the
+    model does not (JAX refuses it for custom-VJP functions)."""
     return jnp.einsum("...i,io->...o", x_MI, w_IO)
 
 
