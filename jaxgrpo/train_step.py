@@ -16,8 +16,8 @@ Inside one `jax.jit` (state donated), for one rollout of P prompts × G samples:
    once for its G completions (same values and gradients; the prompt of group p is read from row ``p*G``, which the
    prompt-major, left-padded `Batch` layout makes identical to the group's other rows) — then only the hidden states
    that predict completion tokens (positions ``Tp-1 … T-2``) go through the LM head, in sequence chunks under `lax.map`
-   with `jax.checkpoint`, ``log_softmax(h·W / temperature)`` in float32: no float32 ``[B, T, V]`` tensor exists in
-   the forward or the backward, and prompt positions cost no LM-head work.
+   with a hand-written backward, ``log_softmax(h·W / temperature)`` in float32: no float32 ``[B, T, V]`` tensor
+   exists, and prompt positions cost no LM-head work.
 3. **Loss** (`losses.policy_loss` inside `shard_map`, ``axis_name=BATCH_AXES``): the clipped surrogate with every
    algo option, the importance ratio ``ρ = exp(logp − old_logprobs)`` taken against the *sampler's* log-probs (kept
    for all μ iterations, so ``ρ ≠ 1`` from the second iteration on), plus ``kl_coef · KL(π‖π_ref)`` only when
@@ -248,10 +248,15 @@ def compute_logprobs(
     return unchunk(logp_NBc), unchunk(ent_NBc)
 
 
+def _chunk_logits(h_BcD: jax.Array, w_DV: jax.Array, inv_temp: float) -> jax.Array:
+    """``z = h W · τ⁻¹`` ``[B, c, V]``, accumulated in float32."""
+    return jnp.einsum("bcd,dv->bcv", h_BcD, w_DV, preferred_element_type=jnp.float32) * inv_temp
+
+
 def _chunk_forward(h_BcD: jax.Array, t_Bc: jax.Array, w_DV: jax.Array, inv_temp: float):
     """``(logp, entropy, logz, probs)`` of one chunk, with one pass of ``exp`` over the ``[B, c, V]`` logits:
     ``m = max z``, ``e = exp(z − m)``, ``S = Σ e``; ``logz = m + log S``, ``p = e / S``, ``H = logz − Σ p z``."""
-    logits = jnp.einsum("bcd,dv->bcv", h_BcD, w_DV, preferred_element_type=jnp.float32) * inv_temp
+    logits = _chunk_logits(h_BcD, w_DV, inv_temp)
     m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
     e = jnp.exp(logits - m)
     s = jnp.sum(e, axis=-1)
@@ -290,8 +295,7 @@ def _chunk_logprobs_bwd(inv_temp, keep_probs, res, cotangents):
     if keep_probs:
         probs = saved
     else:
-        logits = jnp.einsum("bcd,dv->bcv", h_BcD, w_DV, preferred_element_type=jnp.float32) * inv_temp
-        probs = jnp.exp(logits - saved[..., None])
+        probs = jnp.exp(_chunk_logits(h_BcD, w_DV, inv_temp) - saved[..., None])
     onehot = jax.nn.one_hot(t_Bc, w_DV.shape[1], dtype=jnp.float32)
     dz_BcV = (g_Bc * inv_temp)[..., None] * (onehot - probs)
     dh = jnp.einsum("bcv,dv->bcd", dz_BcV, w_DV, preferred_element_type=jnp.float32).astype(h_BcD.dtype)

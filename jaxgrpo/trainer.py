@@ -202,7 +202,7 @@ class Trainer:
         first = self.sample(self.iterator.next_batch(), key)
         a = self.cfg.algo
         if a.degenerate_groups != "resample":
-            return first, {"tokens/sampled": float(np.asarray(first.completions.mask).sum())}
+            return first, {"tokens/sampled": sampled_tokens([first])}
         want = len(first.prompt_ids)
         pool, informative, degenerate = [first], [], []
         while True:
@@ -217,7 +217,7 @@ class Trainer:
         kept = (informative + degenerate)[:want]
         sampled = sum(len(r.prompt_ids) for r in pool)
         return merge_groups(pool, kept), {
-            "tokens/sampled": float(sum(np.asarray(r.completions.mask).sum() for r in pool)),
+            "tokens/sampled": sampled_tokens(pool),
             "resample/rounds": float(len(pool)),
             "resample/discarded_groups": float(sampled - want),
             "resample/degenerate_frac": len(degenerate) / sampled,
@@ -322,6 +322,11 @@ def merge_groups(pool: list[Rollout], picks: list[tuple[int, int]]) -> Rollout:
     )
 
 
+def sampled_tokens(rollouts: list[Rollout]) -> float:
+    """Completion tokens sampled in these rollouts (every round of a step, discarded groups included)."""
+    return float(sum(np.asarray(r.completions.mask).sum() for r in rollouts))
+
+
 def run(cfg: config_lib.Config, run_dir: str | os.PathLike) -> list[dict[str, float]]:
     """Trains to `cfg.train.steps` (or until `cfg.train.max_sampled_tokens` completion tokens were sampled, counting
     every resampling round), resuming from `run_dir` if it holds a checkpoint; returns this call's metrics."""
@@ -333,8 +338,12 @@ def run(cfg: config_lib.Config, run_dir: str | os.PathLike) -> list[dict[str, fl
     history = []
     step = trainer.start_step
     budget = cfg.train.max_sampled_tokens
+
+    def finished() -> bool:
+        return step >= cfg.train.steps or (budget is not None and trainer.sampled_tokens >= budget)
+
     try:
-        while step < cfg.train.steps and not (budget is not None and trainer.sampled_tokens >= budget):
+        while not finished():
             metrics = trainer.step(step)
             step += 1
             trainer.sampled_tokens += int(metrics["tokens/sampled"])
@@ -349,11 +358,11 @@ def run(cfg: config_lib.Config, run_dir: str | os.PathLike) -> list[dict[str, fl
                 trainer.ckpt.save(step, trainer.state, trainer.checkpoint_extra(), force=True)
             if preempted:
                 break
-        finished = step >= cfg.train.steps or (budget is not None and trainer.sampled_tokens >= budget)
-        if finished and cfg.checkpoint.every and step % cfg.checkpoint.every:
+        done = finished()
+        if done and cfg.checkpoint.every and step % cfg.checkpoint.every:
             trainer.ckpt.save(step, trainer.state, trainer.checkpoint_extra(), force=True)
         trainer.ckpt.wait()
-        if finished and cfg.checkpoint.export_final:
+        if done and cfg.checkpoint.export_final:
             models.save_pretrained(trainer.model_config, jax.device_get(trainer.state.params),
                                    trainer.run_dir / "final")
             trainer.tokenizer.save_pretrained(trainer.run_dir / "final")
