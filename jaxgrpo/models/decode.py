@@ -34,38 +34,6 @@ from jaxgrpo.models.config import ModelConfig
 Params = tfm.Params
 
 
-def _grouped_attention(
-    q_NTKGH: jax.Array,
-    kp_PSKH: jax.Array,
-    vp_PSKH: jax.Array,
-    prefix_mask_PS: jax.Array,
-    kd_NMKH: jax.Array,
-    vd_NMKH: jax.Array,
-    mask_NTM: jax.Array,
-) -> jax.Array:
-    """Softmax attention of ``q [N, t, K, G, H]`` over (its prompt's prefix keys, its own decode keys) ->
-    ``[N, t, K, G, H]``; scores and softmax in float32; a query with no visible key gets 0 (as in the plain path)."""
-    N, T, K, G, H = q_NTKGH.shape
-    P, Tp = prefix_mask_PS.shape
-    R = N // P
-    scale = H**-0.5
-    q_PRTKGH = q_NTKGH.reshape(P, R, T, K, G, H)
-    sp_PKRTGS = jnp.einsum("prtkgh,pskh->pkrtgs", q_PRTKGH, kp_PSKH, preferred_element_type=jnp.float32) * scale
-    # prefix scores in the per-row layout [N, K, G, T, Tp] (a small tensor: no key or value is copied)
-    sp_NKGTS = sp_PKRTGS.transpose(0, 2, 1, 4, 3, 5).reshape(N, K, G, T, Tp)
-    sd_NKGTM = jnp.einsum("ntkgh,nmkh->nkgtm", q_NTKGH, kd_NMKH, preferred_element_type=jnp.float32) * scale
-    mp_N11TS = jnp.broadcast_to(jnp.repeat(prefix_mask_PS.astype(bool), R, axis=0)[:, None, None, None, :],
-                                (N, 1, 1, T, Tp))  # fmt: skip
-    mask = jnp.concatenate([mp_N11TS, mask_NTM[:, None, None, :, :]], axis=-1)
-    s = jnp.where(mask, jnp.concatenate([sp_NKGTS, sd_NKGTM], axis=-1), tfm._NEG)
-    p = jax.nn.softmax(s, axis=-1)
-    p = jnp.where(jnp.any(mask, axis=-1, keepdims=True), p, 0.0)
-    pp_PKRTGS = p[..., :Tp].reshape(P, R, K, G, T, Tp).transpose(0, 2, 1, 4, 3, 5)
-    out_PRTKGH = jnp.einsum("pkrtgs,pskh->prtkgh", pp_PKRTGS.astype(vp_PSKH.dtype), vp_PSKH)
-    out_NTKGH = jnp.einsum("nkgtm,nmkh->ntkgh", p[..., Tp:].astype(vd_NMKH.dtype), vd_NMKH)
-    return out_PRTKGH.reshape(N, T, K, G, H) + out_NTKGH
-
-
 def forward_with_prefix_cache(
     config: ModelConfig,
     params: Params,
@@ -127,7 +95,8 @@ def forward_with_prefix_cache(
         v_LNMKH = jax.lax.dynamic_update_slice(v_LNMKH, v_NTKH[None].astype(v_LNMKH.dtype), idx)
         kd = jax.lax.dynamic_index_in_dim(k_LNMKH, i, 0, keepdims=False).astype(q.dtype)
         vd = jax.lax.dynamic_index_in_dim(v_LNMKH, i, 0, keepdims=False).astype(q.dtype)
-        a = _grouped_attention(q, kp_PSKH.astype(q.dtype), vp_PSKH.astype(q.dtype), prefix_mask, kd, vd, mask_NTM)
+        kp, vp = kp_PSKH.astype(q.dtype), vp_PSKH.astype(q.dtype)
+        a = tfm._attend_shared_prefix(q, kp, vp, prefix_mask, kd, vd, mask_NTM)
         return (tfm._finish_block(config, lp, x_NTD, a), k_LNMKH, v_LNMKH), None
 
     layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)

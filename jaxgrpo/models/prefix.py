@@ -96,9 +96,7 @@ def prefix_shared_hidden(
     # Masks: prompt queries -> causal over prompt keys; completion queries -> all real prompt keys of the group, then
     # causal over the real keys of their own completion.
     mask_PTT = jnp.tril(jnp.ones((Tp, Tp), bool))[None] & pm_PT[:, None, :]
-    pkey_BCT = jnp.broadcast_to(jnp.repeat(pm_PT, G, axis=0)[:, None, :], (B, Tc, Tp))
     ckey_BCC = jnp.tril(jnp.ones((Tc, Tc), bool))[None] & cm_BC[:, None, :]
-    mask_BCS = jnp.concatenate([pkey_BCT, ckey_BCC], axis=2)
     eps = config.rms_norm_eps
 
     def block(carry, lp):
@@ -108,10 +106,9 @@ def prefix_shared_hidden(
         xp_new = tfm._finish_block(config, lp, xp_PTD, tfm._attend(qp, kp_PTKH, vp_PTKH, mask_PTT))
         hc = tfm._rms_norm(xc_BCD, lp["attn_norm"], eps)
         qc, kc_BCKH, vc_BCKH = tfm._qkv(config, lp, hc, cos_c, sin_c)
-        # The group's prompt keys/values serve its G completions (repeat along rows; its gradient sums over G).
-        k_BSKH = jnp.concatenate([jnp.repeat(kp_PTKH, G, axis=0), kc_BCKH], axis=1)
-        v_BSKH = jnp.concatenate([jnp.repeat(vp_PTKH, G, axis=0), vc_BCKH], axis=1)
-        xc_new = tfm._finish_block(config, lp, xc_BCD, tfm._attend(qc, k_BSKH, v_BSKH, mask_BCS))
+        # The group's prompt keys/values serve its G completions, read once per group (their gradient sums over G).
+        a_c = tfm._attend_shared_prefix(qc, kp_PTKH, vp_PTKH, pm_PT, kc_BCKH, vc_BCKH, ckey_BCC)
+        xc_new = tfm._finish_block(config, lp, xc_BCD, a_c)
         return (xp_new, xc_new), None
 
     if remat:

@@ -237,6 +237,42 @@ def _attend(q_BTKGH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask_BTS: 
     return jnp.einsum("bkgts,bskh->btkgh", p_BKGTS.astype(v_BSKH.dtype), v_BSKH)
 
 
+def _attend_shared_prefix(
+    q_NTKGH: jax.Array,
+    kp_PSKH: jax.Array,
+    vp_PSKH: jax.Array,
+    prefix_mask_PS: jax.Array,
+    kd_NMKH: jax.Array,
+    vd_NMKH: jax.Array,
+    mask_NTM: jax.Array,
+) -> jax.Array:
+    """Softmax attention of ``q [N, t, K, G, H]`` (``N = P * R`` prompt-major rows) over the keys of its prompt
+    ``n // R`` (``[P, Tp, K, H]``, shared by the prompt's R rows, masked by ``prefix_mask [P, Tp]``) and its own keys
+    (``[N, M, K, H]``, masked by ``mask_NTM [N, t, M]``), one softmax over both -> ``[N, t, K, G, H]``. Equals
+    `_attend` over the concatenated keys ``[prefix_p ; own_n]`` without repeating the prefix R times: the prefix
+    scores of a prompt's rows are one ``[R * t * G, H] x [H, Tp]`` product per (prompt, kv head). Scores and
+    softmax in float32; a query with no visible key gets 0 (as `_attend`)."""
+    N, T, K, G, H = q_NTKGH.shape
+    P, Tp = prefix_mask_PS.shape
+    R = N // P
+    scale = H**-0.5
+    q_PRTKGH = q_NTKGH.reshape(P, R, T, K, G, H)
+    sp_PKRTGS = jnp.einsum("prtkgh,pskh->pkrtgs", q_PRTKGH, kp_PSKH, preferred_element_type=jnp.float32) * scale
+    # prefix scores moved to the per-row layout [N, K, G, T, Tp] (a transpose of scores; no key or value is copied)
+    sp_NKGTS = sp_PKRTGS.transpose(0, 2, 1, 4, 3, 5).reshape(N, K, G, T, Tp)
+    sd_NKGTM = jnp.einsum("ntkgh,nmkh->nkgtm", q_NTKGH, kd_NMKH, preferred_element_type=jnp.float32) * scale
+    mp_N11TS = jnp.broadcast_to(jnp.repeat(prefix_mask_PS.astype(bool), R, axis=0)[:, None, None, None, :],
+                                (N, 1, 1, T, Tp))  # fmt: skip
+    mask = jnp.concatenate([mp_N11TS, mask_NTM[:, None, None, :, :]], axis=-1)
+    s = jnp.where(mask, jnp.concatenate([sp_NKGTS, sd_NKGTM], axis=-1), _NEG)
+    p = jax.nn.softmax(s, axis=-1)
+    p = jnp.where(jnp.any(mask, axis=-1, keepdims=True), p, 0.0)
+    pp_PKRTGS = p[..., :Tp].reshape(P, R, K, G, T, Tp).transpose(0, 2, 1, 4, 3, 5)
+    out_PRTKGH = jnp.einsum("pkrtgs,pskh->prtkgh", pp_PKRTGS.astype(vp_PSKH.dtype), vp_PSKH)
+    out_NTKGH = jnp.einsum("nkgtm,nmkh->ntkgh", p[..., Tp:].astype(vd_NMKH.dtype), vd_NMKH)
+    return out_PRTKGH.reshape(N, T, K, G, H) + out_NTKGH
+
+
 def _finish_block(config: ModelConfig, lp: Params, x_BTD: jax.Array, a_BTKGH: jax.Array) -> jax.Array:
     """Residual after attention (output projection), then the SwiGLU MLP block."""
     B, T = x_BTD.shape[:2]
