@@ -289,8 +289,8 @@ def test_eos_mask_lengths_truncated(tiny):
 
 def test_jit_cache_is_bounded_over_varying_prompts(tiny):
     """Prefill compiles once per (prompt bucket, packed-width bucket, batch bucket), decode once per (prompt bucket,
-    batch bucket): 20 calls with 10 different prompt-length pairs compile a handful of programs, and calling again
-    with new prompts of the same buckets compiles nothing."""
+    batch bucket): 14 calls (10 different prompt-length pairs, then 1-4 prompts) compile a handful of programs, and
+    calling again with new prompts of the same buckets compiles nothing."""
     config, params = tiny
     config = dataclasses.replace(config, max_position_embeddings=config.max_position_embeddings + 1)  # fresh jit key
     prefill0, decode0 = sampling._prefill._cache_size(), sampling._decode._cache_size()
