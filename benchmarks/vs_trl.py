@@ -175,12 +175,12 @@ def run_jaxgrpo(steps: int, prefix_sharing: bool) -> dict:
         real_step = trainer.step_fn
         last = {}
 
-        def timed_step(state, batch):
+        def timed_step(state, batch, **kw):
             t = time.perf_counter()
-            state, metrics = real_step(state, batch)
+            state, metrics = real_step(state, batch, **kw)
             metrics = jax.block_until_ready(metrics)
             timings["update"].append(time.perf_counter() - t)
-            last["batch"] = batch
+            last["batch"], last["kw"] = batch, kw
             return state, metrics
 
         sampling.generate, rewards_lib.score, trainer.step_fn = timed_generate, timed_score, timed_step
@@ -201,7 +201,8 @@ def run_jaxgrpo(steps: int, prefix_sharing: bool) -> dict:
             sampling.generate, rewards_lib.score = real_generate, real_score
         # The forward log-prob pass alone (no gradient), on the last batch, for its share of the update.
         group = G if (supports_prefix and prefix_sharing) else 0
-        kw = {"group_size": group} if group else {}
+        packed = last["kw"].get("packed_prompt_width", 0)  # the width the trainer's step ran its prompts packed in
+        kw = {"group_size": group, "packed_width": packed} if group else {}
         fwd = jax.jit(lambda p, b: ts.compute_logprobs(trainer.model_config, p, b, cfg.rollout.temperature, **kw)[0])
         jax.block_until_ready(fwd(trainer.state.params, last["batch"]))
         fwd_s = []
@@ -214,6 +215,7 @@ def run_jaxgrpo(steps: int, prefix_sharing: bool) -> dict:
     return {
         "framework": f"jaxgrpo (jax {jax.__version__})",
         "prefix_sharing": bool(supports_prefix and prefix_sharing),
+        "packed_prompt_width": packed,
         "step_s": step_s,
         "compile_s": compile_s,
         "trainer_sample_s": sample_s,

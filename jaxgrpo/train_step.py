@@ -14,7 +14,8 @@ Inside one `jax.jit` (state donated), for one rollout of P prompts × G samples:
 2. **Log-probs** (`compute_logprobs`): `models.hidden_states` on the whole rows — or, with
    ``algo.prefix_sharing``, `jaxgrpo.models.prefix.prefix_shared_predictors`, which encodes each group's prompt
    once for its G completions (same values and gradients; the prompt of group p is read from row ``p*G``, which the
-   prompt-major, left-padded `Batch` layout makes identical to the group's other rows) — then only the hidden states
+   prompt-major, left-padded `Batch` layout makes identical to the group's other rows; with ``packed_prompt_width``
+   the prompts run packed end to end, so no decoder work is spent on their padding) — then only the hidden states
    that predict completion tokens (positions ``Tp-1 … T-2``) go through the LM head, in sequence chunks under `lax.map`
    with a hand-written backward, ``log_softmax(h·W / temperature)`` in float32: no float32 ``[B, T, V]`` tensor
    exists, and prompt positions cost no LM-head work.
@@ -197,6 +198,8 @@ def compute_logprobs(
     *,
     remat: bool = False,
     group_size: int = 0,
+    packed_width: int = 0,
+    pack_rows: int = 1,
 ) -> tuple[jax.Array, jax.Array]:
     """Per-token log-probs and entropies ``([B, Tc], [B, Tc])`` float32 of the completion tokens of `batch`.
 
@@ -209,6 +212,9 @@ def compute_logprobs(
     about one ``[B, T, D]`` per layer for ~1/3 more compute. ``group_size = G > 1``: prefix sharing — rows
     ``p*G .. p*G+G-1`` must hold the same (left-padded) prompt, as in the train step's `Batch`; the prompt is taken
     from row ``p*G`` and encoded once per group (`jaxgrpo.models.prefix`); same values and gradients as 0 (plain).
+    ``packed_width``, ``pack_rows`` (prefix sharing only): run the group prompts packed end to end in ``pack_rows``
+    rows of ``packed_width`` tokens instead of left-padded (`jaxgrpo.models.prefix.prefix_shared_hidden`; same
+    values, no work on prompt padding); size it with `packed_prompt_width`.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 (greedy rollouts have no log-probs to train on), got {temperature}")
@@ -226,7 +232,15 @@ def compute_logprobs(
         raise ValueError(f"group_size={group_size} must be 0/1 (no prefix sharing) or divide the {B} rows (B = P*G)")
     if group_size > 1:
         h_BCD = prefix_lib.prefix_shared_predictors(
-            model_config, params, batch.tokens, batch.prompt_mask, batch.completion_mask, group_size, remat=remat
+            model_config,
+            params,
+            batch.tokens,
+            batch.prompt_mask,
+            batch.completion_mask,
+            group_size,
+            remat=remat,
+            packed_width=packed_width,
+            pack_rows=pack_rows,
         )
     else:
         attention_mask = jnp.concatenate([batch.prompt_mask, batch.completion_mask], axis=1).astype(bool)
@@ -447,7 +461,7 @@ class _Step:
 
     # -- 3. one micro-batch: loss (weighted by its share of the global normalizer) and statistics
     def micro_loss(
-        self, params: Params, mb: dict[str, jax.Array], group_size: int
+        self, params: Params, mb: dict[str, jax.Array], group_size: int, packed_width: int = 0
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         algo = self.algo
         batch = Batch(
@@ -466,6 +480,8 @@ class _Step:
             algo.logprob_chunk,
             remat=self.remat,
             group_size=group_size if algo.prefix_sharing else 0,
+            packed_width=packed_width if algo.prefix_sharing else 0,
+            pack_rows=self.num_shards,
         )
         logp = self._constrain_rows(logp)
         max_tokens = algo.max_tokens if algo.max_tokens is not None else logp.shape[1]
@@ -533,9 +549,9 @@ class _Step:
 
     # -- gradient of one minibatch (grad accumulation over its micro-batches)
     def minibatch_grad(
-        self, params: Params, mbs: dict[str, jax.Array], group_size: int
+        self, params: Params, mbs: dict[str, jax.Array], group_size: int, packed_width: int = 0
     ) -> tuple[jax.Array, Params, dict]:
-        grad_fn = jax.value_and_grad(lambda p, mb: self.micro_loss(p, mb, group_size), has_aux=True)
+        grad_fn = jax.value_and_grad(lambda p, mb: self.micro_loss(p, mb, group_size, packed_width), has_aux=True)
         if self.ga == 1:
             first = jax.tree.map(lambda x: x[0], mbs)
             (loss, aux), grads = grad_fn(params, first)
@@ -577,11 +593,33 @@ class _Step:
         return out
 
 
-def _minibatch_gradient(step: _Step, params: Params, batch: Batch) -> tuple[jax.Array, Params, dict]:
+def _minibatch_gradient(
+    step: _Step, params: Params, batch: Batch, packed_width: int = 0
+) -> tuple[jax.Array, Params, dict]:
     Pn, G = _check_batch(batch, step.algo, step.num_shards)
     prep = step.prepare(batch)
     mbs = jax.tree.map(lambda x: x[0], step.split_batch(batch, prep))
-    return step.minibatch_grad(params, mbs, G)
+    return step.minibatch_grad(params, mbs, G, packed_width)
+
+
+def packed_prompt_width(
+    prompt_lengths: Any, prompt_width: int, algo: AlgoConfig, mesh: Mesh | None = None
+) -> int:
+    """The ``packed_prompt_width`` to give ``step_fn`` (and `policy_gradient`) for a rollout whose P prompts have
+    these lengths in a batch of prompt width ``prompt_width``: with ``algo.prefix_sharing`` the train step runs each
+    micro-batch's prompts packed end to end, one row per batch shard, instead of left-padded, so no decoder work is
+    spent on prompt padding (`jaxgrpo.models.prefix`). The width holds the longest possible row (the
+    ``P / (num_minibatches * grad_accum_steps * shards)`` longest prompts), rounded up to
+    `jaxgrpo.models.prefix.PACK_BUCKET`; 0 (padded rows) when prefix sharing is off or packing would not save."""
+    if not algo.prefix_sharing:
+        return 0
+    shards = 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
+    parts = int(algo.num_minibatches) * int(algo.grad_accum_steps) * shards
+    lengths = np.asarray(prompt_lengths)
+    if len(lengths) % parts:
+        raise ValueError(f"{len(lengths)} prompts cannot be split into {parts} parts (minibatches x accum x shards)")
+    # each micro-batch has `shards` rows of P / parts prompts: size a row from the P / parts longest prompts
+    return prefix_lib.packed_width(lengths, parts, prompt_width=prompt_width)
 
 
 def policy_gradient(
@@ -593,15 +631,17 @@ def policy_gradient(
     temperature: float = 1.0,
     mesh: Mesh | None = None,
     remat: bool = False,
+    packed_prompt_width: int = 0,
 ) -> tuple[jax.Array, Params, dict[str, jax.Array]]:
     """Loss, gradient and policy-loss metrics of the first optimizer update of a train step (minibatch 0, with
     the configured gradient accumulation) — the exact function `make_train_step` differentiates. Jitted inside.
-    For research code and tests; `make_train_step` is the entry point for training."""
+    For research code and tests; `make_train_step` is the entry point for training. ``packed_prompt_width``: as
+    for ``step_fn`` (see `packed_prompt_width`)."""
     step = _Step(model_config, algo, mesh, temperature, remat)
 
     @jax.jit
     def run(params, batch):
-        loss, grads, aux = _minibatch_gradient(step, params, batch)
+        loss, grads, aux = _minibatch_gradient(step, params, batch, packed_prompt_width)
         return loss, grads, aux["metrics"]
 
     return run(params, batch)
@@ -636,6 +676,8 @@ def make_train_step(
     ``step_fn`` is a `jax.jit` function (state donated: do not reuse the input state). ``temperature`` is the
     rollout temperature (the sampler's logits were divided by it). ``total_steps``: rollout steps of the run, for
     the schedule. ``remat``: recompute decoder layers in the backward pass (see `compute_logprobs`).
+    ``step_fn(state, batch, packed_prompt_width=W)`` (static; compiles once per distinct ``W``): with prefix sharing,
+    run the prompts packed end to end (no work on prompt padding, same result); ``W`` from `packed_prompt_width`.
     With ``mesh``, ``init_fn`` places params/optimizer state by their logical axes and the batch must come from
     `global_batch` (or be placed with `jaxgrpo.sharding.batch_sharding`). ``init_fn`` takes ownership of the
     params it is given: the first step donates them (pass a copy to keep using the originals).
@@ -661,7 +703,9 @@ def make_train_step(
             count = jnp.zeros((), jnp.int32)
         return TrainState(params=params, opt_state=opt_state, step=count, rng=key)
 
-    def train_step(state: TrainState, batch: Batch) -> tuple[TrainState, dict[str, jax.Array]]:
+    def train_step(
+        state: TrainState, batch: Batch, packed_prompt_width: int = 0
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
         _check_batch(batch, algo, step.num_shards)
         prep = step.prepare(batch)
         split = step.split_batch(batch, prep)
@@ -669,7 +713,7 @@ def make_train_step(
         def update(carry, u):
             params, opt_state = carry
             mbs = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, u % step.nm, keepdims=False), split)
-            loss, grads, aux = step.minibatch_grad(params, mbs, batch.rewards.shape[1])
+            loss, grads, aux = step.minibatch_grad(params, mbs, batch.rewards.shape[1], packed_prompt_width)
             grad_norm = optax.global_norm(grads)
             upd, opt_state = tx.update(grads, opt_state, params)
             params = optax.apply_updates(params, upd)
@@ -709,10 +753,12 @@ def make_train_step(
         return new_state, metrics
 
     if mesh is None:
-        step_fn = jax.jit(train_step, donate_argnums=0)
+        step_fn = jax.jit(train_step, donate_argnums=0, static_argnames="packed_prompt_width")
     else:
         rep = NamedSharding(mesh, P())
-        step_fn = jax.jit(train_step, donate_argnums=0, out_shardings=(state_sh, rep))
+        step_fn = jax.jit(
+            train_step, donate_argnums=0, out_shardings=(state_sh, rep), static_argnames="packed_prompt_width"
+        )
     return init_fn, step_fn
 
 

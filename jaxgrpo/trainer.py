@@ -236,7 +236,9 @@ class Trainer:
             batch = ts.global_batch(process_share(batch, len(roll.prompt_ids)), self.mesh)
         if self.ref_params is not None:
             batch = batch.replace(ref_logprobs=self.ref_logprobs(self.ref_params, batch))
-        self.state, metrics = self.step_fn(self.state, batch)
+        # With prefix sharing the step runs the prompts packed end to end (a static width: one compile per bucket).
+        packed = ts.packed_prompt_width([len(p) for p in roll.prompt_ids], width, self.cfg.algo, self.mesh)
+        self.state, metrics = self.step_fn(self.state, batch, packed_prompt_width=packed)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         t2 = time.perf_counter()
         comp = roll.completions

@@ -15,7 +15,13 @@ import pytest
 from model_helpers import random_params
 
 from jaxgrpo.models import ModelConfig, hidden_states, lm_head
-from jaxgrpo.models.prefix import check_groups, group_prompts, prefix_shared_hidden, prefix_shared_predictors
+from jaxgrpo.models.prefix import (
+    check_groups,
+    group_prompts,
+    packed_width,
+    prefix_shared_hidden,
+    prefix_shared_predictors,
+)
 
 V = 61
 P, G, TP, TC = 2, 3, 6, 5
@@ -62,9 +68,13 @@ def logprobs(cfg, params, h_BCD, tokens):
     return jnp.take_along_axis(jax.nn.log_softmax(logits), tokens[:, TP:, None], axis=-1)[..., 0]
 
 
+# Packed prompt rows (prompt lengths 6 and 2): two rows of width 7 (one unused column each) or one row of exactly 8.
+PACKINGS = {"shared": {}, "packed": dict(packed_width=7, pack_rows=2), "remat": dict(remat=True, packed_width=8)}
+
+
 def loss_fn(cfg, params, tokens, pmask, cmask, adv, mode: str):
     if mode != "plain":
-        h = prefix_shared_predictors(cfg, params, tokens, pmask, cmask, G, remat=mode == "remat")
+        h = prefix_shared_predictors(cfg, params, tokens, pmask, cmask, G, **PACKINGS[mode])
     else:
         h = plain_predictors(cfg, params, tokens, pmask, cmask)
     logp = logprobs(cfg, params, h, tokens)
@@ -101,7 +111,8 @@ class TestPrefixShared(chex.TestCase):
             params = random_params(cfg, seed=1, **PARAMS)
             tokens, pm, cm, *_ = rollout(seed=2)
 
-            modes = ("plain", "shared", "remat") if arch == "qwen3" else ("plain", "shared", "shared")
+            # "packed": prompts packed end to end; "remat": recomputed layers, prompts packed in one row
+            modes = ("plain", "shared", "remat") if arch == "qwen3" else ("plain", "shared", "packed")
 
             @jax.jit
             def run(params, tokens, pm, cm, adv, cfg=cfg, modes=modes):
@@ -119,6 +130,40 @@ class TestPrefixShared(chex.TestCase):
             # every parameter gets gradient (so equality is not 0 == 0), including the prompt-only path's weights
             for path, g in jax.tree_util.tree_flatten_with_path(g1)[0]:
                 assert float(jnp.abs(g).max()) > 0, (arch, jax.tree_util.keystr(path))
+
+    def test_packed_prompts_equal_padded(self):
+        # Prompts packed end to end (one row, or one per prompt; exact width or with unused columns) compute the same
+        # states as the left-padded prompt rows and the plain forward.
+        for arch in ("llama", "qwen3"):
+            cfg = CONFIGS[arch]
+            params = random_params(cfg, **PARAMS)
+            tokens, pm, cm, prompts, pmask, comp, cmask = rollout(seed=3)
+            ref = jax.jit(hidden_states, static_argnums=0)(cfg, params, tokens, None, jnp.concatenate([pm, cm], 1))
+            for rows, width in ((1, 8), (1, 13), (2, 6), (2, 9)):
+                fn = jax.jit(prefix_shared_hidden, static_argnums=0, static_argnames=("packed_width", "pack_rows"))
+                h_c, h_last = fn(cfg, params, prompts, pmask, comp, cmask, packed_width=width, pack_rows=rows)
+                chex.assert_shape((h_c, h_last), ((P, G, TC, cfg.hidden_size), (P, cfg.hidden_size)))
+                chex.assert_tree_all_finite((h_c, h_last))
+                msg = f"{arch} rows={rows} width={width}"
+                np.testing.assert_allclose(h_c.reshape(P * G, TC, -1), ref[:, TP:], rtol=1e-5, atol=1e-5, err_msg=msg)
+                np.testing.assert_allclose(h_last, ref[::G, TP - 1], rtol=1e-5, atol=1e-5, err_msg=msg)
+
+    def test_packed_width_and_errors(self):
+        # the sum of the P/rows longest prompts, rounded up to 64; 0 when not narrower than the padded rows
+        assert packed_width([100, 30, 70, 20], 2) == 192
+        assert packed_width([100, 30, 70, 20], 2, prompt_width=128) == 192
+        assert packed_width([100, 30, 70, 20], 1, prompt_width=128) == 256
+        assert packed_width([100, 30, 70, 20], 4, prompt_width=100) == 0  # 128 >= 1 * 100
+        assert packed_width([6, 2], 1) == 64
+        with pytest.raises(ValueError, match="pack_rows=3 must divide the 4 prompts"):
+            packed_width([1, 2, 3, 4], 3)
+        cfg = CONFIGS["llama"]
+        params = random_params(cfg, **PARAMS)
+        _, _, _, prompts, pmask, comp, cmask = rollout()
+        with pytest.raises(ValueError, match="packed_width=7 cannot hold a packed row of 8 prompt tokens"):
+            prefix_shared_hidden(cfg, params, prompts, pmask, comp, cmask, packed_width=7)
+        with pytest.raises(ValueError, match="pack_rows=3 must divide the 2 prompts"):
+            prefix_shared_hidden(cfg, params, prompts, pmask, comp, cmask, packed_width=8, pack_rows=3)
 
     def test_single_completion_token(self):
         cfg = CONFIGS["llama"]

@@ -1,7 +1,8 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
 """The train step with prefix sharing (``algo.prefix_sharing=True``, jaxgrpo.models.prefix) equals the step without:
 same loss, every metric and the updated params after two steps, within 1e-5 relative, on one device and on the
-8-device mesh (data=4 × fsdp=2); and `compute_logprobs(group_size=G)` equals the plain `compute_logprobs`.
+8-device mesh (data=4 × fsdp=2), with the prompts run packed end to end (``packed_prompt_width``, as the trainer
+runs them); and `compute_logprobs(group_size=G)` equals the plain `compute_logprobs`.
 
 The plain step is itself tested against an independent reference (models.forward + advantages + losses) in
 test_train_step.py; prefix sharing only changes how the completion tokens' hidden states are computed.
@@ -31,6 +32,13 @@ CASES = {
 }  # fmt: skip
 
 
+def packed_width(batch, G: int, parts: int) -> int:
+    """A packed row width that holds any P / parts of the batch's prompts (the sum of the longest), not rounded up
+    to a bucket (nor replaced by 0 when not narrower) as `packed_prompt_width` does: the tiny prompts run packed."""
+    lengths = np.sort(np.asarray(batch.prompt_mask)[::G].sum(1))[::-1]
+    return int(lengths[: len(lengths) // parts].sum())
+
+
 def run(name: str, prefix_sharing: bool, mesh=None) -> tuple[dict, dict]:
     case = CASES[name]
     config = tiny_config()
@@ -39,11 +47,14 @@ def run(name: str, prefix_sharing: bool, mesh=None) -> tuple[dict, dict]:
     batch = to_batch(config, params, make_batch_np(5, case["P"], case["G"]), kl=algo.kl_coef > 0, noise=0.1)
     init_fn, step_fn = ts.make_train_step(config, algo, OPTIM, mesh=mesh, temperature=TEMP, total_steps=10)
     state = init_fn(params, jax.random.key(1))
+    shards = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+    parts = algo.num_minibatches * algo.grad_accum_steps * shards
+    width = packed_width(batch, case["G"], parts) if prefix_sharing else 0
     if mesh is not None:
         batch = ts.global_batch(batch, mesh)
     metrics = {}
     for i in range(2):
-        state, m = step_fn(state, batch)
+        state, m = step_fn(state, batch, packed_prompt_width=width)
         metrics.update({f"{k}@{i}": np.asarray(v) for k, v in m.items()})
     return metrics, jax.tree.map(np.asarray, state.params)
 
@@ -94,3 +105,18 @@ def test_compute_logprobs_group_size():
     np.testing.assert_allclose(np.where(m, logp1, 0), batch.old_logprobs, atol=0.5)  # old = true logp + noise
     with pytest.raises(ValueError, match="group_size=4 must be 0/1 .no prefix sharing. or divide the 6 rows"):
         ts.compute_logprobs(config, params, batch, TEMP, group_size=4)
+
+
+def test_packed_prompt_width():
+    # P / (minibatches * accum * shards) longest prompts per packed row, rounded up to 64; 0 without prefix sharing
+    # or when packing is not narrower than the padded rows.
+    lengths = [100, 30, 70, 20, 90, 10, 60, 50]
+    algo = AlgoConfig(prefix_sharing=True)
+    assert ts.packed_prompt_width(lengths, 128, algo) == 448  # 430 -> 448
+    assert ts.packed_prompt_width(lengths, 128, dataclasses.replace(algo, grad_accum_steps=2)) == 320  # 100+90+70+60
+    assert ts.packed_prompt_width(lengths, 128, dataclasses.replace(algo, num_minibatches=8)) == 0  # 128 >= 128
+    assert ts.packed_prompt_width(lengths, 128, dataclasses.replace(algo, prefix_sharing=False)) == 0
+    mesh = sharding.make_mesh(2, 2, 2)
+    assert ts.packed_prompt_width(lengths, 128, algo, mesh) == 192  # 4 shards: rows of the 2 longest
+    with pytest.raises(ValueError, match="8 prompts cannot be split into 3 parts"):
+        ts.packed_prompt_width(lengths, 128, dataclasses.replace(algo, num_minibatches=3))
