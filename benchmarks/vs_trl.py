@@ -21,10 +21,14 @@ step: forward + backward + AdamW, metrics fetched). ``forward_only_s`` is the fo
 separately on the last batch, to show its share of ``update``. jaxgrpo runs with ``algo.prefix_sharing`` on and off
 when the train step supports it.
 
-Each framework runs in its own subprocess, one after the other (they would otherwise fight over the same cores).
+Each framework runs in its own subprocess, one after the other (they would otherwise fight over the same cores), all
+with the same environment: the glibc malloc tunables ``python -m jaxgrpo.train`` sets for itself
+(`jaxgrpo.train.malloc_env`) for ``--malloc hugepages`` (its default) or ``keep``, TRL's worker included;
+``--malloc default`` runs every worker with glibc's defaults.
 `trl` is a benchmark-only dependency (``pip install trl``), not a dependency of jaxgrpo.
 
-  python benchmarks/vs_trl.py [--steps 4] [--only trl|jaxgrpo|jaxgrpo_noprefix] [--out benchmarks/results/vs_trl.json]
+  python benchmarks/vs_trl.py [--steps 4] [--only trl|jaxgrpo|jaxgrpo_noprefix] [--malloc hugepages|keep|default]
+                              [--out benchmarks/results/vs_trl.json]
 """
 
 from __future__ import annotations
@@ -242,6 +246,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="RL steps per framework (the first is excluded); >= 4")
     ap.add_argument("--only", choices=["trl", "jaxgrpo", "jaxgrpo_noprefix"], default=None)
     ap.add_argument("--worker", choices=["trl", "jaxgrpo", "jaxgrpo_noprefix"], default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--malloc", choices=["hugepages", "keep", "default"], default="hugepages",
+                    help="every worker's glibc malloc tunables, as JAXGRPO_MALLOC for jaxgrpo's CLI")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "vs_trl.json"))
     args = ap.parse_args()
     if args.steps < 2:
@@ -258,11 +264,16 @@ def main() -> None:
         return
 
     which = [args.only] if args.only else ["jaxgrpo", "jaxgrpo_noprefix", "trl"]
+    from jaxgrpo.train import malloc_env
+
+    env = malloc_env({**os.environ, "JAXGRPO_MALLOC": args.malloc})
+    tunables = (env or os.environ).get("GLIBC_TUNABLES")
+    malloc = f"GLIBC_TUNABLES={tunables}" if tunables else "glibc defaults"
     results = {}
     for w in which:
         load_before = _load()
         print(f"== {w} ({args.steps} steps) load {load_before}", flush=True)
-        proc = subprocess.Popen([sys.executable, __file__, "--worker", w, "--steps", str(args.steps)],
+        proc = subprocess.Popen([sys.executable, __file__, "--worker", w, "--steps", str(args.steps)], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         lines, tail = [], []
         for line in proc.stdout:  # stream the worker's progress
@@ -277,6 +288,7 @@ def main() -> None:
             raise SystemExit(f"{w} failed (exit {proc.returncode})")
         res = json.loads(lines[-1][len("RESULT ") :])
         res["load_before"] = load_before
+        res["malloc"] = malloc
         res["median_step_s"] = _median_after_first(res["step_s"])
         for k in ("sampling_s", "rewards_s", "logprobs_s", "update_s"):
             if k in res:

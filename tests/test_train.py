@@ -16,6 +16,7 @@ import pytest
 
 from jaxgrpo import config as config_lib
 from jaxgrpo import metrics_log, rewards, trainer
+from jaxgrpo import train as train_cli
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -126,7 +127,9 @@ def test_killed_run_resumes_to_the_uninterrupted_metrics(tmp_path, how):
     exits), re-run with the same --run-dir: the later steps' metrics equal those of an uninterrupted run."""
     steps = ["train.steps=6", "checkpoint.every=2"]
     ref_dir = tmp_path / "ref"
-    subprocess.run(_train_cmd(ref_dir, *steps), check=True, env=_env(), cwd=tmp_path, capture_output=True)
+    ref = subprocess.run(_train_cmd(ref_dir, *steps), check=True, env=_env(), cwd=tmp_path, capture_output=True)
+    # the CLI re-executed itself with glibc's huge-page malloc tunable where it applies (jaxgrpo.train docstring)
+    assert (b"glibc.malloc.hugetlb=1" in ref.stderr) == (train_cli.malloc_env(_env()) is not None)
     reference = metrics_log.read_metrics(ref_dir)
     assert len(reference) == 6
 
@@ -167,6 +170,29 @@ def test_eight_device_run_equals_one_device_run(tmp_path):
 
 
 # -- bad input ------------------------------------------------------------------------------------------------------
+
+
+def test_malloc_env():
+    env, glibc = {"PATH": "/bin"}, ("glibc", "2.36")
+    got = train_cli.malloc_env(env, thp_mode="madvise", libc=glibc)
+    assert got == {"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    assert train_cli.malloc_env(got, thp_mode="madvise", libc=glibc) is None  # after the re-exec: nothing to add
+    keep = train_cli.malloc_env({"JAXGRPO_MALLOC": "keep", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"},
+                                thp_mode="always", libc=glibc)  # fmt: skip
+    assert keep["GLIBC_TUNABLES"] == ("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:"
+                                      f"glibc.malloc.trim_threshold={2**62}")  # the user's arena_max is kept
+    assert train_cli.malloc_env({"JAXGRPO_MALLOC": "keep"}, thp_mode="never", libc=glibc)["GLIBC_TUNABLES"] == (
+        f"glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold={2**62}")
+    # nothing to do: opted out, THP off (hugepages mode), musl or an older glibc
+    assert train_cli.malloc_env({"JAXGRPO_MALLOC": "default"}, thp_mode="always", libc=glibc) is None
+    assert train_cli.malloc_env(env, thp_mode="never", libc=glibc) is None
+    assert train_cli.malloc_env(env, thp_mode="madvise", libc=("", "")) is None
+    assert train_cli.malloc_env(env, thp_mode="madvise", libc=("glibc", "2.34")) is None
+    with pytest.raises(ValueError, match="JAXGRPO_MALLOC='huge' is not one of"):
+        train_cli.malloc_env({"JAXGRPO_MALLOC": "huge"}, thp_mode="always", libc=glibc)
+    out = subprocess.run([sys.executable, "-m", "jaxgrpo.train"], capture_output=True, text=True,
+                         env={**_env(), "JAXGRPO_MALLOC": "huge"}, cwd=REPO)  # fmt: skip
+    assert out.returncode == 2 and "JAXGRPO_MALLOC='huge'" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_bad_config_key_is_a_clean_error():
