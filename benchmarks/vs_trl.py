@@ -304,10 +304,6 @@ def main() -> None:
         "work": f"SmolLM2-135M fp32, {P} GSM8K prompts x {G} samples x {TC} tokens, beta=0, 1 optimizer step/rollout",
         "results": results,
     }
-    trl_s = results.get("trl", {}).get("median_step_s")
-    for w in ("jaxgrpo", "jaxgrpo_noprefix"):
-        if trl_s and results.get(w, {}).get("median_step_s"):
-            summary[f"speedup_{w}_vs_trl"] = trl_s / results[w]["median_step_s"]
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists() and args.only:  # merge a partial run into the previous results
@@ -315,6 +311,10 @@ def main() -> None:
         prev["results"].update(results)
         prev.update({k: v for k, v in summary.items() if k != "results"})
         summary = prev
+    trl_s = summary["results"].get("trl", {}).get("median_step_s")
+    for w in ("jaxgrpo", "jaxgrpo_noprefix"):
+        if trl_s and summary["results"].get(w, {}).get("median_step_s"):
+            summary[f"speedup_{w}_vs_trl"] = trl_s / summary["results"][w]["median_step_s"]
     out.write_text(json.dumps(summary, indent=2))
     print(f"\n{'framework':<22}{'median s/step':>14}{'sampling':>10}{'rewards':>9}{'logprobs':>9}{'update':>8}")
     for w, r in summary["results"].items():
