@@ -147,12 +147,8 @@ def prefill_packed(
     cos, sin = tfm._rope_tables(config, positions)
     pm_BT = prefix_mask.astype(bool).reshape(B, Tp)
     mask_BTS = jnp.tril(jnp.ones((Tp, Tp), bool))[None] & pm_BT[:, None, :]
-    to_slots = slot_index.reshape(S, Q * Tp, 1)
-    to_packed = token_slot.reshape(S, W, 1)
-
-    def gather(x, idx):  # [S, X, ...] rows gathered along axis 1 by idx [S, Y, 1] -> [S, Y, ...]
-        flat = x.reshape(S, x.shape[1], -1)
-        return jnp.take_along_axis(flat, idx, axis=1).reshape(S, idx.shape[1], *x.shape[2:])
+    to_slots = slot_index.reshape(S, Q * Tp)
+    gather = tfm._take_rows  # [S, X, ...] gathered along axis 1 by idx [S, Y] -> [S, Y, ...]
 
     def block(x_SWD, lp):
         h_SWD = tfm._rms_norm(x_SWD, lp["attn_norm"], config.rms_norm_eps)
@@ -161,9 +157,9 @@ def prefill_packed(
         k_BTKH = gather(k, to_slots).reshape(B, Tp, K, H)
         v_BTKH = gather(v, to_slots).reshape(B, Tp, K, H)
         a_BTKGH = tfm._attend(q_BTKGH, k_BTKH, v_BTKH, mask_BTS)
-        a_SWKGH = gather(a_BTKGH.reshape(S, Q * Tp, K, G, H), to_packed)
+        a_SWKGH = gather(a_BTKGH.reshape(S, Q * Tp, K, G, H), token_slot)
         return tfm._finish_block(config, lp, x_SWD, a_SWKGH), (k_BTKH, v_BTKH)
 
     x_SWD, (k, v) = jax.lax.scan(block, tfm._embed(config, params, tokens), params["layers"])
-    last = gather(x_SWD, slot_index[:, :, -1:].reshape(S, Q, 1)).reshape(B, -1)
+    last = gather(x_SWD, slot_index[:, :, -1]).reshape(B, -1)
     return tfm._rms_norm(last, params["final_norm"], config.rms_norm_eps), tfm.KVCache(k=k, v=v)

@@ -116,8 +116,8 @@ def prefix_shared_hidden(
     if packed_width:
         pack = _pack_layout(pm_PT, int(packed_width), int(pack_rows))
         S, W = pack["token_slot"].shape
-        xp0 = tfm._embed(config, params, _take_rows(prompt_tokens.reshape(S, -1), pack["token_slot"]))
-        cos_p, sin_p = tfm._rope_tables(config, _take_rows(pos_PT.reshape(S, -1), pack["token_slot"]))
+        xp0 = tfm._embed(config, params, tfm._take_rows(prompt_tokens.reshape(S, -1), pack["token_slot"]))
+        cos_p, sin_p = tfm._rope_tables(config, tfm._take_rows(pos_PT.reshape(S, -1), pack["token_slot"]))
     else:
         xp0 = tfm._embed(config, params, prompt_tokens)
         cos_p, sin_p = tfm._rope_tables(config, pos_PT)
@@ -132,10 +132,10 @@ def prefix_shared_hidden(
         qp, kp, vp = tfm._qkv(config, lp, tfm._rms_norm(xp, lp["attn_norm"], eps), cos_p, sin_p)
         if not packed_width:
             return tfm._finish_block(config, lp, xp, tfm._attend(qp, kp, vp, mask_PTT)), kp, vp
-        qp_PTKGH, kp_PTKH, vp_PTKH = (_take_rows(x, pack["slot_index"]).reshape(Pn, Tp, *x.shape[2:])
+        qp_PTKGH, kp_PTKH, vp_PTKH = (tfm._take_rows(x, pack["slot_index"]).reshape(Pn, Tp, *x.shape[2:])
                                       for x in (qp, kp, vp))  # fmt: skip
         a_PTKGH = tfm._attend(qp_PTKGH, kp_PTKH, vp_PTKH, mask_PTT)
-        a_SWKGH = _take_rows(a_PTKGH.reshape(S, -1, *a_PTKGH.shape[2:]), pack["token_slot"])
+        a_SWKGH = tfm._take_rows(a_PTKGH.reshape(S, -1, *a_PTKGH.shape[2:]), pack["token_slot"])
         return tfm._finish_block(config, lp, xp, a_SWKGH), kp_PTKH, vp_PTKH
 
     def block(carry, lp):
@@ -154,15 +154,8 @@ def prefix_shared_hidden(
     (xp, xc_BCD), _ = jax.lax.scan(block, x0, params["layers"])
     h_c = tfm._rms_norm(xc_BCD, params["final_norm"], eps).reshape(Pn, G, Tc, -1)
     # the last prompt token: slot Tp - 1 of the left-padded layout
-    xp_last = _take_rows(xp, pack["last"]).reshape(Pn, -1) if packed_width else xp[:, -1]
+    xp_last = tfm._take_rows(xp, pack["last"]).reshape(Pn, -1) if packed_width else xp[:, -1]
     return h_c, tfm._rms_norm(xp_last, params["final_norm"], eps)
-
-
-def _take_rows(x_SX: jax.Array, idx_SY: jax.Array) -> jax.Array:
-    """``out[s, y] = x[s, idx[s, y]]`` for ``x [S, X, ...]`` and ``idx [S, Y]`` (a gather within each row)."""
-    S, X = x_SX.shape[:2]
-    flat = x_SX.reshape(S, X, -1)
-    return jnp.take_along_axis(flat, idx_SY[..., None], axis=1).reshape(S, idx_SY.shape[1], *x_SX.shape[2:])
 
 
 def _pack_layout(pm_PT: jax.Array, width: int, rows: int) -> dict[str, jax.Array]:

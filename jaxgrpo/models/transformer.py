@@ -284,6 +284,13 @@ def _finish_block(config: ModelConfig, lp: Params, x_BTD: jax.Array, a_BTKGH: ja
     return x_BTD + _proj(jax.nn.silu(g_BTF) * u_BTF, lp["down"], 1)
 
 
+def _take_rows(x_SX: jax.Array, idx_SY: jax.Array) -> jax.Array:
+    """``out[s, y] = x[s, idx[s, y]]`` for ``x [S, X, ...]`` and ``idx [S, Y]`` (a gather within each row)."""
+    S, X = x_SX.shape[:2]
+    flat = x_SX.reshape(S, X, -1)
+    return jnp.take_along_axis(flat, idx_SY[..., None], axis=1).reshape(S, idx_SY.shape[1], *x_SX.shape[2:])
+
+
 def _embed(config: ModelConfig, params: Params, tokens_BT: jax.Array) -> jax.Array:
     return jnp.take(params["embed"], tokens_BT, axis=0).astype(_dtype(config))
 
