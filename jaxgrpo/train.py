@@ -100,6 +100,6 @@ if __name__ == "__main__":
         _env = malloc_env(os.environ)
     except ValueError as e:
         sys.exit(config_lib.cli_error(str(e)))
-    if _env is not None:  # glibc reads its tunables at startup: run again with them (same PID, argv and cwd)
-        os.execve(sys.executable, [sys.executable, "-m", "jaxgrpo.train", *sys.argv[1:]], _env)
+    if _env is not None:  # glibc reads its tunables at startup: run again with them (same PID, command line, cwd)
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], _env)
     sys.exit(main())
