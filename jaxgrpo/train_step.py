@@ -480,7 +480,7 @@ class _Step:
             algo.logprob_chunk,
             remat=self.remat,
             group_size=group_size if algo.prefix_sharing else 0,
-            packed_width=packed_width if algo.prefix_sharing else 0,
+            packed_width=packed_width,  # used only with prefix sharing (group_size > 1)
             pack_rows=self.num_shards,
         )
         logp = self._constrain_rows(logp)
