@@ -24,6 +24,8 @@ from jaxgrpo.models import (
     lm_head,
     param_axes,
 )
+from jaxgrpo.models import transformer as tfm
+from jaxgrpo.models.prefix import prefix_shared_hidden
 
 V = 97
 # Tests call these jitted versions (one compile per shape) instead of op-by-op dispatch, which on CPU compiles every
@@ -142,6 +144,37 @@ class TestForward(chex.TestCase):
         t = tokens(2, 6)
         pos = jnp.broadcast_to(jnp.arange(6), (2, 6))
         np.testing.assert_allclose(fwd(cfg, params, t, pos + 11), fwd(cfg, params, t, pos), rtol=2e-4, atol=2e-4)
+
+
+def _mlp_width_residuals(capsys, fn, params, cfg) -> int:
+    """How many activations of MLP width, stacked over the layers, the backward of ``fn`` keeps (JAX's own account)."""
+    capsys.readouterr()
+    jax.ad_checkpoint.print_saved_residuals(fn, params)
+    lines = capsys.readouterr().out.splitlines()
+    return sum(ln.startswith(f"f32[{cfg.num_layers},") and f",{cfg.intermediate_size}] output of scan" in ln
+               for ln in lines)  # fmt: skip
+
+
+def test_layer_checkpoint_keeps_only_projection_outputs(capsys, monkeypatch):
+    # Default (remat=False): of the SwiGLU MLP only gate and up are kept (silu, the product and the rest are
+    # recomputed in the backward); the prefix-shared path keeps them for its prompt and completion rows. remat=True
+    # keeps none. Without the policy JAX keeps more (the check that this count can fail), and its gradients are the
+    # reference the policy must reproduce.
+    cfg = CONFIGS["llama"]
+    params = random_params(cfg)
+    t = tokens(4, 5)
+    pt, pm = t[:2], jnp.ones((2, 5), bool)
+    plain = lambda remat: lambda p: jnp.sum(jnp.sin(hidden_states(cfg, p, t, remat=remat)))  # noqa: E731
+    shared = lambda remat: lambda p: jnp.sum(jnp.sin(prefix_shared_hidden(  # noqa: E731
+        cfg, p, pt, pm, t[2:].reshape(2, 1, 5), remat=remat)[0]))
+    for f, kept in ((plain, 2), (shared, 4)):
+        assert _mlp_width_residuals(capsys, f(False), params, cfg) == kept
+        assert _mlp_width_residuals(capsys, f(True), params, cfg) == 0
+    g_policy = jax.jit(jax.grad(plain(False)))(params)
+    monkeypatch.setattr(tfm, "layer_checkpoint", lambda block, remat: block)
+    assert _mlp_width_residuals(capsys, plain(False), params, cfg) > 2
+    g_ref = jax.jit(jax.grad(plain(False)))(params)
+    chex.assert_trees_all_close(g_policy, g_ref, rtol=1e-5, atol=1e-7)
 
 
 class TestKVCache(chex.TestCase):

@@ -148,10 +148,8 @@ def prefix_shared_hidden(
         xc_new = tfm._finish_block(config, lp, xc_BCD, a_c)
         return (xp_new, xc_new), None
 
-    if remat:
-        block = jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable)
     x0 = (xp0, tfm._embed(config, params, completion_tokens.reshape(B, Tc)))
-    (xp, xc_BCD), _ = jax.lax.scan(block, x0, params["layers"])
+    (xp, xc_BCD), _ = jax.lax.scan(tfm.layer_checkpoint(block, remat), x0, params["layers"])
     h_c = tfm._rms_norm(xc_BCD, params["final_norm"], eps).reshape(Pn, G, Tc, -1)
     # the last prompt token: slot Tp - 1 of the left-padded layout
     xp_last = tfm._take_rows(xp, pack["last"]).reshape(Pn, -1) if packed_width else xp[:, -1]
