@@ -274,22 +274,23 @@ def _attend_shared_prefix(
     N, T, K, G, H = q_NTKGH.shape
     P, Tp = prefix_mask_PS.shape
     R = N // P
+    M = kd_NMKH.shape[1]
     scale = H**-0.5
+    # Every score tensor stays in one layout [P, K, R, T, G, keys]: the prefix scores are one product per (prompt,
+    # kv head), the own-key scores one per (prompt, kv head, row), and no score tensor is transposed.
     q_PRTKGH = q_NTKGH.reshape(P, R, T, K, G, H)
-    sp_PKRTGS = jnp.einsum("prtkgh,pskh->pkrtgs", q_PRTKGH, kp_PSKH, preferred_element_type=jnp.float32) * scale
-    # prefix scores moved to the per-row layout [N, K, G, T, Tp] (a transpose of scores; no key or value is copied)
-    sp_NKGTS = sp_PKRTGS.transpose(0, 2, 1, 4, 3, 5).reshape(N, K, G, T, Tp)
-    sd_NKGTM = jnp.einsum("ntkgh,nmkh->nkgtm", q_NTKGH, kd_NMKH, preferred_element_type=jnp.float32) * scale
-    mp_N11TS = jnp.broadcast_to(jnp.repeat(prefix_mask_PS.astype(bool), R, axis=0)[:, None, None, None, :],
-                                (N, 1, 1, T, Tp))  # fmt: skip
-    mask = jnp.concatenate([mp_N11TS, mask_NTM[:, None, None, :, :]], axis=-1)
-    s = jnp.where(mask, jnp.concatenate([sp_NKGTS, sd_NKGTM], axis=-1), _NEG)
+    sp = jnp.einsum("prtkgh,pskh->pkrtgs", q_PRTKGH, kp_PSKH, preferred_element_type=jnp.float32) * scale
+    kd_PRMKH = kd_NMKH.reshape(P, R, M, K, H)
+    sd = jnp.einsum("prtkgh,prmkh->pkrtgm", q_PRTKGH, kd_PRMKH, preferred_element_type=jnp.float32) * scale
+    mp = jnp.broadcast_to(prefix_mask_PS.astype(bool)[:, None, None, None, None, :], (P, 1, R, T, 1, Tp))
+    md = mask_NTM.astype(bool).reshape(P, R, T, M)[:, None, :, :, None, :]
+    mask = jnp.concatenate([mp, jnp.broadcast_to(md, (P, 1, R, T, 1, M))], axis=-1)
+    s = jnp.where(mask, jnp.concatenate([sp, sd], axis=-1), _NEG)
     p = jax.nn.softmax(s, axis=-1)
     p = jnp.where(jnp.any(mask, axis=-1, keepdims=True), p, 0.0)
-    pp_PKRTGS = p[..., :Tp].reshape(P, R, K, G, T, Tp).transpose(0, 2, 1, 4, 3, 5)
-    out_PRTKGH = jnp.einsum("pkrtgs,pskh->prtkgh", pp_PKRTGS.astype(vp_PSKH.dtype), vp_PSKH)
-    out_NTKGH = jnp.einsum("nkgtm,nmkh->ntkgh", p[..., Tp:].astype(vd_NMKH.dtype), vd_NMKH)
-    return out_PRTKGH.reshape(N, T, K, G, H) + out_NTKGH
+    out = jnp.einsum("pkrtgs,pskh->prtkgh", p[..., :Tp].astype(vp_PSKH.dtype), vp_PSKH)
+    out = out + jnp.einsum("pkrtgm,prmkh->prtkgh", p[..., Tp:].astype(kd_NMKH.dtype), vd_NMKH.reshape(P, R, M, K, H))
+    return out.reshape(N, T, K, G, H)
 
 
 def _finish_block(config: ModelConfig, lp: Params, x_BTD: jax.Array, a_BTKGH: jax.Array) -> jax.Array:
