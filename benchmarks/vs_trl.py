@@ -23,11 +23,11 @@ when the train step supports it.
 
 Each framework runs in its own subprocess, one after the other (they would otherwise fight over the same cores), all
 with the same environment: the glibc malloc tunables ``python -m jaxgrpo.train`` sets for itself
-(`jaxgrpo.train.malloc_env`) for ``--malloc hugepages`` (its default) or ``keep``, TRL's worker included;
-``--malloc default`` runs every worker with glibc's defaults.
+(`jaxgrpo.train.malloc_env`) for ``--malloc keep`` (the CLI's default and this benchmark's) or ``hugepages``, TRL's
+worker included; ``--malloc default`` runs every worker with glibc's defaults.
 `trl` is a benchmark-only dependency (``pip install trl``), not a dependency of jaxgrpo.
 
-  python benchmarks/vs_trl.py [--steps 4] [--only trl|jaxgrpo|jaxgrpo_noprefix] [--malloc hugepages|keep|default]
+  python benchmarks/vs_trl.py [--steps 4] [--only trl|jaxgrpo|jaxgrpo_noprefix] [--malloc keep|hugepages|default]
                               [--out benchmarks/results/vs_trl.json]
 """
 
@@ -242,11 +242,13 @@ def _median_after_first(xs: list[float]) -> float | None:
 
 
 def main() -> None:
+    from jaxgrpo.train import MALLOC_MODES, malloc_env
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=4, help="RL steps per framework (the first is excluded); >= 4")
     ap.add_argument("--only", choices=["trl", "jaxgrpo", "jaxgrpo_noprefix"], default=None)
     ap.add_argument("--worker", choices=["trl", "jaxgrpo", "jaxgrpo_noprefix"], default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--malloc", choices=["hugepages", "keep", "default"], default="hugepages",
+    ap.add_argument("--malloc", choices=list(MALLOC_MODES), default=MALLOC_MODES[0],
                     help="every worker's glibc malloc tunables, as JAXGRPO_MALLOC for jaxgrpo's CLI")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "vs_trl.json"))
     args = ap.parse_args()
@@ -264,8 +266,6 @@ def main() -> None:
         return
 
     which = [args.only] if args.only else ["jaxgrpo", "jaxgrpo_noprefix", "trl"]
-    from jaxgrpo.train import malloc_env
-
     env = malloc_env({**os.environ, "JAXGRPO_MALLOC": args.malloc})
     tunables = (env or os.environ).get("GLIBC_TUNABLES")
     malloc = f"GLIBC_TUNABLES={tunables}" if tunables else "glibc defaults"

@@ -128,8 +128,11 @@ def test_killed_run_resumes_to_the_uninterrupted_metrics(tmp_path, how):
     steps = ["train.steps=6", "checkpoint.every=2"]
     ref_dir = tmp_path / "ref"
     ref = subprocess.run(_train_cmd(ref_dir, *steps), check=True, env=_env(), cwd=tmp_path, capture_output=True)
-    # the CLI re-executed itself with glibc's huge-page malloc tunable where it applies (jaxgrpo.train docstring)
-    assert (b"glibc.malloc.hugetlb=1" in ref.stderr) == (train_cli.malloc_env(_env()) is not None)
+    # the CLI re-executed itself with the default (keep) malloc tunables where they apply (jaxgrpo.train docstring):
+    # the resumed run below runs under them too
+    want = train_cli.malloc_env(_env())
+    assert want is None or f"GLIBC_TUNABLES={want['GLIBC_TUNABLES']} ".encode() in ref.stderr
+    assert (b"glibc.malloc.mmap_max=0" in ref.stderr) == (want is not None)
     reference = metrics_log.read_metrics(ref_dir)
     assert len(reference) == 6
 
@@ -174,18 +177,20 @@ def test_eight_device_run_equals_one_device_run(tmp_path):
 
 def test_malloc_env():
     env, glibc = {"PATH": "/bin"}, ("glibc", "2.36")
-    got = train_cli.malloc_env(env, thp_mode="madvise", libc=glibc)
-    assert got == {"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    keep_tunables = f"glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold={2**62}"
+    got = train_cli.malloc_env(env, thp_mode="madvise", libc=glibc)  # the default mode is keep
+    assert got == {"PATH": "/bin", "GLIBC_TUNABLES": f"glibc.malloc.hugetlb=1:{keep_tunables}"}
     assert train_cli.malloc_env(got, thp_mode="madvise", libc=glibc) is None  # after the re-exec: nothing to add
+    assert train_cli.malloc_env(env, thp_mode="never", libc=glibc)["GLIBC_TUNABLES"] == keep_tunables
+    huge = {"JAXGRPO_MALLOC": "hugepages"}
+    assert train_cli.malloc_env(huge, thp_mode="always", libc=glibc)["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
     keep = train_cli.malloc_env({"JAXGRPO_MALLOC": "keep", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"},
                                 thp_mode="always", libc=glibc)  # fmt: skip
     assert keep["GLIBC_TUNABLES"] == ("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:"
                                       f"glibc.malloc.trim_threshold={2**62}")  # the user's arena_max is kept
-    assert train_cli.malloc_env({"JAXGRPO_MALLOC": "keep"}, thp_mode="never", libc=glibc)["GLIBC_TUNABLES"] == (
-        f"glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold={2**62}")
     # nothing to do: opted out, THP off (hugepages mode), musl or an older glibc
     assert train_cli.malloc_env({"JAXGRPO_MALLOC": "default"}, thp_mode="always", libc=glibc) is None
-    assert train_cli.malloc_env(env, thp_mode="never", libc=glibc) is None
+    assert train_cli.malloc_env(huge, thp_mode="never", libc=glibc) is None
     assert train_cli.malloc_env(env, thp_mode="madvise", libc=("", "")) is None
     assert train_cli.malloc_env(env, thp_mode="madvise", libc=("glibc", "2.34")) is None
     with pytest.raises(ValueError, match="JAXGRPO_MALLOC='huge' is not one of"):
