@@ -289,7 +289,7 @@ def _attend_shared_prefix(
     p = jax.nn.softmax(s, axis=-1)
     p = jnp.where(jnp.any(mask, axis=-1, keepdims=True), p, 0.0)
     out = jnp.einsum("pkrtgs,pskh->prtkgh", p[..., :Tp].astype(vp_PSKH.dtype), vp_PSKH)
-    out = out + jnp.einsum("pkrtgm,prmkh->prtkgh", p[..., Tp:].astype(kd_NMKH.dtype), vd_NMKH.reshape(P, R, M, K, H))
+    out = out + jnp.einsum("pkrtgm,prmkh->prtkgh", p[..., Tp:].astype(vd_NMKH.dtype), vd_NMKH.reshape(P, R, M, K, H))
     return out.reshape(N, T, K, G, H)
 
 
