@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"jaxgrpo: run directory {run_dir}", file=sys.stderr)
     if os.environ.get("GLIBC_TUNABLES"):
-        print(f"jaxgrpo: GLIBC_TUNABLES={os.environ['GLIBC_TUNABLES']} (JAXGRPO_MALLOC: keep, hugepages, default)",
+        print(f"jaxgrpo: GLIBC_TUNABLES={os.environ['GLIBC_TUNABLES']} (JAXGRPO_MALLOC: {', '.join(MALLOC_MODES)})",
               file=sys.stderr)  # fmt: skip
     try:
         trainer.run(cfg, run_dir)
