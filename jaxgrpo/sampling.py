@@ -405,7 +405,8 @@ def _prefill(config, mode: _Mode, params, packed, row_active_N, key, temperature
     logits_PxV = _logits(config, params, last_PxD)
     logits_NxV = _constrain(jnp.repeat(logits_PxV, g, axis=0), mode.batch_sharding)
     # decode slot j holds generated token j; token M-1 is never fed back, so M-1 slots suffice
-    cache = jax.tree.map(lambda c: _constrain(c, mode.cache_sharding), models.init_cache(config, n, max(m - 1, 1)))
+    cache = models.init_decode_cache(config, n, max(m - 1, 1))
+    cache = jax.tree.map(lambda c: _constrain(c, mode.cache_sharding), cache)
     row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(n, dtype=jnp.uint32))
     tok, logp = _sample(mode, _step_keys(row_keys, jnp.uint32(0)), logits_NxV, temperature, top_p)
     active = row_active_N
@@ -429,7 +430,8 @@ def _decode(config, mode: _Mode, params, cache, state, consts, temperature, top_
     the loop updates it in place instead of copying it into a fresh loop buffer.
     """
     m = mode.max_new_tokens
-    kv_mask = jnp.ones(cache.k.shape[1:3], bool)  # every decode slot is a real token once written (causal by slot)
+    # every decode slot is a real token once written (causal by slot); cache k is [L, N, K, M, H]
+    kv_mask = jnp.ones((cache.k.shape[1], cache.k.shape[3]), bool)
 
     def cond(carry):
         i, _, st = carry

@@ -53,7 +53,9 @@ def test_prefill_packed_equals_plain_forward(name, rows):
     prompts, tp = _prompts(), 12
     packed, last, prefix = _packed_prefill(config, params, prompts, rows, tp)
     chex.assert_shape(last, (len(prompts), config.hidden_size))
-    chex.assert_shape(prefix.k, (config.num_layers, len(prompts), tp, config.num_kv_heads, config.head_dim))
+    L, K, H = config.num_layers, config.num_kv_heads, config.head_dim
+    chex.assert_shape(prefix.k, (L, len(prompts), K, tp, H))  # kv-head-major; the values' key axis minor
+    chex.assert_shape(prefix.v, (L, len(prompts), K, H, tp))
     tok, mask = pad_rows(prompts, tp, "left")
     ref = models.hidden_states(config, params, jnp.asarray(tok), attention_mask=jnp.asarray(mask))
     assert rel_err(last, ref[:, -1]) < 1e-5
@@ -62,9 +64,9 @@ def test_prefill_packed_equals_plain_forward(name, rows):
     _, cache = models.forward_with_cache(config, params, jnp.asarray(tok), jnp.asarray(pos),
                                          models.init_cache(config, len(prompts), tp), 0, jnp.asarray(mask))  # fmt: skip
     np.testing.assert_array_equal(packed["prefix_mask"].reshape(len(prompts), tp), mask)
-    m = mask[None, :, :, None, None]
-    assert rel_err(np.where(m, prefix.k, 0), np.where(m, cache.k, 0)) < 1e-5
-    assert rel_err(np.where(m, prefix.v, 0), np.where(m, cache.v, 0)) < 1e-5
+    m = mask[None, :, :, None, None]  # in forward_with_cache's [L, B, S, K, H] layout
+    assert rel_err(np.where(m, prefix.k.transpose(0, 1, 3, 2, 4), 0), np.where(m, cache.k, 0)) < 1e-5
+    assert rel_err(np.where(m, prefix.v.transpose(0, 1, 4, 2, 3), 0), np.where(m, cache.v, 0)) < 1e-5
 
 
 def test_pack_prompts_layout():
@@ -90,7 +92,7 @@ def test_forward_with_prefix_cache_equals_full_rows(name):
     _, pmask = pad_rows(prompts, tp, "left")
     n = len(prompts) * R
     gen = np.random.default_rng(3).integers(1, 97, (n, m)).astype(np.int32)
-    cache, kv_mask = models.init_cache(config, n, m), jnp.ones((n, m), bool)
+    cache, kv_mask = models.init_decode_cache(config, n, m), jnp.ones((n, m), bool)
     step = jax.jit(models.forward_with_prefix_cache, static_argnums=0, donate_argnames="cache")
     hs, t0 = [], 0
     for t in (2, 1, 3):
@@ -110,16 +112,22 @@ def test_forward_with_prefix_cache_equals_full_rows(name):
 def test_forward_with_prefix_cache_rejects_bad_shapes():
     config = CONFIGS["llama_gqa"]
     params = random_params(config)
-    prefix = models.init_cache(config, 2, 8)
-    cache = models.init_cache(config, 6, 4)
+    prefix = models.init_decode_cache(config, 2, 8)  # the prefix cache has the decode cache's layout
+    cache = models.init_decode_cache(config, 6, 4)
     tok, pos = jnp.ones((6, 1), jnp.int32), jnp.zeros((6, 1), jnp.int32)
     ok = dict(prefix_mask=jnp.ones((2, 8), bool), kv_mask=jnp.ones((6, 4), bool))
     with pytest.raises(ValueError, match="cannot be split evenly"):
         models.forward_with_prefix_cache(config, params, tok[:5], pos[:5], prefix, ok["prefix_mask"],
-                                         models.init_cache(config, 5, 4), 0, ok["kv_mask"][:5])  # fmt: skip
+                                         models.init_decode_cache(config, 5, 4), 0, ok["kv_mask"][:5])  # fmt: skip
     with pytest.raises(ValueError, match="prefix_mask shape"):
         models.forward_with_prefix_cache(config, params, tok, pos, prefix, jnp.ones((2, 7), bool), cache, 0,
                                          ok["kv_mask"])  # fmt: skip
+    with pytest.raises(ValueError, match="prefix k shape"):  # forward_with_cache's [L, B, S, K, H] layout
+        models.forward_with_prefix_cache(config, params, tok, pos, models.init_cache(config, 2, 8), ok["prefix_mask"],
+                                         cache, 0, ok["kv_mask"])  # fmt: skip
+    with pytest.raises(ValueError, match="init_decode_cache"):
+        models.forward_with_prefix_cache(config, params, tok, pos, prefix, ok["prefix_mask"],
+                                         models.init_cache(config, 6, 4), 0, ok["kv_mask"])  # fmt: skip
     with pytest.raises(ValueError, match="kv_mask shape"):
         models.forward_with_prefix_cache(config, params, tok, pos, prefix, ok["prefix_mask"], cache, 0,
                                          jnp.ones((6, 5), bool))  # fmt: skip

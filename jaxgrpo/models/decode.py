@@ -6,8 +6,15 @@ prompt ``n // R``). With one plain KV cache per row (`forward_with_cache`), ever
 of its prompt's keys/values, ``R`` times the same bytes, and its attention is a ``[1, H] x [H, S]`` matrix-vector
 product per (row, kv head). Here the cache is split in two:
 
-    prefix cache  k, v ``[L, P, Tp, K, H]``: each prompt once (written by the prefill), read-only while decoding;
-    decode cache  k, v ``[L, N, M, K, H]``: the tokens each row generated, written one chunk at a time.
+    prefix cache  k ``[L, P, K, Tp, H]``, v ``[L, P, K, H, Tp]``: each prompt once (written by the prefill),
+                  read-only while decoding;
+    decode cache  k ``[L, N, K, M, H]``, v ``[L, N, K, H, M]``: the tokens each row generated, written one chunk at a
+                  time (`init_decode_cache`).
+
+Both caches are kv-head-major with the key axis of the values minor (not `forward_with_cache`'s ``[L, B, S, K, H]``):
+the attention's score and value products then contract the minor axis of both operands, which XLA:CPU's matmul reads
+in place, instead of transposing every layer's cache slice at every decode step (with the part-wise softmax of
+`transformer._attend_shared_prefix`, `benchmarks/vs_trl.py`'s rollout went 9.2 -> 8.7 s on the 2-core VM).
 
 For query ``i`` of row ``n = p * R + r`` (at decode slot ``start + i``) attention runs over the joint key set
 
@@ -25,6 +32,8 @@ module for the formulas and their sources.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
@@ -32,6 +41,14 @@ from jaxgrpo.models import transformer as tfm
 from jaxgrpo.models.config import ModelConfig
 
 Params = tfm.Params
+
+
+def init_decode_cache(config: ModelConfig, rows: int, slots: int, dtype: Any = None) -> tfm.KVCache:
+    """Zeroed decode cache for `forward_with_prefix_cache`: k ``[L, rows, K, slots, H]``, v ``[L, rows, K, H, slots]``
+    (the layouts its attention reads in place; dtype defaults to the model dtype)."""
+    L, K, H = config.num_layers, config.num_kv_heads, config.head_dim
+    dt = tfm._dtype(config) if dtype is None else jnp.dtype(dtype)
+    return tfm.KVCache(k=jnp.zeros((L, rows, K, slots, H), dt), v=jnp.zeros((L, rows, K, H, slots), dt))
 
 
 def forward_with_prefix_cache(
@@ -50,11 +67,12 @@ def forward_with_prefix_cache(
     Args:
       tokens ``[N, t]`` int, positions ``[N, t]`` int: the chunk and its RoPE positions (they continue from each
         prompt's real length).
-      prefix: `KVCache` with k, v ``[L, P, Tp, K, H]`` holding each prompt's keys (after RoPE) and values, e.g. the
-        cache `forward_with_cache` fills when run over the ``P`` prompts. Not modified.
+      prefix: `KVCache` with k ``[L, P, K, Tp, H]`` and v ``[L, P, K, H, Tp]`` holding each prompt's keys (after
+        RoPE) and values, as `prefill_packed` returns them. Not modified.
       prefix_mask ``[P, Tp]`` bool: the prompts' real tokens (each prompt needs at least one).
-      cache: `KVCache` with k, v ``[L, N, M, K, H]``, the rows' own generated tokens; the chunk's keys/values are
-        written to slots ``[start, start + t)`` (``start`` an int32 scalar shared by all rows, ``start + t <= M``).
+      cache: `KVCache` with k ``[L, N, K, M, H]`` and v ``[L, N, K, H, M]`` (`init_decode_cache`), the rows' own
+        generated tokens; the chunk's keys/values are written to slots ``[start, start + t)`` (``start`` an int32
+        scalar shared by all rows, ``start + t <= M``).
       kv_mask ``[N, M]`` bool: the real decode slots (it must already mark this chunk's tokens).
 
     Returns:
@@ -64,17 +82,21 @@ def forward_with_prefix_cache(
     """
     tfm._check_tokens(tokens)
     N, t = tokens.shape
-    L, P, Tp, K, H = prefix.k.shape
-    if (L, K, H) != (config.num_layers, config.num_kv_heads, config.head_dim):
-        raise ValueError(f"prefix k shape {prefix.k.shape} does not fit the config's (L, K, H) = "
-                         f"{(config.num_layers, config.num_kv_heads, config.head_dim)}")  # fmt: skip
+    L, K, H = config.num_layers, config.num_kv_heads, config.head_dim
+    if prefix.k.ndim != 5 or (prefix.k.shape[0], prefix.k.shape[2], prefix.k.shape[4]) != (L, K, H):
+        raise ValueError(f"prefix k shape {prefix.k.shape} is not [L, P, K, Tp, H] with the config's (L, K, H) = "
+                         f"{(L, K, H)} (the layout `prefill_packed` returns)")  # fmt: skip
+    P, Tp = prefix.k.shape[1], prefix.k.shape[3]
+    if prefix.v.shape != (L, P, K, H, Tp):
+        raise ValueError(f"prefix v shape {prefix.v.shape} != [L, P, K, H, Tp] = {(L, P, K, H, Tp)}")
     if P < 1 or N % P:
         raise ValueError(f"{N} rows cannot be split evenly over the prefix cache's {P} prompts (rows must be P * R)")
     if prefix_mask.shape != (P, Tp):
         raise ValueError(f"prefix_mask shape {prefix_mask.shape} != (prompts, prefix slots) {(P, Tp)}")
-    Lc, Nc, M, Kc, Hc = cache.k.shape
-    if (Lc, Nc, Kc, Hc) != (L, N, K, H):
-        raise ValueError(f"decode cache k shape {cache.k.shape} does not fit {N} rows and (L, K, H) = {(L, K, H)}")
+    M = cache.k.shape[3] if cache.k.ndim == 5 else -1
+    if cache.k.shape != (L, N, K, M, H) or cache.v.shape != (L, N, K, H, M):
+        raise ValueError(f"decode cache k, v shapes {cache.k.shape}, {cache.v.shape} are not [L, N, K, M, H], "
+                         f"[L, N, K, H, M] for {N} rows and (L, K, H) = {(L, K, H)}; make it with init_decode_cache")
     if positions.shape != (N, t):
         raise ValueError(f"positions shape {positions.shape} != tokens shape {(N, t)}")
     if kv_mask.shape != (N, M):
@@ -86,18 +108,19 @@ def forward_with_prefix_cache(
     zero = jnp.zeros((), jnp.int32)
 
     def block(carry, xs):
-        x_NTD, k_LNMKH, v_LNMKH = carry
-        lp, kp_PSKH, vp_PSKH, i = xs
+        x_NTD, k_LNKMH, v_LNKHM = carry
+        lp, kp_PKSH, vp_PKHS, i = xs
         h_NTD = tfm._rms_norm(x_NTD, lp["attn_norm"], config.rms_norm_eps)
         q, k_NTKH, v_NTKH = tfm._qkv(config, lp, h_NTD, cos, sin)
-        idx = (i, zero, start, zero, zero)
-        k_LNMKH = jax.lax.dynamic_update_slice(k_LNMKH, k_NTKH[None].astype(k_LNMKH.dtype), idx)
-        v_LNMKH = jax.lax.dynamic_update_slice(v_LNMKH, v_NTKH[None].astype(v_LNMKH.dtype), idx)
-        kd = jax.lax.dynamic_index_in_dim(k_LNMKH, i, 0, keepdims=False).astype(q.dtype)
-        vd = jax.lax.dynamic_index_in_dim(v_LNMKH, i, 0, keepdims=False).astype(q.dtype)
-        kp, vp = kp_PSKH.astype(q.dtype), vp_PSKH.astype(q.dtype)
+        k_new = k_NTKH.transpose(0, 2, 1, 3)[None].astype(k_LNKMH.dtype)  # [1, N, K, t, H]
+        v_new = v_NTKH.transpose(0, 2, 3, 1)[None].astype(v_LNKHM.dtype)  # [1, N, K, H, t]
+        k_LNKMH = jax.lax.dynamic_update_slice(k_LNKMH, k_new, (i, zero, zero, start, zero))
+        v_LNKHM = jax.lax.dynamic_update_slice(v_LNKHM, v_new, (i, zero, zero, zero, start))
+        kd = jax.lax.dynamic_index_in_dim(k_LNKMH, i, 0, keepdims=False).astype(q.dtype)
+        vd = jax.lax.dynamic_index_in_dim(v_LNKHM, i, 0, keepdims=False).astype(q.dtype)
+        kp, vp = kp_PKSH.astype(q.dtype), vp_PKHS.astype(q.dtype)
         a = tfm._attend_shared_prefix(q, kp, vp, prefix_mask, kd, vd, mask_NTM)
-        return (tfm._finish_block(config, lp, x_NTD, a), k_LNMKH, v_LNMKH), None
+        return (tfm._finish_block(config, lp, x_NTD, a), k_LNKMH, v_LNKHM), None
 
     layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
     carry = (tfm._embed(config, params, tokens), cache.k, cache.v)
@@ -133,7 +156,7 @@ def prefill_packed(
 
     Returns:
       ``(last_hidden [S * Q, D], prefix)``: the final-normed hidden state of each prompt's last token (compute
-      dtype) and the prefix cache k, v ``[L, S * Q, Tp, K, H]``.
+      dtype) and the prefix cache, k ``[L, S * Q, K, Tp, H]`` and v ``[L, S * Q, K, H, Tp]``.
     """
     tfm._check_tokens(tokens)
     S, W = tokens.shape
@@ -158,7 +181,8 @@ def prefill_packed(
         v_BTKH = gather(v, to_slots).reshape(B, Tp, K, H)
         a_BTKGH = tfm._attend(q_BTKGH, k_BTKH, v_BTKH, mask_BTS)
         a_SWKGH = gather(a_BTKGH.reshape(S, Q * Tp, K, G, H), token_slot)
-        return tfm._finish_block(config, lp, x_SWD, a_SWKGH), (k_BTKH, v_BTKH)
+        kv = (k_BTKH.transpose(0, 2, 1, 3), v_BTKH.transpose(0, 2, 3, 1))  # the prefix cache layout (module doc)
+        return tfm._finish_block(config, lp, x_SWD, a_SWKGH), kv
 
     x_SWD, (k, v) = jax.lax.scan(block, tfm._embed(config, params, tokens), params["layers"])
     last = gather(x_SWD, slot_index[:, :, -1]).reshape(B, -1)

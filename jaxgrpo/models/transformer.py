@@ -258,38 +258,45 @@ def _attend(q_BTKGH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask_BTS: 
 
 def _attend_shared_prefix(
     q_NTKGH: jax.Array,
-    kp_PSKH: jax.Array,
-    vp_PSKH: jax.Array,
+    kp_PKSH: jax.Array,
+    vp_PKHS: jax.Array,
     prefix_mask_PS: jax.Array,
-    kd_NMKH: jax.Array,
-    vd_NMKH: jax.Array,
+    kd_NKMH: jax.Array,
+    vd_NKHM: jax.Array,
     mask_NTM: jax.Array,
 ) -> jax.Array:
     """Softmax attention of ``q [N, t, K, G, H]`` (``N = P * R`` prompt-major rows) over the keys of its prompt
-    ``n // R`` (``[P, Tp, K, H]``, shared by the prompt's R rows, masked by ``prefix_mask [P, Tp]``) and its own keys
-    (``[N, M, K, H]``, masked by ``mask_NTM [N, t, M]``), one softmax over both -> ``[N, t, K, G, H]``. Equals
+    ``n // R`` (keys ``[P, K, Tp, H]``, values ``[P, K, H, Tp]``, shared by the prompt's R rows, masked by
+    ``prefix_mask [P, Tp]``) and its own keys and values (``[N, K, M, H]``, ``[N, K, H, M]``, masked by
+    ``mask_NTM [N, t, M]``), one softmax over both -> ``[N, t, K, G, H]``. Equals
     `_attend` over the concatenated keys ``[prefix_p ; own_n]`` without repeating the prefix R times: the prefix
-    scores of a prompt's rows are one ``[R * t * G, H] x [H, Tp]`` product per (prompt, kv head). Scores and
-    softmax in float32; a query with no visible key gets 0 (as `_attend`)."""
+    scores of a prompt's rows are one ``[R * t * G, H] x [H, Tp]`` product per (prompt, kv head). Keys and values
+    come kv-head-major with the key axis of the values minor: every product then contracts the minor axis of both
+    operands, the form XLA:CPU's matmul reads in place, so caches stored this way (the decode caches) are never
+    transposed. Scores and softmax in float32; a query with no
+    visible key gets 0 (as `_attend`)."""
     N, T, K, G, H = q_NTKGH.shape
     P, Tp = prefix_mask_PS.shape
     R = N // P
-    M = kd_NMKH.shape[1]
+    M = kd_NKMH.shape[2]
     scale = H**-0.5
     # Every score tensor stays in one layout [P, K, R, T, G, keys]: the prefix scores are one product per (prompt,
     # kv head), the own-key scores one per (prompt, kv head, row), and no score tensor is transposed.
     q_PRTKGH = q_NTKGH.reshape(P, R, T, K, G, H)
-    sp = jnp.einsum("prtkgh,pskh->pkrtgs", q_PRTKGH, kp_PSKH, preferred_element_type=jnp.float32) * scale
-    kd_PRMKH = kd_NMKH.reshape(P, R, M, K, H)
-    sd = jnp.einsum("prtkgh,prmkh->pkrtgm", q_PRTKGH, kd_PRMKH, preferred_element_type=jnp.float32) * scale
-    mp = jnp.broadcast_to(prefix_mask_PS.astype(bool)[:, None, None, None, None, :], (P, 1, R, T, 1, Tp))
-    md = mask_NTM.astype(bool).reshape(P, R, T, M)[:, None, :, :, None, :]
-    mask = jnp.concatenate([mp, jnp.broadcast_to(md, (P, 1, R, T, 1, M))], axis=-1)
-    s = jnp.where(mask, jnp.concatenate([sp, sd], axis=-1), _NEG)
-    p = jax.nn.softmax(s, axis=-1)
-    p = jnp.where(jnp.any(mask, axis=-1, keepdims=True), p, 0.0)
-    out = jnp.einsum("pkrtgs,pskh->prtkgh", p[..., :Tp].astype(vp_PSKH.dtype), vp_PSKH)
-    out = out + jnp.einsum("pkrtgm,prmkh->prtkgh", p[..., Tp:].astype(vd_NMKH.dtype), vd_NMKH.reshape(P, R, M, K, H))
+    sp = jnp.einsum("prtkgh,pksh->pkrtgs", q_PRTKGH, kp_PKSH, preferred_element_type=jnp.float32) * scale
+    kd_PRKMH = kd_NKMH.reshape(P, R, K, M, H)
+    sd = jnp.einsum("prtkgh,prkmh->pkrtgm", q_PRTKGH, kd_PRKMH, preferred_element_type=jnp.float32) * scale
+    mp = prefix_mask_PS.astype(bool)[:, None, None, None, None, :]  # [P, 1, 1, 1, 1, Tp]
+    md = mask_NTM.astype(bool).reshape(P, R, T, M)[:, None, :, :, None, :]  # [P, 1, R, T, 1, M]
+    sp, sd = jnp.where(mp, sp, _NEG), jnp.where(md, sd, _NEG)
+    # One softmax over both key sets, computed part by part (no concatenated score tensor, no slices of it):
+    # exp(s - m) / sum over both parts, with m the joint max (held constant, as jax.nn.softmax does).
+    m = jax.lax.stop_gradient(jnp.maximum(jnp.max(sp, axis=-1, keepdims=True), jnp.max(sd, axis=-1, keepdims=True)))
+    ep, ed = jnp.exp(sp - m), jnp.exp(sd - m)
+    visible = jnp.any(mp, axis=-1, keepdims=True) | jnp.any(md, axis=-1, keepdims=True)
+    inv = jnp.where(visible, 1.0 / (jnp.sum(ep, axis=-1, keepdims=True) + jnp.sum(ed, axis=-1, keepdims=True)), 0.0)
+    out = jnp.einsum("pkrtgs,pkhs->prtkgh", (ep * inv).astype(vp_PKHS.dtype), vp_PKHS)
+    out = out + jnp.einsum("pkrtgm,prkhm->prtkgh", (ed * inv).astype(vd_NKHM.dtype), vd_NKHM.reshape(P, R, K, H, M))
     return out.reshape(N, T, K, G, H)
 
 
