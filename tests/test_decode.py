@@ -160,3 +160,42 @@ def test_projection_backward_equals_autodiff_and_finite_differences(monkeypatch)
             np.testing.assert_array_equal(g, 0.0)
         else:
             assert rel_err(g, r) < 1e-5, jax.tree_util.keystr(path)
+
+
+def test_shared_prefix_attention_equals_attention_over_concatenated_keys():
+    """`_attend_shared_prefix` (kv-head-major operands, softmax taken part by part) against `_attend` on each row's
+    concatenated keys [prompt's ; own] in the plain [B, S, K, H] layout, values and gradients, including a prompt
+    with no real prefix slot and a query that sees no key at all (output 0, finite gradient)."""
+    from jaxgrpo.models import transformer as tfm
+
+    P, R, T, K, G, H, Tp, M = 2, 3, 4, 2, 2, 8, 5, 4
+    keys = jax.random.split(jax.random.key(0), 5)
+    q = jax.random.normal(keys[0], (P * R, T, K, G, H))
+    kp, vp = jax.random.normal(keys[1], (P, Tp, K, H)), jax.random.normal(keys[2], (P, Tp, K, H))
+    kd, vd = jax.random.normal(keys[3], (P * R, M, K, H)), jax.random.normal(keys[4], (P * R, M, K, H))
+    pmask = np.ones((P, Tp), bool)
+    pmask[0, :2] = False
+    pmask[1] = False  # prompt 1: no prefix slot at all
+    dmask = np.tril(np.ones((T, M), bool))[None].repeat(P * R, 0)
+    dmask[4, 0] = False  # row 4 (a prompt-1 row), query 0: no visible key at all
+
+    def shared(q, kp, vp, kd, vd):
+        return tfm._attend_shared_prefix(q, kp.transpose(0, 2, 1, 3), vp.transpose(0, 2, 3, 1), jnp.asarray(pmask),
+                                         kd.transpose(0, 2, 1, 3), vd.transpose(0, 2, 3, 1), jnp.asarray(dmask))
+
+    def plain(q, kp, vp, kd, vd):
+        k = jnp.concatenate([jnp.repeat(kp, R, 0), kd], 1)
+        v = jnp.concatenate([jnp.repeat(vp, R, 0), vd], 1)
+        mask = np.concatenate([np.repeat(pmask, R, 0)[:, None].repeat(T, 1), dmask], -1)
+        return tfm._attend(q, k, v, jnp.asarray(mask))
+
+    out, ref = jax.jit(shared)(q, kp, vp, kd, vd), plain(q, kp, vp, kd, vd)
+    chex.assert_shape(out, (P * R, T, K, G, H))
+    np.testing.assert_array_equal(out[4, 0], 0.0)
+    assert rel_err(out, ref) < 1e-5
+    w = jax.random.normal(jax.random.key(1), out.shape)
+    g_shared = jax.grad(lambda *a: jnp.sum(shared(*a) * w), argnums=(0, 1, 2, 3, 4))(q, kp, vp, kd, vd)
+    g_plain = jax.grad(lambda *a: jnp.sum(plain(*a) * w), argnums=(0, 1, 2, 3, 4))(q, kp, vp, kd, vd)
+    chex.assert_tree_all_finite(g_shared)
+    for a, b in zip(g_shared, g_plain):
+        assert rel_err(a, b) < 1e-5

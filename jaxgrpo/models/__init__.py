@@ -3,8 +3,8 @@
 
 Public surface: `ModelConfig`, `init_params`, `param_axes`, `forward`, `hidden_states`, `lm_head`, `init_cache`,
 `forward_with_cache`, `KVCache`, `count_params`, (decode.py) `prefill_packed`, `forward_with_prefix_cache`,
-`init_decode_cache`, and
-(convert.py) `load_pretrained`, `save_pretrained`, `load_tokenizer`, and (presets.py) `PRESETS`.
+`init_decode_cache`, and (convert.py) `load_pretrained`, `save_pretrained`, `load_tokenizer`, and (presets.py)
+`PRESETS`.
 """
 
 from jaxgrpo.models.config import ModelConfig, ModelConfigError, RopeScaling, from_hf_config, to_hf_config

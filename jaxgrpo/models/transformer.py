@@ -268,13 +268,12 @@ def _attend_shared_prefix(
     """Softmax attention of ``q [N, t, K, G, H]`` (``N = P * R`` prompt-major rows) over the keys of its prompt
     ``n // R`` (keys ``[P, K, Tp, H]``, values ``[P, K, H, Tp]``, shared by the prompt's R rows, masked by
     ``prefix_mask [P, Tp]``) and its own keys and values (``[N, K, M, H]``, ``[N, K, H, M]``, masked by
-    ``mask_NTM [N, t, M]``), one softmax over both -> ``[N, t, K, G, H]``. Equals
-    `_attend` over the concatenated keys ``[prefix_p ; own_n]`` without repeating the prefix R times: the prefix
-    scores of a prompt's rows are one ``[R * t * G, H] x [H, Tp]`` product per (prompt, kv head). Keys and values
-    come kv-head-major with the key axis of the values minor: every product then contracts the minor axis of both
-    operands, the form XLA:CPU's matmul reads in place, so caches stored this way (the decode caches) are never
-    transposed. Scores and softmax in float32; a query with no
-    visible key gets 0 (as `_attend`)."""
+    ``mask_NTM [N, t, M]``), one softmax over both -> ``[N, t, K, G, H]``. Equals `_attend` over the concatenated
+    keys ``[prefix_p ; own_n]`` without repeating the prefix R times: the prefix scores of a prompt's rows are one
+    ``[R * t * G, H] x [H, Tp]`` product per (prompt, kv head). Keys and values come kv-head-major with the key axis
+    of the values minor: every product then contracts the minor axis of both operands, the form XLA:CPU's matmul
+    reads in place, so caches stored this way (the decode caches) are never transposed. Scores and softmax in
+    float32; a query with no visible key gets 0 (as `_attend`)."""
     N, T, K, G, H = q_NTKGH.shape
     P, Tp = prefix_mask_PS.shape
     R = N // P
