@@ -112,8 +112,8 @@ def forward_with_prefix_cache(
         lp, kp_PKSH, vp_PKHS, i = xs
         h_NTD = tfm._rms_norm(x_NTD, lp["attn_norm"], config.rms_norm_eps)
         q, k_NTKH, v_NTKH = tfm._qkv(config, lp, h_NTD, cos, sin)
-        k_new = k_NTKH.transpose(0, 2, 1, 3)[None].astype(k_LNKMH.dtype)  # [1, N, K, t, H]
-        v_new = v_NTKH.transpose(0, 2, 3, 1)[None].astype(v_LNKHM.dtype)  # [1, N, K, H, t]
+        k_NKTH, v_NKHT = tfm._kv_major(k_NTKH, v_NTKH)
+        k_new, v_new = k_NKTH[None].astype(k_LNKMH.dtype), v_NKHT[None].astype(v_LNKHM.dtype)
         k_LNKMH = jax.lax.dynamic_update_slice(k_LNKMH, k_new, (i, zero, zero, start, zero))
         v_LNKHM = jax.lax.dynamic_update_slice(v_LNKHM, v_new, (i, zero, zero, zero, start))
         kd = jax.lax.dynamic_index_in_dim(k_LNKMH, i, 0, keepdims=False).astype(q.dtype)
@@ -181,8 +181,7 @@ def prefill_packed(
         v_BTKH = gather(v, to_slots).reshape(B, Tp, K, H)
         a_BTKGH = tfm._attend(q_BTKGH, k_BTKH, v_BTKH, mask_BTS)
         a_SWKGH = gather(a_BTKGH.reshape(S, Q * Tp, K, G, H), token_slot)
-        kv = (k_BTKH.transpose(0, 2, 1, 3), v_BTKH.transpose(0, 2, 3, 1))  # the prefix cache layout (module doc)
-        return tfm._finish_block(config, lp, x_SWD, a_SWKGH), kv
+        return tfm._finish_block(config, lp, x_SWD, a_SWKGH), tfm._kv_major(k_BTKH, v_BTKH)  # prefix cache layout
 
     x_SWD, (k, v) = jax.lax.scan(block, tfm._embed(config, params, tokens), params["layers"])
     last = gather(x_SWD, slot_index[:, :, -1]).reshape(B, -1)

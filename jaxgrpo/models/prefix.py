@@ -144,9 +144,8 @@ def prefix_shared_hidden(
         hc = tfm._rms_norm(xc_BCD, lp["attn_norm"], eps)
         qc, kc_BCKH, vc_BCKH = tfm._qkv(config, lp, hc, cos_c, sin_c)
         # The group's prompt keys/values serve its G completions, read once per group (their gradient sums over G).
-        kp, kc = (x.transpose(0, 2, 1, 3) for x in (kp_PTKH, kc_BCKH))  # [.., K, keys, H]
-        vp, vc = (x.transpose(0, 2, 3, 1) for x in (vp_PTKH, vc_BCKH))  # [.., K, H, keys]
-        a_c = tfm._attend_shared_prefix(qc, kp, vp, pm_PT, kc, vc, ckey_BCC)
+        a_c = tfm._attend_shared_prefix(qc, *tfm._kv_major(kp_PTKH, vp_PTKH), pm_PT, *tfm._kv_major(kc_BCKH, vc_BCKH),
+                                        ckey_BCC)  # fmt: skip
         xc_new = tfm._finish_block(config, lp, xc_BCD, a_c)
         return (xp_new, xc_new), None
 

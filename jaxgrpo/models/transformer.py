@@ -256,6 +256,12 @@ def _attend(q_BTKGH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask_BTS: 
     return jnp.einsum("bkgts,bskh->btkgh", p_BKGTS.astype(v_BSKH.dtype), v_BSKH)
 
 
+def _kv_major(k_BSKH: jax.Array, v_BSKH: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Keys ``[B, S, K, H]`` -> ``[B, K, S, H]`` and values ``[B, S, K, H]`` -> ``[B, K, H, S]``: the layout
+    `_attend_shared_prefix` reads (and the decode caches are stored in)."""
+    return k_BSKH.transpose(0, 2, 1, 3), v_BSKH.transpose(0, 2, 3, 1)
+
+
 def _attend_shared_prefix(
     q_NTKGH: jax.Array,
     kp_PKSH: jax.Array,
