@@ -105,6 +105,9 @@ class Completions:
     sampled tokens under the sampling distribution (0 where ``mask`` is False).  mask: ``[N, M]`` bool, True up to
     and including the EOS token.  lengths: ``[N]`` int32 = ``mask.sum(-1)``.  truncated: ``[N]`` bool, True when the
     row ended without emitting an EOS id (it hit ``max_new_tokens``; always True when ``eos_token_ids`` is empty).
+    projections: None, or (``generate(record_projections=True)``, ``M > 1``) for each dense projection name of
+    `models.transformer.PROJECTIONS`, ``[L, N, M-1, out]``: its output at the decode step that fed completion token
+    ``j`` (``j < M-1``), for the train step to reuse (see `train_step.Batch.projections`).
     """
 
     tokens: jax.Array
@@ -112,6 +115,7 @@ class Completions:
     mask: jax.Array
     lengths: jax.Array
     truncated: jax.Array
+    projections: dict[str, jax.Array] | None = None
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -356,6 +360,7 @@ class _Mode:
     eos_token_ids: tuple[int, ...]
     batch_sharding: NamedSharding | None  # for [N, ...] arrays (batch on axis 0)
     cache_sharding: NamedSharding | None  # for [L, N, ...] cache leaves (batch on axis 1)
+    record_projections: bool = False
 
 
 def _constrain(x: jax.Array, sharding: NamedSharding | None) -> jax.Array:
@@ -418,6 +423,8 @@ def _prefill(config, mode: _Mode, params, packed, row_active_N, key, temperature
     state = dict(
         tokens=tokens_NxM, logprobs=logprobs_NxM, mask=mask_NxM, done=done, last=tok, eos=active & _is_eos(mode, tok)
     )
+    if mode.record_projections:
+        state["projections"] = models.init_projection_record(config, n, max(m - 1, 1))
     consts = dict(prefix=prefix, prefix_mask=mask_PxT, lengths=lengths, row_keys=row_keys)
     return cache, state, consts
 
@@ -441,9 +448,11 @@ def _decode(config, mode: _Mode, params, cache, state, consts, temperature, top_
         i, cache, st = carry
         positions = (consts["lengths"] + i - 1)[:, None]
         prefix, prefix_mask = consts["prefix"], consts["prefix_mask"]
-        hidden, cache = models.forward_with_prefix_cache(
-            config, params, st["last"][:, None], positions, prefix, prefix_mask, cache, i - 1, kv_mask
-        )
+        out = models.forward_with_prefix_cache(
+            config, params, st["last"][:, None], positions, prefix, prefix_mask, cache, i - 1, kv_mask,
+            st.get("projections"),
+        )  # fmt: skip
+        hidden, cache = out[:2]
         logits = _constrain(_logits(config, params, hidden[:, 0]), mode.batch_sharding)
         tok, logp = _sample(mode, _step_keys(consts["row_keys"], i.astype(jnp.uint32)), logits, temperature, top_p)
         active = ~st["done"]
@@ -456,6 +465,8 @@ def _decode(config, mode: _Mode, params, cache, state, consts, temperature, top_
             last=tok,
             eos=st["eos"] | eos,
         )
+        if mode.record_projections:
+            st["projections"] = out[2]
         return i + 1, cache, st
 
     _, cache, state = jax.lax.while_loop(cond, body, (jnp.int32(1), cache, state))
@@ -491,6 +502,7 @@ def generate(
     key: jax.Array,
     mesh: Mesh | None = None,
     prompt_buckets: Sequence[int] | None = None,
+    record_projections: bool = False,
 ) -> Completions:
     """Sample ``num_samples`` completions of up to ``max_new_tokens`` tokens for each prompt.
 
@@ -501,6 +513,9 @@ def generate(
       (1 = off).  top_k: keep the k most likely tokens (0 = off).  eos_token_ids: ids that end a completion.
       key: a PRNG key.  mesh: optional mesh; the rollout batch is split over its ``BATCH_AXES``.
       prompt_buckets: optional static prompt lengths; default 16, 20, 24, 28, 32, 40, ... (see ``prompt_bucket``).
+      record_projections: also return every dense projection's output at each decode step (``Completions.
+      projections``, ``L * N * (M-1) * (4D + 2F + 2KH)`` values in the model dtype), so that a train step on this
+      rollout with the same parameters can skip those products (`train_step.Batch.projections`). No mesh.
 
     Returns:
       ``Completions`` with ``[len(prompts) * num_samples, M]`` arrays in prompt-major order (see the class).
@@ -539,7 +554,11 @@ def generate(
         batch_sharding = cache_sharding = None
     greedy = temperature == 0.0
     use_top_k = int(top_k) if (not greedy and top_k < config.vocab_size) else 0  # k >= V truncates nothing
-    mode = _Mode(g, m, greedy, use_top_k, (not greedy) and top_p < 1.0, eos_token_ids, batch_sharding, cache_sharding)
+    if record_projections and mesh is not None:
+        raise ValueError("record_projections=True is not supported with a mesh (the train step reuses them only "
+                         "unsharded); pass mesh=None or record_projections=False")  # fmt: skip
+    mode = _Mode(g, m, greedy, use_top_k, (not greedy) and top_p < 1.0, eos_token_ids, batch_sharding, cache_sharding,
+                 bool(record_projections))  # fmt: skip
     temp = jnp.float32(temperature if temperature > 0 else 1.0)
     top_p_arr = jnp.float32(top_p)
     packed = {k: _put(v, batch_sharding) for k, v in packed.items()}
@@ -554,4 +573,10 @@ def generate(
         mask=out_mask,
         lengths=jnp.sum(out_mask, axis=-1, dtype=jnp.int32),
         truncated=~state["eos"][:n],
+        projections=None if not (record_projections and m > 1) else _first_rows(state["projections"], n),
     )
+
+
+def _first_rows(record: dict[str, jax.Array], n: int) -> dict[str, jax.Array]:
+    """The recorded projections ``[L, N, ...]`` of the first ``n`` rows (the real prompts', not the padding's)."""
+    return {k: v if v.shape[1] == n else v[:, :n] for k, v in record.items()}

@@ -122,6 +122,11 @@ class Batch:
     rewards ``[P, G]`` float32; valid ``[P, G]`` bool (False = sample dropped, e.g. a failed reward).
     old_logprobs ``[B, Tc]`` float32: the sampler's per-token log-probs (temperature-scaled), 0 where masked.
     ref_logprobs ``[B, Tc]`` float32 or None: reference-policy log-probs, required iff ``kl_coef > 0``.
+    projections: None, or the sampler's recorded dense-projection outputs of the completion tokens
+    (`sampling.Completions.projections`: name -> ``[L, B, Tc-1, out]``), valid only for the parameters that sampled
+    this rollout. With prefix sharing and one optimizer update per rollout (``num_iterations = num_minibatches =
+    grad_accum_steps = 1``, no mesh) the step's forward then takes those products as given instead of recomputing
+    them (`transformer._matmul_given`: same values up to float rounding, same backward); ~1/5 of the step's FLOPs.
     """
 
     tokens: jax.Array
@@ -131,6 +136,7 @@ class Batch:
     valid: jax.Array
     old_logprobs: jax.Array
     ref_logprobs: jax.Array | None = None
+    projections: dict[str, jax.Array] | None = None
 
 
 # ----------------------------------------------------------------------------------------------- optimizer
@@ -200,6 +206,7 @@ def compute_logprobs(
     group_size: int = 0,
     packed_width: int = 0,
     pack_rows: int = 1,
+    projections: dict[str, jax.Array] | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Per-token log-probs and entropies ``([B, Tc], [B, Tc])`` float32 of the completion tokens of `batch`.
 
@@ -214,7 +221,9 @@ def compute_logprobs(
     from row ``p*G`` and encoded once per group (`jaxgrpo.models.prefix`); same values and gradients as 0 (plain).
     ``packed_width``, ``pack_rows`` (prefix sharing only): run the group prompts packed end to end in ``pack_rows``
     rows of ``packed_width`` tokens instead of left-padded (`jaxgrpo.models.prefix.prefix_shared_hidden`; same
-    values, no work on prompt padding); size it with `packed_prompt_width`.
+    values, no work on prompt padding); size it with `packed_prompt_width`. ``projections`` (prefix sharing only):
+    the completion tokens' dense-projection outputs recorded by the sampler with these ``params`` (see
+    `Batch.projections`), taken as given in the forward.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 (greedy rollouts have no log-probs to train on), got {temperature}")
@@ -230,6 +239,8 @@ def compute_logprobs(
         raise ValueError(f"chunk must be >= 0 (0 = automatic), got {chunk}")
     if group_size < 0 or (group_size > 1 and B % group_size):
         raise ValueError(f"group_size={group_size} must be 0/1 (no prefix sharing) or divide the {B} rows (B = P*G)")
+    if projections is not None and group_size <= 1:
+        raise ValueError("projections are reused only with prefix sharing (group_size > 1)")
     if group_size > 1:
         h_BCD = prefix_lib.prefix_shared_predictors(
             model_config,
@@ -241,6 +252,7 @@ def compute_logprobs(
             remat=remat,
             packed_width=packed_width,
             pack_rows=pack_rows,
+            completion_given=projections,
         )
     else:
         attention_mask = jnp.concatenate([batch.prompt_mask, batch.completion_mask], axis=1).astype(bool)
@@ -357,6 +369,18 @@ def _check_batch(batch: Batch, algo: AlgoConfig, num_shards: int) -> tuple[int, 
     for name, shape in expected.items():
         if getattr(batch, name).shape != shape:
             raise ValueError(f"batch.{name} has shape {getattr(batch, name).shape}, expected {shape}")
+    if batch.projections is not None:
+        updates = algo.num_iterations * algo.num_minibatches * algo.grad_accum_steps
+        if not algo.prefix_sharing or updates != 1 or num_shards != 1:
+            raise ValueError(
+                "batch.projections (the sampler's recorded projections) are valid only for the parameters that "
+                "sampled the rollout: they need algo.prefix_sharing=true, num_iterations = num_minibatches = "
+                f"grad_accum_steps = 1 and no mesh (got prefix_sharing={algo.prefix_sharing}, {updates} updates per "
+                f"rollout, {num_shards} batch shards); pass projections=None"
+            )
+        for name, x in batch.projections.items():
+            if x.ndim != 4 or x.shape[1:3] != (B, Tc - 1):
+                raise ValueError(f"batch.projections[{name!r}] has shape {x.shape}, expected [L, {B}, {Tc - 1}, out]")
     if algo.kl_coef > 0:
         if batch.ref_logprobs is None:
             raise ValueError("algo.kl_coef > 0 needs batch.ref_logprobs (compute_logprobs with the reference params)")
@@ -461,7 +485,12 @@ class _Step:
 
     # -- 3. one micro-batch: loss (weighted by its share of the global normalizer) and statistics
     def micro_loss(
-        self, params: Params, mb: dict[str, jax.Array], group_size: int, packed_width: int = 0
+        self,
+        params: Params,
+        mb: dict[str, jax.Array],
+        group_size: int,
+        packed_width: int = 0,
+        projections: dict[str, jax.Array] | None = None,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         algo = self.algo
         batch = Batch(
@@ -482,6 +511,7 @@ class _Step:
             group_size=group_size if algo.prefix_sharing else 0,
             packed_width=packed_width,  # used only with prefix sharing (group_size > 1)
             pack_rows=self.num_shards,
+            projections=projections,
         )
         logp = self._constrain_rows(logp)
         max_tokens = algo.max_tokens if algo.max_tokens is not None else logp.shape[1]
@@ -549,9 +579,18 @@ class _Step:
 
     # -- gradient of one minibatch (grad accumulation over its micro-batches)
     def minibatch_grad(
-        self, params: Params, mbs: dict[str, jax.Array], group_size: int, packed_width: int = 0
+        self,
+        params: Params,
+        mbs: dict[str, jax.Array],
+        group_size: int,
+        packed_width: int = 0,
+        projections: dict[str, jax.Array] | None = None,
     ) -> tuple[jax.Array, Params, dict]:
-        grad_fn = jax.value_and_grad(lambda p, mb: self.micro_loss(p, mb, group_size, packed_width), has_aux=True)
+        if projections is not None and self.ga != 1:
+            raise ValueError("projections are reused only for a single micro-batch (grad_accum_steps = 1)")
+        grad_fn = jax.value_and_grad(
+            lambda p, mb: self.micro_loss(p, mb, group_size, packed_width, projections), has_aux=True
+        )
         if self.ga == 1:
             first = jax.tree.map(lambda x: x[0], mbs)
             (loss, aux), grads = grad_fn(params, first)
@@ -599,7 +638,7 @@ def _minibatch_gradient(
     Pn, G = _check_batch(batch, step.algo, step.num_shards)
     prep = step.prepare(batch)
     mbs = jax.tree.map(lambda x: x[0], step.split_batch(batch, prep))
-    return step.minibatch_grad(params, mbs, G, packed_width)
+    return step.minibatch_grad(params, mbs, G, packed_width, batch.projections)
 
 
 def packed_prompt_width(
@@ -713,7 +752,10 @@ def make_train_step(
         def update(carry, u):
             params, opt_state = carry
             mbs = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, u % step.nm, keepdims=False), split)
-            loss, grads, aux = step.minibatch_grad(params, mbs, batch.rewards.shape[1], packed_prompt_width)
+            # batch.projections (checked: one update per rollout) hold for these params: the ones that sampled
+            loss, grads, aux = step.minibatch_grad(
+                params, mbs, batch.rewards.shape[1], packed_prompt_width, batch.projections
+            )
             grad_norm = optax.global_norm(grads)
             upd, opt_state = tx.update(grads, opt_state, params)
             params = optax.apply_updates(params, upd)

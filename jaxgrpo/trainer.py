@@ -89,6 +89,7 @@ class Rollout:
     texts: list[str]
     rewards: np.ndarray  # [P, G]
     valid: np.ndarray  # [P, G]
+    projections: dict[str, jax.Array] | None = None  # the sampler's record for the train step (`Batch.projections`)
 
 
 def make_batch(rollout: Rollout, prompt_width: int, pad_id: int) -> ts.Batch:
@@ -111,6 +112,7 @@ def make_batch(rollout: Rollout, prompt_width: int, pad_id: int) -> ts.Batch:
         valid=jnp.asarray(rollout.valid),
         old_logprobs=jnp.asarray(np.where(cmask, np.asarray(comp.logprobs), 0.0), jnp.float32),
         ref_logprobs=None,
+        projections=rollout.projections,
     )
 
 
@@ -132,6 +134,13 @@ class Trainer:
         self.mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor) if m.data * m.fsdp * m.tensor > 1 else None
         self.model_config, params, self.tokenizer = build_policy(cfg, jax.random.fold_in(self.key, 10**9))
         self.eos_token_ids = eos_ids(self.model_config, self.tokenizer)
+        a = cfg.algo
+        # The sampler's recorded projections hold for the params that sampled: one update per rollout, one device.
+        self.reuse_projections = bool(
+            a.reuse_projections and a.prefix_sharing and not a.remat and self.mesh is None
+            and a.num_iterations == a.num_minibatches == a.grad_accum_steps == 1
+            and a.degenerate_groups != "resample" and cfg.rollout.max_new_tokens > 1
+        )  # fmt: skip
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
 
         examples = data_lib.load_dataset(cfg.data, cfg.seed)
@@ -185,14 +194,15 @@ class Trainer:
         comp = sampling.generate(
             self.model_config, self.state.params, prompt_ids, num_samples=r.group_size,
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-            eos_token_ids=self.eos_token_ids, key=key, mesh=self.mesh)
+            eos_token_ids=self.eos_token_ids, key=key, mesh=self.mesh, record_projections=self.reuse_projections)
+        projections, comp = comp.projections, comp.replace(projections=None)  # the record stays on the device
         comp = jax.tree.map(to_host, comp)
         tokens, mask = comp.tokens, comp.mask
         texts = self.tokenizer.batch_decode([t[m].tolist() for t, m in zip(tokens, mask)], skip_special_tokens=True)
         row_examples = [e for e in examples for _ in range(r.group_size)]
         rw, valid = rewards.score(texts, row_examples, self.reward_fns, on_error=self.cfg.algo.on_reward_error)
         shape = (len(indices), r.group_size)
-        return Rollout(prompt_ids, examples, comp, texts, rw.reshape(shape), valid.reshape(shape))
+        return Rollout(prompt_ids, examples, comp, texts, rw.reshape(shape), valid.reshape(shape), projections)
 
     def rollout(self, step: int) -> tuple[Rollout, dict[str, float]]:
         """Samples P groups; with degenerate_groups=resample, draws further rounds of P prompts until P informative
@@ -313,6 +323,8 @@ def merge_groups(pool: list[Rollout], picks: list[tuple[int, int]]) -> Rollout:
     rows = [(r, p * g + j) for r, p in picks for j in range(g)]
     comp_fields = {}
     for f in dataclasses.fields(pool[0].completions):
+        if f.name == "projections":  # never recorded with dynamic sampling (see Trainer.reuse_projections)
+            continue
         comp_fields[f.name] = np.stack([np.asarray(getattr(pool[r].completions, f.name))[i] for r, i in rows])
     return Rollout(
         prompt_ids=[pool[r].prompt_ids[p] for r, p in picks],

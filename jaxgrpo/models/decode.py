@@ -51,6 +51,15 @@ def init_decode_cache(config: ModelConfig, rows: int, slots: int, dtype: Any = N
     return tfm.KVCache(k=jnp.zeros((L, rows, K, slots, H), dt), v=jnp.zeros((L, rows, K, H, slots), dt))
 
 
+def init_projection_record(config: ModelConfig, rows: int, slots: int, dtype: Any = None) -> dict[str, jax.Array]:
+    """Zeroed buffers for `forward_with_prefix_cache`'s ``record``: for each dense projection name of
+    `transformer.PROJECTIONS`, ``[L, rows, slots, out]`` (its flattened output width; dtype defaults to the model
+    dtype)."""
+    dt = tfm._dtype(config) if dtype is None else jnp.dtype(dtype)
+    widths = tfm.projection_widths(config)
+    return {name: jnp.zeros((config.num_layers, rows, slots, w), dt) for name, w in widths.items()}
+
+
 def forward_with_prefix_cache(
     config: ModelConfig,
     params: Params,
@@ -61,7 +70,8 @@ def forward_with_prefix_cache(
     cache: tfm.KVCache,
     start: jax.Array | int,
     kv_mask: jax.Array,
-) -> tuple[jax.Array, tfm.KVCache]:
+    record: dict[str, jax.Array] | None = None,
+) -> tuple[jax.Array, tfm.KVCache] | tuple[jax.Array, tfm.KVCache, dict[str, jax.Array]]:
     """Run a chunk ``tokens [N, t]`` of ``N = P * R`` prompt-major rows against a shared prompt cache.
 
     Args:
@@ -75,10 +85,15 @@ def forward_with_prefix_cache(
         scalar shared by all rows, ``start + t <= M``).
       kv_mask ``[N, M]`` bool: the real decode slots (it must already mark this chunk's tokens).
 
+      record: optional buffers from `init_projection_record` (``[L, N, slots, out]`` each): every dense projection's
+        output for the chunk is written at ``[:, :, start : start + t]``; the train step can then skip those
+        products (`transformer._matmul_given`). Donate them when jitting.
+
     Returns:
-      ``(hidden [N, t, D], cache)``: final-normed hidden states (compute dtype) and the updated decode cache. Query
-      ``i`` of row ``n`` attends to the real prefix slots of prompt ``n // R`` and to decode slots ``j <= start + i``
-      with ``kv_mask[n, j]``. Donate ``cache`` when jitting so the update happens in place.
+      ``(hidden [N, t, D], cache)``, plus the updated ``record`` when given: final-normed hidden states (compute
+      dtype) and the updated decode cache. Query ``i`` of row ``n`` attends to the real prefix slots of prompt
+      ``n // R`` and to decode slots ``j <= start + i`` with ``kv_mask[n, j]``. Donate ``cache`` when jitting so the
+      update happens in place.
     """
     tfm._check_tokens(tokens)
     N, t = tokens.shape
@@ -107,11 +122,19 @@ def forward_with_prefix_cache(
     mask_NTM = (jnp.arange(M, dtype=jnp.int32)[None, :] <= slot_T[:, None])[None] & kv_mask.astype(bool)[:, None, :]
     zero = jnp.zeros((), jnp.int32)
 
+    if record is not None:
+        widths = tfm.projection_widths(config)
+        for name, buf in record.items():
+            if buf.shape[:2] != (L, N) or buf.ndim != 4 or buf.shape[3] != widths.get(name):
+                raise ValueError(f"record[{name!r}] has shape {buf.shape}, expected [L, N, slots, out] = [{L}, "
+                                 f"{N}, slots, {widths.get(name)}]; make it with init_projection_record")  # fmt: skip
+
     def block(carry, xs):
-        x_NTD, k_LNKMH, v_LNKHM = carry
+        x_NTD, k_LNKMH, v_LNKHM, rec = carry
         lp, kp_PKSH, vp_PKHS, i = xs
+        io = None if rec is None else {"record": {}}
         h_NTD = tfm._rms_norm(x_NTD, lp["attn_norm"], config.rms_norm_eps)
-        q, k_NTKH, v_NTKH = tfm._qkv(config, lp, h_NTD, cos, sin)
+        q, k_NTKH, v_NTKH = tfm._qkv(config, lp, h_NTD, cos, sin, io)
         k_NKTH, v_NKHT = tfm._kv_major(k_NTKH, v_NTKH)
         k_new, v_new = k_NKTH[None].astype(k_LNKMH.dtype), v_NKHT[None].astype(v_LNKHM.dtype)
         k_LNKMH = jax.lax.dynamic_update_slice(k_LNKMH, k_new, (i, zero, zero, start, zero))
@@ -120,12 +143,17 @@ def forward_with_prefix_cache(
         vd = jax.lax.dynamic_index_in_dim(v_LNKHM, i, 0, keepdims=False).astype(q.dtype)
         kp, vp = kp_PKSH.astype(q.dtype), vp_PKHS.astype(q.dtype)
         a = tfm._attend_shared_prefix(q, kp, vp, prefix_mask, kd, vd, mask_NTM)
-        return (tfm._finish_block(config, lp, x_NTD, a), k_LNKMH, v_LNKHM), None
+        x_NTD = tfm._finish_block(config, lp, x_NTD, a, io)
+        if rec is not None:
+            rec = {name: jax.lax.dynamic_update_slice(buf, io["record"][name][None].astype(buf.dtype),
+                                                      (i, zero, start, zero)) for name, buf in rec.items()}  # fmt: skip
+        return (x_NTD, k_LNKMH, v_LNKHM, rec), None
 
     layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
-    carry = (tfm._embed(config, params, tokens), cache.k, cache.v)
-    (x_NTD, k, v), _ = jax.lax.scan(block, carry, (params["layers"], prefix.k, prefix.v, layer_ids))
-    return tfm._rms_norm(x_NTD, params["final_norm"], config.rms_norm_eps), tfm.KVCache(k=k, v=v)
+    carry = (tfm._embed(config, params, tokens), cache.k, cache.v, record)
+    (x_NTD, k, v, record), _ = jax.lax.scan(block, carry, (params["layers"], prefix.k, prefix.v, layer_ids))
+    hidden = tfm._rms_norm(x_NTD, params["final_norm"], config.rms_norm_eps)
+    return (hidden, tfm.KVCache(k=k, v=v)) if record is None else (hidden, tfm.KVCache(k=k, v=v), record)
 
 
 def prefill_packed(

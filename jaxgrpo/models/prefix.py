@@ -68,6 +68,7 @@ def prefix_shared_hidden(
     remat: bool = False,
     packed_width: int = 0,
     pack_rows: int = 1,
+    completion_given: dict[str, jax.Array] | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Final-normed hidden states of G completions per prompt, each prompt encoded once.
 
@@ -82,6 +83,10 @@ def prefix_shared_hidden(
         number of real prompt tokens among the rows' ``P / S`` consecutive prompts: `packed_width` gives it. Checked
         when the mask is concrete; under `jax.jit` a too small ``W`` would drop prompt tokens.
       pack_rows: ``S``, dividing P (one per batch shard).
+      completion_given: optional ``{name: [L, P*G, Tc, out]}`` for the dense projections of
+        `transformer.PROJECTIONS`: the completion tokens' projection outputs, already known (recorded by the sampler
+        with these params, `sampling.generate(record_projections=True)`); the forward takes them as given
+        (`transformer._matmul_given`) instead of computing those products, and the backward is unchanged.
 
     Returns:
       ``(h_completion [P, G, Tc, D], h_prompt_last [P, D])`` in the compute dtype: ``h_completion[p, g, t]`` equals
@@ -107,6 +112,14 @@ def prefix_shared_hidden(
     pm_PT = prompt_mask.astype(bool)
     cm_BC = completion_mask.astype(bool).reshape(Pn * G, Tc)
     B = Pn * G
+    if completion_given is not None:
+        widths = tfm.projection_widths(config)
+        if set(completion_given) != set(widths):
+            raise ValueError(f"completion_given has projections {sorted(completion_given)}, expected {sorted(widths)}")
+        for name, x in completion_given.items():
+            if x.shape != (config.num_layers, B, Tc, widths[name]):
+                raise ValueError(f"completion_given[{name!r}] has shape {x.shape}, expected [L, P*G, Tc, out] = "
+                                 f"{(config.num_layers, B, Tc, widths[name])}")  # fmt: skip
 
     # Positions as in the plain path (cumsum(mask) - 1 over the concatenated row, clipped at 0).
     n_P = jnp.sum(pm_PT, axis=1, dtype=jnp.int32)
@@ -138,19 +151,21 @@ def prefix_shared_hidden(
         a_SWKGH = tfm._take_rows(a_PTKGH.reshape(S, -1, *a_PTKGH.shape[2:]), pack["token_slot"])
         return tfm._finish_block(config, lp, xp, a_SWKGH), kp_PTKH, vp_PTKH
 
-    def block(carry, lp):
+    def block(carry, xs):
+        lp, given = xs
+        io = None if given is None else {"given": given}
         xp, xc_BCD = carry
         xp_new, kp_PTKH, vp_PTKH = prompt_attention(xp, lp)
         hc = tfm._rms_norm(xc_BCD, lp["attn_norm"], eps)
-        qc, kc_BCKH, vc_BCKH = tfm._qkv(config, lp, hc, cos_c, sin_c)
+        qc, kc_BCKH, vc_BCKH = tfm._qkv(config, lp, hc, cos_c, sin_c, io)
         # The group's prompt keys/values serve its G completions, read once per group (their gradient sums over G).
         a_c = tfm._attend_shared_prefix(qc, *tfm._kv_major(kp_PTKH, vp_PTKH), pm_PT, *tfm._kv_major(kc_BCKH, vc_BCKH),
                                         ckey_BCC)  # fmt: skip
-        xc_new = tfm._finish_block(config, lp, xc_BCD, a_c)
+        xc_new = tfm._finish_block(config, lp, xc_BCD, a_c, io)
         return (xp_new, xc_new), None
 
     x0 = (xp0, tfm._embed(config, params, completion_tokens.reshape(B, Tc)))
-    (xp, xc_BCD), _ = jax.lax.scan(tfm.layer_checkpoint(block, remat), x0, params["layers"])
+    (xp, xc_BCD), _ = jax.lax.scan(tfm.layer_checkpoint(block, remat), x0, (params["layers"], completion_given))
     h_c = tfm._rms_norm(xc_BCD, params["final_norm"], eps).reshape(Pn, G, Tc, -1)
     # the last prompt token: slot Tp - 1 of the left-padded layout
     xp_last = tfm._take_rows(xp, pack["last"]).reshape(Pn, -1) if packed_width else xp[:, -1]
@@ -244,6 +259,7 @@ def prefix_shared_predictors(
     remat: bool = False,
     packed_width: int = 0,
     pack_rows: int = 1,
+    completion_given: dict[str, jax.Array] | None = None,
 ) -> jax.Array:
     """The hidden states that predict each completion token, ``[B, Tc, D]``, for train-step rows.
 
@@ -251,7 +267,9 @@ def prefix_shared_predictors(
     ``completion_mask [B, Tc]``, B = P*G prompt-major (the group's prompt is taken from row ``p*G``; see
     `group_prompts`). Equals ``models.hidden_states(tokens, mask)[:, Tp-1 : Tp+Tc-1]`` of the plain path: position
     ``Tp-1`` (last prompt token) predicts completion token 0, position ``Tp+t`` predicts token ``t+1``.
-    ``packed_width``, ``pack_rows``: run the prompts packed (see `prefix_shared_hidden`).
+    ``packed_width``, ``pack_rows``: run the prompts packed (see `prefix_shared_hidden`). ``completion_given``:
+    ``{name: [L, B, Tc-1, out]}``, the recorded projections of the completion tokens that are run (all but the last;
+    see `prefix_shared_hidden`).
     """
     tfm._check_tokens(tokens)
     B, Tp = prompt_mask.shape
@@ -262,7 +280,7 @@ def prefix_shared_predictors(
     prompts, pmask = group_prompts(tokens, prompt_mask, G)
     Pn = B // G
     pack = dict(remat=remat, packed_width=packed_width, pack_rows=pack_rows)
-    if Tc == 1:  # only the last prompt token predicts anything
+    if Tc == 1:  # only the last prompt token predicts anything (no completion token is run: nothing to reuse)
         _, h_last = prefix_shared_hidden(config, params, prompts, pmask, tokens[:, Tp:].reshape(Pn, G, 1), **pack)
         return jnp.repeat(h_last, G, axis=0)[:, None, :]
     # The last completion token predicts nothing: it is not run (causality: earlier states do not depend on it).
@@ -273,6 +291,7 @@ def prefix_shared_predictors(
         pmask,
         tokens[:, Tp : Tp + Tc - 1].reshape(Pn, G, Tc - 1),
         completion_mask[:, : Tc - 1].reshape(Pn, G, Tc - 1),
+        completion_given=completion_given,
         **pack,
     )
     h_first = jnp.repeat(h_last, G, axis=0)[:, None, :]

@@ -202,6 +202,35 @@ def _matmul_bwd(res: tuple[jax.Array, jax.Array], dy_MO: jax.Array) -> tuple[jax
 _matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
+@jax.custom_vjp
+def _matmul_given(x_MI: jax.Array, w_IO: jax.Array, y_MO: jax.Array) -> jax.Array:
+    """`_matmul` whose forward value ``y = x @ w`` is already known (``y_MO``, e.g. recorded by the sampler with the
+    same parameters): returns ``y_MO`` without the product; the backward is `_matmul`'s (``dx = dy w^T``,
+    ``dw = x^T dy``; no gradient to ``y_MO``)."""
+    return y_MO
+
+
+def _matmul_given_fwd(x_MI, w_IO, y_MO):
+    return y_MO, (x_MI, w_IO)
+
+
+def _matmul_given_bwd(res, dy_MO):
+    return (*_matmul_bwd(res, dy_MO), jnp.zeros_like(dy_MO))
+
+
+_matmul_given.defvjp(_matmul_given_fwd, _matmul_given_bwd)
+
+
+PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # `_proj`'s names, in a layer's order
+
+
+def projection_widths(config: ModelConfig) -> dict[str, int]:
+    """Each dense projection's flattened output width, by `PROJECTIONS` name."""
+    D, F, H = config.hidden_size, config.intermediate_size, config.head_dim
+    qkv = dict(q=config.num_heads * H, k=config.num_kv_heads * H, v=config.num_kv_heads * H)
+    return {**qkv, "o": D, "gate": F, "up": F, "down": D}
+
+
 _PROJ = "jaxgrpo_projection"  # name of every dense projection's output, for `layer_checkpoint`'s policy
 
 
@@ -220,19 +249,28 @@ def layer_checkpoint(block: Any, remat: bool) -> Any:
     return jax.checkpoint(block, policy=policy)
 
 
-def _proj(x_BTI: jax.Array, w: jax.Array, n_in: int) -> jax.Array:
-    """Contract the last ``n_in`` axes of ``x`` with the first ``n_in`` axes of ``w`` (a dense projection)."""
+def _proj(x_BTI: jax.Array, w: jax.Array, n_in: int, io: dict | None = None, name: str = "") -> jax.Array:
+    """Contract the last ``n_in`` axes of ``x`` with the first ``n_in`` axes of ``w`` (a dense projection).
+
+    ``io`` (optional): ``io["given"][name]`` (if present), the known output ``[..., prod(out)]``, replaces the
+    product (`_matmul_given`); ``io["record"]`` (if present) receives the output as ``io["record"][name]``."""
     in_shape, out_shape = w.shape[:n_in], w.shape[n_in:]
     x_flat = x_BTI.reshape(*x_BTI.shape[: x_BTI.ndim - n_in], math.prod(in_shape))
-    y = checkpoint_name(_matmul(x_flat, w.reshape(math.prod(in_shape), math.prod(out_shape))), _PROJ)
+    w_flat = w.reshape(math.prod(in_shape), math.prod(out_shape))
+    given = None if io is None else io.get("given", {}).get(name)
+    y = _matmul(x_flat, w_flat) if given is None else _matmul_given(x_flat, w_flat, given.astype(x_flat.dtype))
+    if io is not None and "record" in io:
+        io["record"][name] = y
+    y = checkpoint_name(y, _PROJ)
     return y.reshape(*y.shape[:-1], *out_shape)
 
 
-def _qkv(config: ModelConfig, lp: Params, x_BTD: jax.Array, cos: jax.Array, sin: jax.Array):
-    """Normed input -> q ``[B,T,K,G,H]``, k and v ``[B,T,K,H]`` (RoPE applied to q and k)."""
-    q_BTNH = _proj(x_BTD, lp["q"], 1)
-    k_BTKH = _proj(x_BTD, lp["k"], 1)
-    v_BTKH = _proj(x_BTD, lp["v"], 1)
+def _qkv(config: ModelConfig, lp: Params, x_BTD: jax.Array, cos: jax.Array, sin: jax.Array, io: dict | None = None):
+    """Normed input -> q ``[B,T,K,G,H]``, k and v ``[B,T,K,H]`` (RoPE applied to q and k). ``io``: see `_proj`
+    (names "q", "k", "v")."""
+    q_BTNH = _proj(x_BTD, lp["q"], 1, io, "q")
+    k_BTKH = _proj(x_BTD, lp["k"], 1, io, "k")
+    v_BTKH = _proj(x_BTD, lp["v"], 1, io, "v")
     if config.qkv_bias:
         q_BTNH, k_BTKH, v_BTKH = q_BTNH + lp["q_bias"], k_BTKH + lp["k_bias"], v_BTKH + lp["v_bias"]
     if config.qk_norm:
@@ -305,15 +343,18 @@ def _attend_shared_prefix(
     return out.reshape(N, T, K, G, H)
 
 
-def _finish_block(config: ModelConfig, lp: Params, x_BTD: jax.Array, a_BTKGH: jax.Array) -> jax.Array:
-    """Residual after attention (output projection), then the SwiGLU MLP block."""
+def _finish_block(
+    config: ModelConfig, lp: Params, x_BTD: jax.Array, a_BTKGH: jax.Array, io: dict | None = None
+) -> jax.Array:
+    """Residual after attention (output projection), then the SwiGLU MLP block. ``io``: see `_proj` (names "o",
+    "gate", "up", "down")."""
     B, T = x_BTD.shape[:2]
     a_BTNH = a_BTKGH.reshape(B, T, config.num_heads, config.head_dim)
-    x_BTD = x_BTD + _proj(a_BTNH, lp["o"], 2)
+    x_BTD = x_BTD + _proj(a_BTNH, lp["o"], 2, io, "o")
     h_BTD = _rms_norm(x_BTD, lp["mlp_norm"], config.rms_norm_eps)
-    g_BTF = _proj(h_BTD, lp["gate"], 1)
-    u_BTF = _proj(h_BTD, lp["up"], 1)
-    return x_BTD + _proj(jax.nn.silu(g_BTF) * u_BTF, lp["down"], 1)
+    g_BTF = _proj(h_BTD, lp["gate"], 1, io, "gate")
+    u_BTF = _proj(h_BTD, lp["up"], 1, io, "up")
+    return x_BTD + _proj(jax.nn.silu(g_BTF) * u_BTF, lp["down"], 1, io, "down")
 
 
 def _take_rows(x_SX: jax.Array, idx_SY: jax.Array) -> jax.Array:
