@@ -18,7 +18,8 @@ Inside one `jax.jit` (state donated), for one rollout of P prompts × G samples:
    the prompts run packed end to end, so no decoder work is spent on their padding) — then only the hidden states
    that predict completion tokens (positions ``Tp-1 … T-2``) go through the LM head, in sequence chunks under `lax.map`
    with a hand-written backward, ``log_softmax(h·W / temperature)`` in float32: no float32 ``[B, T, V]`` tensor
-   exists, and prompt positions cost no LM-head work.
+   exists, and prompt positions cost no LM-head work. With ``batch.projections`` (the sampler's record, one update
+   per rollout) the completion tokens' dense projections are taken as given in the forward, not recomputed.
 3. **Loss** (`losses.policy_loss` inside `shard_map`, ``axis_name=BATCH_AXES``): the clipped surrogate with every
    algo option, the importance ratio ``ρ = exp(logp − old_logprobs)`` taken against the *sampler's* log-probs (kept
    for all μ iterations, so ``ρ ≠ 1`` from the second iteration on), plus ``kl_coef · KL(π‖π_ref)`` only when
@@ -586,8 +587,6 @@ class _Step:
         packed_width: int = 0,
         projections: dict[str, jax.Array] | None = None,
     ) -> tuple[jax.Array, Params, dict]:
-        if projections is not None and self.ga != 1:
-            raise ValueError("projections are reused only for a single micro-batch (grad_accum_steps = 1)")
         grad_fn = jax.value_and_grad(
             lambda p, mb: self.micro_loss(p, mb, group_size, packed_width, projections), has_aux=True
         )

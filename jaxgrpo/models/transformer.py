@@ -227,8 +227,7 @@ PROJECTIONS = ("q", "k", "v", "o", "gate", "up", "down")  # `_proj`'s names, in 
 def projection_widths(config: ModelConfig) -> dict[str, int]:
     """Each dense projection's flattened output width, by `PROJECTIONS` name."""
     D, F, H = config.hidden_size, config.intermediate_size, config.head_dim
-    qkv = dict(q=config.num_heads * H, k=config.num_kv_heads * H, v=config.num_kv_heads * H)
-    return {**qkv, "o": D, "gate": F, "up": F, "down": D}
+    return dict(zip(PROJECTIONS, (config.num_heads * H, config.num_kv_heads * H, config.num_kv_heads * H, D, F, F, D)))
 
 
 _PROJ = "jaxgrpo_projection"  # name of every dense projection's output, for `layer_checkpoint`'s policy
