@@ -59,12 +59,11 @@ def _rollout(config, params, seed: int = 0):
     return comp, batch, sum(map(len, prompts))
 
 
-@pytest.mark.parametrize("qkv_bias", [False, True])
-def test_recorded_projections_give_the_recomputed_gradient(qkv_bias):
-    config = _config(qkv_bias)
+def test_recorded_projections_give_the_recomputed_gradient():
+    config = _config(qkv_bias=True)  # (the update test below runs without bias)
     params = models.init_params(config, jax.random.key(1))
-    if qkv_bias:  # non-zero biases: the record must hold the products before the bias, as the train step takes them
-        params["layers"] = {k: (v + 0.1 if k.endswith("bias") else v) for k, v in params["layers"].items()}
+    # non-zero biases: the record must hold the products before the bias, as the train step takes them
+    params["layers"] = {k: (v + 0.1 if k.endswith("bias") else v) for k, v in params["layers"].items()}
     comp, batch, width = _rollout(config, params)
     widths = models.projection_widths(config)
     for name, x in comp.projections.items():
