@@ -357,6 +357,13 @@ def _validate(algo: AlgoConfig, temperature: float, mesh: Mesh | None) -> None:
         )
 
 
+def projections_hold(algo: AlgoConfig, num_shards: int) -> bool:
+    """Whether the sampler's recorded projections (`Batch.projections`) stand for the step's forward: prefix sharing,
+    one optimizer update per rollout (at the parameters that sampled it), one batch shard."""
+    updates = algo.num_iterations * algo.num_minibatches * algo.grad_accum_steps
+    return bool(algo.prefix_sharing and updates == 1 and num_shards == 1)
+
+
 def _check_batch(batch: Batch, algo: AlgoConfig, num_shards: int) -> tuple[int, int]:
     """Static shape checks at trace time; returns (P, G)."""
     if batch.rewards.ndim != 2:
@@ -372,7 +379,7 @@ def _check_batch(batch: Batch, algo: AlgoConfig, num_shards: int) -> tuple[int, 
             raise ValueError(f"batch.{name} has shape {getattr(batch, name).shape}, expected {shape}")
     if batch.projections is not None:
         updates = algo.num_iterations * algo.num_minibatches * algo.grad_accum_steps
-        if not algo.prefix_sharing or updates != 1 or num_shards != 1:
+        if not projections_hold(algo, num_shards):
             raise ValueError(
                 "batch.projections (the sampler's recorded projections) are valid only for the parameters that "
                 "sampled the rollout: they need algo.prefix_sharing=true, num_iterations = num_minibatches = "

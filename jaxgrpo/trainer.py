@@ -135,10 +135,10 @@ class Trainer:
         self.model_config, params, self.tokenizer = build_policy(cfg, jax.random.fold_in(self.key, 10**9))
         self.eos_token_ids = eos_ids(self.model_config, self.tokenizer)
         a = cfg.algo
-        # The sampler's recorded projections hold for the params that sampled: one update per rollout, one device.
+        # Record the sampler's projections where the step can take them (one device: `generate` records unsharded),
+        # and not with remat (it trades this memory away) or dynamic sampling (merged rounds carry no record).
         self.reuse_projections = bool(
-            a.reuse_projections and a.prefix_sharing and not a.remat and self.mesh is None
-            and a.num_iterations == a.num_minibatches == a.grad_accum_steps == 1
+            a.reuse_projections and self.mesh is None and ts.projections_hold(a, num_shards=1) and not a.remat
             and a.degenerate_groups != "resample" and cfg.rollout.max_new_tokens > 1
         )  # fmt: skip
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)

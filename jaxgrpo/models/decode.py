@@ -123,11 +123,7 @@ def forward_with_prefix_cache(
     zero = jnp.zeros((), jnp.int32)
 
     if record is not None:
-        widths = tfm.projection_widths(config)
-        for name, buf in record.items():
-            if buf.shape[:2] != (L, N) or buf.ndim != 4 or buf.shape[3] != widths.get(name):
-                raise ValueError(f"record[{name!r}] has shape {buf.shape}, expected [L, N, slots, out] = [{L}, "
-                                 f"{N}, slots, {widths.get(name)}]; make it with init_projection_record")  # fmt: skip
+        tfm._check_projection_arrays(config, record, N, None, "record", "; make it with init_projection_record")
 
     def block(carry, xs):
         x_NTD, k_LNKMH, v_LNKHM, rec = carry

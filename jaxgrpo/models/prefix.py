@@ -113,13 +113,7 @@ def prefix_shared_hidden(
     cm_BC = completion_mask.astype(bool).reshape(Pn * G, Tc)
     B = Pn * G
     if completion_given is not None:
-        widths = tfm.projection_widths(config)
-        if set(completion_given) != set(widths):
-            raise ValueError(f"completion_given has projections {sorted(completion_given)}, expected {sorted(widths)}")
-        for name, x in completion_given.items():
-            if x.shape != (config.num_layers, B, Tc, widths[name]):
-                raise ValueError(f"completion_given[{name!r}] has shape {x.shape}, expected [L, P*G, Tc, out] = "
-                                 f"{(config.num_layers, B, Tc, widths[name])}")  # fmt: skip
+        tfm._check_projection_arrays(config, completion_given, B, Tc, "completion_given")
 
     # Positions as in the plain path (cumsum(mask) - 1 over the concatenated row, clipped at 0).
     n_P = jnp.sum(pm_PT, axis=1, dtype=jnp.int32)
