@@ -7,16 +7,15 @@
 
 How it runs
 -----------
-1. Host side: each prompt gets a static slot width ``Tp`` (the smallest of 16, 20, 24, 28, 32, 40, 48, 56, 64, 80,
-   ...: four per octave, so at most 25% padding and O(log length) buckets -- or the smallest of the caller's
+1. Host side (`jaxgrpo.padding`): each prompt is left-padded to a static width ``Tp`` (`padding.prompt_bucket`: four
+   buckets per octave, so at most 25% padding and O(log length) buckets -- or the smallest of the caller's
    ``prompt_buckets`` that fits) and the number of prompts ``P`` is padded to a power of two (and to a multiple of
-   the mesh's data-parallel size ``S``); pad rows are dropped from the result. The prompts are also packed end to
-   end, ``P / S`` per row, into ``[S, W]`` (``W`` the length bucket of the longest row; `pack_prompts`). So the two
-   jitted functions below compile once per (``Tp``, ``W``, ``P``, G, M, sampling mode) bucket, not once per call.
-2. ``_prefill`` (jit): one forward over the packed prompts (`models.prefill_packed`: the token-wise matmuls run on
-   real tokens only, attention per prompt) writes the shared prefix cache ``[L, P, Tp, K, H]`` -- one copy per
-   prompt, never G -- and gives each prompt's last hidden state, whose logits are broadcast to its G samples to
-   sample the first token. The rows' own decode cache ``[L, P*G, M-1, K, H]`` is allocated empty.
+   the mesh's data-parallel size ``J``); pad rows are dropped from the result. So the two jitted functions below
+   compile once per (``Tp``, packed width ``W``, ``P``, G, M, sampling mode) bucket, not once per call.
+2. ``_prefill`` (jit): one forward over the prompts packed end to end, ``P / J`` per row of width ``W``
+   (`models.prefill`: the token-wise matmuls run on real tokens only, attention per prompt) writes the shared prefix
+   cache -- one copy per prompt, never G -- and gives each prompt's last hidden state, whose logits are broadcast to
+   its G samples to sample the first token. The rows' own decode cache is allocated empty.
 3. ``_decode`` (jit, cache and loop buffers donated): a ``lax.while_loop`` that feeds the previous token at decode
    slot ``i - 1`` (RoPE position ``len(prompt) + i - 1``) through `models.forward_with_prefix_cache` (each row
    attends to its prompt's shared prefix slots and its own decode slots, one softmax over both), samples token
@@ -78,20 +77,16 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jaxgrpo import models
+from jaxgrpo import models, padding
 from jaxgrpo.sharding import BATCH_AXES
 
 __all__ = [
     "Completions",
     "generate",
-    "prompt_bucket",
-    "pack_prompts",
-    "batch_bucket",
     "sample_from_logits",
     "truncated_logits",
 ]
 
-MIN_PROMPT_BUCKET = 16
 # Nucleus sampling without top-k first looks for the nucleus among this many most likely tokens (exact when their
 # mass reaches top_p; otherwise a full-vocabulary sort runs). XLA's CPU sort of a 50k vocabulary is ~100x slower.
 TOP_P_CANDIDATES = 256
@@ -242,59 +237,7 @@ def sample_from_logits(
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# Bucketing and validation (host side)
-
-
-def prompt_bucket(length: int, buckets: Sequence[int] | None = None) -> int:
-    """Static padded prompt length: the smallest of ``buckets`` >= ``length``; by default the smallest of
-    16, 20, 24, 28, 32, 40, 48, 56, 64, 80, ... (``2^k * (1 + j/4)``, j = 0..3) that is >= ``length``."""
-    if buckets is not None:
-        fits = [b for b in sorted(buckets) if b >= length]
-        if not fits:
-            raise ValueError(
-                f"prompt of {length} tokens is longer than the largest prompt bucket {max(buckets)}; "
-                "add a larger bucket to prompt_buckets (or pass prompt_buckets=None for the default buckets)"
-            )
-        return int(fits[0])
-    if length <= MIN_PROMPT_BUCKET:
-        return MIN_PROMPT_BUCKET
-    step = 1 << max((length - 1).bit_length() - 3, 0)  # a quarter of the octave [2^k, 2^(k+1)) holding length - 1
-    return -(-length // step) * step
-
-
-def batch_bucket(num_prompts: int, multiple_of: int = 1) -> int:
-    """Static padded number of prompts: the next power of two >= ``num_prompts``, rounded up to ``multiple_of``."""
-    padded = 1 << (max(num_prompts, 1) - 1).bit_length()
-    return -(-padded // multiple_of) * multiple_of
-
-
-def pack_prompts(prompts: Sequence[np.ndarray], num_rows: int, prompt_len: int) -> dict[str, np.ndarray]:
-    """Host-side packing for `models.prefill_packed`: prompts ``q*Q .. q*Q+Q-1`` (``Q = len(prompts) / num_rows``)
-    end to end in row ``q``, padded to the width ``prompt_bucket(longest row)``; each prompt left-padded to
-    ``prompt_len`` in the per-prompt slot layout. Returns numpy arrays tokens, positions, token_slot ``[S, W]`` and
-    slot_index, prefix_mask ``[S, Q, Tp]`` (see `models.prefill_packed`)."""
-    per_row = len(prompts) // num_rows
-    rows = [prompts[r * per_row : (r + 1) * per_row] for r in range(num_rows)]
-    width = prompt_bucket(max(sum(len(p) for p in row) for row in rows))
-    out = dict(
-        tokens=np.zeros((num_rows, width), np.int32),
-        positions=np.zeros((num_rows, width), np.int32),
-        token_slot=np.zeros((num_rows, width), np.int32),
-        slot_index=np.zeros((num_rows, per_row, prompt_len), np.int32),
-        prefix_mask=np.zeros((num_rows, per_row, prompt_len), bool),
-    )
-    for r, row in enumerate(rows):
-        offset = 0
-        for q, p in enumerate(row):
-            n = len(p)
-            cols, slots = offset + np.arange(n), prompt_len - n + np.arange(n)
-            out["tokens"][r, cols] = p
-            out["positions"][r, cols] = np.arange(n)
-            out["token_slot"][r, cols] = q * prompt_len + slots
-            out["slot_index"][r, q, slots] = cols
-            out["prefix_mask"][r, q, slots] = True
-            offset += n
-    return out
+# Validation (host side)
 
 
 def _validate(
@@ -360,6 +303,8 @@ class _Mode:
     eos_token_ids: tuple[int, ...]
     batch_sharding: NamedSharding | None  # for [N, ...] arrays (batch on axis 0)
     cache_sharding: NamedSharding | None  # for [L, N, ...] cache leaves (batch on axis 1)
+    packed_width: int  # W: the prompts run packed end to end in rows of this width (`models.prefill`)
+    pack_rows: int  # J: one packed row per batch shard
     record_projections: bool = False
 
 
@@ -389,23 +334,14 @@ def _is_eos(mode: _Mode, tokens: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("config", "mode"))
-def _prefill(config, mode: _Mode, params, packed, row_active_N, key, temperature, top_p):
-    """Prefill the P prompts once (packed, see `models.prefill_packed`) into the shared prefix cache, sample every
+def _prefill(config, mode: _Mode, params, prompt_PxT, mask_PxT, row_active_N, key, temperature, top_p):
+    """Prefill the P prompts once (packed end to end, `models.prefill`) into the shared prefix cache, sample every
     row's first token from its prompt's last logits, and allocate the rows' decode cache."""
-    num_rows, per_row, prompt_len = packed["prefix_mask"].shape
-    num_prompts = num_rows * per_row
+    num_prompts = mask_PxT.shape[0]
     g, m = mode.num_samples, mode.max_new_tokens
     n = num_prompts * g
-    mask_PxT = packed["prefix_mask"].reshape(num_prompts, prompt_len)
-    last_PxD, prefix = models.prefill_packed(
-        config,
-        params,
-        packed["tokens"],
-        packed["positions"],
-        packed["slot_index"],
-        packed["prefix_mask"],
-        packed["token_slot"],
-    )
+    last_PxD, prefix = models.prefill(config, params, prompt_PxT, mask_PxT, packed_width=mode.packed_width,
+                                      pack_rows=mode.pack_rows)  # fmt: skip
     prefix = jax.tree.map(lambda c: _constrain(c, mode.cache_sharding), prefix)
     logits_PxV = _logits(config, params, last_PxD)
     logits_NxV = _constrain(jnp.repeat(logits_PxV, g, axis=0), mode.batch_sharding)
@@ -423,8 +359,10 @@ def _prefill(config, mode: _Mode, params, packed, row_active_N, key, temperature
     state = dict(
         tokens=tokens_NxM, logprobs=logprobs_NxM, mask=mask_NxM, done=done, last=tok, eos=active & _is_eos(mode, tok)
     )
-    if mode.record_projections:
-        state["projections"] = models.init_projection_record(config, n, max(m - 1, 1))
+    if mode.record_projections:  # [L, N, M-1, out] per projection, written one decode step at a time
+        widths = models.projection_widths(config)
+        dt = jnp.dtype(config.dtype)
+        state["projections"] = {k: jnp.zeros((config.num_layers, n, max(m - 1, 1), w), dt) for k, w in widths.items()}
     consts = dict(prefix=prefix, prefix_mask=mask_PxT, lengths=lengths, row_keys=row_keys)
     return cache, state, consts
 
@@ -450,9 +388,10 @@ def _decode(config, mode: _Mode, params, cache, state, consts, temperature, top_
         prefix, prefix_mask = consts["prefix"], consts["prefix_mask"]
         out = models.forward_with_prefix_cache(
             config, params, st["last"][:, None], positions, prefix, prefix_mask, cache, i - 1, kv_mask,
-            st.get("projections"),
+            record=mode.record_projections,
         )  # fmt: skip
         hidden, cache = out[:2]
+        record = st.get("projections")
         logits = _constrain(_logits(config, params, hidden[:, 0]), mode.batch_sharding)
         tok, logp = _sample(mode, _step_keys(consts["row_keys"], i.astype(jnp.uint32)), logits, temperature, top_p)
         active = ~st["done"]
@@ -465,8 +404,11 @@ def _decode(config, mode: _Mode, params, cache, state, consts, temperature, top_
             last=tok,
             eos=st["eos"] | eos,
         )
-        if mode.record_projections:
-            st["projections"] = out[2]
+        if mode.record_projections:  # this step's outputs [L, N, 1, out] go to decode slot i - 1
+            zero = jnp.zeros((), jnp.int32)
+            at = (zero, zero, i - 1, zero)
+            st["projections"] = {k: jax.lax.dynamic_update_slice(buf, out[2][k].astype(buf.dtype), at)
+                                 for k, buf in record.items()}  # fmt: skip
         return i + 1, cache, st
 
     _, cache, state = jax.lax.while_loop(cond, body, (jnp.int32(1), cache, state))
@@ -512,7 +454,8 @@ def generate(
       max_new_tokens: M, the output width.  temperature: > 0 samples, 0 is greedy.  top_p: nucleus mass in (0, 1]
       (1 = off).  top_k: keep the k most likely tokens (0 = off).  eos_token_ids: ids that end a completion.
       key: a PRNG key.  mesh: optional mesh; the rollout batch is split over its ``BATCH_AXES``.
-      prompt_buckets: optional static prompt lengths; default 16, 20, 24, 28, 32, 40, ... (see ``prompt_bucket``).
+      prompt_buckets: optional static prompt lengths; default 16, 20, 24, 28, 32, 40, ... (see
+      ``jaxgrpo.padding.prompt_bucket``).
       record_projections: also return every dense projection's output at each decode step (``Completions.
       projections``, ``L * N * (M-1) * (4D + 2F + 2KH)`` values in the model dtype), so that a train step on this
       rollout with the same parameters can skip those products (`train_step.Batch.projections`). No mesh.
@@ -538,11 +481,15 @@ def generate(
     num_prompts = len(prompts)
     axes = _batch_axes(mesh)
     shards = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
-    pad_prompts = batch_bucket(num_prompts, shards)
-    prompt_len = prompt_bucket(max(len(p) for p in prompts), prompt_buckets)
-
+    pad_prompts = padding.batch_bucket(num_prompts, shards)
+    prompt_len = padding.prompt_bucket(max(len(p) for p in prompts), prompt_buckets)
+    # pad prompts: one dummy token (never sampled from); each prompt left-padded to prompt_len
     padded = [np.asarray(p, np.int32) for p in prompts] + [np.zeros(1, np.int32)] * (pad_prompts - num_prompts)
-    packed = pack_prompts(padded, shards, prompt_len)  # pad prompts: one dummy token (never sampled from)
+    prompt_PxT = np.zeros((pad_prompts, prompt_len), np.int32)
+    mask_PxT = np.zeros((pad_prompts, prompt_len), bool)
+    for i, p in enumerate(padded):
+        prompt_PxT[i, prompt_len - len(p) :], mask_PxT[i, prompt_len - len(p) :] = p, True
+    width = padding.sampler_packed_width([len(p) for p in padded], shards)
     active = np.repeat(np.arange(pad_prompts) < num_prompts, g)
 
     if axes:
@@ -558,11 +505,11 @@ def generate(
         raise ValueError("record_projections=True is not supported with a mesh (the train step reuses them only "
                          "unsharded); pass mesh=None or record_projections=False")  # fmt: skip
     mode = _Mode(g, m, greedy, use_top_k, (not greedy) and top_p < 1.0, eos_token_ids, batch_sharding, cache_sharding,
-                 bool(record_projections))  # fmt: skip
+                 width, shards, bool(record_projections))  # fmt: skip
     temp = jnp.float32(temperature if temperature > 0 else 1.0)
     top_p_arr = jnp.float32(top_p)
-    packed = {k: _put(v, batch_sharding) for k, v in packed.items()}
-    cache, state, consts = _prefill(config, mode, params, packed, _put(active, batch_sharding), key, temp, top_p_arr)
+    prompt_arrays = [_put(x, batch_sharding) for x in (prompt_PxT, mask_PxT, active)]
+    cache, state, consts = _prefill(config, mode, params, *prompt_arrays, key, temp, top_p_arr)
     if m > 1:
         _, state = _decode(config, mode, params, cache, state, consts, temp, top_p_arr)
     n = num_prompts * g

@@ -87,7 +87,7 @@ def _is_axes(x: Any) -> bool:
 
 def param_shardings(config: Any, mesh: Mesh) -> Any:
     """NamedSharding per parameter (same tree as the params) for `config` on `mesh`."""
-    from jaxgrpo.models.transformer import param_axes, param_shapes
+    from jaxgrpo.models.params import param_axes, param_shapes
 
     axes = param_axes(config)
     shapes = param_shapes(config)

@@ -72,7 +72,7 @@ back, and AdamW runs on bfloat16 params and moments (no float32 master copy).
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import inspect
 import math
 from collections.abc import Callable
@@ -83,23 +83,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgrpo import advantages as advantages_lib
-from jaxgrpo import degeneracy, losses, models
+from jaxgrpo import degeneracy, losses, models, padding
 from jaxgrpo import sharding as sharding_lib
-from jaxgrpo.config import AlgoConfig, OptimConfig
-from jaxgrpo.models import prefix as prefix_lib
+from jaxgrpo.config import AlgoConfig, OptimConfig, PerfConfig
+from jaxgrpo.degeneracy import DEGENERATE_MODES
+from jaxgrpo.logprobs import compute_logprobs
+from jaxgrpo.losses import AGGREGATIONS
+from jaxgrpo.optim import make_optimizer
 
 BATCH_AXES = sharding_lib.BATCH_AXES
-DEGENERATE_MODES = ("keep", "mask", "resample")
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-SCHEDULES = ("constant", "cosine")
-# Elements of one float32 logits chunk [rows, chunk, V] when the chunk is chosen automatically (256 MiB).
-_AUTO_CHUNK_ELEMENTS = 1 << 26
-# Below this many bytes of float32 [B, Tc, V] probabilities the LM-head backward reuses the forward's (no recompute).
-_KEEP_PROBS_BYTES = 1 << 29
 
 Params = Any
 
@@ -140,202 +135,8 @@ class Batch:
     projections: dict[str, jax.Array] | None = None
 
 
-# ----------------------------------------------------------------------------------------------- optimizer
-def make_schedule(optim: OptimConfig, total_steps: int) -> optax.Schedule:
-    """Learning rate as a function of the rollout step (see the module docstring for the formula)."""
-    if optim.schedule not in SCHEDULES:
-        raise ValueError(f"optim.schedule={optim.schedule!r} is not supported; choose one of {SCHEDULES}")
-    if total_steps < 1:
-        raise ValueError(f"total_steps must be >= 1, got {total_steps}")
-    if optim.warmup_steps < 0 or optim.learning_rate < 0:
-        raise ValueError(f"optim.warmup_steps and optim.learning_rate must be >= 0, got {optim}")
-    lr, warmup = float(optim.learning_rate), int(optim.warmup_steps)
-    if optim.schedule == "constant":
-        main = optax.constant_schedule(lr)
-    else:
-        if not 0.0 <= optim.min_lr_ratio <= 1.0:
-            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {optim.min_lr_ratio}")
-        main = optax.cosine_decay_schedule(lr, decay_steps=max(total_steps - warmup, 1), alpha=optim.min_lr_ratio)
-    if warmup == 0:
-        return main
-    ramp = optax.linear_schedule(lr / warmup, lr, transition_steps=max(warmup - 1, 1))
-    return optax.join_schedules([ramp, main], [warmup])
-
-
-def _decay_mask(params: Params) -> Params:
-    """AdamW weight decay on matrices only: norms and biases (path contains "norm" or "bias") are not decayed."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, _: not any(w in jax.tree_util.keystr(path) for w in ("norm", "bias")), params
-    )
-
-
-def make_optimizer(
-    optim: OptimConfig, total_steps: int, *, updates_per_step: int = 1
-) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """optax chain: global-norm clipping (if ``max_grad_norm > 0``) then AdamW with the warmup + constant/cosine
-    schedule. Returns ``(optimizer, schedule)``; ``schedule(step)`` is the rollout-step learning rate to log.
-
-    ``updates_per_step`` (= μ × num_minibatches) optimizer updates happen per rollout step; the optimizer maps its
-    own update count ``c`` to ``schedule(c // updates_per_step)``.
-    """
-    if updates_per_step < 1:
-        raise ValueError(f"updates_per_step must be >= 1, got {updates_per_step}")
-    if optim.max_grad_norm < 0:
-        raise ValueError(f"optim.max_grad_norm must be >= 0 (0 disables clipping), got {optim.max_grad_norm}")
-    schedule = make_schedule(optim, total_steps)
-    per_update = lambda count: schedule(count // updates_per_step)
-    adamw = optax.adamw(
-        per_update, b1=optim.b1, b2=optim.b2, eps=optim.eps, weight_decay=optim.weight_decay, mask=_decay_mask
-    )
-    parts = ([optax.clip_by_global_norm(optim.max_grad_norm)] if optim.max_grad_norm > 0 else []) + [adamw]
-    return optax.chain(*parts), schedule
-
-
-# ----------------------------------------------------------------------------------------------- log-probs
-def _auto_chunk(rows: int, completion_len: int, vocab: int) -> int:
-    return int(max(1, min(completion_len, _AUTO_CHUNK_ELEMENTS // max(rows * vocab, 1))))
-
-
-def compute_logprobs(
-    model_config: models.ModelConfig,
-    params: Params,
-    batch: Batch,
-    temperature: float = 1.0,
-    chunk: int = 0,
-    *,
-    remat: bool = False,
-    group_size: int = 0,
-    packed_width: int = 0,
-    pack_rows: int = 1,
-    projections: dict[str, jax.Array] | None = None,
-) -> tuple[jax.Array, jax.Array]:
-    """Per-token log-probs and entropies ``([B, Tc], [B, Tc])`` float32 of the completion tokens of `batch`.
-
-    ``logp[b, t] = log_softmax(h[b, Tp-1+t] · W / temperature)[tokens[b, Tp+t]]`` and
-    ``entropy[b, t] = −Σ_v p_v log p_v`` of the same distribution. The LM head runs in sequence chunks of
-    ``chunk`` completion positions (0 = automatic: as few equal chunks as keep float32 logits ≤ 256 MiB each), each
-    with a hand-written backward that recomputes the chunk's logits instead of storing ``[B, Tc, V]``.
-    Values at masked positions are meaningless (callers mask them). Entropy carries no gradient. ``remat=True``
-    recomputes each decoder layer in the backward pass (`models.hidden_states(remat=True)`): activation memory of
-    about one ``[B, T, D]`` per layer for ~1/3 more compute. ``group_size = G > 1``: prefix sharing — rows
-    ``p*G .. p*G+G-1`` must hold the same (left-padded) prompt, as in the train step's `Batch`; the prompt is taken
-    from row ``p*G`` and encoded once per group (`jaxgrpo.models.prefix`); same values and gradients as 0 (plain).
-    ``packed_width``, ``pack_rows`` (prefix sharing only): run the group prompts packed end to end in ``pack_rows``
-    rows of ``packed_width`` tokens instead of left-padded (`jaxgrpo.models.prefix.prefix_shared_hidden`; same
-    values, no work on prompt padding); size it with `packed_prompt_width`. ``projections`` (prefix sharing only):
-    the completion tokens' dense-projection outputs recorded by the sampler with these ``params`` (see
-    `Batch.projections`), taken as given in the forward.
-    """
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0 (greedy rollouts have no log-probs to train on), got {temperature}")
-    B, Tp = batch.prompt_mask.shape
-    Tc = batch.completion_mask.shape[1]
-    if batch.tokens.shape != (B, Tp + Tc):
-        raise ValueError(
-            f"tokens shape {batch.tokens.shape} != (B, Tp + Tc) = ({B}, {Tp} + {Tc}) from prompt_mask/completion_mask"
-        )
-    if Tp < 1 or Tc < 1:
-        raise ValueError(f"need prompt width Tp >= 1 and completion width Tc >= 1, got Tp={Tp}, Tc={Tc}")
-    if chunk < 0:
-        raise ValueError(f"chunk must be >= 0 (0 = automatic), got {chunk}")
-    if group_size < 0 or (group_size > 1 and B % group_size):
-        raise ValueError(f"group_size={group_size} must be 0/1 (no prefix sharing) or divide the {B} rows (B = P*G)")
-    if projections is not None and group_size <= 1:
-        raise ValueError("projections are reused only with prefix sharing (group_size > 1)")
-    if group_size > 1:
-        h_BCD = prefix_lib.prefix_shared_predictors(
-            model_config,
-            params,
-            batch.tokens,
-            batch.prompt_mask,
-            batch.completion_mask,
-            group_size,
-            remat=remat,
-            packed_width=packed_width,
-            pack_rows=pack_rows,
-            completion_given=projections,
-        )
-    else:
-        attention_mask = jnp.concatenate([batch.prompt_mask, batch.completion_mask], axis=1).astype(bool)
-        h_BTD = models.hidden_states(model_config, params, batch.tokens, attention_mask=attention_mask, remat=remat)
-        h_BCD = h_BTD[:, Tp - 1 : Tp + Tc - 1]  # the hidden state at position i predicts token i+1
-    targets_BC = batch.tokens[:, Tp:]
-    w_DV = models.lm_head(model_config, params)
-    c = min(chunk or _auto_chunk(B, Tc, w_DV.shape[1]), Tc)
-    n = -(-Tc // c)
-    if not chunk:  # automatic: the same number of chunks, balanced (64 positions -> 2 x 32, not 42 + 22 + 20 padding)
-        c = -(-Tc // n)
-    pad = n * c - Tc
-    h_NBcD = jnp.pad(h_BCD, ((0, 0), (0, pad), (0, 0))).reshape(B, n, c, -1).swapaxes(0, 1)
-    t_NBc = jnp.pad(targets_BC, ((0, 0), (0, pad))).reshape(B, n, c).swapaxes(0, 1)
-    inv_temp = 1.0 / float(temperature)
-    keep = n * B * c * w_DV.shape[1] * 4 <= _KEEP_PROBS_BYTES
-    logp_NBc, ent_NBc = jax.lax.map(lambda xs: _chunk_logprobs(xs[0], xs[1], w_DV, inv_temp, keep), (h_NBcD, t_NBc))
-    unchunk = lambda x: x.swapaxes(0, 1).reshape(B, n * c)[:, :Tc]
-    return unchunk(logp_NBc), unchunk(ent_NBc)
-
-
-def _chunk_logits(h_BcD: jax.Array, w_DV: jax.Array, inv_temp: float) -> jax.Array:
-    """``z = h W · τ⁻¹`` ``[B, c, V]``, accumulated in float32."""
-    return jnp.einsum("bcd,dv->bcv", h_BcD, w_DV, preferred_element_type=jnp.float32) * inv_temp
-
-
-def _chunk_forward(h_BcD: jax.Array, t_Bc: jax.Array, w_DV: jax.Array, inv_temp: float):
-    """``(logp, entropy, logz, probs)`` of one chunk, with one pass of ``exp`` over the ``[B, c, V]`` logits:
-    ``m = max z``, ``e = exp(z − m)``, ``S = Σ e``; ``logz = m + log S``, ``p = e / S``, ``H = logz − Σ p z``."""
-    logits = _chunk_logits(h_BcD, w_DV, inv_temp)
-    m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-    e = jnp.exp(logits - m)
-    s = jnp.sum(e, axis=-1)
-    logz = m[..., 0] + jnp.log(s)
-    probs = e / s[..., None]
-    entropy = logz - jnp.sum(probs * logits, axis=-1)
-    logp = jnp.take_along_axis(logits, t_Bc[..., None].astype(jnp.int32), axis=-1)[..., 0] - logz
-    return logp, entropy, logz, probs
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _chunk_logprobs(h_BcD: jax.Array, t_Bc: jax.Array, w_DV: jax.Array, inv_temp: float, keep_probs: bool):
-    """One LM-head chunk: ``(logp, entropy)`` ``[B, c]`` float32 of ``log_softmax(h W · inv_temp)``.
-
-    Hand-written backward (the entropy is a statistic: it gets no gradient). With ``z = h W · τ⁻¹`` and
-    ``p = softmax(z)``, ``∂ logp_t / ∂ z = onehot(t) − p``, so for the cotangent ``g`` of logp::
-
-        dz = g · (onehot(t) − p) · τ⁻¹;   dh = dz Wᵀ;   dW = hᵀ dz
-
-    ``keep_probs``: keep ``p`` ``[B, c, V]`` from the forward (memory) instead of recomputing the logits in the
-    backward (one more ``[B·c, D] × [D, V]`` matmul and ``exp``); `compute_logprobs` keeps them when all chunks
-    together stay under `_KEEP_PROBS_BYTES`. ``dW`` is an explicit ``hᵀ dz`` contraction so that XLA transposes the
-    small ``h`` rather than the ``[B·c, V]`` ``dz`` (measured faster on XLA:CPU).
-    """
-    return _chunk_logprobs_fwd(h_BcD, t_Bc, w_DV, inv_temp, keep_probs)[0]
-
-
-def _chunk_logprobs_fwd(h_BcD, t_Bc, w_DV, inv_temp, keep_probs):
-    logp, entropy, logz, probs = _chunk_forward(h_BcD, t_Bc, w_DV, inv_temp)
-    return (logp, entropy), (h_BcD, t_Bc, w_DV, probs if keep_probs else logz)
-
-
-def _chunk_logprobs_bwd(inv_temp, keep_probs, res, cotangents):
-    h_BcD, t_Bc, w_DV, saved = res
-    g_Bc = cotangents[0].astype(jnp.float32)
-    if keep_probs:
-        probs = saved
-    else:
-        probs = jnp.exp(_chunk_logits(h_BcD, w_DV, inv_temp) - saved[..., None])
-    onehot = jax.nn.one_hot(t_Bc, w_DV.shape[1], dtype=jnp.float32)
-    dz_BcV = (g_Bc * inv_temp)[..., None] * (onehot - probs)
-    dh = jnp.einsum("bcv,dv->bcd", dz_BcV, w_DV, preferred_element_type=jnp.float32).astype(h_BcD.dtype)
-    h_ND = h_BcD.reshape(-1, h_BcD.shape[-1])
-    dw = jnp.einsum("nd,nv->dv", h_ND, dz_BcV.reshape(h_ND.shape[0], -1), preferred_element_type=jnp.float32)
-    return dh, None, dw.astype(w_DV.dtype)
-
-
-_chunk_logprobs.defvjp(_chunk_logprobs_fwd, _chunk_logprobs_bwd)
-
-
 # ----------------------------------------------------------------------------------------------- validation
-def _validate(algo: AlgoConfig, temperature: float, mesh: Mesh | None) -> None:
+def _validate(algo: AlgoConfig, perf: PerfConfig, temperature: float, mesh: Mesh | None) -> None:
     if algo.degenerate_groups not in DEGENERATE_MODES:
         raise ValueError(f"algo.degenerate_groups={algo.degenerate_groups!r}; choose one of {DEGENERATE_MODES}")
     if algo.estimator not in advantages_lib.ESTIMATORS:
@@ -345,8 +146,8 @@ def _validate(algo: AlgoConfig, temperature: float, mesh: Mesh | None) -> None:
     for name in ("num_iterations", "num_minibatches", "grad_accum_steps"):
         if int(getattr(algo, name)) < 1:
             raise ValueError(f"algo.{name} must be >= 1, got {getattr(algo, name)}")
-    if algo.logprob_chunk < 0:
-        raise ValueError(f"algo.logprob_chunk must be >= 0 (0 = automatic), got {algo.logprob_chunk}")
+    if perf.logprob_chunk < 0:
+        raise ValueError(f"perf.logprob_chunk must be >= 0 (0 = automatic), got {perf.logprob_chunk}")
     if algo.kl_coef < 0:
         raise ValueError(f"algo.kl_coef must be >= 0, got {algo.kl_coef}")
     if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
@@ -357,14 +158,41 @@ def _validate(algo: AlgoConfig, temperature: float, mesh: Mesh | None) -> None:
         )
 
 
-def projections_hold(algo: AlgoConfig, num_shards: int) -> bool:
-    """Whether the sampler's recorded projections (`Batch.projections`) stand for the step's forward: prefix sharing,
-    one optimizer update per rollout (at the parameters that sampled it), one batch shard."""
+def resolve_perf(algo: AlgoConfig, perf: PerfConfig, *, num_shards: int, platform: str) -> tuple[PerfConfig, list[str]]:
+    """The performance switches that apply to this run, and one note per requested switch that does not.
+
+    The one place that decides them: ``perf.reuse_projections`` (the sampler's recorded projections stand for the
+    step's forward only with prefix sharing, one optimizer update per rollout -- at the parameters that sampled it --
+    and one batch shard; the trainer also drops it with ``remat="full"``, which trades that memory away, and with
+    dynamic sampling, whose merged rounds carry no record); ``perf.prompt_packing`` (needs prefix sharing);
+    ``perf.matmul_backward="auto"`` (explicit on ``platform == "cpu"``, XLA's own elsewhere)."""
+    notes, changes = [], {}
     updates = algo.num_iterations * algo.num_minibatches * algo.grad_accum_steps
-    return bool(algo.prefix_sharing and updates == 1 and num_shards == 1)
+    if perf.reuse_projections:
+        why = [text for cond, text in (
+            (not perf.prefix_sharing, "perf.prefix_sharing=false"),
+            (updates != 1, f"{updates} optimizer updates per rollout (num_iterations x num_minibatches x "
+                           "grad_accum_steps; the record holds for the sampling parameters only)"),
+            (num_shards != 1, f"{num_shards} batch shards (the sampler records unsharded)"),
+            (perf.remat == "full", 'perf.remat="full" (it trades this memory away)'),
+            (algo.degenerate_groups == "resample", "algo.degenerate_groups=resample (merged rounds carry no record)"),
+        ) if cond]  # fmt: skip
+        if why:
+            changes["reuse_projections"] = False
+            notes.append(f"perf.reuse_projections=true does not apply: {'; '.join(why)}; recomputing the projections")
+    if perf.prompt_packing and not perf.prefix_sharing:
+        changes["prompt_packing"] = False
+        notes.append("perf.prompt_packing=true does not apply: it packs the shared prompts of perf.prefix_sharing")
+    if perf.matmul_backward == "auto":
+        changes["matmul_backward"] = "explicit" if platform == "cpu" else "xla"
+    return dataclasses.replace(perf, **changes), notes
 
 
-def _check_batch(batch: Batch, algo: AlgoConfig, num_shards: int) -> tuple[int, int]:
+def _platform(mesh: Mesh | None) -> str:
+    return mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+
+
+def _check_batch(batch: Batch, algo: AlgoConfig, perf: PerfConfig, num_shards: int) -> tuple[int, int]:
     """Static shape checks at trace time; returns (P, G)."""
     if batch.rewards.ndim != 2:
         raise ValueError(f"rewards must be [P, G], got shape {batch.rewards.shape}")
@@ -378,14 +206,10 @@ def _check_batch(batch: Batch, algo: AlgoConfig, num_shards: int) -> tuple[int, 
         if getattr(batch, name).shape != shape:
             raise ValueError(f"batch.{name} has shape {getattr(batch, name).shape}, expected {shape}")
     if batch.projections is not None:
-        updates = algo.num_iterations * algo.num_minibatches * algo.grad_accum_steps
-        if not projections_hold(algo, num_shards):
-            raise ValueError(
-                "batch.projections (the sampler's recorded projections) are valid only for the parameters that "
-                "sampled the rollout: they need algo.prefix_sharing=true, num_iterations = num_minibatches = "
-                f"grad_accum_steps = 1 and no mesh (got prefix_sharing={algo.prefix_sharing}, {updates} updates per "
-                f"rollout, {num_shards} batch shards); pass projections=None"
-            )
+        _, notes = resolve_perf(algo, dataclasses.replace(perf, reuse_projections=True), num_shards=num_shards,
+                                platform="any")  # fmt: skip
+        if any(n.startswith("perf.reuse_projections") for n in notes):
+            raise ValueError(f"batch.projections given but {notes[0]}; pass projections=None")
         for name, x in batch.projections.items():
             if x.ndim != 4 or x.shape[1:3] != (B, Tc - 1):
                 raise ValueError(f"batch.projections[{name!r}] has shape {x.shape}, expected [L, {B}, {Tc - 1}, out]")
@@ -415,13 +239,14 @@ class _Step:
         algo: AlgoConfig,
         mesh: Mesh | None,
         temperature: float,
-        remat: bool = False,
+        perf: PerfConfig | None = None,
     ):
-        _validate(algo, temperature, mesh)
-        self.remat = bool(remat)
+        perf = PerfConfig() if perf is None else perf
+        _validate(algo, perf, temperature, mesh)
         self.config, self.algo, self.mesh, self.temperature = model_config, algo, mesh, float(temperature)
         self.axis_name = BATCH_AXES if mesh is not None else None
         self.num_shards = 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
+        self.perf, _ = resolve_perf(algo, perf, num_shards=self.num_shards, platform=_platform(mesh))
         self.nm, self.ga = int(algo.num_minibatches), int(algo.grad_accum_steps)
         self.splits = self.nm * self.ga
         self.drop_degenerate = algo.degenerate_groups in ("mask", "resample")
@@ -444,7 +269,7 @@ class _Step:
             return x
         spec = [None] * x.ndim
         spec[axis] = BATCH_AXES
-        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, P(*spec)))
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, PartitionSpec(*spec)))
 
     # -- 1. advantages, degeneracy, loss mask, global normalizers (inside shard_map)
     def prepare(self, batch: Batch) -> dict[str, jax.Array]:
@@ -474,8 +299,8 @@ class _Step:
                 tok_S, seq_S, dropped = jax.lax.psum((tok_S, seq_S, dropped), self.axis_name)
             return adv_PG.astype(jnp.float32), token_mask, loss_mask, tok_S, seq_S, dropped, diag
 
-        rows = P(BATCH_AXES)
-        fn = self._shard_map(local, in_specs=(rows, rows, rows), out_specs=(rows, rows, rows, P(), P(), P(), P()))
+        rows = PartitionSpec(BATCH_AXES)
+        fn = self._shard_map(local, in_specs=(rows, rows, rows), out_specs=(rows, rows, rows, *[PartitionSpec()] * 4))
         adv, token_mask, loss_mask, tok_S, seq_S, dropped, diag = fn(
             batch.rewards.astype(jnp.float32), batch.valid.astype(bool), batch.completion_mask.astype(bool)
         )
@@ -514,9 +339,10 @@ class _Step:
             params,
             batch,
             self.temperature,
-            algo.logprob_chunk,
-            remat=self.remat,
-            group_size=group_size if algo.prefix_sharing else 0,
+            self.perf.logprob_chunk,
+            remat=self.perf.remat,
+            matmul_backward=self.perf.matmul_backward,
+            group_size=group_size if self.perf.prefix_sharing else 0,
             packed_width=packed_width,  # used only with prefix sharing (group_size > 1)
             pack_rows=self.num_shards,
             projections=projections,
@@ -544,8 +370,9 @@ class _Step:
             )
 
         args = [logp, mb["old_logprobs"], mb["advantages"], mb["loss_mask"]] + ([mb["ref_logprobs"]] if use_kl else [])
-        rows = P(BATCH_AXES)
-        loss, pm = self._shard_map(local, in_specs=tuple(rows for _ in args), out_specs=(P(), P()))(*args)
+        rows = PartitionSpec(BATCH_AXES)
+        scalar = PartitionSpec()
+        loss, pm = self._shard_map(local, in_specs=tuple(rows for _ in args), out_specs=(scalar, scalar))(*args)
         num, den = (mb["seq"], mb["seq_total"]) if self.seq_normalized else (mb["tok"], mb["tok_total"])
         w = num / jnp.maximum(den, 1.0)  # this micro-batch's share of the minibatch normalizer
         tok_share = mb["tok"] / jnp.maximum(mb["tok_total"], 1.0)
@@ -641,22 +468,23 @@ class _Step:
 def _minibatch_gradient(
     step: _Step, params: Params, batch: Batch, packed_width: int = 0
 ) -> tuple[jax.Array, Params, dict]:
-    Pn, G = _check_batch(batch, step.algo, step.num_shards)
+    Pn, G = _check_batch(batch, step.algo, step.perf, step.num_shards)
     prep = step.prepare(batch)
     mbs = jax.tree.map(lambda x: x[0], step.split_batch(batch, prep))
     return step.minibatch_grad(params, mbs, G, packed_width, batch.projections)
 
 
 def packed_prompt_width(
-    prompt_lengths: Any, prompt_width: int, algo: AlgoConfig, mesh: Mesh | None = None
+    prompt_lengths: Any, prompt_width: int, algo: AlgoConfig, perf: PerfConfig, mesh: Mesh | None = None
 ) -> int:
     """The ``packed_prompt_width`` to give ``step_fn`` (and `policy_gradient`) for a rollout whose P prompts have
-    these lengths in a batch of prompt width ``prompt_width``: with ``algo.prefix_sharing`` the train step runs each
+    these lengths in a batch of prompt width ``prompt_width``: with ``perf.prompt_packing`` (and prefix sharing) the
+    train step runs each
     micro-batch's prompts packed end to end, one row per batch shard, instead of left-padded, so no decoder work is
     spent on prompt padding (`jaxgrpo.models.prefix`). The width holds the longest possible row (the
     ``P / (num_minibatches * grad_accum_steps * shards)`` longest prompts), rounded up to
-    `jaxgrpo.models.prefix.PACK_BUCKET`; 0 (padded rows) when prefix sharing is off or packing would not save."""
-    if not algo.prefix_sharing:
+    `jaxgrpo.padding.PACK_BUCKET`; 0 (padded rows) when packing is off or would not save."""
+    if not (perf.prefix_sharing and perf.prompt_packing):
         return 0
     shards = 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
     parts = int(algo.num_minibatches) * int(algo.grad_accum_steps) * shards
@@ -664,7 +492,7 @@ def packed_prompt_width(
     if len(lengths) % parts:
         raise ValueError(f"{len(lengths)} prompts cannot be split into {parts} parts (minibatches x accum x shards)")
     # each micro-batch has `shards` rows of P / parts prompts: size a row from the P / parts longest prompts
-    return prefix_lib.packed_width(lengths, parts, prompt_width=prompt_width)
+    return padding.packed_width(lengths, parts, prompt_width=prompt_width)
 
 
 def policy_gradient(
@@ -673,16 +501,16 @@ def policy_gradient(
     params: Params,
     batch: Batch,
     *,
+    perf: PerfConfig | None = None,
     temperature: float = 1.0,
     mesh: Mesh | None = None,
-    remat: bool = False,
     packed_prompt_width: int = 0,
 ) -> tuple[jax.Array, Params, dict[str, jax.Array]]:
     """Loss, gradient and policy-loss metrics of the first optimizer update of a train step (minibatch 0, with
     the configured gradient accumulation) — the exact function `make_train_step` differentiates. Jitted inside.
     For research code and tests; `make_train_step` is the entry point for training. ``packed_prompt_width``: as
-    for ``step_fn`` (see `packed_prompt_width`)."""
-    step = _Step(model_config, algo, mesh, temperature, remat)
+    for ``step_fn`` (see `packed_prompt_width`); ``perf``: as for `make_train_step`."""
+    step = _Step(model_config, algo, mesh, temperature, perf)
 
     @jax.jit
     def run(params, batch):
@@ -696,14 +524,14 @@ def _state_shardings(model_config: models.ModelConfig, mesh: Mesh, tx: optax.Gra
     params_sh = sharding_lib.param_shardings(model_config, mesh)
     abstract = jax.eval_shape(lambda: models.init_params(model_config, jax.random.key(0)))
     opt_abstract = jax.eval_shape(tx.init, abstract)
-    rep = NamedSharding(mesh, P())
+    rep = NamedSharding(mesh, PartitionSpec())
     opt_sh = optax.tree_map_params(tx, lambda _, s: s, opt_abstract, params_sh, transform_non_params=lambda _: rep)
     return TrainState(params=params_sh, opt_state=opt_sh, step=rep, rng=rep)
 
 
 def _replicated(x: np.ndarray, mesh: Mesh) -> jax.Array:
     """A host value (identical on every process) as a mesh-replicated global array (works multi-process)."""
-    return jax.make_array_from_callback(x.shape, NamedSharding(mesh, P()), lambda idx: x[idx])
+    return jax.make_array_from_callback(x.shape, NamedSharding(mesh, PartitionSpec()), lambda idx: x[idx])
 
 
 def make_train_step(
@@ -711,23 +539,24 @@ def make_train_step(
     algo: AlgoConfig,
     optim: OptimConfig,
     *,
+    perf: PerfConfig | None = None,
     mesh: Mesh | None = None,
     temperature: float = 1.0,
     total_steps: int,
-    remat: bool = False,
 ) -> tuple[Callable[[Params, jax.Array], TrainState], Callable[[TrainState, Batch], tuple[TrainState, dict]]]:
     """Build ``(init_fn(params, key) -> TrainState, step_fn(state, batch) -> (state, metrics))``.
 
     ``step_fn`` is a `jax.jit` function (state donated: do not reuse the input state). ``temperature`` is the
     rollout temperature (the sampler's logits were divided by it). ``total_steps``: rollout steps of the run, for
-    the schedule. ``remat``: recompute decoder layers in the backward pass (see `compute_logprobs`).
+    the schedule. ``perf``: how the step is computed (`config.PerfConfig`, default its defaults), as
+    `resolve_perf` applies it to this algo and mesh.
     ``step_fn(state, batch, packed_prompt_width=W)`` (static; compiles once per distinct ``W``): with prefix sharing,
     run the prompts packed end to end (no work on prompt padding, same result); ``W`` from `packed_prompt_width`.
     With ``mesh``, ``init_fn`` places params/optimizer state by their logical axes and the batch must come from
     `global_batch` (or be placed with `jaxgrpo.sharding.batch_sharding`). ``init_fn`` takes ownership of the
     params it is given: the first step donates them (pass a copy to keep using the originals).
     """
-    step = _Step(model_config, algo, mesh, temperature, remat)
+    step = _Step(model_config, algo, mesh, temperature, perf)
     updates = int(algo.num_iterations) * step.nm
     tx, schedule = make_optimizer(optim, total_steps, updates_per_step=updates)
     state_sh = _state_shardings(model_config, mesh, tx) if mesh is not None else None
@@ -751,7 +580,7 @@ def make_train_step(
     def train_step(
         state: TrainState, batch: Batch, packed_prompt_width: int = 0
     ) -> tuple[TrainState, dict[str, jax.Array]]:
-        _check_batch(batch, algo, step.num_shards)
+        _check_batch(batch, algo, step.perf, step.num_shards)
         prep = step.prepare(batch)
         split = step.split_batch(batch, prep)
 
@@ -803,7 +632,7 @@ def make_train_step(
     if mesh is None:
         step_fn = jax.jit(train_step, donate_argnums=0, static_argnames="packed_prompt_width")
     else:
-        rep = NamedSharding(mesh, P())
+        rep = NamedSharding(mesh, PartitionSpec())
         step_fn = jax.jit(
             train_step, donate_argnums=0, out_shardings=(state_sh, rep), static_argnames="packed_prompt_width"
         )
@@ -821,7 +650,7 @@ def global_batch(batch: Batch, mesh: Mesh) -> Batch:
 
     def place(x: Any) -> jax.Array:
         x = np.asarray(x)
-        sharding = NamedSharding(mesh, P(BATCH_AXES, *([None] * (x.ndim - 1))))
+        sharding = NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (x.ndim - 1))))
         return jax.make_array_from_process_local_data(sharding, x)
 
     return jax.tree.map(place, batch)

@@ -1,7 +1,7 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
 """The sampler's model entry points (`jaxgrpo.models.decode`) against the plain full-sequence forward.
 
-`prefill_packed` (prompts packed end to end) and `forward_with_prefix_cache` (G rows sharing one prompt cache) must
+`prefill` (prompts padded or packed end to end) and `forward_with_prefix_cache` (G rows sharing one prompt cache) must
 give the hidden states `models.hidden_states` computes on each concatenated, unshared row [prompt; completion]
 (itself tested against transformers in test_models.py), with keys/values equal to the plain cache path's.
 """
@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from model_helpers import pad_rows, random_params, rel_err
 
-from jaxgrpo import models, sampling
+from jaxgrpo import models, padding
+from jaxgrpo.models import attention, layers
 
 CONFIGS = {
     "llama_gqa": models.ModelConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
@@ -28,7 +29,7 @@ CONFIGS = {
                                          qkv_bias=True, architecture="qwen2"),
 }  # fmt: skip
 LENGTHS = [9, 5, 1, 7]  # ragged, including a one-token prompt
-R = 3  # samples per prompt
+G = 3  # samples per prompt
 
 
 def _prompts(seed: int = 0) -> list[np.ndarray]:
@@ -36,22 +37,21 @@ def _prompts(seed: int = 0) -> list[np.ndarray]:
     return [rng.integers(1, 97, n).astype(np.int32) for n in LENGTHS]
 
 
-def _packed_prefill(config, params, prompts, rows, tp):
-    packed = sampling.pack_prompts(prompts, rows, tp)
-    last, prefix = models.prefill_packed(
-        config, params, *(jnp.asarray(packed[k]) for k in ("tokens", "positions", "slot_index", "prefix_mask",
-                                                          "token_slot"))
-    )  # fmt: skip
-    return packed, last, prefix
+def _packed_prefill(config, params, prompts, rows, tp, packed=True):
+    tok, mask = pad_rows(prompts, tp, "left")
+    width = padding.sampler_packed_width([len(p) for p in prompts], rows) if packed else 0
+    last, prefix = models.prefill(config, params, jnp.asarray(tok), jnp.asarray(mask), packed_width=width,
+                                  pack_rows=rows)  # fmt: skip
+    return mask, last, prefix
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-@pytest.mark.parametrize("rows", [1, 2])
-def test_prefill_packed_equals_plain_forward(name, rows):
+@pytest.mark.parametrize("rows", [0, 1, 2])  # 0: left-padded, not packed
+def test_prefill_equals_plain_forward(name, rows):
     config = CONFIGS[name]
     params = random_params(config, seed=1)
     prompts, tp = _prompts(), 12
-    packed, last, prefix = _packed_prefill(config, params, prompts, rows, tp)
+    pmask, last, prefix = _packed_prefill(config, params, prompts, max(rows, 1), tp, packed=rows > 0)
     chex.assert_shape(last, (len(prompts), config.hidden_size))
     L, K, H = config.num_layers, config.num_kv_heads, config.head_dim
     chex.assert_shape(prefix.k, (L, len(prompts), K, tp, H))  # kv-head-major; the values' key axis minor
@@ -63,23 +63,29 @@ def test_prefill_packed_equals_plain_forward(name, rows):
     pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
     _, cache = models.forward_with_cache(config, params, jnp.asarray(tok), jnp.asarray(pos),
                                          models.init_cache(config, len(prompts), tp), 0, jnp.asarray(mask))  # fmt: skip
-    np.testing.assert_array_equal(packed["prefix_mask"].reshape(len(prompts), tp), mask)
+    np.testing.assert_array_equal(pmask, mask)
     m = mask[None, :, :, None, None]  # in forward_with_cache's [L, B, S, K, H] layout
     assert rel_err(np.where(m, prefix.k.transpose(0, 1, 3, 2, 4), 0), np.where(m, cache.k, 0)) < 1e-5
     assert rel_err(np.where(m, prefix.v.transpose(0, 1, 4, 2, 3), 0), np.where(m, cache.v, 0)) < 1e-5
 
 
-def test_pack_prompts_layout():
-    prompts = [np.array([5, 6, 7]), np.array([8]), np.array([9, 10])]
-    p = sampling.pack_prompts(prompts + [np.array([0])], 2, 4)
-    assert p["tokens"].shape == (2, 16)  # longest row 4 tokens -> the smallest width bucket, 16
-    np.testing.assert_array_equal(p["tokens"][0, :4], [5, 6, 7, 8])
-    np.testing.assert_array_equal(p["tokens"][1, :3], [9, 10, 0])
-    np.testing.assert_array_equal(p["positions"][0, :4], [0, 1, 2, 0])
-    np.testing.assert_array_equal(p["prefix_mask"][0], [[0, 1, 1, 1], [0, 0, 0, 1]])
-    np.testing.assert_array_equal(p["slot_index"][0, 0, 1:], [0, 1, 2])
-    np.testing.assert_array_equal(p["slot_index"][0, 1, 3], 3)
+def test_pack_layout():
+    prompts = [np.array([5, 6, 7]), np.array([8]), np.array([9, 10]), np.array([0])]
+    width = padding.sampler_packed_width([len(p) for p in prompts], 2)
+    assert width == 16  # longest row 4 tokens -> the smallest width bucket, 16
+    tok, mask = pad_rows(prompts, 4, "left")
+    np.testing.assert_array_equal(mask[:2], [[0, 1, 1, 1], [0, 0, 0, 1]])
+    p = padding.pack_layout(jnp.asarray(mask), width, 2)
+    packed = attention.take_rows(jnp.asarray(tok).reshape(2, -1), p["token_slot"])
+    np.testing.assert_array_equal(packed[0, :4], [5, 6, 7, 8])
+    np.testing.assert_array_equal(packed[1, :3], [9, 10, 0])
+    np.testing.assert_array_equal(p["position"][0, :4], [0, 1, 2, 0])
+    np.testing.assert_array_equal(p["slot_index"][0, 1:4], [0, 1, 2])  # prompt 0, slots 1..3
+    np.testing.assert_array_equal(p["slot_index"][0, 4 + 3], 3)  # prompt 1, slot 3
     np.testing.assert_array_equal(p["token_slot"][0, :4], [1, 2, 3, 7])  # flat slot q * Tp + s
+    np.testing.assert_array_equal(p["last"], [[2, 3], [1, 2]])
+    with pytest.raises(ValueError, match="cannot hold a packed row of 4 prompt tokens"):
+        padding.pack_layout(jnp.asarray(mask), 3, 2)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -90,20 +96,20 @@ def test_forward_with_prefix_cache_equals_full_rows(name):
     prompts, tp, m = _prompts(1), 12, 6
     _, _, prefix = _packed_prefill(config, params, prompts, 1, tp)
     _, pmask = pad_rows(prompts, tp, "left")
-    n = len(prompts) * R
+    n = len(prompts) * G
     gen = np.random.default_rng(3).integers(1, 97, (n, m)).astype(np.int32)
     cache, kv_mask = models.init_decode_cache(config, n, m), jnp.ones((n, m), bool)
     step = jax.jit(models.forward_with_prefix_cache, static_argnums=0, donate_argnames="cache")
     hs, t0 = [], 0
     for t in (2, 1, 3):
-        pos = np.repeat(LENGTHS, R)[:, None] + np.arange(t0, t0 + t)[None]
+        pos = np.repeat(LENGTHS, G)[:, None] + np.arange(t0, t0 + t)[None]
         h, cache = step(config, params, jnp.asarray(gen[:, t0 : t0 + t]), jnp.asarray(pos), prefix, jnp.asarray(pmask),
                         cache, t0, kv_mask)  # fmt: skip
         chex.assert_shape(h, (n, t, config.hidden_size))
         chex.assert_tree_all_finite(h)
         hs.append(h)
         t0 += t
-    rows = [np.concatenate([prompts[i // R], gen[i]]) for i in range(n)]
+    rows = [np.concatenate([prompts[i // G], gen[i]]) for i in range(n)]
     tok, mask = pad_rows(rows, tp + m, "left")
     ref = models.hidden_states(config, params, jnp.asarray(tok), attention_mask=jnp.asarray(mask))[:, tp:]
     assert rel_err(jnp.concatenate(hs, 1), ref) < 1e-5
@@ -133,28 +139,25 @@ def test_forward_with_prefix_cache_rejects_bad_shapes():
                                          jnp.ones((6, 5), bool))  # fmt: skip
 
 
-def test_projection_backward_equals_autodiff_and_finite_differences(monkeypatch):
-    """The decoder's dense projections use a hand-written backward (`transformer._matmul`, for XLA:CPU speed). Its
-    gradient must equal (a) finite differences and (b) JAX's automatic transpose of the same einsum, through a whole
-    model (GQA, qkv bias) with padding."""
-    from jaxgrpo.models import transformer as tfm
-
+def test_projection_backward_equals_autodiff_and_finite_differences():
+    """The decoder's dense projections can use a hand-written backward (`layers.matmul`, `matmul_backward="explicit"`,
+    for XLA:CPU speed). Its gradient must equal (a) finite differences and (b) JAX's automatic transpose of the same
+    einsum (`matmul_backward="xla"`), through a whole model (GQA, qkv bias) with padding."""
     x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 3, 5)), jnp.float32)
     w = jnp.asarray(np.random.default_rng(1).standard_normal((5, 4)), jnp.float32)
-    jax.test_util.check_grads(tfm._matmul, (x, w), order=1, modes=["rev"], atol=1e-2, rtol=1e-2)
+    jax.test_util.check_grads(layers.matmul, (x, w), order=1, modes=["rev"], atol=1e-2, rtol=1e-2)
 
     config = CONFIGS["qwen2_bias_mha"]
     params = random_params(config, seed=4)
     tok, mask = pad_rows(_prompts(2), 10, "left")
     target = jnp.asarray(np.random.default_rng(5).standard_normal((len(LENGTHS), 10, config.hidden_size)), jnp.float32)
 
-    def loss(p):
-        h = models.hidden_states(config, p, jnp.asarray(tok), attention_mask=jnp.asarray(mask))
+    def loss(p, mode):
+        h = models.hidden_states(config, p, jnp.asarray(tok), attention_mask=jnp.asarray(mask), matmul_backward=mode)
         return jnp.sum(jnp.where(jnp.asarray(mask)[..., None], h * target, 0.0))
 
-    ours = jax.grad(loss)(params)
-    monkeypatch.setattr(tfm, "_matmul", lambda a, b: jnp.einsum("...i,io->...o", a, b))
-    reference = jax.grad(loss)(params)
+    ours = jax.grad(loss)(params, "explicit")
+    reference = jax.grad(loss)(params, "xla")
     for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(ours), jax.tree.leaves(reference)):
         if not np.any(np.asarray(r)):  # lm_head: not used by hidden_states
             np.testing.assert_array_equal(g, 0.0)
@@ -163,34 +166,32 @@ def test_projection_backward_equals_autodiff_and_finite_differences(monkeypatch)
 
 
 def test_shared_prefix_attention_equals_attention_over_concatenated_keys():
-    """`_attend_shared_prefix` (kv-head-major operands, softmax taken part by part) against `_attend` on each row's
+    """`attend_shared_prefix` (kv-head-major operands, softmax taken part by part) against `attend` on each row's
     concatenated keys [prompt's ; own] in the plain [B, S, K, H] layout, values and gradients, including a prompt
     with no real prefix slot and a query that sees no key at all (output 0, finite gradient)."""
-    from jaxgrpo.models import transformer as tfm
-
-    P, R, T, K, G, H, Tp, M = 2, 3, 4, 2, 2, 8, 5, 4
+    P, G, T, K, R, H, Tp, M = 2, 3, 4, 2, 2, 8, 5, 4  # R: query heads per kv head
     keys = jax.random.split(jax.random.key(0), 5)
-    q = jax.random.normal(keys[0], (P * R, T, K, G, H))
+    q = jax.random.normal(keys[0], (P * G, T, K, R, H))
     kp, vp = jax.random.normal(keys[1], (P, Tp, K, H)), jax.random.normal(keys[2], (P, Tp, K, H))
-    kd, vd = jax.random.normal(keys[3], (P * R, M, K, H)), jax.random.normal(keys[4], (P * R, M, K, H))
+    kd, vd = jax.random.normal(keys[3], (P * G, M, K, H)), jax.random.normal(keys[4], (P * G, M, K, H))
     pmask = np.ones((P, Tp), bool)
     pmask[0, :2] = False
     pmask[1] = False  # prompt 1: no prefix slot at all
-    dmask = np.tril(np.ones((T, M), bool))[None].repeat(P * R, 0)
+    dmask = np.tril(np.ones((T, M), bool))[None].repeat(P * G, 0)
     dmask[4, 0] = False  # row 4 (a prompt-1 row), query 0: no visible key at all
 
     def shared(q, kp, vp, kd, vd):
-        return tfm._attend_shared_prefix(q, kp.transpose(0, 2, 1, 3), vp.transpose(0, 2, 3, 1), jnp.asarray(pmask),
+        return attention.attend_shared_prefix(q, kp.transpose(0, 2, 1, 3), vp.transpose(0, 2, 3, 1), jnp.asarray(pmask),
                                          kd.transpose(0, 2, 1, 3), vd.transpose(0, 2, 3, 1), jnp.asarray(dmask))
 
     def plain(q, kp, vp, kd, vd):
-        k = jnp.concatenate([jnp.repeat(kp, R, 0), kd], 1)
-        v = jnp.concatenate([jnp.repeat(vp, R, 0), vd], 1)
-        mask = np.concatenate([np.repeat(pmask, R, 0)[:, None].repeat(T, 1), dmask], -1)
-        return tfm._attend(q, k, v, jnp.asarray(mask))
+        k = jnp.concatenate([jnp.repeat(kp, G, 0), kd], 1)
+        v = jnp.concatenate([jnp.repeat(vp, G, 0), vd], 1)
+        mask = np.concatenate([np.repeat(pmask, G, 0)[:, None].repeat(T, 1), dmask], -1)
+        return attention.attend(q, k, v, jnp.asarray(mask))
 
     out, ref = jax.jit(shared)(q, kp, vp, kd, vd), plain(q, kp, vp, kd, vd)
-    chex.assert_shape(out, (P * R, T, K, G, H))
+    chex.assert_shape(out, (P * G, T, K, R, H))
     np.testing.assert_array_equal(out[4, 0], 0.0)
     assert rel_err(out, ref) < 1e-5
     w = jax.random.normal(jax.random.key(1), out.shape)

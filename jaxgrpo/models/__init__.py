@@ -1,34 +1,45 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
 """Llama / Qwen2 / Qwen3 decoders as pytrees + pure functions, with HF safetensors and GGUF conversion.
 
-Public surface: `ModelConfig`, `init_params`, `param_axes`, `forward`, `hidden_states`, `lm_head`, `init_cache`,
-`forward_with_cache`, `KVCache`, `count_params`, `projection_widths`, (decode.py) `prefill_packed`,
-`forward_with_prefix_cache`, `init_decode_cache`, `init_projection_record`, and (convert.py) `load_pretrained`,
-`save_pretrained`, `load_tokenizer`, and (presets.py) `PRESETS`.
+Layout::
+
+    config.py       ModelConfig (architecture switches: qkv bias, qk-norm, rope scaling, tied head), HF config I/O
+    params.py       the parameter tree: shapes, logical axes, init (one abstract tree feeds all three)
+    layers.py       the decoder layer, the one dense projection, the ONE scan over the stacked layers
+    attention.py    the pluggable part: attention kernels and the attention functions of each forward
+    transformer.py  full sequences (`forward`, `hidden_states`) and a KV-cached chunk (`forward_with_cache`)
+    decode.py       the sampler's `prefill` (prompts packed end to end) and `forward_with_prefix_cache`
+    prefix.py       the prefix-shared train forward (each group's prompt encoded once for its G completions)
+    convert.py      HF safetensors / GGUF load, HF save, tokenizers;  presets.py  named model shapes
+
+Shape letters (one meaning each, package-wide; arrays are named ``x_BTD`` with them)::
+
+    P prompts            G samples per prompt     B rows (B = P*G in a rollout, or any batch)
+    T query length       S key length / cache slots  Tp prompt width  Tc completion width  M decode slots
+    D hidden             F MLP width              V vocab             L layers
+    N query heads        K key/value heads        R query heads per kv head (N = K*R, GQA)   H head dim
+    J packed prompt rows W packed row width       Q prompts per packed row
+
+Public surface: `ModelConfig`, `init_params`, `param_axes`, `param_shapes`, `count_params`, `lm_head`,
+`projection_widths`, `forward`, `hidden_states`, `init_cache`, `forward_with_cache`, `KVCache`, `prefill`,
+`init_decode_cache`, `forward_with_prefix_cache`, `load_pretrained`, `save_pretrained`, `load_tokenizer`, `PRESETS`.
 """
 
+from jaxgrpo.models.attention import KVCache
 from jaxgrpo.models.config import ModelConfig, ModelConfigError, RopeScaling, from_hf_config, to_hf_config
 from jaxgrpo.models.convert import CheckpointError, load_pretrained, load_tokenizer, save_pretrained
-from jaxgrpo.models.decode import (
-    forward_with_prefix_cache,
-    init_decode_cache,
-    init_projection_record,
-    prefill_packed,
-)
-from jaxgrpo.models.presets import PRESETS, get_preset
-from jaxgrpo.models.transformer import (
-    KVCache,
+from jaxgrpo.models.decode import forward_with_prefix_cache, init_decode_cache, prefill
+from jaxgrpo.models.params import (
+    PROJECTIONS,
     count_params,
-    forward,
-    forward_with_cache,
-    hidden_states,
-    init_cache,
     init_params,
     lm_head,
     param_axes,
     param_shapes,
     projection_widths,
 )
+from jaxgrpo.models.presets import PRESETS, get_preset
+from jaxgrpo.models.transformer import forward, forward_with_cache, hidden_states, init_cache
 
 __all__ = [
     "CheckpointError",
@@ -37,6 +48,7 @@ __all__ = [
     "save_pretrained",
     "KVCache",
     "PRESETS",
+    "PROJECTIONS",
     "get_preset",
     "ModelConfig",
     "ModelConfigError",
@@ -49,12 +61,11 @@ __all__ = [
     "hidden_states",
     "init_cache",
     "init_decode_cache",
-    "init_projection_record",
     "projection_widths",
     "init_params",
     "lm_head",
     "param_axes",
     "param_shapes",
-    "prefill_packed",
+    "prefill",
     "to_hf_config",
 ]

@@ -107,8 +107,8 @@ class ModelConfig:
         object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
 
     @property
-    def num_groups(self) -> int:
-        """Query heads per key/value head (GQA)."""
+    def heads_per_kv(self) -> int:
+        """R: query heads per key/value head (GQA)."""
         return self.num_heads // self.num_kv_heads
 
     def replace(self, **changes: Any) -> ModelConfig:

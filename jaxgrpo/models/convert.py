@@ -36,7 +36,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxgrpo.models.config import ModelConfig, ModelConfigError, RopeScaling, from_hf_config, to_hf_config
-from jaxgrpo.models.transformer import param_shapes
+from jaxgrpo.models.params import param_shapes
 
 Params = dict[str, Any]
 PathLike = str | pathlib.Path
@@ -418,7 +418,7 @@ def _llama3_from_rope_freqs(reader: Any, arch: str, head_dim: int, theta: float)
     ``s`` is linear in ``1 / wavelen``, so two medium-band points give ``L / (high - low)`` and ``low / (high - low)``;
     with ``L`` = the GGUF's original context length (default 8192, Llama 3.1/3.2) that fixes ``low`` and ``high``.
     """
-    from jaxgrpo.models.transformer import rope_inv_freq
+    from jaxgrpo.models.layers import rope_inv_freq
 
     r = _gguf_array(reader, _gguf_tensor_index(reader)["rope_freqs.weight"]).reshape(-1).astype(np.float64)
     factor = float(np.round(r.max(), 4))

@@ -1,0 +1,189 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Attention: the one part of a decoder layer that differs between the model's forwards.
+
+Two kernels::
+
+    attend                 softmax(q k^T / sqrt(H) + mask) v over one key set per row           (the reference)
+    attend_shared_prefix   one softmax over [the keys of the row's prompt (shared by its G rows) ; the row's own keys]
+
+and the attention functions built on them, each with `jaxgrpo.models.layers`' calling convention
+``(q [B,T,K,R,H], k [B,T,K,H], v [B,T,K,H], ctx) -> (a [B,T,K,R,H], state, out)``:
+
+    causal(mask)                        full sequences (`transformer.hidden_states`)
+    cached(mask, start)                 a chunk against a KV cache it writes (`transformer.forward_with_cache`)
+    per_prompt(prompt_mask, pack)       prompts, padded or packed end to end; out = their keys/values, kv-head-major
+                                        (the sampler's prefill and the prompt rows of the prefix-shared train step)
+    shared_prefix(prefix_mask, mask)    completion rows over their prompt's keys (from the prompt stream in the same
+                                        layer) and their own (the prefix-shared train step, `prefix.py`)
+    cached_shared_prefix(...)           decode rows over the prefix cache and a decode cache they write (`decode.py`)
+
+Scores and softmax are float32; a masked score is a finite ``-1e30`` (exp underflows to exactly 0; no inf - inf =
+NaN) and a query with no visible key gets output 0, not NaN. Keys and values of the shared-prefix kernel come
+kv-head-major with the key axis of the values minor (``k [B, K, S, H]``, ``v [B, K, H, S]``, `kv_major`): each product
+then contracts the minor axis of both operands, the form XLA:CPU's matmul reads in place, so caches stored this way
+are never transposed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxgrpo.models.layers import Attention, LayerContext
+
+_NEG = -1e30
+
+
+class KVCache(NamedTuple):
+    """Per-layer keys (after RoPE) and values, layers stacked on axis 0 (layout: see the function that makes it)."""
+
+    k: jax.Array
+    v: jax.Array
+
+
+# --------------------------------------------------------------------------------------------------- kernels
+def attend(q_BTKRH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask_BTS: jax.Array) -> jax.Array:
+    """Masked softmax attention -> ``[B, T, K, R, H]`` (scores and softmax in float32)."""
+    scale = q_BTKRH.shape[-1] ** -0.5
+    s_BKRTS = jnp.einsum("btkrh,bskh->bkrts", q_BTKRH, k_BSKH, preferred_element_type=jnp.float32) * scale
+    m_B11TS = mask_BTS[:, None, None, :, :]
+    s_BKRTS = jnp.where(m_B11TS, s_BKRTS, _NEG)
+    p_BKRTS = jax.nn.softmax(s_BKRTS, axis=-1)
+    p_BKRTS = jnp.where(jnp.any(m_B11TS, axis=-1, keepdims=True), p_BKRTS, 0.0)  # fully masked row -> 0, not NaN
+    return jnp.einsum("bkrts,bskh->btkrh", p_BKRTS.astype(v_BSKH.dtype), v_BSKH)
+
+
+def kv_major(k_BSKH: jax.Array, v_BSKH: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Keys ``[B, S, K, H]`` -> ``[B, K, S, H]`` and values ``[B, S, K, H]`` -> ``[B, K, H, S]``."""
+    return k_BSKH.transpose(0, 2, 1, 3), v_BSKH.transpose(0, 2, 3, 1)
+
+
+def attend_shared_prefix(
+    q_BTKRH: jax.Array,
+    kp_PKSH: jax.Array,
+    vp_PKHS: jax.Array,
+    prefix_mask_PS: jax.Array,
+    ko_BKMH: jax.Array,
+    vo_BKHM: jax.Array,
+    mask_BTM: jax.Array,
+) -> jax.Array:
+    """Attention of ``q [B, T, K, R, H]`` (``B = P * G`` prompt-major rows) over the keys of its prompt ``b // G``
+    (``[P, K, Tp, H]``, values ``[P, K, H, Tp]``, shared by the prompt's G rows, masked by ``prefix_mask [P, Tp]``)
+    and its own keys and values (``[B, K, M, H]``, ``[B, K, H, M]``, masked by ``mask_BTM``), one softmax over both.
+
+    Equals `attend` over the concatenated keys ``[prefix_p ; own_b]`` without repeating the prefix G times: the prefix
+    scores of a prompt's rows are one ``[G * T * R, H] x [H, Tp]`` product per (prompt, kv head), and the softmax is
+    taken part by part (``exp(s - m) / sum over both parts`` with ``m`` the joint max), so no concatenated score
+    tensor exists."""
+    B, T, K, R, H = q_BTKRH.shape
+    P = prefix_mask_PS.shape[0]
+    G = B // P
+    M = ko_BKMH.shape[2]
+    scale = H**-0.5
+    # Every score tensor stays in one layout [P, K, G, T, R, keys]: none is transposed.
+    q_PGTKRH = q_BTKRH.reshape(P, G, T, K, R, H)
+    sp = jnp.einsum("pgtkrh,pksh->pkgtrs", q_PGTKRH, kp_PKSH, preferred_element_type=jnp.float32) * scale
+    ko_PGKMH = ko_BKMH.reshape(P, G, K, M, H)
+    so = jnp.einsum("pgtkrh,pgkmh->pkgtrm", q_PGTKRH, ko_PGKMH, preferred_element_type=jnp.float32) * scale
+    mp = prefix_mask_PS.astype(bool)[:, None, None, None, None, :]  # [P, 1, 1, 1, 1, Tp]
+    mo = mask_BTM.astype(bool).reshape(P, G, T, M)[:, None, :, :, None, :]  # [P, 1, G, T, 1, M]
+    sp, so = jnp.where(mp, sp, _NEG), jnp.where(mo, so, _NEG)
+    m = jax.lax.stop_gradient(jnp.maximum(jnp.max(sp, axis=-1, keepdims=True), jnp.max(so, axis=-1, keepdims=True)))
+    ep, eo = jnp.exp(sp - m), jnp.exp(so - m)
+    visible = jnp.any(mp, axis=-1, keepdims=True) | jnp.any(mo, axis=-1, keepdims=True)
+    inv = jnp.where(visible, 1.0 / (jnp.sum(ep, axis=-1, keepdims=True) + jnp.sum(eo, axis=-1, keepdims=True)), 0.0)
+    out = jnp.einsum("pkgtrs,pkhs->pgtkrh", (ep * inv).astype(vp_PKHS.dtype), vp_PKHS)
+    out = out + jnp.einsum("pkgtrm,pgkhm->pgtkrh", (eo * inv).astype(vo_BKHM.dtype), vo_BKHM.reshape(P, G, K, H, M))
+    return out.reshape(B, T, K, R, H)
+
+
+def take_rows(x_SX: jax.Array, idx_SY: jax.Array) -> jax.Array:
+    """``out[s, y] = x[s, idx[s, y]]`` for ``x [S, X, ...]`` and ``idx [S, Y]`` (a gather within each row)."""
+    S, X = x_SX.shape[:2]
+    flat = x_SX.reshape(S, X, -1)
+    return jnp.take_along_axis(flat, idx_SY[..., None], axis=1).reshape(S, idx_SY.shape[1], *x_SX.shape[2:])
+
+
+def causal_mask(mask_BT: jax.Array) -> jax.Array:
+    """``[B, T, T]``: query t sees key s iff s <= t and s is a real token."""
+    T = mask_BT.shape[1]
+    return jnp.tril(jnp.ones((T, T), bool))[None] & mask_BT.astype(bool)[:, None, :]
+
+
+def _write(cache: jax.Array, new: jax.Array, index: jax.Array, start: jax.Array, axis: int) -> jax.Array:
+    """``cache[index]`` with ``new`` written at ``start`` along ``axis`` of the layer slice (in place when donated)."""
+    idx = [jnp.zeros((), jnp.int32)] * cache.ndim
+    idx[0], idx[axis + 1] = index, start
+    return jax.lax.dynamic_update_slice(cache, new[None].astype(cache.dtype), tuple(idx))
+
+
+def _layer(cache: jax.Array, index: jax.Array, dtype: Any) -> jax.Array:
+    return jax.lax.dynamic_index_in_dim(cache, index, 0, keepdims=False).astype(dtype)
+
+
+# ------------------------------------------------------------------------------------------- attention functions
+def causal(mask_BTS: jax.Array) -> Attention:
+    """Every row attends over its own keys with ``mask [B, T, T]``."""
+    return lambda q, k, v, ctx: (attend(q, k, v, mask_BTS), ctx.state, None)
+
+
+def cached(mask_BTS: jax.Array, start: jax.Array) -> Attention:
+    """The chunk's keys/values are written into ``ctx.state`` (a `KVCache` ``[L, B, S, K, H]``) at slots
+    ``[start, start + T)``; the chunk then attends over the layer's whole cache with ``mask [B, T, S]``."""
+
+    def fn(q, k, v, ctx: LayerContext):
+        ck, cv = _write(ctx.state.k, k, ctx.index, start, 1), _write(ctx.state.v, v, ctx.index, start, 1)
+        a = attend(q, _layer(ck, ctx.index, q.dtype), _layer(cv, ctx.index, q.dtype), mask_BTS)
+        return a, KVCache(ck, cv), None
+
+    return fn
+
+
+def per_prompt(prompt_mask_PT: jax.Array, pack: dict[str, jax.Array] | None = None) -> Attention:
+    """Causal attention within each prompt; ``out`` = the prompts' keys and values kv-head-major (``[P, K, Tp, H]``,
+    ``[P, K, H, Tp]``), the prefix the prompt's completions read.
+
+    ``pack`` None: the rows are the left-padded prompts ``[P, Tp]``. Otherwise the rows are ``J`` packed rows of
+    width ``W`` (`jaxgrpo.padding.pack_layout`): queries, keys and values are gathered into the padded per-prompt
+    layout for the attention (``slot_index``), the outputs gathered back (``token_slot``)."""
+    P, Tp = prompt_mask_PT.shape
+    mask_PTT = causal_mask(prompt_mask_PT)
+
+    def fn(q, k, v, ctx: LayerContext):
+        if pack is None:
+            return attend(q, k, v, mask_PTT), ctx.state, kv_major(k, v)
+        q_P, k_P, v_P = (take_rows(x, pack["slot_index"]).reshape(P, Tp, *x.shape[2:]) for x in (q, k, v))
+        a_PTKRH = attend(q_P, k_P, v_P, mask_PTT)
+        a = take_rows(a_PTKRH.reshape(q.shape[0], -1, *a_PTKRH.shape[2:]), pack["token_slot"])
+        return a, ctx.state, kv_major(k_P, v_P)
+
+    return fn
+
+
+def shared_prefix(prefix_mask_PS: jax.Array, mask_BTT: jax.Array) -> Attention:
+    """Completion rows (``B = P * G``) over the keys of their prompt, emitted in this layer by the stream before them
+    (`per_prompt`'s ``out``), and causally over their own keys (``mask [B, T, T]``)."""
+
+    def fn(q, k, v, ctx: LayerContext):
+        kp, vp = ctx.earlier[0]
+        return attend_shared_prefix(q, kp, vp, prefix_mask_PS, *kv_major(k, v), mask_BTT), ctx.state, None
+
+    return fn
+
+
+def cached_shared_prefix(prefix_mask_PS: jax.Array, mask_BTM: jax.Array, start: jax.Array) -> Attention:
+    """Decode rows (``B = P * G``) over the prefix cache (``ctx.inputs``, this layer's ``(k [P, K, Tp, H],
+    v [P, K, H, Tp])``) and their decode cache (``ctx.state``, a `KVCache` ``k [L, B, K, M, H]``, ``v [L, B, K, H,
+    M]``), into which the chunk's keys/values are first written at slots ``[start, start + T)``."""
+
+    def fn(q, k, v, ctx: LayerContext):
+        k_new, v_new = kv_major(k, v)
+        ck, cv = _write(ctx.state.k, k_new, ctx.index, start, 2), _write(ctx.state.v, v_new, ctx.index, start, 3)
+        kp, vp = (x.astype(q.dtype) for x in ctx.inputs)
+        a = attend_shared_prefix(q, kp, vp, prefix_mask_PS, _layer(ck, ctx.index, q.dtype),
+                                 _layer(cv, ctx.index, q.dtype), mask_BTM)  # fmt: skip
+        return a, KVCache(ck, cv), None
+
+    return fn
