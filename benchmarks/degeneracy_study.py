@@ -57,6 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxgrpo import build
 from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
 from jaxgrpo import eval as eval_lib
@@ -345,7 +346,7 @@ def run_jensen(out: pathlib.Path, quick: bool, gsm8k_dir: pathlib.Path) -> dict[
     num_prompts, max_new, per_batch = (4, 16, 4) if quick else (32, 128, 8)
     cfg = config_lib.load_config("smollm2_gsm8k", [f"data.path={gsm8k_dir}", "data.split=test",
                                                    f"data.num_examples={num_prompts}"])
-    mcfg, params, tok = trainer_lib.build_policy(cfg, jax.random.key(0))
+    mcfg, params, tok = build.build_policy(cfg, jax.random.key(0))
     examples = data_lib.load_dataset(cfg.data, cfg.seed)
     r = eval_lib.evaluate(mcfg, params, tok, examples, "gsm8k_lenient", num_samples=JENSEN_N, group_sizes=JENSEN_G,
                           key=jax.random.key(1), max_new_tokens=max_new, temperature=1.0, data_config=cfg.data,

@@ -32,7 +32,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 from jaxgrpo import models, sampling  # noqa: E402
-from jaxgrpo.trainer import resolve_model_path  # noqa: E402
+from jaxgrpo.build import resolve_model_path  # noqa: E402
 
 
 def _questions(data_dir: pathlib.Path, n: int) -> list[str]:

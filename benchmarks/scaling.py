@@ -5,7 +5,7 @@ long run that asserts no recompilation and flat memory.
 Grid mode (default): for each (model, G, completion length) — models ``tiny`` (2 layers, hidden 64, vocab 512) and
 ``135m`` (the SmolLM2-135M config, random weights) — one subprocess builds ``--prompts`` random prompts of
 ``--prompt-len`` tokens × G completions of exactly L tokens and runs the jitted train step
-(`jaxgrpo.train_step.make_train_step`, ``algo.prefix_sharing`` per ``--prefix-sharing``, ``remat`` per ``--remat``)
+(`jaxgrpo.train_step.make_train_step`, ``perf.prefix_sharing`` per ``--prefix-sharing``, ``perf.remat`` per ``--remat``)
 on them, ``--steps`` times. The completions are uniform random tokens with random old log-probs by default (the
 train step's cost does not depend on token values); ``--sample`` draws them with `jaxgrpo.sampling.generate` (no
 stop token) instead and reports the sampling time too. Reported per cell: median seconds of the train step (first
@@ -67,7 +67,7 @@ def model_config(name: str):
 
 
 def run_cell(
-    model: str, G: int, L: int, prompts: int, prompt_len: int, steps: int, prefix_sharing: bool, remat: bool,
+    model: str, G: int, L: int, prompts: int, prompt_len: int, steps: int, prefix_sharing: bool, remat: str,
     sample: bool,
 ) -> dict:
     import jax
@@ -76,15 +76,18 @@ def run_cell(
 
     from jaxgrpo import models, sampling
     from jaxgrpo import train_step as ts
-    from jaxgrpo.config import AlgoConfig, OptimConfig
+    from jaxgrpo.config import AlgoConfig, OptimConfig, PerfConfig
 
     cfg = model_config(model)
     params = models.init_params(cfg, jax.random.key(0))
     rng = np.random.default_rng(0)
     lens = rng.integers(prompt_len // 2, prompt_len + 1, prompts)
     prompt_ids = [rng.integers(1, cfg.vocab_size, n).tolist() for n in lens]
-    algo = AlgoConfig(prefix_sharing=prefix_sharing)
-    init_fn, step_fn = ts.make_train_step(cfg, algo, OptimConfig(learning_rate=1e-6), total_steps=steps, remat=remat)
+    perf, _ = ts.resolve_perf(AlgoConfig(), PerfConfig(prefix_sharing=prefix_sharing, remat=remat,
+                                                      reuse_projections=False), num_shards=1,
+                              platform=jax.default_backend())  # fmt: skip
+    init_fn, step_fn = ts.make_train_step(cfg, AlgoConfig(), OptimConfig(learning_rate=1e-6), perf=perf,
+                                          total_steps=steps)  # fmt: skip
     state = init_fn(params, jax.random.key(1))
     pm = np.arange(prompt_len)[None] >= (prompt_len - lens)[:, None]
     ptok = np.zeros((prompts, prompt_len), np.int32)
@@ -174,7 +177,8 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=3, help="per cell; the first (compile) is excluded from medians")
     ap.add_argument("--prefix-sharing", choices=["on", "off"], default="on")
-    ap.add_argument("--remat", choices=["auto", "on", "off"], default="auto", help="auto: on for 135m, off for tiny")
+    ap.add_argument("--remat", choices=["auto", "none", "projections", "full"], default="auto",
+                    help="perf.remat; auto: full for 135m, projections for tiny")
     ap.add_argument("--sample", action="store_true", help="sample the completions (default: random tokens)")
     ap.add_argument("--skip", nargs="*", default=[], help="cells MODEL,G,L recorded as skipped, not run")
     ap.add_argument("--skip-reason", default="not run: estimated beyond this CPU's time budget")
@@ -186,7 +190,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.cell:
         model, G, L = args.cell.split(",")
-        remat = args.remat == "on" or (args.remat == "auto" and model == "135m")
+        remat = args.remat if args.remat != "auto" else "full" if model == "135m" else "projections"
         res = run_cell(model, int(G), int(L), args.prompts, args.prompt_len, args.steps, args.prefix_sharing == "on",
                        remat, args.sample)  # fmt: skip
         print("RESULT " + json.dumps(res), flush=True)

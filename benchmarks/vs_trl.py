@@ -18,7 +18,7 @@ not in the trainer's hot path — by wrapping `jaxgrpo.sampling.generate` (block
 and the jitted train step: ``sampling``, ``rewards`` (+ detokenisation), ``log-probs`` (0: jaxgrpo reuses the
 sampler's log-probs as the old log-probs; the train step's forward is part of ``update``), ``update`` (the jitted
 step: forward + backward + AdamW, metrics fetched). ``forward_only_s`` is the forward log-prob pass alone, timed
-separately on the last batch, to show its share of ``update``. jaxgrpo runs with ``algo.prefix_sharing`` on and off
+separately on the last batch, to show its share of ``update``. jaxgrpo runs with ``perf.prefix_sharing`` on and off
 when the train step supports it.
 
 Each framework runs in its own subprocess, one after the other (they would otherwise fight over the same cores), all
@@ -52,14 +52,14 @@ P, G, TC, LR = 8, 4, 64, 1e-6
 
 def _examples_and_prompts():
     """The 8 GSM8K examples and their chat-templated prompt strings (shared by both frameworks)."""
+    from jaxgrpo import build
     from jaxgrpo import data as data_lib
-    from jaxgrpo import trainer as trainer_lib
     from jaxgrpo.config import DataConfig
 
     cfg = DataConfig(source="gsm8k", path=str(GSM8K), num_examples=P, shuffle=False, rewards={"gsm8k": 1.0})
     examples = data_lib.load_dataset(cfg, 0)
-    gguf = trainer_lib.resolve_model_path("smollm2")
-    tok = trainer_lib.load_tokenizer(gguf)
+    gguf = build.resolve_model_path("smollm2")
+    tok = build.load_tokenizer(gguf)
     prompts = [data_lib.prompt_text(tok, e, cfg)[0] for e in examples]
     return examples, prompts, gguf, tok
 
@@ -143,7 +143,10 @@ def run_jaxgrpo(steps: int, prefix_sharing: bool) -> dict:
     from jaxgrpo import train_step as ts
     from jaxgrpo import trainer as trainer_lib
 
-    supports_prefix = "prefix_sharing" in {f.name for f in __import__("dataclasses").fields(config_lib.AlgoConfig)}
+    # perf.prefix_sharing (algo.prefix_sharing in older versions, so this script can measure them too)
+    switch = next((f"{section}.prefix_sharing" for section in ("perf", "algo") if "prefix_sharing" in
+                   {f.name for f in __import__("dataclasses").fields(config_lib.SECTIONS[section])}), None)
+    supports_prefix = switch is not None
     overrides = [
         "model.name_or_path=smollm2", "model.dtype=float32", "data.source=gsm8k", f"data.path={GSM8K}",
         f"data.num_examples={P}", "data.shuffle=false", "data.rewards={gsm8k: 1.0}", f"rollout.prompts_per_step={P}",
@@ -152,7 +155,7 @@ def run_jaxgrpo(steps: int, prefix_sharing: bool) -> dict:
         "checkpoint.every=0", "log.tensorboard=false", "log.progress=false",
     ]  # fmt: skip
     if supports_prefix:
-        overrides.append(f"algo.prefix_sharing={str(prefix_sharing).lower()}")
+        overrides.append(f"{switch}={str(prefix_sharing).lower()}")
     cfg = config_lib.load_config(None, overrides)
     timings: dict[str, list[float]] = {"sampling": [], "rewards": [], "update": []}
     compiles: list[float] = []  # XLA compile durations; counted per step to show nothing recompiles after step 1

@@ -36,9 +36,19 @@ from collections.abc import Sequence
 from math import comb
 from typing import Any
 
+import jax
 import numpy as np
+from jax.sharding import Mesh
 
-from jaxgrpo import degeneracy
+from jaxgrpo import build, degeneracy, models, sampling, sharding
+from jaxgrpo import checkpoint as ckpt_lib
+from jaxgrpo import config as config_lib
+from jaxgrpo import data as data_lib
+from jaxgrpo import rewards as rewards_lib
+from jaxgrpo.build import Params, Tokenizer
+from jaxgrpo.config import Config, DataConfig
+from jaxgrpo.errors import CheckpointError, ConfigError, cli_error
+from jaxgrpo.example import Example
 
 DEFAULT_NUM_SAMPLES = 16
 CORRECTNESS_REWARDS = ("gsm8k", "gsm8k_lenient", "arithmetic", "arithmetic_lenient")
@@ -154,24 +164,24 @@ def summarize(successes: np.ndarray, group_sizes: Sequence[int], ks: Sequence[in
 
 
 def evaluate(
-    model_config: Any,
-    params: Any,
-    tokenizer: Any,
-    examples: Sequence[Any],
-    reward_fn: Any,
+    model_config: models.ModelConfig,
+    params: Params,
+    tokenizer: Tokenizer,
+    examples: Sequence[Example],
+    reward_fn: str | rewards_lib.RewardFn,
     *,
     num_samples: int,
     group_sizes: Sequence[int],
-    key: Any,
+    key: jax.Array,
     max_new_tokens: int,
     temperature: float = 1.0,
     top_p: float = 1.0,
     top_k: int = 0,
     eos_token_ids: Sequence[int] | None = None,
-    data_config: Any = None,
+    data_config: DataConfig | None = None,
     success_threshold: float = 0.5,
     prompts_per_batch: int = 32,
-    mesh: Any = None,
+    mesh: Mesh | None = None,
     keep_texts: int = 4,
 ) -> dict[str, Any]:
     """Samples `num_samples` completions per example with `jaxgrpo.sampling.generate`, scores them with `reward_fn`
@@ -180,15 +190,9 @@ def evaluate(
     completions of the first prompts (``samples``).
 
     Prompts are encoded with `jaxgrpo.data.encode_prompts(tokenizer, examples, data_config)` (default DataConfig),
-    sampled `prompts_per_batch` at a time with key ``fold_in(key, batch_index)``.
+    sampled `prompts_per_batch` at a time with key ``fold_in(key, batch_index)``; `eos_token_ids` None = the model's
+    and the tokenizer's (`jaxgrpo.build.eos_ids`).
     """
-    import jax
-
-    from jaxgrpo import config as config_lib
-    from jaxgrpo import data as data_lib
-    from jaxgrpo import rewards as rewards_lib
-    from jaxgrpo import sampling
-
     if not examples:
         raise ValueError("evaluate: no examples (check the split / --num-prompts)")
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
@@ -197,13 +201,10 @@ def evaluate(
         degenerate_probability(num_samples, 0, g)
     if prompts_per_batch < 1:
         raise ValueError(f"prompts_per_batch={prompts_per_batch!r} must be >= 1")
-    data_config = data_config if data_config is not None else config_lib.DataConfig()
+    data_config = data_config if data_config is not None else DataConfig()
     prompts = data_lib.encode_prompts(tokenizer, examples, data_config)
     if eos_token_ids is None:
-        ids = set(getattr(model_config, "eos_token_ids", ()) or ())
-        if getattr(tokenizer, "eos_token_id", None) is not None:
-            ids.add(int(tokenizer.eos_token_id))
-        eos_token_ids = tuple(sorted(ids))
+        eos_token_ids = build.eos_ids(model_config, tokenizer)
     name, fn = rewards_lib.resolve(reward_fn)
     all_rewards, lengths, truncated, texts_kept = [], [], [], []
     for b, start in enumerate(range(0, len(prompts), prompts_per_batch)):
@@ -332,39 +333,33 @@ class EvalPolicy:
     """What `evaluate` needs about the policy: the model, its (mesh-sharded) params, tokenizer, mesh, and the
     checkpoint step the params came from (None = the initial/pretrained weights)."""
 
-    model_config: Any
-    params: Any
-    tokenizer: Any
-    mesh: Any
+    model_config: models.ModelConfig
+    params: Params
+    tokenizer: Tokenizer
+    mesh: Mesh
     step: int | None
 
 
-def load_policy_for_eval(cfg: Any, run_dir: str | os.PathLike | None, step: int | None) -> EvalPolicy:
+def load_policy_for_eval(cfg: Config, run_dir: str | os.PathLike | None, step: int | None) -> EvalPolicy:
     """The policy to evaluate, as an `EvalPolicy`.
 
-    The model and tokenizer are built exactly as training builds them (`jaxgrpo.trainer.build_policy`); with a
+    The model and tokenizer are built exactly as training builds them (`jaxgrpo.build.build_policy`); with a
     `run_dir`, the params are then replaced by the checkpoint's (step `step`, None = latest) read from
     ``<run_dir>/checkpoints`` (only the params: the optimizer state is not loaded). For ``model.name_or_path=tiny``
     the weights come only from the checkpoint, so a `run_dir` is required; for a pretrained model without `run_dir`
     the pretrained weights are evaluated (step None).
     """
-    import jax
-
-    from jaxgrpo import checkpoint as ckpt_lib
-    from jaxgrpo import config as config_lib
-    from jaxgrpo import sharding, trainer
-
     if run_dir is None and cfg.model.name_or_path == "tiny":
-        raise config_lib.ConfigError(
+        raise ConfigError(
             "model.name_or_path=tiny is trained from scratch: its weights exist only in a run's checkpoints; "
             "pass --run-dir DIR"
         )
     if run_dir is None and step is not None:
-        raise config_lib.ConfigError("--checkpoint needs --run-dir (the run whose checkpoint to load)")
-    model_config, params, tokenizer = trainer.build_policy(cfg, jax.random.key(cfg.seed))
+        raise ConfigError("--checkpoint needs --run-dir (the run whose checkpoint to load)")
+    model_config, params, tokenizer = build.build_policy(cfg, jax.random.key(cfg.seed))
     size = cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tensor
     if size > jax.device_count():
-        raise config_lib.ConfigError(
+        raise ConfigError(
             f"mesh data*fsdp*tensor = {size} devices but only {jax.device_count()} are available; lower mesh.*"
         )
     mesh = sharding.make_mesh(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, devices=jax.devices()[:size])
@@ -372,7 +367,7 @@ def load_policy_for_eval(cfg: Any, run_dir: str | os.PathLike | None, step: int 
     if run_dir is not None:
         directory = ckpt_lib.run_checkpoint_dir(run_dir)
         if not directory.is_dir():
-            raise ckpt_lib.CheckpointError(f"{directory} does not exist: is {run_dir} a jaxgrpo run directory?")
+            raise CheckpointError(f"{directory} does not exist: is {run_dir} a jaxgrpo run directory?")
         with ckpt_lib.CheckpointManager(directory, keep=10**6, save_interval=0) as mgr:
             step = mgr.latest_step() if step is None else step
             params = mgr.restore_subtree(step, "params", params)
@@ -414,13 +409,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def correctness_reward(cfg: Any, explicit: str | None) -> str:
+def correctness_reward(cfg: Config, explicit: str | None) -> str:
     """The reward that defines success: `explicit`; else the first configured correctness reward
     (`CORRECTNESS_REWARDS`); else a single configured user function ("module:function"); else the answer check of
     the data source (arithmetic for synthetic, gsm8k for GSM8K) — shaping rewards (format, calibration) do not define
     success."""
-    from jaxgrpo import config as config_lib
-
     if explicit is not None:
         return explicit
     names = list(cfg.data.rewards)
@@ -431,34 +424,27 @@ def correctness_reward(cfg: Any, explicit: str | None) -> str:
         return names[0]
     by_source = {"synthetic": "arithmetic", "gsm8k": "gsm8k"}
     if cfg.data.source not in by_source:
-        raise config_lib.ConfigError(f"data.source={cfg.data.source!r}: no default correctness reward; pass --reward")
+        raise ConfigError(f"data.source={cfg.data.source!r}: no default correctness reward; pass --reward")
     return by_source[cfg.data.source]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import jax
-
-    from jaxgrpo import checkpoint as ckpt_lib
-    from jaxgrpo import config as config_lib
-    from jaxgrpo import data as data_lib
-    from jaxgrpo import rewards as rewards_lib
-
     args = _parser().parse_intermixed_args(sys.argv[1:] if argv is None else list(argv))
     try:
         bad = [o for o in args.overrides if "=" not in o]
         if bad:
-            raise config_lib.ConfigError(f"argument {bad[0]!r} is not an override (section.key=value)")
+            raise ConfigError(f"argument {bad[0]!r} is not an override (section.key=value)")
         if args.config is None and args.run_dir is None:
-            raise config_lib.ConfigError("give --config FILE or --run-dir DIR (or both)")
+            raise ConfigError("give --config FILE or --run-dir DIR (or both)")
         config_path = args.config
         if config_path is None:
             config_path = str(pathlib.Path(args.run_dir) / "config.yaml")
             if not os.path.exists(config_path):
-                raise config_lib.ConfigError(f"{config_path} not found: pass --config FILE")
+                raise ConfigError(f"{config_path} not found: pass --config FILE")
         cfg = config_lib.load_config(config_path, args.overrides)
         num_prompts = args.num_prompts if args.num_prompts is not None else cfg.train.eval_examples
         if num_prompts < 1 or args.num_samples < 1:
-            raise config_lib.ConfigError("--num-prompts and --num-samples must be >= 1")
+            raise ConfigError("--num-prompts and --num-samples must be >= 1")
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, split=args.split, num_examples=num_prompts))
         n = args.num_samples
         groups = args.group_size or sorted({*(g for g in default_ks(n) if g >= 2), cfg.rollout.group_size} - {0})
@@ -497,8 +483,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             out = pathlib.Path("eval") / f"{config_lib.config_name(config_path)}-{args.split}"
         paths = write_report(result, out)
-    except (config_lib.ConfigError, ckpt_lib.CheckpointError, ValueError, FileNotFoundError) as e:
-        return config_lib.cli_error(str(e))
+    except (ConfigError, CheckpointError, ValueError, FileNotFoundError) as e:
+        return cli_error(str(e))
     print(format_summary(result))
     for p in paths:
         print(p)

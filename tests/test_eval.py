@@ -128,7 +128,7 @@ def test_measured_rate_is_unbiased_for_heterogeneous_prompts():
 
 @pytest.fixture(scope="module")
 def tiny_policy():
-    from jaxgrpo import trainer
+    from jaxgrpo import build
 
     cfg = config_lib.load_config(
         None,
@@ -140,7 +140,7 @@ def tiny_policy():
             "model.num_kv_heads=1",
         ],
     )
-    model_config, params, tokenizer = trainer.build_policy(cfg, jax.random.key(0))
+    model_config, params, tokenizer = build.build_policy(cfg, jax.random.key(0))
     return cfg, model_config, params, tokenizer
 
 

@@ -14,8 +14,8 @@ import time
 import numpy as np
 import pytest
 
+from jaxgrpo import build, metrics_log, rewards, trainer
 from jaxgrpo import config as config_lib
-from jaxgrpo import metrics_log, rewards, trainer
 from jaxgrpo import train as train_cli
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -77,19 +77,19 @@ def test_tiny_run_end_to_end(tmp_path):
     with ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(run_dir), keep=10, save_interval=0) as mgr:
         assert mgr.all_steps() == [2, 4]
     mcfg, params = models.load_pretrained(str(run_dir / "final"))
-    assert mcfg.vocab_size == len(trainer.load_tokenizer("builtin:arithmetic"))
+    assert mcfg.vocab_size == len(build.load_tokenizer("builtin:arithmetic"))
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert [s["step"] for s in samples] == [2, 4]
 
 
 def test_trainer_reuses_the_samplers_projections_where_exact(tmp_path):
-    """The default config records the sampler's projections and hands them to the step (`algo.reuse_projections`);
+    """The default config records the sampler's projections and hands them to the step (`perf.reuse_projections`);
     two steps with them give the metrics of two steps without; configurations where they would be stale do not
     record."""
     from jaxgrpo import models
 
     tr = trainer.Trainer(small_config(), tmp_path / "reuse")
-    ref = trainer.Trainer(small_config("algo.reuse_projections=false"), tmp_path / "recompute")
+    ref = trainer.Trainer(small_config("perf.reuse_projections=false"), tmp_path / "recompute")
     assert tr.reuse_projections and not ref.reuse_projections
     seen, real = [], tr.step_fn
 
@@ -106,9 +106,29 @@ def test_trainer_reuses_the_samplers_projections_where_exact(tmp_path):
     assert {k: v.shape for k, v in seen[0].items()} == {
         k: (mc.num_layers, rows, m - 1, w) for k, w in models.projection_widths(mc).items()
     }
-    for extra in ("algo.num_iterations=2", "algo.prefix_sharing=false", "algo.degenerate_groups=resample",
-                  "algo.remat=true"):  # fmt: skip
+    for extra in ("algo.num_iterations=2", "perf.prefix_sharing=false", "algo.degenerate_groups=resample",
+                  "perf.remat=full"):  # fmt: skip
         assert not trainer.Trainer(small_config(extra), tmp_path / extra).reuse_projections, extra
+
+
+def test_a_perf_switch_that_does_not_apply_is_reported_once(tmp_path, capsys):
+    """perf.reuse_projections=true with two optimizer updates per rollout: turned off, said once on stderr at
+    startup (not again per step), and written with the applied switches to <run_dir>/perf.yaml."""
+    import yaml
+
+    cfg = small_config("perf.reuse_projections=true", "algo.num_iterations=2", "train.steps=2", "checkpoint.every=0",
+                       "checkpoint.export_final=false")
+    trainer.run(cfg, tmp_path / "run")
+    err = capsys.readouterr().err
+    notes = [line for line in err.splitlines() if "perf.reuse_projections=true does not apply" in line]
+    assert len(notes) == 1 and notes[0].startswith("jaxgrpo: ") and "num_iterations" in notes[0], err
+    info = yaml.safe_load((tmp_path / "run" / trainer.PERF_FILE).read_text())
+    assert info["applied"]["reuse_projections"] is False and info["applied"]["remat"] == "projections"
+    assert info["applied"]["matmul_backward"] in ("explicit", "xla")  # "auto" resolved for the platform
+    assert info["notes"] == [notes[0].removeprefix("jaxgrpo: ")]
+    trainer.Trainer(small_config(), tmp_path / "quiet")  # everything applies: nothing said
+    assert "does not apply" not in capsys.readouterr().err
+    assert yaml.safe_load((tmp_path / "quiet" / trainer.PERF_FILE).read_text())["notes"] == []
 
 
 @pytest.mark.slow
