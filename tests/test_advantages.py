@@ -5,6 +5,7 @@ jit / vmap / grad safety, sharded == unsharded batch statistics, and hypothesis 
 import functools
 import itertools
 import math
+import typing
 
 import chex
 import hypothesis.strategies as st
@@ -13,8 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from jax.sharding import Mesh
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh, PartitionSpec
 
 from jaxgrpo import advantages as adv
 
@@ -255,6 +255,22 @@ def test_compute_dispatch_and_errors():
         adv.grpo(jnp.float32(1.0))
 
 
+def test_estimator_names_and_arguments():
+    """`Estimator` names exactly the module's estimator functions; `estimator_args` lists what `compute` passes on
+    (not axis_name, atol, rtol, which it routes itself), and `compute` accepts exactly those."""
+    assert adv.ESTIMATORS == typing.get_args(adv.Estimator)
+    r = jnp.array([[1.0, 0.0, 1.0, 1.0]])
+    for name in adv.ESTIMATORS:
+        fn = getattr(adv, name)
+        kw = {"k": 2} if name == "pass_at_k" else {}
+        np.testing.assert_array_equal(adv.compute(name, r, **kw), fn(r, **kw))
+        assert not {"axis_name", "atol", "rtol"} & set(adv.estimator_args(name))
+    assert adv.estimator_args("grpo") == ("eps", "ddof", "scale")
+    assert adv.estimator_args("pass_at_k") == ("k", "eps", "success_threshold")
+    assert adv.estimator_args("rloo") == ()
+    assert adv.SCALES == ("group", "batch", "none")
+
+
 def test_sharded_batch_statistics_equal_unsharded():
     mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
     rng = np.random.default_rng(2)
@@ -262,12 +278,12 @@ def test_sharded_batch_statistics_equal_unsharded():
     r[:5] = 1.0  # several all-pass groups so that ACR matters
     r = jnp.asarray(r)
     valid = jnp.asarray(rng.random((16, 4)) > 0.2)
+    rows = PartitionSpec("data")
     for name, kw in (("grpo", {"scale": "batch"}), ("avspo", {})):
         f = functools.partial(adv.compute, name, **kw)
         sharded = jax.jit(
             jax.shard_map(
-                lambda x, v, f=f: f(x, v, axis_name="data"), mesh=mesh, in_specs=(P("data"), P("data")),
-                out_specs=P("data"),
+                lambda x, v, f=f: f(x, v, axis_name="data"), mesh=mesh, in_specs=(rows, rows), out_specs=rows,
             )
         )
         np.testing.assert_allclose(sharded(r, valid), f(r, valid), rtol=1e-6, atol=1e-7)

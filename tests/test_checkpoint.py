@@ -17,8 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgrpo import checkpoint as ckpt
 
@@ -98,12 +97,12 @@ def test_sharded_restore_onto_mesh(tmp_path):
     devices = np.asarray(jax.devices()[:8]).reshape(4, 2)
     mesh = Mesh(devices, ("data", "fsdp"))
     x = jnp.arange(8 * 6, dtype=jnp.float32).reshape(8, 6)
-    state = {"w": jax.device_put(x, NamedSharding(mesh, P("data", "fsdp"))), "step": jnp.int32(4)}
+    state = {"w": jax.device_put(x, NamedSharding(mesh, PartitionSpec("data", "fsdp"))), "step": jnp.int32(4)}
     with ckpt.CheckpointManager(tmp_path, keep=1) as mgr:
         mgr.save(4, state, {})
         mgr.wait()
         # restore into a *different* layout: sharded over fsdp only on the rows
-        target_sharding = NamedSharding(mesh, P("fsdp", None))
+        target_sharding = NamedSharding(mesh, PartitionSpec("fsdp", None))
         target = {
             "w": jax.ShapeDtypeStruct((8, 6), jnp.float32, sharding=target_sharding),
             "step": jax.ShapeDtypeStruct((), jnp.int32),

@@ -11,8 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from jax.sharding import Mesh
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh, PartitionSpec
 
 from jaxgrpo import advantages, degeneracy
 
@@ -163,7 +162,8 @@ def test_sharded_equals_unsharded():
         d["pass"] = degeneracy.all_pass_rate(r, v, axis_name="data")
         return d
 
-    sharded = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P("data"),) * 3, out_specs=P()))(r, valid, a)
+    rows, replicated = PartitionSpec("data"), PartitionSpec()
+    sharded = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(rows,) * 3, out_specs=replicated))(r, valid, a)
     full = degeneracy.diagnostics(r, valid, a)
     full["acr"] = degeneracy.collapse_rate(r, valid)
     full["pass"] = degeneracy.all_pass_rate(r, valid)

@@ -13,8 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from jax.sharding import Mesh
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh, PartitionSpec
 
 from jaxgrpo import losses
 
@@ -282,9 +281,9 @@ def test_sharded_equals_unsharded():
                 lambda x: losses.policy_loss(x, o, a, m, ref_logp=r, axis_name="data", **kw), has_aux=True
             )(lp)
 
-        spec = P("data")
+        spec = PartitionSpec("data")
         (loss_s, met_s), grad_s = jax.jit(
-            jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 5, out_specs=((P(), P()), spec))
+            jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 5, out_specs=((PartitionSpec(),) * 2, spec))
         )(logp, old, adv, mask, ref)
         (loss_u, met_u), grad_u = jax.jit(jax.value_and_grad(
             lambda x, kw=kw: losses.policy_loss(x, old, adv, mask, ref_logp=ref, **kw), has_aux=True
@@ -311,10 +310,11 @@ def test_sharded_gradient_of_a_replicated_parameter_is_the_global_gradient():
         return losses.policy_loss(lp, old, a, m, axis_name=axis_name, aggregation="seq-mean-token-mean")[0]
 
     unsharded = jax.jit(jax.grad(loss))(w, x, adv, mask)
+    rows, replicated = PartitionSpec("data"), PartitionSpec()
     sharded = jax.jit(
         jax.shard_map(
             lambda w, x, a, m: jax.grad(loss)(w, x, a, m, "data"),
-            mesh=mesh, in_specs=(P(), P("data"), P("data"), P("data")), out_specs=P(),
+            mesh=mesh, in_specs=(replicated, rows, rows, rows), out_specs=replicated,
         )
     )(w, x, adv, mask)
     assert abs(float(unsharded)) > 1e-3
