@@ -8,22 +8,16 @@ On Linux with glibc >= 2.35 the command re-executes itself once with glibc mallo
 reads them only at startup), chosen by ``JAXGRPO_MALLOC``. Why: XLA:CPU allocates each execution's temporary buffers
 (GiBs for a train step) afresh and frees them at its end; glibc serves such large blocks with ``mmap`` and unmaps
 them on free, so every step first-touches all of that memory again, one kernel page fault (and page clearing) per
-page. On a VM that hands freed guest memory back to its host, as the 2-core VM of `benchmarks/vs_trl.py` does, the
-memory freed by a train step is gone by the end of the ~10 s rollout that follows, and re-touching it costs a host
-fault per 4 KiB as well.
+page, and on a VM that hands freed guest memory back to its host, a host fault per page as well. The modes change
+where memory comes from, never a computed value; docs/perf-log.md has their measurements.
 
 * ``keep`` (default): one malloc arena, no ``mmap``, no trimming (``arena_max=1:mmap_max=0:trim_threshold=2^62``),
   plus huge pages as below: freed memory stays in the process and the next step reuses it, no page faults after
-  warm-up. Measured on that VM (SmolLM2-135M, 8 GSM8K prompts x 4 x 64 tokens): the train step right after a rollout
-  19.0-19.5 -> 13.6-14.2 s (kernel time 9.9 -> under 0.4 s), the rollout 10.4 -> 9.7 s, the same peak RSS (6.1 GB).
-  Over a 40-step run with changing shapes and checkpoints every 5 steps the resident memory went 6.8 -> 7.0 GB from
-  step 12 to step 40, growing only in steps that compiled a new shape (BENCHMARKS.md). The costs: the process keeps
-  its peak heap for its lifetime (as the GPU allocators of JAX and PyTorch do), and a heap cannot shrink around
-  live blocks: in two of several in-process probes the peak was 9.5-10.4 GB instead of 6.4 GB (the heap grew
-  once by about one temporary block). Where memory is tight, use ``hugepages``.
+  warm-up. The cost: the process keeps its peak heap for its lifetime (as the GPU allocators of JAX and PyTorch do),
+  and a heap cannot shrink around live blocks, so the peak can exceed that of glibc's defaults by about one
+  temporary block. Where memory is tight, use ``hugepages``.
 * ``hugepages``: only ``glibc.malloc.hugetlb=1``, large allocations backed by transparent huge pages (when the
-  kernel offers them): 512x fewer faults than 4 KiB pages, memory returned to the OS on free (train step 17.1 ->
-  15.2 s in-process against glibc's defaults).
+  kernel offers them): 512x fewer faults than 4 KiB pages, memory returned to the OS on free.
 * ``default``: glibc's defaults (no re-execution). A ``GLIBC_TUNABLES`` that already sets a tunable keeps it.
 """
 
