@@ -31,20 +31,9 @@ from typing import Any, Literal
 
 import yaml
 
-from jaxgrpo import advantages
+from jaxgrpo import advantages, coerce
 from jaxgrpo import rewards as rewards_lib
 from jaxgrpo.advantages import Estimator
-from jaxgrpo.coerce import (
-    check_choice,
-    coerce,
-    dataclass_from_mapping,
-    literal_choices,
-    optional_inner,
-    suggest,
-    type_name,
-    unknown_key,
-    yaml_load,
-)
 from jaxgrpo.degeneracy import DegenerateMode
 from jaxgrpo.errors import ConfigError, cli_error
 from jaxgrpo.losses import Aggregation, KLEstimator, RatioLevel
@@ -53,10 +42,9 @@ from jaxgrpo.rewards import OnRewardError
 from jaxgrpo.synthetic import MAX_DIFFICULTY
 
 __all__ = ["Config", "ConfigError", "cli_error", "load_config", "from_dict", "to_dict", "to_yaml", "validate",
-           "parse_cli", "apply_override", "CHOICES", "MOVED_KEYS", "SCHEDULES"]
+           "parse_cli", "apply_override", "CHOICES", "MOVED_KEYS", "SCHEDULES"]  # fmt: skip
 
-# Choices implemented outside the modules the config imports: the model's dtype, the data sources and prompt
-# templates of jaxgrpo.data (which imports this module), the learning-rate schedules of jaxgrpo.train_step.
+# Choices of modules that import this one (jaxgrpo.data: sources, templates; jaxgrpo.optim: schedules) or of none.
 ModelDtype = Literal["float32", "bfloat16"]
 DataSource = Literal["synthetic", "gsm8k"]
 PromptTemplate = Literal["chat", "plain"]
@@ -228,7 +216,7 @@ CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     (section, f.name): choices
     for section, cls in SECTIONS.items()
     for f in dataclasses.fields(cls)
-    if (choices := literal_choices(typing.get_type_hints(cls)[f.name])) is not None
+    if (choices := coerce.literal_choices(typing.get_type_hints(cls)[f.name])) is not None
 }
 BUILTIN_TOKENIZERS = ("builtin:arithmetic",)
 
@@ -264,11 +252,11 @@ def from_dict(raw: Mapping[str, Any] | None) -> Config:
     kwargs: dict[str, Any] = {}
     for k, v in raw.items():
         if k in SECTIONS:
-            kwargs[k] = dataclass_from_mapping(k, SECTIONS[k], v, _moved)
+            kwargs[k] = coerce.dataclass_from_mapping(k, SECTIONS[k], v, _moved)
         elif k in TOP_LEVEL_SCALARS:
-            kwargs[k] = coerce(v, typing.get_type_hints(Config)[k], k)
+            kwargs[k] = coerce.coerce(v, typing.get_type_hints(Config)[k], k)
         else:
-            raise unknown_key(str(k), str(k), valid, None)
+            raise coerce.unknown_key(str(k), str(k), valid, None)
     cfg = Config(**kwargs)
     validate(cfg)
     return cfg
@@ -305,7 +293,7 @@ def config_name(path: str | None) -> str:
 def _read_yaml(path: str) -> dict[str, Any]:
     file = resolve_config_path(path)
     try:
-        raw = yaml_load(file.read_text(encoding="utf-8"))
+        raw = coerce.yaml_load(file.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise ConfigError(f"{file}: invalid YAML: {e}") from None
     if raw is None:
@@ -328,7 +316,7 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
     if any(not p for p in parts):
         raise ConfigError(f"override {override!r}: empty key component in {dotted!r}")
     try:
-        value = yaml_load(text) if text.strip() else None
+        value = coerce.yaml_load(text) if text.strip() else None
     except yaml.YAMLError as e:
         raise ConfigError(f"override {override!r}: the value is not valid YAML ({e})") from None
     head = parts[0]
@@ -339,7 +327,7 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
         raw[head] = value
         return
     if head not in SECTIONS:
-        raise unknown_key(dotted, head, valid_top, None)
+        raise coerce.unknown_key(dotted, head, valid_top, None)
     cls = SECTIONS[head]
     valid = [f.name for f in dataclasses.fields(cls)]
     if len(parts) == 1:
@@ -347,9 +335,10 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
                           f"with KEY one of: {', '.join(valid)}")
     key = parts[1]
     if key not in valid:
-        raise _moved(f"{head}.{key}", value) or unknown_key(f"{head}.{key}", key, valid, head)
-    tp, _ = optional_inner(_field_type(head, key))
-    textual = tp is str or all(isinstance(c, str) for c in literal_choices(tp) or (0,))
+        raise _moved(f"{head}.{key}", value) or coerce.unknown_key(f"{head}.{key}", key, valid, head)
+    tp, _ = coerce.optional_inner(_field_type(head, key))
+    choices = coerce.literal_choices(tp)
+    textual = tp is str or (choices is not None and all(isinstance(c, str) for c in choices))
     if textual and value is not None and not isinstance(value, str):
         value = text.strip()  # keep the text as written ("1.10" stays "1.10")
     section = raw.get(head)
@@ -361,7 +350,7 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
         section[key] = value
         return
     if typing.get_origin(tp) is not dict:
-        raise ConfigError(f"override {override!r}: {head}.{key} is {type_name(tp)}, not a mapping with sub-keys")
+        raise ConfigError(f"override {override!r}: {head}.{key} is {coerce.type_name(tp)}, not a mapping with sub-keys")
     if section.get(key) is None:
         section[key] = dict(getattr(cls(), key))  # start from the default mapping
     node = section[key] = dict(section[key]) if isinstance(section[key], Mapping) else section[key]
@@ -408,17 +397,17 @@ def _at_least(cfg: Config, minimum: int, *keys: str) -> None:
 def validate(cfg: Config) -> None:
     """Raises ConfigError for an out-of-range or inconsistent value (types are checked while loading)."""
     for (section, key), choices in CHOICES.items():
-        check_choice(f"{section}.{key}", getattr(getattr(cfg, section), key), choices)
+        coerce.check_choice(f"{section}.{key}", getattr(getattr(cfg, section), key), choices)
     accepted = advantages.estimator_args(cfg.algo.estimator)
     for k in cfg.algo.estimator_args:
         if k not in accepted:
             raise ConfigError(f"algo.estimator_args.{k} is not an argument of the {cfg.algo.estimator!r} estimator; "
-                              f"{suggest(k, accepted)}valid arguments: {', '.join(accepted) or '(none)'}")
+                              f"{coerce.suggest(k, accepted)}valid arguments: {', '.join(accepted) or '(none)'}")
 
     m, d, r, a, o = cfg.model, cfg.data, cfg.rollout, cfg.algo, cfg.optim
     _require(bool(m.name_or_path), "model.name_or_path", m.name_or_path, "'tiny', 'smollm2' or a model path")
     if m.tokenizer is not None and m.tokenizer.startswith("builtin:"):
-        check_choice("model.tokenizer", m.tokenizer, BUILTIN_TOKENIZERS)
+        coerce.check_choice("model.tokenizer", m.tokenizer, BUILTIN_TOKENIZERS)
     _at_least(cfg, 1, *(f"model.{k}" for k in ("hidden_size", "intermediate_size", "num_layers", "num_heads",
                                                 "num_kv_heads", "max_position_embeddings")))
     if m.name_or_path == "tiny":

@@ -9,7 +9,6 @@ state, step, rng and the prompt iterator's position) is checkpointed, and every 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import pathlib
 import sys
@@ -21,15 +20,15 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 
-from jaxgrpo import build, degeneracy, metrics_log, models, rewards, sampling, sharding
+from jaxgrpo import build, degeneracy, metrics_log, models, padding, rewards, sampling, sharding
 from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
 from jaxgrpo import eval as eval_lib
 from jaxgrpo import train_step as ts
 from jaxgrpo.build import resolve_model_path  # noqa: F401  (moved to jaxgrpo.build; still importable from here)
+from jaxgrpo.logprobs import compute_logprobs
 
-PROMPT_BUCKET = 32  # train-step prompt widths are multiples of this
 PERF_FILE = "perf.yaml"  # in the run directory: the perf switches as applied, and why any requested one is off
 
 
@@ -102,7 +101,7 @@ class Trainer:
                 f"the longest prompt ({longest} tokens) + rollout.max_new_tokens ({cfg.rollout.max_new_tokens}) "
                 f"exceeds the model's context ({self.model_config.max_position_embeddings}); lower "
                 "data.max_prompt_tokens or rollout.max_new_tokens")
-        self.prompt_width = PROMPT_BUCKET * math.ceil(longest / PROMPT_BUCKET)
+        self.prompt_width = padding.train_prompt_width([longest])
         self.examples = examples
         self.eval_examples: list[data_lib.Example] | None = None
         self.iterator = data_lib.PromptIterator(list(range(len(examples))), cfg.rollout.prompts_per_step, cfg.seed,
@@ -114,7 +113,8 @@ class Trainer:
         temperature = cfg.rollout.temperature
         if cfg.algo.kl_coef > 0:  # the reference is the initial policy; copied, as the train step donates its state
             self.ref_params = jax.tree.map(jnp.copy, params)
-            self.ref_logprobs = jax.jit(lambda p, b: ts.compute_logprobs(self.model_config, p, b, temperature)[0])
+            chunk = self.perf.logprob_chunk
+            self.ref_logprobs = jax.jit(lambda p, b: compute_logprobs(self.model_config, p, b, temperature, chunk)[0])
         else:
             self.ref_params = None
         self.init_fn, self.step_fn = ts.make_train_step(
@@ -206,9 +206,9 @@ class Trainer:
         t0 = time.perf_counter()
         roll, extra = self.rollout(step)
         t1 = time.perf_counter()
-        # Prompt width: the batch's longest prompt rounded up to a multiple of 32 (at most the dataset's longest),
-        # so padding stays small and the step compiles once per width bucket, not once per batch.
-        width = min(self.prompt_width, PROMPT_BUCKET * math.ceil(max(map(len, roll.prompt_ids)) / PROMPT_BUCKET))
+        # Prompt width: the batch's longest prompt rounded up (`padding.train_prompt_width`, at most the dataset's
+        # longest), so padding stays small and the step compiles once per width bucket, not once per batch.
+        width = padding.train_prompt_width([len(p) for p in roll.prompt_ids], cap=self.prompt_width)
         batch = make_batch(roll, width, self.pad_id)
         if self.mesh is not None:
             batch = ts.global_batch(process_share(batch, len(roll.prompt_ids)), self.mesh)

@@ -111,6 +111,16 @@ def test_trainer_reuses_the_samplers_projections_where_exact(tmp_path):
         assert not trainer.Trainer(small_config(extra), tmp_path / extra).reuse_projections, extra
 
 
+def test_kl_to_the_initial_policy(tmp_path):
+    """algo.kl_coef > 0: the reference forward runs on a copy of the initial params, so the KL is 0 at the first
+    step (same params) and grows as the policy moves."""
+    history = trainer.run(small_config("algo.kl_coef=0.5", "optim.learning_rate=1e-2", "train.steps=3",
+                                       "checkpoint.every=0", "checkpoint.export_final=false"), tmp_path / "run")
+    kl = [rec["kl"] for rec in history]
+    assert abs(kl[0]) < 1e-6 and 0 < kl[1] < kl[2], kl
+    assert all(np.isfinite(rec["loss"]) for rec in history)
+
+
 def test_a_perf_switch_that_does_not_apply_is_reported_once(tmp_path, capsys):
     """perf.reuse_projections=true with two optimizer updates per rollout: turned off, said once on stderr at
     startup (not again per step), and written with the applied switches to <run_dir>/perf.yaml."""
