@@ -303,8 +303,6 @@ class _Mode:
     eos_token_ids: tuple[int, ...]
     batch_sharding: NamedSharding | None  # for [N, ...] arrays (batch on axis 0)
     cache_sharding: NamedSharding | None  # for [L, N, ...] cache leaves (batch on axis 1)
-    packed_width: int  # W: the prompts run packed end to end in rows of this width (`models.prefill`)
-    pack_rows: int  # J: one packed row per batch shard
     record_projections: bool = False
 
 
@@ -333,15 +331,16 @@ def _is_eos(mode: _Mode, tokens: jax.Array) -> jax.Array:
     return jnp.isin(tokens, jnp.asarray(mode.eos_token_ids, jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "mode"))
-def _prefill(config, mode: _Mode, params, prompt_PxT, mask_PxT, row_active_N, key, temperature, top_p):
-    """Prefill the P prompts once (packed end to end, `models.prefill`) into the shared prefix cache, sample every
-    row's first token from its prompt's last logits, and allocate the rows' decode cache."""
+@functools.partial(jax.jit, static_argnames=("config", "mode", "packing"))
+def _prefill(config, mode: _Mode, packing, params, prompt_PxT, mask_PxT, row_active_N, key, temperature, top_p):
+    """Prefill the P prompts once (packed end to end, ``packing = (W, J)``: rows of width W, one per batch shard;
+    `models.prefill`) into the shared prefix cache, sample every row's first token from its prompt's last logits,
+    and allocate the rows' decode cache."""
     num_prompts = mask_PxT.shape[0]
     g, m = mode.num_samples, mode.max_new_tokens
     n = num_prompts * g
-    last_PxD, prefix = models.prefill(config, params, prompt_PxT, mask_PxT, packed_width=mode.packed_width,
-                                      pack_rows=mode.pack_rows)  # fmt: skip
+    last_PxD, prefix = models.prefill(config, params, prompt_PxT, mask_PxT, packed_width=packing[0],
+                                      pack_rows=packing[1])  # fmt: skip
     prefix = jax.tree.map(lambda c: _constrain(c, mode.cache_sharding), prefix)
     logits_PxV = _logits(config, params, last_PxD)
     logits_NxV = _constrain(jnp.repeat(logits_PxV, g, axis=0), mode.batch_sharding)
@@ -505,11 +504,11 @@ def generate(
         raise ValueError("record_projections=True is not supported with a mesh (the train step reuses them only "
                          "unsharded); pass mesh=None or record_projections=False")  # fmt: skip
     mode = _Mode(g, m, greedy, use_top_k, (not greedy) and top_p < 1.0, eos_token_ids, batch_sharding, cache_sharding,
-                 width, shards, bool(record_projections))  # fmt: skip
+                 bool(record_projections))  # fmt: skip
     temp = jnp.float32(temperature if temperature > 0 else 1.0)
     top_p_arr = jnp.float32(top_p)
     prompt_arrays = [_put(x, batch_sharding) for x in (prompt_PxT, mask_PxT, active)]
-    cache, state, consts = _prefill(config, mode, params, *prompt_arrays, key, temp, top_p_arr)
+    cache, state, consts = _prefill(config, mode, (width, shards), params, *prompt_arrays, key, temp, top_p_arr)
     if m > 1:
         _, state = _decode(config, mode, params, cache, state, consts, temp, top_p_arr)
     n = num_prompts * g

@@ -24,7 +24,6 @@ from jaxgrpo.models import (
     lm_head,
     param_axes,
 )
-from jaxgrpo.models import transformer as tfm
 from jaxgrpo.models.prefix import prefix_shared_hidden
 
 V = 97
@@ -131,9 +130,11 @@ class TestForward(chex.TestCase):
             logp = jax.nn.log_softmax(forward(cfg, p, t, None, mask, remat=remat))[..., 0]  # jitted below
             return jnp.sum(jnp.where(mask, logp, 0.0))
 
-        g0 = jax.jit(jax.grad(loss), static_argnums=1)(params, False)
-        g1 = jax.jit(jax.grad(loss), static_argnums=1)(params, True)
+        g0 = jax.jit(jax.grad(loss), static_argnums=1)(params, "projections")
+        g1 = jax.jit(jax.grad(loss), static_argnums=1)(params, "full")
+        g2 = jax.jit(jax.grad(loss), static_argnums=1)(params, "none")
         chex.assert_trees_all_close(g0, g1, rtol=1e-5, atol=1e-7)
+        chex.assert_trees_all_close(g0, g2, rtol=1e-5, atol=1e-7)
         chex.assert_tree_all_finite(g1)
         assert float(jnp.abs(g1["layers"]["q_norm"]).max()) > 0
 
@@ -155,10 +156,10 @@ def _mlp_width_residuals(capsys, fn, params, cfg) -> int:
                for ln in lines)  # fmt: skip
 
 
-def test_layer_checkpoint_keeps_only_projection_outputs(capsys, monkeypatch):
-    # Default (remat=False): of the SwiGLU MLP only gate and up are kept (silu, the product and the rest are
-    # recomputed in the backward); the prefix-shared path keeps them for its prompt and completion rows. remat=True
-    # keeps none. Without the policy JAX keeps more (the check that this count can fail), and its gradients are the
+def test_remat_policies_keep_what_they_name(capsys):
+    # remat="projections" (default): of the SwiGLU MLP only gate and up are kept (silu, the product and the rest are
+    # recomputed in the backward); the prefix-shared path keeps them for its prompt and completion rows. "full" keeps
+    # none. Without a policy ("none") JAX keeps more (the check that this count can fail), and its gradients are the
     # reference the policy must reproduce.
     cfg = CONFIGS["llama"]
     params = random_params(cfg)
@@ -168,12 +169,11 @@ def test_layer_checkpoint_keeps_only_projection_outputs(capsys, monkeypatch):
     shared = lambda remat: lambda p: jnp.sum(jnp.sin(prefix_shared_hidden(  # noqa: E731
         cfg, p, pt, pm, t[2:].reshape(2, 1, 5), remat=remat)[0]))
     for f, kept in ((plain, 2), (shared, 4)):
-        assert _mlp_width_residuals(capsys, f(False), params, cfg) == kept
-        assert _mlp_width_residuals(capsys, f(True), params, cfg) == 0
-    g_policy = jax.jit(jax.grad(plain(False)))(params)
-    monkeypatch.setattr(tfm, "layer_checkpoint", lambda block, remat: block)
-    assert _mlp_width_residuals(capsys, plain(False), params, cfg) > 2
-    g_ref = jax.jit(jax.grad(plain(False)))(params)
+        assert _mlp_width_residuals(capsys, f("projections"), params, cfg) == kept
+        assert _mlp_width_residuals(capsys, f("full"), params, cfg) == 0
+    g_policy = jax.jit(jax.grad(plain("projections")))(params)
+    assert _mlp_width_residuals(capsys, plain("none"), params, cfg) > 2
+    g_ref = jax.jit(jax.grad(plain("none")))(params)
     chex.assert_trees_all_close(g_policy, g_ref, rtol=1e-5, atol=1e-7)
 
 

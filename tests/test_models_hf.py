@@ -31,7 +31,7 @@ from jaxgrpo.models import (  # noqa: E402
     load_pretrained,
     save_pretrained,
 )
-from jaxgrpo.models.transformer import rope_inv_freq  # noqa: E402
+from jaxgrpo.models.layers import rope_inv_freq  # noqa: E402
 
 V = 128
 COMMON = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

@@ -12,16 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from model_helpers import random_params
+from model_helpers import random_params, rel_err
 
 from jaxgrpo.models import ModelConfig, hidden_states, lm_head
-from jaxgrpo.models.prefix import (
-    check_groups,
-    group_prompts,
-    packed_width,
-    prefix_shared_hidden,
-    prefix_shared_predictors,
-)
+from jaxgrpo.models.prefix import check_groups, group_prompts, prefix_shared_hidden, prefix_shared_predictors
+from jaxgrpo.padding import packed_width
 
 V = 61
 P, G, TP, TC = 2, 3, 6, 5
@@ -69,7 +64,7 @@ def logprobs(cfg, params, h_BCD, tokens):
 
 
 # Packed prompt rows (prompt lengths 6 and 2): two rows of width 7 (one unused column each) or one row of exactly 8.
-PACKINGS = {"shared": {}, "packed": dict(packed_width=7, pack_rows=2), "remat": dict(remat=True, packed_width=8)}
+PACKINGS = {"shared": {}, "packed": dict(packed_width=7, pack_rows=2), "remat": dict(remat="full", packed_width=8)}
 
 
 def loss_fn(cfg, params, tokens, pmask, cmask, adv, mode: str):
@@ -124,9 +119,13 @@ class TestPrefixShared(chex.TestCase):
             chex.assert_tree_all_finite((l1, lp1, g1))
             np.testing.assert_allclose(lp1, lp0, rtol=1e-5, atol=1e-5, err_msg=arch)
             np.testing.assert_allclose(l1, l0, rtol=1e-5, atol=1e-6, err_msg=arch)
-            chex.assert_trees_all_close(g1, g0, rtol=1e-5, atol=1e-6)
+            # Gradients are sums over every token in a different order in the two paths (the shared path sums a
+            # prompt's G cotangents first): compare each leaf at its own scale, max|g1 - g0| <= 1e-5 max|g0|, not
+            # element by element (a small element of a sum with cancellation differs by float32 rounding alone).
+            for (path, a), b, c in zip(jax.tree_util.tree_flatten_with_path(g0)[0], jax.tree.leaves(g1),
+                                       jax.tree.leaves(g2)):  # fmt: skip
+                assert rel_err(b, a) < 1e-5 and rel_err(c, a) < 1e-5, (arch, jax.tree_util.keystr(path))
             np.testing.assert_allclose(l2, l0, rtol=1e-5, atol=1e-6, err_msg=arch)
-            chex.assert_trees_all_close(g2, g0, rtol=1e-5, atol=1e-6)
             # every parameter gets gradient (so equality is not 0 == 0), including the prompt-only path's weights
             for path, g in jax.tree_util.tree_flatten_with_path(g1)[0]:
                 assert float(jnp.abs(g).max()) > 0, (arch, jax.tree_util.keystr(path))

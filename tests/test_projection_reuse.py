@@ -20,7 +20,7 @@ import pytest
 
 from jaxgrpo import models, sampling
 from jaxgrpo import train_step as ts
-from jaxgrpo.config import AlgoConfig, OptimConfig
+from jaxgrpo.config import AlgoConfig, OptimConfig, PerfConfig
 
 P, G, M, TEMP = 4, 3, 7, 0.9
 EOS = 5
@@ -70,7 +70,7 @@ def test_recorded_projections_give_the_recomputed_gradient():
         chex.assert_shape(x, (config.num_layers, P * G, M - 1, widths[name]))
         chex.assert_tree_all_finite(x)
     assert not np.asarray(comp.mask).all(), "the rollout should contain EOS-stopped rows (masked positions)"
-    algo = AlgoConfig(prefix_sharing=True)
+    algo = AlgoConfig()
     loss_ref, grads_ref, m_ref = ts.policy_gradient(
         config, algo, params, batch.replace(projections=None), temperature=TEMP, packed_prompt_width=width
     )
@@ -100,8 +100,10 @@ def test_train_step_with_recorded_projections_gives_the_same_update():
                            packed_prompt_width=width)  # fmt: skip
     np.testing.assert_allclose(m_new["loss"], m_ref["loss"], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(m_new["grad_norm"], m_ref["grad_norm"], rtol=1e-4)
+    # Adam divides each gradient component by its own magnitude, so float-rounding noise in a near-zero component
+    # becomes update noise: params get an absolute slack of 1% of one lr step (as in test_train_step_prefix).
     for a, b in zip(jax.tree.leaves(s_new.params), jax.tree.leaves(s_ref.params)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-2 * optim.learning_rate)
 
 
 @pytest.mark.parametrize(
@@ -111,9 +113,11 @@ def test_recorded_projections_are_refused_where_they_would_be_stale(change):
     config = _config(False)
     params = models.init_params(config, jax.random.key(1))
     _, batch, width = _rollout(config, params)
-    algo = dataclasses.replace(AlgoConfig(), **change)
+    perf_change = {k: v for k, v in change.items() if k == "prefix_sharing"}
+    algo = dataclasses.replace(AlgoConfig(), **{k: v for k, v in change.items() if k not in perf_change})
     with pytest.raises(ValueError, match="projections"):
-        ts.policy_gradient(config, algo, params, batch, temperature=TEMP, packed_prompt_width=width)
+        ts.policy_gradient(config, algo, params, batch, perf=PerfConfig(**perf_change), temperature=TEMP,
+                           packed_prompt_width=width if not perf_change else 0)  # fmt: skip
 
 
 def test_generate_record_rejects_a_mesh_and_records_nothing_by_default():

@@ -18,7 +18,7 @@ import pytest
 import scipy.stats
 from multihost import run_two_processes
 
-from jaxgrpo import models, sampling, sharding
+from jaxgrpo import models, padding, sampling, sharding
 
 # ----------------------------------------------------------------------------------------------------------------------
 # helpers
@@ -185,17 +185,17 @@ class KernelTest(chex.TestCase):
 
 
 def test_buckets():
-    assert [sampling.prompt_bucket(n) for n in (1, 16, 17, 25, 32, 33, 49, 100, 137, 200)] == [
+    assert [padding.prompt_bucket(n) for n in (1, 16, 17, 25, 32, 33, 49, 100, 137, 200)] == [
         16, 16, 20, 28, 32, 40, 56, 112, 160, 224
     ]  # fmt: skip
-    assert len({sampling.prompt_bucket(n) for n in range(1, 4097)}) == 33  # O(log) buckets: 16 .. 4096
-    assert all(sampling.prompt_bucket(n) <= 1.25 * n for n in range(16, 4097))  # at most 25% padding
-    assert sampling.prompt_bucket(5, (8, 24)) == 8 and sampling.prompt_bucket(9, (24, 8)) == 24
+    assert len({padding.prompt_bucket(n) for n in range(1, 4097)}) == 33  # O(log) buckets: 16 .. 4096
+    assert all(padding.prompt_bucket(n) <= 1.25 * n for n in range(16, 4097))  # at most 25% padding
+    assert padding.prompt_bucket(5, (8, 24)) == 8 and padding.prompt_bucket(9, (24, 8)) == 24
     with pytest.raises(ValueError, match="largest prompt bucket"):
-        sampling.prompt_bucket(25, (8, 24))
-    assert [sampling.batch_bucket(n) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
-    assert [sampling.batch_bucket(n, 8) for n in (1, 3, 9)] == [8, 8, 16]
-    assert sampling.batch_bucket(3, 6) == 6
+        padding.prompt_bucket(25, (8, 24))
+    assert [padding.batch_bucket(n) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
+    assert [padding.batch_bucket(n, 8) for n in (1, 3, 9)] == [8, 8, 16]
+    assert padding.batch_bucket(3, 6) == 6
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -302,8 +302,8 @@ def test_jit_cache_is_bounded_over_varying_prompts(tiny):
         sampling.generate(config, params, prompts, max_new_tokens=3, key=jax.random.key(len(prompts)))
         # expected buckets from the documented rules: length buckets 16, 20, 24, ...; batch: next power of two;
         # packed width: the length bucket of the sum of the (batch-padded, 1-token pad prompts) lengths
-        tp, pb = sampling.prompt_bucket(max(lengths)), sampling.batch_bucket(len(lengths))
-        prefill_keys.add((tp, sampling.prompt_bucket(sum(lengths) + pb - len(lengths)), pb))
+        tp, pb = padding.prompt_bucket(max(lengths)), padding.batch_bucket(len(lengths))
+        prefill_keys.add((tp, padding.prompt_bucket(sum(lengths) + pb - len(lengths)), pb))
         decode_keys.add((tp, pb))
     assert len(prefill_keys) <= 6 and len(decode_keys) <= 4  # 14 calls, few buckets
     assert sampling._prefill._cache_size() - prefill0 == len(prefill_keys)

@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxgrpo import advantages, degeneracy, losses, models
+from jaxgrpo import advantages, degeneracy, logprobs, losses, models, optim
 from jaxgrpo import train_step as ts
-from jaxgrpo.config import AlgoConfig, OptimConfig
+from jaxgrpo.config import AlgoConfig, OptimConfig, PerfConfig
 
 V = 80  # distinct from every other dimension of the tiny model, so [.., V] shapes are logits
 TP, TC = 6, 8
@@ -153,7 +153,7 @@ class TestComputeLogprobs(chex.TestCase):
     def test_no_float32_btv_tensor_and_no_prompt_head(self):
         """The jaxpr of the log-prob gradient never holds a [B, T, V] or [B, Tc, V] float32 array when chunked
         (above the size where the forward's probabilities are kept for the backward: forced here)."""
-        self.enter_context(mock.patch.object(ts, "_KEEP_PROBS_BYTES", 0))
+        self.enter_context(mock.patch.object(logprobs, "_KEEP_PROBS_BYTES", 0))
         config = tiny_config()
         params = models.init_params(config, jax.random.key(1))
         batch = to_batch(config, params, make_batch_np(3, P=2, G=3))
@@ -189,8 +189,9 @@ def test_gradient_matches_jax_grad_of_policy_loss(config, params, algo, monkeypa
     batch = to_batch(config, params, make_batch_np(4, 3, 4, rewards, valid), kl=algo.kl_coef > 0, noise=0.2)
     remat = algo.ratio_level == "sequence"  # one case with per-layer rematerialisation
     if remat:  # ... and with the LM head's logits recomputed in the backward instead of kept
-        monkeypatch.setattr(ts, "_KEEP_PROBS_BYTES", 0)
-    loss, grads, metrics = ts.policy_gradient(config, algo, params, batch, temperature=TEMP, remat=remat)
+        monkeypatch.setattr(logprobs, "_KEEP_PROBS_BYTES", 0)
+    perf = PerfConfig(remat="full" if remat else "projections")
+    loss, grads, metrics = ts.policy_gradient(config, algo, params, batch, perf=perf, temperature=TEMP)
     ref_fn = reference_loss_fn(config, algo, batch)
     ref_loss, ref_grads = jax.jit(jax.value_and_grad(ref_fn))(params)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
@@ -384,16 +385,16 @@ def test_no_recompilation_across_completion_lengths(config, params):
 # ----------------------------------------------------------------------------------------------- optimizer
 def test_schedule_closed_form():
     cos = OptimConfig(learning_rate=1.0, schedule="cosine", warmup_steps=4, min_lr_ratio=0.1)
-    s = ts.make_schedule(cos, total_steps=14)
+    s = optim.make_schedule(cos, total_steps=14)
     np.testing.assert_allclose([s(i) for i in range(4)], [0.25, 0.5, 0.75, 1.0], rtol=1e-6)
     for i in (4, 7, 9, 14, 20):
         prog = min((i - 4) / 10, 1.0)
         np.testing.assert_allclose(s(i), 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * prog)), rtol=1e-5)
-    const = ts.make_schedule(OptimConfig(learning_rate=2.0, warmup_steps=2), total_steps=5)
+    const = optim.make_schedule(OptimConfig(learning_rate=2.0, warmup_steps=2), total_steps=5)
     np.testing.assert_allclose([const(i) for i in range(5)], [1.0, 2.0, 2.0, 2.0, 2.0])
-    np.testing.assert_allclose(ts.make_schedule(OptimConfig(learning_rate=3.0), 5)(0), 3.0)
+    np.testing.assert_allclose(optim.make_schedule(OptimConfig(learning_rate=3.0), 5)(0), 3.0)
     # the optimizer sees schedule(update_count // updates_per_step)
-    tx, sched = ts.make_optimizer(OptimConfig(learning_rate=1.0, warmup_steps=4, max_grad_norm=0.0), 10,
+    tx, sched = optim.make_optimizer(OptimConfig(learning_rate=1.0, warmup_steps=4, max_grad_norm=0.0), 10,
                                   updates_per_step=2)  # fmt: skip
     p = {"w": jnp.ones(())}
     st = tx.init(p)
@@ -410,7 +411,7 @@ def test_bad_inputs_raise_clear_errors(config, params):
     with pytest.raises(ValueError, match="temperature"):
         ts.make_train_step(config, AlgoConfig(), OptimConfig(), temperature=0.0, total_steps=1)
     with pytest.raises(ValueError, match="schedule"):
-        ts.make_optimizer(OptimConfig(schedule="linear"), 10)
+        optim.make_optimizer(OptimConfig(schedule="linear"), 10)
     batch = to_batch(config, params, make_batch_np(0, 2, 2))
     with pytest.raises(ValueError, match="ref_logprobs"):
         ts.policy_gradient(config, AlgoConfig(kl_coef=0.1), params, batch, temperature=TEMP)

@@ -1,5 +1,5 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""The train step with prefix sharing (``algo.prefix_sharing=True``, jaxgrpo.models.prefix) equals the step without:
+"""The train step with prefix sharing (``perf.prefix_sharing=True``, jaxgrpo.models.prefix) equals the step without:
 same loss, every metric and the updated params after two steps, within 1e-5 relative, on one device and on the
 8-device mesh (data=4 × fsdp=2), with the prompts run packed end to end (``packed_prompt_width``, as the trainer
 runs them); and `compute_logprobs(group_size=G)` equals the plain `compute_logprobs`.
@@ -19,7 +19,7 @@ from test_train_step import TEMP, make_batch_np, tiny_config, to_batch
 
 from jaxgrpo import models, sharding
 from jaxgrpo import train_step as ts
-from jaxgrpo.config import AlgoConfig, OptimConfig
+from jaxgrpo.config import AlgoConfig, OptimConfig, PerfConfig
 
 OPTIM = OptimConfig(learning_rate=1e-3, max_grad_norm=1.0, warmup_steps=1, schedule="cosine", weight_decay=0.01)
 # (a): batch-std advantages, degenerate groups masked, KL, clip-higher, grad accumulation; P=16 so the 4x2 mesh works.
@@ -43,9 +43,9 @@ def run(name: str, prefix_sharing: bool, mesh=None) -> tuple[dict, dict]:
     case = CASES[name]
     config = tiny_config()
     params = models.init_params(config, jax.random.key(0))
-    algo = dataclasses.replace(case["algo"], prefix_sharing=prefix_sharing)
+    algo, perf = case["algo"], PerfConfig(prefix_sharing=prefix_sharing)
     batch = to_batch(config, params, make_batch_np(5, case["P"], case["G"]), kl=algo.kl_coef > 0, noise=0.1)
-    init_fn, step_fn = ts.make_train_step(config, algo, OPTIM, mesh=mesh, temperature=TEMP, total_steps=10)
+    init_fn, step_fn = ts.make_train_step(config, algo, OPTIM, perf=perf, mesh=mesh, temperature=TEMP, total_steps=10)
     state = init_fn(params, jax.random.key(1))
     shards = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
     parts = algo.num_minibatches * algo.grad_accum_steps * shards
@@ -111,12 +111,14 @@ def test_packed_prompt_width():
     # P / (minibatches * accum * shards) longest prompts per packed row, rounded up to 64; 0 without prefix sharing
     # or when packing is not narrower than the padded rows.
     lengths = [100, 30, 70, 20, 90, 10, 60, 50]
-    algo = AlgoConfig(prefix_sharing=True)
-    assert ts.packed_prompt_width(lengths, 128, algo) == 448  # 430 -> 448
-    assert ts.packed_prompt_width(lengths, 128, dataclasses.replace(algo, grad_accum_steps=2)) == 320  # 100+90+70+60
-    assert ts.packed_prompt_width(lengths, 128, dataclasses.replace(algo, num_minibatches=8)) == 0  # 128 >= 128
-    assert ts.packed_prompt_width(lengths, 128, dataclasses.replace(algo, prefix_sharing=False)) == 0
+    algo, perf = AlgoConfig(), PerfConfig(prefix_sharing=True)
+    assert ts.packed_prompt_width(lengths, 128, algo, perf) == 448  # 430 -> 448
+    accum2 = dataclasses.replace(algo, grad_accum_steps=2)
+    assert ts.packed_prompt_width(lengths, 128, accum2, perf) == 320  # 100+90+70+60
+    assert ts.packed_prompt_width(lengths, 128, dataclasses.replace(algo, num_minibatches=8), perf) == 0  # 128 >= 128
+    assert ts.packed_prompt_width(lengths, 128, algo, PerfConfig(prefix_sharing=False)) == 0
+    assert ts.packed_prompt_width(lengths, 128, algo, PerfConfig(prompt_packing=False)) == 0
     mesh = sharding.make_mesh(2, 2, 2)
-    assert ts.packed_prompt_width(lengths, 128, algo, mesh) == 192  # 4 shards: rows of the 2 longest
+    assert ts.packed_prompt_width(lengths, 128, algo, perf, mesh) == 192  # 4 shards: rows of the 2 longest
     with pytest.raises(ValueError, match="8 prompts cannot be split into 3 parts"):
-        ts.packed_prompt_width(lengths, 128, dataclasses.replace(algo, num_minibatches=3))
+        ts.packed_prompt_width(lengths, 128, dataclasses.replace(algo, num_minibatches=3), perf)

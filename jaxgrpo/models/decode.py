@@ -26,6 +26,7 @@ The prompt stream (`prompt_stream`) is the same one the prefix-shared train step
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -92,7 +93,7 @@ def prefill(
     if prompt_mask.shape != prompt_tokens.shape:
         raise ValueError(f"prompt_mask shape {prompt_mask.shape} != prompt_tokens shape {prompt_tokens.shape}")
     stream, last = prompt_stream(config, params, prompt_tokens, prompt_mask, packed_width, pack_rows)
-    (x,), _, (kv,), _ = run_layers(config, params, [stream], remat="none")
+    (x,), _, (kv,), _ = run_layers(config, params, [dataclasses.replace(stream, emit=True)], remat="none")
     return final_norm(config, params, last(x)), KVCache(*kv)
 
 

@@ -238,14 +238,16 @@ def decoder_layer(
 @dataclasses.dataclass(frozen=True)
 class Stream:
     """Rows run through every layer: embeddings ``x [B, T, D]``, RoPE ``(cos, sin)``, their attention, and
-    optionally known projection outputs ``given`` (``{name: [L, B, T, out]}``) and whether to return every
-    projection's output (``record``)."""
+    optionally known projection outputs ``given`` (``{name: [L, B, T, out]}``), whether to return every
+    projection's output (``record``) and the attention's ``out`` of every layer (``emit``; later streams of the same
+    layer see it either way)."""
 
     x: jax.Array
     rope: tuple[jax.Array, jax.Array]
     attend: Attention
     given: dict[str, jax.Array] | None = None
     record: bool = False
+    emit: bool = False
 
 
 def _with_context(attend: Attention, ctx: LayerContext, q: jax.Array, k: jax.Array, v: jax.Array):
@@ -274,7 +276,7 @@ def run_layers(
     matmul_backward: MatmulBackward = "auto",
 ) -> tuple[tuple[jax.Array, ...], Any, tuple[Any, ...], tuple[dict[str, jax.Array] | None, ...]]:
     """THE scan over the stacked layers. Returns ``(x_out per stream [B, T, D] (not final-normed), final state,
-    attention outs per stream (stacked over layers), recorded projections per stream ({name: [L, B, T, out]} or
+    attention outs per stream (stacked over layers; None unless ``emit``), recorded projections per stream ({name: [L, B, T, out]} or
     None))``. ``layer_inputs``: a pytree with leading axis L, sliced per layer into ``ctx.inputs``."""
     explicit = explicit_backward(matmul_backward)
     givens = tuple(s.given for s in streams)
@@ -289,7 +291,8 @@ def run_layers(
             xs_out.append(x)
             outs.append(out)
             recs.append({n: ys[n] for n in PROJECTIONS} if s.record else None)
-        return (tuple(xs_out), state), (tuple(outs), tuple(recs))
+        emitted = tuple(out if s.emit else None for s, out in zip(streams, outs))
+        return (tuple(xs_out), state), (emitted, tuple(recs))
 
     policy = _policy(remat)
     if policy is not None:
