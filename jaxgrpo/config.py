@@ -58,7 +58,7 @@ class ModelSection:
     # anything else: an HF directory (config.json + safetensors) or a .gguf file.
     name_or_path: str = "tiny"
     dtype: ModelDtype = "float32"  # parameter and compute dtype
-    # Tokenizer: None = the model's own (HF directory or GGUF); "builtin:arithmetic" = made in code (data.py).
+    # Tokenizer: None = the model's own (HF directory or GGUF); "builtin:arithmetic" = made in code (tokenizer.py).
     tokenizer: str | None = None
     # Sizes of the from-scratch "tiny" model (ignored for pretrained models).
     hidden_size: int = 64

@@ -1,7 +1,7 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
 """Prompts for RL: GSM8K (hub or local files), synthetic arithmetic, a resumable iterator, prompt encoding.
 
-* ``Example(prompt, answer, meta)``: one task; ``answer`` is the canonical gold answer string.
+* ``Example(prompt, answer, meta)`` (`jaxgrpo.example`): one task; ``answer`` is the canonical gold answer string.
 * GSM8K (Cobbe et al. 2021): ``datasets.load_dataset(data.hf_id, data.hf_config, split=data.split)``, or, offline,
   ``data.path`` = a ``.jsonl`` / ``.parquet`` file or a directory holding ``{split}.jsonl`` / ``{split}.parquet``
   (or the hub's ``**/{split}-*.parquet`` shards). Rows need a ``question`` and an ``answer`` whose gold number follows

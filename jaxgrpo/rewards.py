@@ -34,7 +34,7 @@ correct. Confidence is read from ``<confidence>0.8</confidence>`` or
 penalty instead, omission would tie with an honest "0" on wrong answers and the model could learn to stay silent).
 This is our choice; the paper's reward is defined on well-formed outputs and pairs it with a format reward.
 
-Synthetic arithmetic (``data.synthetic_arithmetic``): ``arithmetic_correct`` is 1 iff the completion, cut at the
+Synthetic arithmetic (``synthetic.synthetic_arithmetic``): ``arithmetic_correct`` is 1 iff the completion, cut at the
 first end-of-sequence marker still present in the text (``<eos>``, ``</s>``, ``<|endoftext|>``, ``<|im_end|>``,
 ``<|eot_id|>``) and stripped of surrounding whitespace, equals the gold answer string exactly (the trainer decodes
 tokens up to and including EOS with ``skip_special_tokens=True``, so normally nothing needs cutting).
