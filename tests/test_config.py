@@ -3,7 +3,9 @@
 suggestions, choices, ranges), the resolved-config round trip, the packaged configs, and the CLI helpers."""
 
 import dataclasses
+import importlib
 import pathlib
+import pkgutil
 import subprocess
 import sys
 import typing
@@ -12,6 +14,7 @@ from typing import Literal
 import pytest
 import yaml
 
+import jaxgrpo
 from jaxgrpo import advantages, coerce, degeneracy, losses, rewards
 from jaxgrpo import config as C
 from jaxgrpo.models import layers
@@ -86,13 +89,26 @@ def test_override_types(override, getter, expected):
 
 
 def test_choices_agree_with_the_modules_that_use_them():
-    from jaxgrpo import optim, train_step
-
-    assert C.CHOICES[("algo", "aggregation")] == tuple(losses.AGGREGATIONS) == tuple(train_step.AGGREGATIONS)
+    """Every module of the package that names a choice (tuple or Literal type) holds the object of the module that
+    implements it, not a copy; and the config's choices are those."""
+    owners = {"ESTIMATORS": advantages, "Estimator": advantages, "AGGREGATIONS": losses, "Aggregation": losses,
+              "RATIO_LEVELS": losses, "RatioLevel": losses, "KL_ESTIMATORS": losses, "KLEstimator": losses,
+              "DEGENERATE_MODES": degeneracy, "DegenerateMode": degeneracy, "ON_REWARD_ERROR": rewards,
+              "OnRewardError": rewards, "SCHEDULES": C, "Schedule": C, "RematPolicy": layers,
+              "MatmulBackward": layers}  # fmt: skip
+    seen = set()
+    for info in pkgutil.walk_packages(jaxgrpo.__path__, "jaxgrpo."):
+        module = importlib.import_module(info.name)
+        for name, owner in owners.items():
+            if module is not owner and hasattr(module, name):
+                assert getattr(module, name) is getattr(owner, name), f"{info.name}.{name} is a second copy"
+                seen.add(name)
+    assert {"Estimator", "Aggregation", "DegenerateMode", "RematPolicy", "MatmulBackward"} <= seen  # config's own
+    assert C.CHOICES[("algo", "aggregation")] == tuple(losses.AGGREGATIONS)
     assert C.CHOICES[("algo", "ratio_level")] == tuple(losses.RATIO_LEVELS)
     assert C.CHOICES[("algo", "kl_estimator")] == tuple(losses.KL_ESTIMATORS)
-    assert C.CHOICES[("algo", "degenerate_groups")] == tuple(train_step.DEGENERATE_MODES)
-    assert C.CHOICES[("optim", "schedule")] == tuple(optim.SCHEDULES)
+    assert C.CHOICES[("algo", "degenerate_groups")] == tuple(degeneracy.DEGENERATE_MODES)
+    assert C.CHOICES[("optim", "schedule")] == tuple(C.SCHEDULES)
 
 
 def test_choices_are_the_literal_types_of_the_modules_that_implement_them():
