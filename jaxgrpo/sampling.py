@@ -22,26 +22,8 @@ How it runs
    ``i``, and stops as soon as every row has emitted one of ``eos_token_ids`` or ``M`` tokens exist. ``mask`` is
    True up to and including the EOS token; later tokens are 0 and their logprobs 0.
 
-Sampling distribution (per row, per step), with raw float32 logits ``l`` over the vocabulary:
-  * temperature ``T > 0``: ``z = l / T``;
-  * top-k (``k > 0``): keep the ``k`` largest ``z`` (ties: the lower token id first, so exactly ``k`` survive);
-  * top-p (``p < 1``): sort the survivors by ``z`` descending (ties: lower id first), ``q = softmax(z)`` over them,
-    keep the shortest prefix whose mass reaches ``p``: token ``j`` is kept iff ``sum_{i<j} q_i < p`` (the first
-    token is always kept) -- the "nucleus" of Holtzman et al. 2020, "The Curious Case of Neural Text
-    Degeneration", Sec. 3.1; applied after top-k on the renormalised top-k mass, the same order as HF
-    transformers' TemperatureLogitsWarper -> TopKLogitsWarper -> TopPLogitsWarper. Without top-k the nucleus is
-    looked for among the 256 largest logits and a full sort runs only when that is not enough (same set);
-  * sample ``x ~ q = softmax(z restricted to the kept set)`` by inversion (the inverse-CDF method; e.g. Devroye
-    1986, "Non-Uniform Random Variate Generation", Sec. II.2): one ``u ~ U[0, 1)`` per row and step, ``x`` = the
-    first candidate slot ``j`` (in slot order) with ``sum_{i<=j} q_i > u * sum_i q_i``. The cumulative sums are
-    taken in two levels (blocks of 128 slots, then within the chosen block), so a step costs O(V) with one random
-    number per row instead of one per vocabulary entry; the sampled law is ``q`` up to the float32 rounding of those
-    sums (~1e-7 relative), and a slot of probability 0 (truncated) is never returned;
-  * reported ``logprob = z_x - logsumexp_{j kept} z_j``: the log-probability under the distribution actually
-    sampled from (after temperature and truncation), in float32, as the trainer's old-policy logprob.
-  * ``T = 0`` is greedy: ``x = argmax_j l_j`` (ties: the lowest id); top-k/top-p are irrelevant then (the argmax
-    always survives them) and the reported logprob is ``log_softmax(l)_x``, under the untempered, untruncated
-    model distribution (the temperature -> 0 limit would give 0 for every token, which carries no information).
+Sampling distribution: `jaxgrpo.token_sampling` (temperature, top-k, top-p, inversion sampling; the reported
+log-prob is under the distribution actually sampled from, as the trainer's old-policy log-prob).
 
 Randomness: row ``r`` (= ``p*G + g``) at step ``i`` uses ``fold_in(fold_in(key, r), i)``, so a row's samples
 depend only on the key, its row index and the step -- not on the batch padding, the bucket or the sharding. The
@@ -79,6 +61,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxgrpo import models, padding
 from jaxgrpo.sharding import BATCH_AXES
+from jaxgrpo.token_sampling import sample_from_logits, truncated_logits
 
 __all__ = [
     "Completions",
@@ -87,9 +70,6 @@ __all__ = [
     "truncated_logits",
 ]
 
-# Nucleus sampling without top-k first looks for the nucleus among this many most likely tokens (exact when their
-# mass reaches top_p; otherwise a full-vocabulary sort runs). XLA's CPU sort of a 50k vocabulary is ~100x slower.
-TOP_P_CANDIDATES = 256
 
 
 @flax.struct.dataclass
@@ -111,129 +91,6 @@ class Completions:
     lengths: jax.Array
     truncated: jax.Array
     projections: dict[str, jax.Array] | None = None
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Sampling kernels (pure, jit-safe; static sampling mode, traced temperature / top_p values)
-
-
-def _first_argmax(x: jax.Array) -> jax.Array:
-    """``argmax`` over the last axis (lowest index among ties), as max + masked min: cheaper than XLA's variadic
-    argmax reduction on CPU."""
-    m = jnp.max(x, axis=-1, keepdims=True)
-    iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
-    return jnp.min(jnp.where(x == m, iota, x.shape[-1]), axis=-1)
-
-
-def _keep_prefix(q_sorted: jax.Array, top_p: jax.Array) -> jax.Array:
-    """Nucleus rule on descending probabilities: keep slot j iff the mass strictly before it is < top_p."""
-    mass_before = jnp.cumsum(q_sorted, axis=-1) - q_sorted
-    return (mass_before < top_p).at[..., 0].set(True)
-
-
-def _nucleus_mask(z: jax.Array, top_p: jax.Array) -> jax.Array:
-    """Boolean ``[N, V]`` mask of the nucleus of ``softmax(z)`` (ties in z: lower token id first).
-
-    Fast path: the nucleus is searched among the ``TOP_P_CANDIDATES`` largest logits (``lax.top_k``); it is exact
-    whenever their total mass reaches ``top_p`` in every row (the next token then has mass-before >= top_p). If
-    some row's nucleus is wider, a ``lax.cond`` takes the exact full-vocabulary stable sort instead. Both paths give
-    the same set, so the sample does not depend on which one ran (the noise is indexed by token id, see below).
-    """
-    n, vocab = z.shape
-    lse = jax.nn.logsumexp(z, axis=-1, keepdims=True)
-    rows = jnp.arange(n)[:, None]
-
-    def nucleus(z_sorted, ids):
-        keep = _keep_prefix(jnp.exp(z_sorted - lse), top_p)
-        return jnp.zeros((n, vocab), bool).at[rows, ids].set(keep)
-
-    def full_sort():
-        ids = jnp.argsort(-z, axis=-1, stable=True).astype(jnp.int32)
-        return nucleus(jnp.take_along_axis(z, ids, axis=-1), ids)
-
-    cand = min(vocab, TOP_P_CANDIDATES)
-    z_c, ids_c = jax.lax.top_k(z, cand)  # descending, ties: lower index first
-    covered = jnp.all(jnp.sum(jnp.exp(z_c - lse), axis=-1) >= top_p)
-    return jax.lax.cond(covered, lambda: nucleus(z_c, ids_c), full_sort)
-
-
-def truncated_logits(
-    logits: jax.Array, temperature: jax.Array | float, *, top_k: int = 0, top_p: jax.Array | float | None = None
-) -> tuple[jax.Array, jax.Array | None]:
-    """Temperature-scaled logits restricted to the top-k / top-p set: ``(cand_logits [..., W], cand_ids)``.
-
-    ``cand_logits`` hold ``z = logits / temperature`` for the candidate tokens and ``-inf`` for the truncated ones;
-    ``cand_ids [..., W]`` int32 maps candidate slots to token ids, or is None when slot j is token j (``W = V``).
-    With ``top_k``, ``W = k`` (``lax.top_k``, no full sort) and top-p renormalises over the k candidates (HF's
-    order); with top-p alone the nucleus is found by `_nucleus_mask` over the whole vocabulary. ``top_k`` is static
-    (0 = off); ``top_p=None`` = off (static), otherwise its value may be traced.
-    """
-    z = logits.astype(jnp.float32) / jnp.asarray(temperature, jnp.float32)
-    if 0 < top_k < z.shape[-1]:
-        z, ids = jax.lax.top_k(z, top_k)  # descending, ties: lower index first
-        if top_p is not None:
-            z = jnp.where(_keep_prefix(jax.nn.softmax(z, axis=-1), jnp.asarray(top_p, jnp.float32)), z, -jnp.inf)
-        return z, ids
-    if top_p is not None:
-        z = jnp.where(_nucleus_mask(z, jnp.asarray(top_p, jnp.float32)), z, -jnp.inf)
-    return z, None
-
-
-_CDF_BLOCK = 128
-
-
-def _last_positive(x: jax.Array) -> jax.Array:
-    """Index of the last entry > 0 along the last axis (0 if none)."""
-    iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
-    return jnp.max(jnp.where(x > 0, iota, 0), axis=-1)
-
-
-def _invert_cdf(q: jax.Array, u: jax.Array) -> jax.Array:
-    """Inverse-CDF draw per row: the first slot ``j`` of ``q [N, W]`` (non-negative, any total) with
-    ``cumsum(q)_j > u * sum(q)``, ``u [N]`` in [0, 1); two-level cumulative sums over blocks of `_CDF_BLOCK` slots.
-    Rounding can only push the threshold past the last positive slot; it is clipped there, so the slot returned
-    always has ``q > 0``."""
-    n, w = q.shape
-    nb = -(-w // _CDF_BLOCK)
-    q_NBC = jnp.pad(q, ((0, 0), (0, nb * _CDF_BLOCK - w))).reshape(n, nb, _CDF_BLOCK)
-    block_mass = jnp.sum(q_NBC, axis=-1)
-    block_cdf = jnp.cumsum(block_mass, axis=-1)
-    target = u * block_cdf[:, -1]
-    block = jnp.minimum(jnp.sum(block_cdf <= target[:, None], axis=-1, dtype=jnp.int32), _last_positive(block_mass))
-    rest = target - (jnp.take_along_axis(block_cdf - block_mass, block[:, None], axis=-1)[:, 0])
-    q_NC = jnp.take_along_axis(q_NBC, block[:, None, None], axis=1)[:, 0]
-    within = jnp.sum(jnp.cumsum(q_NC, axis=-1) <= rest[:, None], axis=-1, dtype=jnp.int32)
-    return block * _CDF_BLOCK + jnp.minimum(within, _last_positive(q_NC))
-
-
-def sample_from_logits(
-    keys: jax.Array,
-    logits: jax.Array,
-    temperature: jax.Array | float,
-    *,
-    greedy: bool = False,
-    top_k: int = 0,
-    top_p: jax.Array | float | None = None,
-) -> tuple[jax.Array, jax.Array]:
-    """Sample one token per row of ``logits [N, V]`` with per-row ``keys [N]``: ``(tokens [N] int32, logprobs [N])``.
-
-    The distribution and the reported log-probabilities are those of the module docstring. ``greedy``, ``top_k``
-    (0 = off) and whether ``top_p`` is None (off) are static; the values of ``temperature`` and ``top_p`` may be
-    traced. The uniform draw is per row: the inversion runs over candidate slots, token ids without top-k (so the
-    two nucleus paths, which give the same set, give the same sample) and ranks with it.
-    """
-    logits = logits.astype(jnp.float32)
-    if greedy:
-        tokens = _first_argmax(logits)
-        logp = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(logits, axis=-1)
-        return tokens, logp
-    z, ids = truncated_logits(logits, temperature, top_k=top_k, top_p=top_p)
-    lse = jax.nn.logsumexp(z, axis=-1)
-    u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
-    slot = _invert_cdf(jnp.exp(z - lse[:, None]), u)
-    logp = jnp.take_along_axis(z, slot[:, None], axis=-1)[:, 0] - lse
-    tokens = slot if ids is None else jnp.take_along_axis(ids, slot[:, None], axis=-1)[:, 0]
-    return tokens.astype(jnp.int32), logp
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -281,3 +281,15 @@ class TestConfig:
         cfg = from_hf_config(hf)
         assert cfg.rope_theta == 500000.0 and cfg.head_dim == 4 and cfg.eos_token_ids == (1, 2)
         assert cfg.rope_scaling == RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)
+
+
+def test_models_package_has_one_layer_loop():
+    """Every forward of the package runs the one `layers.run_layers` scan: no second loop over layers may appear."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "jaxgrpo"
+    scans = {str(p.relative_to(root)): len(re.findall(r"\blax\.(?:scan|fori_loop|while_loop)\(", p.read_text()))
+             for p in root.rglob("*.py")}  # fmt: skip
+    in_models = {k: v for k, v in scans.items() if k.startswith("models") and v}
+    assert in_models == {"models/layers.py": 1}, in_models

@@ -18,7 +18,7 @@ import pytest
 import scipy.stats
 from multihost import run_two_processes
 
-from jaxgrpo import models, padding, sampling, sharding
+from jaxgrpo import models, padding, sampling, sharding, token_sampling
 
 # ----------------------------------------------------------------------------------------------------------------------
 # helpers
@@ -127,7 +127,7 @@ class KernelTest(chex.TestCase):
         cases += [(t, 0, p, c) for t, p in [(1.0, 0.7), (1.7, 0.9)] for c in (256, 2)]
         for temperature, top_k, top_p, candidates in cases:
             expected = _np_truncated_probs(self.LOGITS, temperature, top_k, top_p)
-            with mock.patch.object(sampling, "TOP_P_CANDIDATES", candidates):
+            with mock.patch.object(token_sampling, "TOP_P_CANDIDATES", candidates):
                 tokens, logp = self._draw(temperature, top_k, top_p)
             counts = np.bincount(tokens, minlength=len(self.LOGITS))
             kept = expected > 0
@@ -164,12 +164,12 @@ class KernelTest(chex.TestCase):
         q[-5:] = 0.0
         n = 20000
         u = (np.arange(n) + 0.5) / n
-        slots = np.asarray(self.variant(sampling._invert_cdf)(jnp.asarray(np.tile(q, (n, 1)), jnp.float32),
+        slots = np.asarray(self.variant(token_sampling.invert_cdf)(jnp.asarray(np.tile(q, (n, 1)), jnp.float32),
                                                                jnp.asarray(u, jnp.float32)))  # fmt: skip
         counts = np.bincount(slots, minlength=300)
         assert counts[q == 0].sum() == 0
         np.testing.assert_allclose(counts, n * q / q.sum(), atol=1.01)
-        edge = self.variant(sampling._invert_cdf)(jnp.asarray(np.tile(q, (2, 1)), jnp.float32),
+        edge = self.variant(token_sampling.invert_cdf)(jnp.asarray(np.tile(q, (2, 1)), jnp.float32),
                                                   jnp.asarray([0.0, np.nextafter(1.0, 0.0)], jnp.float32))  # fmt: skip
         np.testing.assert_array_equal(edge, [np.flatnonzero(q)[0], np.flatnonzero(q)[-1]])
 

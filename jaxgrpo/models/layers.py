@@ -276,8 +276,9 @@ def run_layers(
     matmul_backward: MatmulBackward = "auto",
 ) -> tuple[tuple[jax.Array, ...], Any, tuple[Any, ...], tuple[dict[str, jax.Array] | None, ...]]:
     """THE scan over the stacked layers. Returns ``(x_out per stream [B, T, D] (not final-normed), final state,
-    attention outs per stream (stacked over layers; None unless ``emit``), recorded projections per stream ({name: [L, B, T, out]} or
-    None))``. ``layer_inputs``: a pytree with leading axis L, sliced per layer into ``ctx.inputs``."""
+    attention outs per stream (stacked over layers; None unless ``emit``), recorded projections per stream
+    ({name: [L, B, T, out]} or None))``. ``layer_inputs``: a pytree with leading axis L, sliced per layer into
+    ``ctx.inputs``."""
     explicit = explicit_backward(matmul_backward)
     givens = tuple(s.given for s in streams)
 

@@ -1,0 +1,109 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""The train step's data: `Batch` (one rollout, prompt-major), `TrainState`, their checks and global placement."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxgrpo.config import AlgoConfig, PerfConfig
+from jaxgrpo.perf import resolve_perf
+from jaxgrpo.sharding import BATCH_AXES
+
+Params = Any
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything one train step reads and writes: params, optax state, rollout step counter, PRNG key."""
+
+    params: Params
+    opt_state: optax.OptState
+    step: jax.Array  # int32 scalar: rollout steps done (drives the learning-rate schedule)
+    rng: jax.Array  # advanced every step; for stochastic extensions of the step (none in the GRPO loss itself)
+
+
+@flax.struct.dataclass
+class Batch:
+    """One rollout, prompt-major: rows ``p*G .. p*G+G-1`` are the G samples of prompt p (B = P*G).
+
+    tokens ``[B, Tp+Tc]`` int32: the prompt left-padded to Tp, then the completion right-padded to Tc.
+    prompt_mask ``[B, Tp]`` / completion_mask ``[B, Tc]`` bool: real tokens (completion: up to and including EOS).
+    rewards ``[P, G]`` float32; valid ``[P, G]`` bool (False = sample dropped, e.g. a failed reward).
+    old_logprobs ``[B, Tc]`` float32: the sampler's per-token log-probs (temperature-scaled), 0 where masked.
+    ref_logprobs ``[B, Tc]`` float32 or None: reference-policy log-probs, required iff ``kl_coef > 0``.
+    projections: None, or the sampler's recorded dense-projection outputs of the completion tokens
+    (`sampling.Completions.projections`: name -> ``[L, B, Tc-1, out]``), valid only for the parameters that sampled
+    this rollout. With prefix sharing and one optimizer update per rollout (``num_iterations = num_minibatches =
+    grad_accum_steps = 1``, no mesh) the step's forward then takes those products as given instead of recomputing
+    them (`models.layers.matmul_given`: same values up to float rounding, same backward).
+    """
+
+    tokens: jax.Array
+    prompt_mask: jax.Array
+    completion_mask: jax.Array
+    rewards: jax.Array
+    valid: jax.Array
+    old_logprobs: jax.Array
+    ref_logprobs: jax.Array | None = None
+    projections: dict[str, jax.Array] | None = None
+
+
+def check_batch(batch: Batch, algo: AlgoConfig, perf: PerfConfig, num_shards: int) -> tuple[int, int]:
+    """Static shape checks at trace time; returns (P, G)."""
+    if batch.rewards.ndim != 2:
+        raise ValueError(f"rewards must be [P, G], got shape {batch.rewards.shape}")
+    Pn, G = batch.rewards.shape
+    B, Tp = batch.prompt_mask.shape
+    Tc = batch.completion_mask.shape[1]
+    if B != Pn * G:
+        raise ValueError(f"batch has {B} rows but rewards are [P={Pn}, G={G}]: rows must be P*G, prompt-major")
+    expected = {"tokens": (B, Tp + Tc), "completion_mask": (B, Tc), "valid": (Pn, G), "old_logprobs": (B, Tc)}
+    for name, shape in expected.items():
+        if getattr(batch, name).shape != shape:
+            raise ValueError(f"batch.{name} has shape {getattr(batch, name).shape}, expected {shape}")
+    if batch.projections is not None:
+        _, notes = resolve_perf(algo, dataclasses.replace(perf, reuse_projections=True), num_shards=num_shards,
+                                platform="any")  # fmt: skip
+        if any(n.startswith("perf.reuse_projections") for n in notes):
+            raise ValueError(f"batch.projections given but {notes[0]}; pass projections=None")
+        for name, x in batch.projections.items():
+            if x.ndim != 4 or x.shape[1:3] != (B, Tc - 1):
+                raise ValueError(f"batch.projections[{name!r}] has shape {x.shape}, expected [L, {B}, {Tc - 1}, out]")
+    if algo.kl_coef > 0:
+        if batch.ref_logprobs is None:
+            raise ValueError("algo.kl_coef > 0 needs batch.ref_logprobs (compute_logprobs with the reference params)")
+        if batch.ref_logprobs.shape != (B, Tc):
+            raise ValueError(f"batch.ref_logprobs has shape {batch.ref_logprobs.shape}, expected {(B, Tc)}")
+    elif batch.ref_logprobs is not None:
+        raise ValueError("batch.ref_logprobs given but algo.kl_coef == 0: skip the reference forward and pass None")
+    splits = algo.num_minibatches * algo.grad_accum_steps
+    if Pn % (splits * num_shards):
+        raise ValueError(
+            f"P={Pn} prompts cannot be split into num_minibatches*grad_accum_steps={splits} parts of whole groups "
+            f"on {num_shards} batch shards (data*fsdp); make P a multiple of {splits * num_shards}"
+        )
+    return Pn, G
+
+
+def global_batch(batch: Batch, mesh: Mesh) -> Batch:
+    """Turn this process's rows of a rollout into global arrays sharded by groups over ``("data", "fsdp")``.
+
+    Single process: the batch is simply placed on the mesh. Multi-process (after ``jax.distributed.initialize()``):
+    each process passes its own whole groups (``P_local`` prompts × G rows, the same ``P_local`` everywhere); the
+    global batch has ``P = P_local × process_count`` groups, ordered by the mesh's devices. Group order does not
+    change the step's result.
+    """
+
+    def place(x: Any) -> jax.Array:
+        x = np.asarray(x)
+        sharding = NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (x.ndim - 1))))
+        return jax.make_array_from_process_local_data(sharding, x)
+
+    return jax.tree.map(place, batch)

@@ -1,0 +1,294 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""The pieces of the GRPO train step (`train_step` composes them; formulas in its docstring): advantages, degeneracy
+masks and global normalizers of a rollout (inside `shard_map`), its split into minibatches and micro-batches by whole
+groups, and the loss and gradient of one minibatch with exact gradient accumulation."""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxgrpo import advantages as advantages_lib
+from jaxgrpo import degeneracy, losses, models
+from jaxgrpo import sharding as sharding_lib
+from jaxgrpo.batch import Batch, check_batch
+from jaxgrpo.config import AlgoConfig, PerfConfig
+from jaxgrpo.degeneracy import DEGENERATE_MODES
+from jaxgrpo.logprobs import compute_logprobs
+from jaxgrpo.losses import AGGREGATIONS
+from jaxgrpo.perf import platform_of, resolve_perf
+
+BATCH_AXES = sharding_lib.BATCH_AXES
+Params = Any
+
+
+def _validate(algo: AlgoConfig, perf: PerfConfig, temperature: float, mesh: Mesh | None) -> None:
+    if algo.degenerate_groups not in DEGENERATE_MODES:
+        raise ValueError(f"algo.degenerate_groups={algo.degenerate_groups!r}; choose one of {DEGENERATE_MODES}")
+    if algo.estimator not in advantages_lib.ESTIMATORS:
+        raise ValueError(f"algo.estimator={algo.estimator!r}; choose one of {advantages_lib.ESTIMATORS}")
+    if algo.aggregation not in AGGREGATIONS:
+        raise ValueError(f"algo.aggregation={algo.aggregation!r}; choose one of {AGGREGATIONS}")
+    for name in ("num_iterations", "num_minibatches", "grad_accum_steps"):
+        if int(getattr(algo, name)) < 1:
+            raise ValueError(f"algo.{name} must be >= 1, got {getattr(algo, name)}")
+    if perf.logprob_chunk < 0:
+        raise ValueError(f"perf.logprob_chunk must be >= 0 (0 = automatic), got {perf.logprob_chunk}")
+    if algo.kl_coef < 0:
+        raise ValueError(f"algo.kl_coef must be >= 0, got {algo.kl_coef}")
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0 (the rollout temperature), got {temperature!r}")
+    if mesh is not None and tuple(mesh.axis_names) != sharding_lib.MESH_AXES:
+        raise ValueError(
+            f"mesh axes {tuple(mesh.axis_names)} != {sharding_lib.MESH_AXES}; build it with jaxgrpo.sharding.make_mesh"
+        )
+
+
+class StepParts:
+    """The pieces of the train step for one (model, algo, mesh, temperature); all methods trace under jit."""
+
+    def __init__(
+        self,
+        model_config: models.ModelConfig,
+        algo: AlgoConfig,
+        mesh: Mesh | None,
+        temperature: float,
+        perf: PerfConfig | None = None,
+    ):
+        perf = PerfConfig() if perf is None else perf
+        _validate(algo, perf, temperature, mesh)
+        self.config, self.algo, self.mesh, self.temperature = model_config, algo, mesh, float(temperature)
+        self.axis_name = BATCH_AXES if mesh is not None else None
+        self.num_shards = 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
+        self.perf, _ = resolve_perf(algo, perf, num_shards=self.num_shards, platform=platform_of(mesh))
+        self.nm, self.ga = int(algo.num_minibatches), int(algo.grad_accum_steps)
+        self.splits = self.nm * self.ga
+        self.drop_degenerate = algo.degenerate_groups in ("mask", "resample")
+        self.seq_normalized = algo.aggregation != "token-mean"
+        # The estimator shares the degeneracy tolerances unless the config sets them explicitly.
+        self.est_args = dict(algo.estimator_args)
+        accepted = inspect.signature(getattr(advantages_lib, algo.estimator)).parameters
+        for name, value in (("atol", algo.degenerate_atol), ("rtol", algo.degenerate_rtol)):
+            if name in accepted and name not in self.est_args:
+                self.est_args[name] = value
+
+    # -- helpers
+    def _shard_map(self, fn: Callable, in_specs: Any, out_specs: Any) -> Callable:
+        if self.mesh is None:
+            return fn
+        return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs)
+
+    def _constrain_rows(self, x: jax.Array, axis: int = 0) -> jax.Array:
+        if self.mesh is None:
+            return x
+        spec = [None] * x.ndim
+        spec[axis] = BATCH_AXES
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, PartitionSpec(*spec)))
+
+    # -- 1. advantages, degeneracy, loss mask, global normalizers (inside shard_map)
+    def prepare(self, batch: Batch) -> dict[str, jax.Array]:
+        algo, S = self.algo, self.splits
+        Pn, G = batch.rewards.shape
+
+        def local(rewards, valid, completion_mask):
+            p_local = rewards.shape[0]
+            adv_PG = advantages_lib.compute(algo.estimator, rewards, valid, axis_name=self.axis_name, **self.est_args)
+            diag = degeneracy.diagnostics(
+                rewards, valid, adv_PG, atol=algo.degenerate_atol, rtol=algo.degenerate_rtol, axis_name=self.axis_name
+            )
+            degenerate_P = degeneracy.degenerate_mask(
+                rewards, valid, atol=algo.degenerate_atol, rtol=algo.degenerate_rtol
+            )
+            token_mask = completion_mask & valid.reshape(-1)[:, None]
+            keep_B = jnp.ones((p_local * G,), bool)
+            if self.drop_degenerate:
+                keep_B = jnp.repeat(~degenerate_P, G)
+            loss_mask = token_mask & keep_B[:, None]
+            # Global normalizers of every split (micro-batch): loss tokens and sequences with >= 1 loss token.
+            split_B = jnp.repeat(jnp.arange(p_local) % S, G)
+            tok_S = jax.ops.segment_sum(loss_mask.sum(-1).astype(jnp.float32), split_B, num_segments=S)
+            seq_S = jax.ops.segment_sum(loss_mask.any(-1).astype(jnp.float32), split_B, num_segments=S)
+            dropped = (degenerate_P & self.drop_degenerate).sum().astype(jnp.float32)
+            if self.axis_name is not None:
+                tok_S, seq_S, dropped = jax.lax.psum((tok_S, seq_S, dropped), self.axis_name)
+            return adv_PG.astype(jnp.float32), token_mask, loss_mask, tok_S, seq_S, dropped, diag
+
+        rows = PartitionSpec(BATCH_AXES)
+        fn = self._shard_map(local, in_specs=(rows, rows, rows), out_specs=(rows, rows, rows, *[PartitionSpec()] * 4))
+        adv, token_mask, loss_mask, tok_S, seq_S, dropped, diag = fn(
+            batch.rewards.astype(jnp.float32), batch.valid.astype(bool), batch.completion_mask.astype(bool)
+        )
+        return dict(
+            advantages=adv, token_mask=token_mask, loss_mask=loss_mask, tok=tok_S, seq=seq_S, dropped=dropped, diag=diag
+        )
+
+    # -- split a rollout into [nm, ga, rows...] by groups: group p -> split p % S
+    def split(self, x: jax.Array, rows_per_group: int) -> jax.Array:
+        S = self.splits
+        groups = x.shape[0] // rows_per_group
+        y = x.reshape(groups // S, S, rows_per_group, *x.shape[1:])
+        y = jnp.moveaxis(y, 1, 0).reshape(self.nm, self.ga, (groups // S) * rows_per_group, *x.shape[1:])
+        return self._constrain_rows(y, axis=2)
+
+    # -- 3. one micro-batch: loss (weighted by its share of the global normalizer) and statistics
+    def micro_loss(
+        self,
+        params: Params,
+        mb: dict[str, jax.Array],
+        group_size: int,
+        packed_width: int = 0,
+        projections: dict[str, jax.Array] | None = None,
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        algo = self.algo
+        batch = Batch(
+            tokens=mb["tokens"],
+            prompt_mask=mb["prompt_mask"],
+            completion_mask=mb["completion_mask"],
+            rewards=jnp.zeros((0, 0)),  # unused by compute_logprobs
+            valid=jnp.zeros((0, 0), bool),
+            old_logprobs=mb["old_logprobs"],
+        )
+        logp, entropy = compute_logprobs(
+            self.config,
+            params,
+            batch,
+            self.temperature,
+            self.perf.logprob_chunk,
+            remat=self.perf.remat,
+            matmul_backward=self.perf.matmul_backward,
+            group_size=group_size if self.perf.prefix_sharing else 0,
+            packed_width=packed_width,  # used only with prefix sharing (group_size > 1)
+            pack_rows=self.num_shards,
+            projections=projections,
+        )
+        logp = self._constrain_rows(logp)
+        max_tokens = algo.max_tokens if algo.max_tokens is not None else logp.shape[1]
+        use_kl = algo.kl_coef > 0
+
+        def local(logp, old, adv, mask, *ref):
+            return losses.policy_loss(
+                logp,
+                old,
+                adv,
+                mask,
+                clip_low=algo.clip_low,
+                clip_high=algo.clip_high,
+                dual_clip=algo.dual_clip,
+                ratio_level=algo.ratio_level,
+                aggregation=algo.aggregation,
+                max_tokens=max_tokens,
+                ref_logp=ref[0] if use_kl else None,
+                kl_coef=algo.kl_coef,
+                kl_estimator=algo.kl_estimator,
+                axis_name=self.axis_name,
+            )
+
+        args = [logp, mb["old_logprobs"], mb["advantages"], mb["loss_mask"]] + ([mb["ref_logprobs"]] if use_kl else [])
+        rows = PartitionSpec(BATCH_AXES)
+        scalar = PartitionSpec()
+        loss, pm = self._shard_map(local, in_specs=tuple(rows for _ in args), out_specs=(scalar, scalar))(*args)
+        num, den = (mb["seq"], mb["seq_total"]) if self.seq_normalized else (mb["tok"], mb["tok_total"])
+        w = num / jnp.maximum(den, 1.0)  # this micro-batch's share of the minibatch normalizer
+        tok_share = mb["tok"] / jnp.maximum(mb["tok_total"], 1.0)
+        # First-pass statistics as sums over the valid completion tokens (GSPMD reduces them globally).
+        tm = mb["token_mask"]
+        diff = jnp.where(tm, logp - mb["old_logprobs"], 0.0)
+        stats = {
+            "entropy_sum": jnp.sum(jnp.where(tm, entropy, 0.0)),
+            "abs_diff_sum": jnp.sum(jnp.abs(diff)),
+            "abs_diff_max": jnp.max(jnp.abs(diff)),
+            "exp_diff_sum": jnp.sum(jnp.where(tm, jnp.exp(jnp.clip(diff, -20.0, 20.0)), 0.0)),
+            "valid_tokens": jnp.sum(tm).astype(jnp.float32),
+        }
+        stats = jax.lax.stop_gradient(stats)
+        pm = {k: jnp.asarray(v, jnp.float32) for k, v in pm.items()}
+        return loss * w, dict(policy=pm, w=w, tok=mb["tok"], tok_share=tok_share, stats=stats)
+
+    @staticmethod
+    def _combine(pms: dict[str, jax.Array], w: jax.Array, tok: jax.Array, tok_share: jax.Array) -> dict:
+        """Combine per-micro-batch policy_loss metrics ``[ga]`` into the values of the whole minibatch.
+
+        pg_loss / kl: weighted by the normaliser share ``w`` (exact); token means: by the token share (exact);
+        ratio extremes: over micro-batches holding loss tokens; counts are re-derived by the caller, not kept.
+        """
+        out = {}
+        has = tok > 0
+        for k, v in pms.items():
+            if k in ("tokens", "sequences"):
+                continue
+            if k.endswith("max"):
+                out[k] = jnp.where(has.any(), jnp.max(jnp.where(has, v, -jnp.inf)), 0.0)
+            elif k.endswith("min"):
+                out[k] = jnp.where(has.any(), jnp.min(jnp.where(has, v, jnp.inf)), 0.0)
+            elif k in ("pg_loss", "kl"):
+                out[k] = jnp.sum(w * v)
+            else:
+                out[k] = jnp.sum(tok_share * v)
+        return out
+
+    # -- gradient of one minibatch (grad accumulation over its micro-batches)
+    def minibatch_grad(
+        self,
+        params: Params,
+        mbs: dict[str, jax.Array],
+        group_size: int,
+        packed_width: int = 0,
+        projections: dict[str, jax.Array] | None = None,
+    ) -> tuple[jax.Array, Params, dict]:
+        grad_fn = jax.value_and_grad(
+            lambda p, mb: self.micro_loss(p, mb, group_size, packed_width, projections), has_aux=True
+        )
+        if self.ga == 1:
+            first = jax.tree.map(lambda x: x[0], mbs)
+            (loss, aux), grads = grad_fn(params, first)
+            aux = jax.tree.map(lambda x: x[None], aux)
+        else:
+
+            def body(acc, mb):
+                (loss, aux), g = grad_fn(params, mb)
+                acc = jax.tree.map(lambda a, b: a + b.astype(a.dtype), acc, g)
+                return acc, (loss, aux)
+
+            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+            grads, (loss, aux) = jax.lax.scan(body, zeros, mbs)
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+            loss = jnp.sum(loss)
+        metrics = self._combine(aux["policy"], aux["w"], aux["tok"], aux["tok_share"])
+        stats = {k: (jnp.max(v) if k.endswith("max") else jnp.sum(v)) for k, v in aux["stats"].items()}
+        return jnp.sum(loss), grads, dict(metrics=metrics, stats=stats)
+
+    def split_batch(self, batch: Batch, prep: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        G = batch.rewards.shape[1]
+        rows = {
+            "tokens": batch.tokens,
+            "prompt_mask": batch.prompt_mask.astype(bool),
+            "completion_mask": batch.completion_mask.astype(bool),
+            "old_logprobs": batch.old_logprobs.astype(jnp.float32),
+            "advantages": prep["advantages"].reshape(-1),
+            "token_mask": prep["token_mask"],
+            "loss_mask": prep["loss_mask"],
+        }
+        if self.algo.kl_coef > 0:
+            rows["ref_logprobs"] = batch.ref_logprobs.astype(jnp.float32)
+        out = {k: self.split(self._constrain_rows(v), G) for k, v in rows.items()}
+        tok = prep["tok"].reshape(self.nm, self.ga)
+        seq = prep["seq"].reshape(self.nm, self.ga)
+        out["tok"], out["seq"] = tok, seq
+        out["tok_total"] = jnp.broadcast_to(tok.sum(1, keepdims=True), tok.shape)
+        out["seq_total"] = jnp.broadcast_to(seq.sum(1, keepdims=True), seq.shape)
+        return out
+
+
+def first_minibatch_gradient(
+    step: StepParts, params: Params, batch: Batch, packed_width: int = 0
+) -> tuple[jax.Array, Params, dict]:
+    Pn, G = check_batch(batch, step.algo, step.perf, step.num_shards)
+    prep = step.prepare(batch)
+    mbs = jax.tree.map(lambda x: x[0], step.split_batch(batch, prep))
+    return step.minibatch_grad(params, mbs, G, packed_width, batch.projections)

@@ -1,0 +1,69 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Which performance switches (`config.PerfConfig`) apply to a run: decided once, here, for trainer and train step."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from jaxgrpo import padding
+from jaxgrpo.config import AlgoConfig, PerfConfig
+
+
+def resolve_perf(algo: AlgoConfig, perf: PerfConfig, *, num_shards: int, platform: str) -> tuple[PerfConfig, list[str]]:
+    """The performance switches that apply to this run, and one note per requested switch that does not.
+
+    The one place that decides them: ``perf.reuse_projections`` (the sampler's recorded projections stand for the
+    step's forward only with prefix sharing, one optimizer update per rollout -- at the parameters that sampled it --
+    and one batch shard; the trainer also drops it with ``remat="full"``, which trades that memory away, and with
+    dynamic sampling, whose merged rounds carry no record); ``perf.prompt_packing`` (needs prefix sharing);
+    ``perf.matmul_backward="auto"`` (explicit on ``platform == "cpu"``, XLA's own elsewhere)."""
+    notes, changes = [], {}
+    updates = algo.num_iterations * algo.num_minibatches * algo.grad_accum_steps
+    if perf.reuse_projections:
+        why = [text for cond, text in (
+            (not perf.prefix_sharing, "perf.prefix_sharing=false"),
+            (updates != 1, f"{updates} optimizer updates per rollout (num_iterations x num_minibatches x "
+                           "grad_accum_steps; the record holds for the sampling parameters only)"),
+            (num_shards != 1, f"{num_shards} batch shards (the sampler records unsharded)"),
+            (perf.remat == "full", 'perf.remat="full" (it trades this memory away)'),
+            (algo.degenerate_groups == "resample", "algo.degenerate_groups=resample (merged rounds carry no record)"),
+        ) if cond]  # fmt: skip
+        if why:
+            changes["reuse_projections"] = False
+            notes.append(f"perf.reuse_projections=true does not apply: {'; '.join(why)}; recomputing the projections")
+    if perf.prompt_packing and not perf.prefix_sharing:
+        changes["prompt_packing"] = False
+        notes.append("perf.prompt_packing=true does not apply: it packs the shared prompts of perf.prefix_sharing")
+    if perf.matmul_backward == "auto":
+        changes["matmul_backward"] = "explicit" if platform == "cpu" else "xla"
+    return dataclasses.replace(perf, **changes), notes
+
+
+def platform_of(mesh: Mesh | None) -> str:
+    return mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+
+
+def packed_prompt_width(
+    prompt_lengths: Any, prompt_width: int, algo: AlgoConfig, perf: PerfConfig, mesh: Mesh | None = None
+) -> int:
+    """The ``packed_prompt_width`` to give ``step_fn`` (and `policy_gradient`) for a rollout whose P prompts have
+    these lengths in a batch of prompt width ``prompt_width``: with ``perf.prompt_packing`` (and prefix sharing) the
+    train step runs each
+    micro-batch's prompts packed end to end, one row per batch shard, instead of left-padded, so no decoder work is
+    spent on prompt padding (`jaxgrpo.models.prefix`). The width holds the longest possible row (the
+    ``P / (num_minibatches * grad_accum_steps * shards)`` longest prompts), rounded up to
+    `jaxgrpo.padding.PACK_BUCKET`; 0 (padded rows) when packing is off or would not save."""
+    if not (perf.prefix_sharing and perf.prompt_packing):
+        return 0
+    shards = 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
+    parts = int(algo.num_minibatches) * int(algo.grad_accum_steps) * shards
+    lengths = np.asarray(prompt_lengths)
+    if len(lengths) % parts:
+        raise ValueError(f"{len(lengths)} prompts cannot be split into {parts} parts (minibatches x accum x shards)")
+    # each micro-batch has `shards` rows of P / parts prompts: size a row from the P / parts longest prompts
+    return padding.packed_width(lengths, parts, prompt_width=prompt_width)
