@@ -59,11 +59,11 @@ def build_policy(cfg: Config, key: jax.Array) -> tuple[models.ModelConfig, Param
             vocab_size=len(tokenizer), hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
             num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
             head_dim=m.hidden_size // m.num_heads, max_position_embeddings=m.max_position_embeddings,
-            tie_word_embeddings=True, dtype=m.dtype, architecture="llama",
+            tie_word_embeddings=True, dtype=m.dtype, param_dtype=m.param_dtype, architecture="llama",
             bos_token_id=tokenizer.bos_token_id, eos_token_ids=(tokenizer.eos_token_id,))
         return mcfg, models.init_params(mcfg, key), tokenizer
     path = resolve_model_path(m.name_or_path)
-    mcfg, params = models.load_pretrained(path, dtype=m.dtype)
+    mcfg, params = models.load_pretrained(path, dtype=m.dtype, param_dtype=m.param_dtype)
     tokenizer = load_tokenizer(m.tokenizer or path)
     return mcfg, params, tokenizer
 

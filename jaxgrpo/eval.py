@@ -203,6 +203,7 @@ def evaluate(
         raise ValueError(f"prompts_per_batch={prompts_per_batch!r} must be >= 1")
     data_config = data_config if data_config is not None else DataConfig()
     prompts = data_lib.encode_prompts(tokenizer, examples, data_config)
+    params = models.compute_params(model_config, params)  # the sampler reads compute-dtype weights: cast once
     if eos_token_ids is None:
         eos_token_ids = build.eos_ids(model_config, tokenizer)
     name, fn = rewards_lib.resolve(reward_fn)

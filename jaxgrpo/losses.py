@@ -43,6 +43,7 @@ shard the gradient of the global loss with respect to its local inputs.
 
 from __future__ import annotations
 
+import math
 import typing
 from typing import Literal
 
@@ -51,8 +52,9 @@ import jax.numpy as jnp
 
 Array = jax.Array
 
-__all__ = ["policy_loss", "kl_divergence", "Aggregation", "AGGREGATIONS", "RatioLevel", "RATIO_LEVELS", "KLEstimator",
-           "KL_ESTIMATORS"]
+__all__ = ["policy_loss", "kl_divergence", "sampler_correction", "resolve_sampler_correction", "Aggregation",
+           "AGGREGATIONS", "RatioLevel", "RATIO_LEVELS", "KLEstimator", "KL_ESTIMATORS", "SamplerCorrection",
+           "SAMPLER_CORRECTIONS"]
 
 # The choices of `policy_loss` (and the config's algo.aggregation / ratio_level / kl_estimator); module docstring.
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -61,6 +63,9 @@ KLEstimator = Literal["k1", "k2", "k3"]
 AGGREGATIONS: tuple[str, ...] = typing.get_args(Aggregation)
 RATIO_LEVELS: tuple[str, ...] = typing.get_args(RatioLevel)
 KL_ESTIMATORS: tuple[str, ...] = typing.get_args(KLEstimator)
+# How the sampler/trainer log-prob mismatch is corrected (`sampler_correction`); "auto" resolves by compute dtype.
+SamplerCorrection = Literal["auto", "none", "token_tis", "seq_tis", "token_mask", "seq_mask"]
+SAMPLER_CORRECTIONS: tuple[str, ...] = typing.get_args(SamplerCorrection)
 _LOG_RATIO_LIMIT = 20.0
 
 
@@ -132,6 +137,7 @@ def policy_loss(
     kl_coef: float = 0.0,
     kl_estimator: KLEstimator = "k3",
     axis_name: str | None = None,
+    is_weights: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """Clipped policy-gradient loss and its metrics (formulas in the module docstring).
 
@@ -148,6 +154,8 @@ def policy_loss(
       ref_logp, kl_coef, kl_estimator: KL penalty ``kl_coef * kl`` to the reference policy (needs ``ref_logp``
         when kl_coef > 0); the ``kl`` metric is reported whenever ``ref_logp`` is given (else 0).
       axis_name: psum the numerators and normalisers over this named axis (inside shard_map).
+      is_weights: ``[..., T]`` constants multiplying each token's policy-gradient term (not the KL term): the
+        sampler-mismatch correction of `sampler_correction`; None = 1.
 
     Returns:
       ``(loss, metrics)``: loss a float32 scalar; metrics float32 scalars over valid tokens:
@@ -216,6 +224,10 @@ def policy_loss(
     per_token = jnp.maximum(-ratio * advantages, -clipped * advantages)
     if dual_clip is not None:
         per_token = jnp.where(advantages < 0, jnp.minimum(per_token, -dual_clip * advantages), per_token)
+    if is_weights is not None:
+        if jnp.shape(is_weights) != shape:
+            raise ValueError(f"is_weights must have logp's shape {shape}; got {jnp.shape(is_weights)}")
+        per_token = per_token * jax.lax.stop_gradient(jnp.asarray(is_weights, jnp.float32))
     per_token = jnp.where(valid, per_token, 0.0)
 
     pg = _aggregate(per_token, maskf, aggregation, float(max_tokens), axis_name)
@@ -260,3 +272,54 @@ def policy_loss(
     }
     metrics = {k: jax.lax.stop_gradient(jnp.asarray(v, jnp.float32)) for k, v in metrics.items()}
     return loss.astype(jnp.float32), metrics
+
+
+def resolve_sampler_correction(mode: SamplerCorrection, compute_dtype: str) -> SamplerCorrection:
+    """``"auto"`` -> ``"token_tis"`` when the model computes in a dtype other than float32 (a bfloat16 sampler and a
+    differently fused train step disagree on the same tokens' log-probs, Yao et al. 2025), else ``"none"`` (the
+    float32 sampler and trainer agree to rounding, and the correction would only add variance)."""
+    if mode not in SAMPLER_CORRECTIONS:
+        raise ValueError(f"sampler_correction={mode!r}; choose one of {SAMPLER_CORRECTIONS}")
+    if mode != "auto":
+        return mode
+    return "none" if compute_dtype == "float32" else "token_tis"
+
+
+def sampler_correction(
+    train_logp: Array, sampler_logp: Array, mask: Array, mode: SamplerCorrection, cap: float
+) -> tuple[Array, Array]:
+    """Importance weights and keep-masks that correct for sampling from a policy other than the one trained.
+
+    The sampler (bfloat16, its own kernels) and the train step compute different log-probs for the same tokens at the
+    same parameters, so the rollout is slightly off-policy. With ``log rho_t = train_logp_t - sampler_logp_t`` (both
+    at the sampling parameters, treated as constants) and cap ``C > 1``:
+
+    - ``token_tis``: ``w_t = min(rho_t, C)`` -- truncated importance sampling (Yao et al. 2025, "Your efficient RL
+      framework secretly brings you off-policy RL training"; TRL's ``vllm_importance_sampling_correction``);
+    - ``seq_tis``: ``w_t = min(prod_s rho_s, C)`` for every token of the sequence (the product over its valid tokens);
+    - ``token_mask``: ``keep_t = [1/C <= rho_t <= C]`` -- tokens whose ratio leaves the band are dropped (masked
+      importance sampling, as verl's rollout-correction rejection);
+    - ``seq_mask``: ``keep_t = [1/C <= prod_s rho_s <= C]`` for the whole sequence;
+    - ``none``: ``w = 1``, keep everything.
+
+    The weight multiplies the per-token policy-gradient term (`policy_loss`'s ``is_weights``; the PPO ratio is then
+    taken against ``train_logp``); a dropped token leaves the loss mask, hence every denominator, as a masked
+    degenerate group does. Returns ``(weights float32, keep bool)``, both of ``train_logp``'s shape; padding (``mask``
+    False) gets weight 1 and keep True. Log-ratios are clamped to [-20, 20] before ``exp``.
+    """
+    if mode not in SAMPLER_CORRECTIONS or mode == "auto":
+        raise ValueError(f"mode={mode!r}; choose one of {SAMPLER_CORRECTIONS[1:]} (resolve 'auto' first)")
+    if not cap > 1.0:
+        raise ValueError(f"cap must be > 1 (e.g. 2.0); got {cap!r}")
+    valid = jnp.asarray(mask) != 0
+    diff = jnp.asarray(train_logp, jnp.float32) - jnp.asarray(sampler_logp, jnp.float32)
+    log_rho = jax.lax.stop_gradient(jnp.where(valid, _clamp(diff), 0.0))
+    if mode.startswith("seq"):
+        log_rho = jnp.broadcast_to(_clamp(jnp.sum(log_rho, axis=-1, keepdims=True)), log_rho.shape)
+    ones = jnp.ones(log_rho.shape, jnp.float32)
+    if mode == "none":
+        return ones, jnp.ones(log_rho.shape, bool)
+    if mode.endswith("tis"):
+        return jnp.where(valid, jnp.minimum(jnp.exp(log_rho), cap), 1.0), jnp.ones(log_rho.shape, bool)
+    log_cap = math.log(cap)
+    return ones, ~valid | ((log_rho >= -log_cap) & (log_rho <= log_cap))

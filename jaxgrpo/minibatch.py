@@ -70,6 +70,14 @@ class StepParts:
         self.nm, self.ga = int(algo.num_minibatches), int(algo.grad_accum_steps)
         self.splits = self.nm * self.ga
         self.drop_degenerate = algo.degenerate_groups in ("mask", "resample")
+        # Sampler-mismatch correction: against the trainer's log-probs at the sampling parameters, taken from the
+        # first update's own forward (stop-gradient) when that is the only update and nothing is masked up front,
+        # else from a separate forward before the updates (`correct_sampler`).
+        self.correction = losses.resolve_sampler_correction(algo.sampler_correction, model_config.dtype)
+        self.cap = float(algo.sampler_correction_cap)
+        self.old_forward = self.correction != "none" and (
+            int(algo.num_iterations) * self.nm > 1 or self.correction.endswith("mask")
+        )
         self.seq_normalized = algo.aggregation != "token-mean"
         # The estimator shares the degeneracy tolerances unless the config sets them explicitly.
         self.est_args = dict(algo.estimator_args)
@@ -136,6 +144,25 @@ class StepParts:
         y = jnp.moveaxis(y, 1, 0).reshape(self.nm, self.ga, (groups // S) * rows_per_group, *x.shape[1:])
         return self._constrain_rows(y, axis=2)
 
+    def logprobs(
+        self,
+        params: Params,
+        mb: dict[str, jax.Array],
+        group_size: int,
+        packed_width: int,
+        projections: dict[str, jax.Array] | None,
+        remat: str,
+    ) -> tuple[jax.Array, jax.Array]:
+        """`compute_logprobs` of a micro-batch's rows with the step's perf switches."""
+        rows = Batch(tokens=mb["tokens"], prompt_mask=mb["prompt_mask"], completion_mask=mb["completion_mask"],
+                     rewards=jnp.zeros((0, 0)), valid=jnp.zeros((0, 0), bool), old_logprobs=mb["old_logprobs"])
+        perf = self.perf
+        return compute_logprobs(self.config, params, rows, self.temperature, perf.logprob_chunk, remat=remat,
+                                matmul_backward=perf.matmul_backward,
+                                group_size=group_size if perf.prefix_sharing else 0,
+                                packed_width=packed_width,  # used only with prefix sharing (group_size > 1)
+                                pack_rows=self.num_shards, projections=projections)  # fmt: skip
+
     # -- 3. one micro-batch: loss (weighted by its share of the global normalizer) and statistics
     def micro_loss(
         self,
@@ -146,32 +173,20 @@ class StepParts:
         projections: dict[str, jax.Array] | None = None,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         algo = self.algo
-        batch = Batch(
-            tokens=mb["tokens"],
-            prompt_mask=mb["prompt_mask"],
-            completion_mask=mb["completion_mask"],
-            rewards=jnp.zeros((0, 0)),  # unused by compute_logprobs
-            valid=jnp.zeros((0, 0), bool),
-            old_logprobs=mb["old_logprobs"],
-        )
-        logp, entropy = compute_logprobs(
-            self.config,
-            params,
-            batch,
-            self.temperature,
-            self.perf.logprob_chunk,
-            remat=self.perf.remat,
-            matmul_backward=self.perf.matmul_backward,
-            group_size=group_size if self.perf.prefix_sharing else 0,
-            packed_width=packed_width,  # used only with prefix sharing (group_size > 1)
-            pack_rows=self.num_shards,
-            projections=projections,
-        )
+        logp, entropy = self.logprobs(params, mb, group_size, packed_width, projections, self.perf.remat)
         logp = self._constrain_rows(logp)
         max_tokens = algo.max_tokens if algo.max_tokens is not None else logp.shape[1]
         use_kl = algo.kl_coef > 0
+        # the trainer's log-probs at the sampling parameters (exact in the first update, which alone is reported)
+        train_old = mb["train_old"] if self.old_forward else jax.lax.stop_gradient(logp)
+        sampler_old = mb["old_logprobs"]
+        if self.correction != "none":  # the PPO ratio against the trainer's old policy, reweighted to the sampler's
+            is_w, keep = losses.sampler_correction(train_old, sampler_old, mb["token_mask"], self.correction, self.cap)
+            ratio_old = train_old
+        else:
+            is_w, keep, ratio_old = jnp.ones(logp.shape, jnp.float32), jnp.ones(logp.shape, bool), sampler_old
 
-        def local(logp, old, adv, mask, *ref):
+        def local(logp, old, adv, mask, is_w, *ref):
             return losses.policy_loss(
                 logp,
                 old,
@@ -187,9 +202,10 @@ class StepParts:
                 kl_coef=algo.kl_coef,
                 kl_estimator=algo.kl_estimator,
                 axis_name=self.axis_name,
+                is_weights=is_w,
             )
 
-        args = [logp, mb["old_logprobs"], mb["advantages"], mb["loss_mask"]] + ([mb["ref_logprobs"]] if use_kl else [])
+        args = [logp, ratio_old, mb["advantages"], mb["loss_mask"], is_w] + ([mb["ref_logprobs"]] if use_kl else [])
         rows = PartitionSpec(BATCH_AXES)
         scalar = PartitionSpec()
         loss, pm = self._shard_map(local, in_specs=tuple(rows for _ in args), out_specs=(scalar, scalar))(*args)
@@ -199,7 +215,10 @@ class StepParts:
         # First-pass statistics as sums over the valid completion tokens (GSPMD reduces them globally).
         tm = mb["token_mask"]
         diff = jnp.where(tm, logp - mb["old_logprobs"], 0.0)
+        corrected = tm & (~keep | (is_w >= self.cap))  # masked, or weight truncated at the cap
         stats = {
+            "sampler_kl_sum": jnp.sum(jnp.where(tm, sampler_old - train_old, 0.0)),
+            "corrected_sum": jnp.sum(corrected).astype(jnp.float32),
             "entropy_sum": jnp.sum(jnp.where(tm, entropy, 0.0)),
             "abs_diff_sum": jnp.sum(jnp.abs(diff)),
             "abs_diff_max": jnp.max(jnp.abs(diff)),
@@ -285,10 +304,43 @@ class StepParts:
         return out
 
 
+    def correct_sampler(
+        self,
+        params: Params,
+        split: dict[str, jax.Array],
+        group_size: int,
+        packed_width: int = 0,
+        projections: dict[str, jax.Array] | None = None,
+    ) -> dict[str, jax.Array]:
+        """With `old_forward`: the trainer's log-probs at the sampling parameters (a forward without gradient, one
+        micro-batch at a time), as ``split["train_old"]``; for the masking modes the dropped tokens leave
+        ``loss_mask`` and the global normalizers are recounted (as for masked degenerate groups)."""
+        if not self.old_forward:
+            return split
+        params = jax.lax.stop_gradient(params)
+        forward = lambda mb: self.logprobs(params, mb, group_size, packed_width, projections, "none")[0]  # noqa: E731
+
+        keys = ("tokens", "prompt_mask", "completion_mask", "old_logprobs")
+        flat = {k: split[k].reshape(self.splits, *split[k].shape[2:]) for k in keys}
+        train_old = jax.lax.map(forward, flat).reshape(split["old_logprobs"].shape)
+        out = dict(split, train_old=self._constrain_rows(train_old, axis=2))
+        if self.correction.endswith("mask"):
+            _, keep = losses.sampler_correction(train_old, split["old_logprobs"], split["token_mask"],
+                                                self.correction, self.cap)  # fmt: skip
+            loss_mask = split["loss_mask"] & keep
+            tok = jnp.sum(loss_mask, axis=(2, 3)).astype(jnp.float32)
+            seq = jnp.sum(jnp.any(loss_mask, axis=3), axis=2).astype(jnp.float32)
+            out.update(loss_mask=loss_mask, tok=tok, seq=seq,
+                       tok_total=jnp.broadcast_to(tok.sum(1, keepdims=True), tok.shape),
+                       seq_total=jnp.broadcast_to(seq.sum(1, keepdims=True), seq.shape))  # fmt: skip
+        return out
+
+
 def first_minibatch_gradient(
     step: StepParts, params: Params, batch: Batch, packed_width: int = 0
 ) -> tuple[jax.Array, Params, dict]:
     Pn, G = check_batch(batch, step.algo, step.perf, step.num_shards)
     prep = step.prepare(batch)
-    mbs = jax.tree.map(lambda x: x[0], step.split_batch(batch, prep))
+    split = step.correct_sampler(params, step.split_batch(batch, prep), G, packed_width, batch.projections)
+    mbs = jax.tree.map(lambda x: x[0], split)
     return step.minibatch_grad(params, mbs, G, packed_width, batch.projections)

@@ -185,6 +185,8 @@ def make_train_step(
         check_batch(batch, algo, step.perf, step.num_shards)
         prep = step.prepare(batch)
         split = step.split_batch(batch, prep)
+        G = batch.rewards.shape[1]
+        split = step.correct_sampler(state.params, split, G, packed_prompt_width, batch.projections)
 
         def update(carry, u):
             params, opt_state = carry
@@ -218,10 +220,12 @@ def make_train_step(
                 "mismatch/abs_diff_mean": s["abs_diff_sum"][0] / n0,
                 "mismatch/abs_diff_max": s["abs_diff_max"][0],
                 "mismatch/ratio_mean": s["exp_diff_sum"][0] / n0,
+                "sampler/kl": s["sampler_kl_sum"][0] / n0,
+                "sampler/corrected_frac": s["corrected_sum"][0] / n0,
                 "tokens/prompt": batch.prompt_mask.astype(jnp.float32).sum(),
                 "tokens/completion": completion_tokens,
-                "tokens/loss": jnp.sum(prep["tok"]),
-                "sequences/loss": jnp.sum(prep["seq"]),
+                "tokens/loss": jnp.sum(split["tok"]),
+                "sequences/loss": jnp.sum(split["seq"]),
                 "degeneracy/masked_groups": prep["dropped"],
             }
         )

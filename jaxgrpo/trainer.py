@@ -110,8 +110,8 @@ class Trainer:
         if self.mesh is not None:
             params = sharding.shard_params(params, self.model_config, self.mesh)
         temperature = cfg.rollout.temperature
-        if cfg.algo.kl_coef > 0:  # the reference is the initial policy; copied, as the train step donates its state
-            self.ref_params = jax.tree.map(jnp.copy, params)
+        if cfg.algo.kl_coef > 0:  # the reference is the initial policy, in the compute dtype; a copy (the step donates)
+            self.ref_params = jax.tree.map(jnp.copy, models.compute_params(self.model_config, params))
             chunk = self.perf.logprob_chunk
             self.ref_logprobs = jax.jit(lambda p, b: compute_logprobs(self.model_config, p, b, temperature, chunk)[0])
         else:
@@ -158,8 +158,9 @@ class Trainer:
         r = self.cfg.rollout
         prompt_ids = [self.encoded[i] for i in indices]
         examples = [self.examples[i] for i in indices]
-        comp = sampling.generate(
-            self.model_config, self.state.params, prompt_ids, num_samples=r.group_size,
+        comp = sampling.generate(  # the sampler reads compute-dtype weights, cast once per rollout
+            self.model_config, models.compute_params(self.model_config, self.state.params), prompt_ids,
+            num_samples=r.group_size,
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
             eos_token_ids=self.eos_token_ids, key=key, mesh=self.mesh, record_projections=self.perf.reuse_projections)
         projections, comp = comp.projections, comp.replace(projections=None)  # the record stays on the device

@@ -115,6 +115,7 @@ def test_choices_are_the_literal_types_of_the_modules_that_implement_them():
     """Each enum-like field is annotated with its module's Literal type, and CHOICES lists exactly those fields."""
     expected = {
         ("model", "dtype"): C.ModelDtype,
+        ("model", "param_dtype"): C.ModelDtype,
         ("data", "source"): C.DataSource,
         ("data", "template"): C.PromptTemplate,
         ("algo", "estimator"): advantages.Estimator,
@@ -123,6 +124,7 @@ def test_choices_are_the_literal_types_of_the_modules_that_implement_them():
         ("algo", "aggregation"): losses.Aggregation,
         ("algo", "kl_estimator"): losses.KLEstimator,
         ("algo", "on_reward_error"): rewards.OnRewardError,
+        ("algo", "sampler_correction"): losses.SamplerCorrection,
         ("perf", "remat"): layers.RematPolicy,
         ("perf", "matmul_backward"): layers.MatmulBackward,
         ("optim", "schedule"): C.Schedule,
@@ -372,3 +374,15 @@ def test_cli_error_without_traceback_in_a_process():
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: algo.degenerate_groups='drop' is not a valid choice")
     assert "keep, mask, resample" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_mixed_precision_and_sampler_correction_keys():
+    cfg = C.load_config("default", ["model.dtype=bfloat16", "algo.sampler_correction=seq_mask"])
+    assert (cfg.model.dtype, cfg.model.param_dtype, cfg.algo.sampler_correction) == ("bfloat16", "float32", "seq_mask")
+    assert C.load_config("default", []).algo.sampler_correction == "auto"
+    with pytest.raises(C.ConfigError, match="algo.sampler_correction_cap"):
+        C.load_config("default", ["algo.sampler_correction_cap=1.0"])
+    with pytest.raises(C.ConfigError, match="token_tis"):
+        C.load_config("default", ["algo.sampler_correction=tis"])
+    with pytest.raises(C.ConfigError, match="model.param_dtype"):
+        C.load_config("default", ["model.param_dtype=float16"])

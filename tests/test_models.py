@@ -78,7 +78,7 @@ class TestForward(chex.TestCase):
     def test_bfloat16_params_give_float32_logits_close_to_float32(self):
         cfg = CONFIGS["qwen3"]
         params = random_params(cfg)
-        cfg16 = cfg.replace(dtype="bfloat16")
+        cfg16 = cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
         p16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
         chex.assert_trees_all_equal_dtypes(p16, jax.eval_shape(lambda: init_params(cfg16, jax.random.key(0))))
         l32 = fwd(cfg, params, tokens(2, 6))

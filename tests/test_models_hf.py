@@ -142,15 +142,22 @@ def test_save_pretrained_round_trip_through_transformers(tmp_path, arch):
 
 def test_bfloat16_save_and_load(tmp_path, checkpoints):
     d, _ = checkpoints["qwen2"]
-    cfg, params = load_pretrained(d, dtype=jnp.bfloat16)  # a dtype object or its name
+    cfg, masters = load_pretrained(d, dtype="bfloat16")  # bfloat16 compute over float32 master weights (default)
+    assert cfg.dtype == "bfloat16" and cfg.param_dtype == "float32"
+    assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(masters))
+    cfg, params = load_pretrained(d, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)  # a dtype object or its name
     assert cfg.dtype == "bfloat16"
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(params))
     save_pretrained(cfg, params, tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["torch_dtype"] == "bfloat16"
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
     assert next(model.parameters()).dtype == torch.bfloat16
-    _, back = load_pretrained(tmp_path, dtype="bfloat16")
+    _, back = load_pretrained(tmp_path, dtype="bfloat16", param_dtype="bfloat16")
     chex.assert_trees_all_equal(back, params)
+    # the float32 masters exported in the compute dtype (the default) or exactly (dtype="float32")
+    save_pretrained(cfg.replace(param_dtype="float32"), masters, tmp_path / "f32", dtype="float32")
+    assert json.loads((tmp_path / "f32" / "config.json").read_text())["torch_dtype"] == "float32"
+    chex.assert_trees_all_equal(load_pretrained(tmp_path / "f32")[1], masters)
 
 
 def test_load_onto_mesh(checkpoints):

@@ -31,6 +31,7 @@ from jaxgrpo.models.convert import CheckpointError, load_pretrained, load_tokeni
 from jaxgrpo.models.decode import forward_with_prefix_cache, init_decode_cache, prefill
 from jaxgrpo.models.params import (
     PROJECTIONS,
+    compute_params,
     count_params,
     init_params,
     lm_head,
@@ -53,6 +54,7 @@ __all__ = [
     "ModelConfig",
     "ModelConfigError",
     "RopeScaling",
+    "compute_params",
     "count_params",
     "forward",
     "forward_with_cache",

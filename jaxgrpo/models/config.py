@@ -73,18 +73,21 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False
-    dtype: str = "float32"
+    dtype: str = "float32"  # compute dtype: activations, KV caches, the weights as the forward reads them
+    param_dtype: str = "float32"  # stored (master) weights: what the optimizer updates and checkpoints hold
     architecture: str = "llama"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.dtype, str):  # accept jnp.bfloat16 / np.float32 / np.dtype objects
-            object.__setattr__(self, "dtype", _dtype_name(self.dtype))
+        for name in ("dtype", "param_dtype"):  # accept jnp.bfloat16 / np.float32 / np.dtype objects
+            if not isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, _dtype_name(getattr(self, name)))
         if self.architecture not in ARCHITECTURES:
             raise ModelConfigError(f"unsupported architecture {self.architecture!r}; supported: {ARCHITECTURES}")
-        if self.dtype not in DTYPES:
-            raise ModelConfigError(f"unsupported dtype {self.dtype!r}; supported: {DTYPES}")
+        for name in ("dtype", "param_dtype"):
+            if getattr(self, name) not in DTYPES:
+                raise ModelConfigError(f"unsupported {name} {getattr(self, name)!r}; supported: {DTYPES}")
         if self.head_dim is None:
             if self.hidden_size % self.num_heads:
                 raise ModelConfigError(

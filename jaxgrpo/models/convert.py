@@ -143,7 +143,7 @@ def _assemble(
     shardings: Any,
 ) -> Params:
     """Build params by calling ``read(hf_name, gguf_name, expected_hf_shape) -> torch-layout array`` per tensor."""
-    np_dtype = _NP_DTYPES[config.dtype]
+    np_dtype = _NP_DTYPES[config.param_dtype]
     shardings = _resolve_shardings(config, shardings)
     params: Params = {}
     for path, shape, names, kind in _tensor_plan(config):
@@ -204,7 +204,7 @@ def _safetensors_files(directory: pathlib.Path) -> list[pathlib.Path]:
     return files
 
 
-def _load_hf(directory: pathlib.Path, dtype: str, shardings: Any) -> tuple[ModelConfig, Params]:
+def _load_hf(directory: pathlib.Path, dtype: str, param_dtype: str, shardings: Any) -> tuple[ModelConfig, Params]:
     from safetensors import safe_open
 
     cfg_path = directory / "config.json"
@@ -213,7 +213,7 @@ def _load_hf(directory: pathlib.Path, dtype: str, shardings: Any) -> tuple[Model
             f"no config.json in {directory}; expected an HF model directory (config.json + *.safetensors) "
             f"or a .gguf file"
         )
-    config = from_hf_config(json.loads(cfg_path.read_text()), dtype=dtype)
+    config = from_hf_config(json.loads(cfg_path.read_text()), dtype=dtype).replace(param_dtype=param_dtype)
     files = _safetensors_files(directory)
     with contextlib.ExitStack() as stack:
         handles = [stack.enter_context(safe_open(str(f), framework="numpy")) for f in files]
@@ -254,9 +254,17 @@ def _to_host(x: Any) -> np.ndarray:
 
 
 def save_pretrained(
-    config: ModelConfig, params: Params, directory: PathLike, *, max_shard_bytes: int = 4 * 1024**3
+    config: ModelConfig,
+    params: Params,
+    directory: PathLike,
+    *,
+    max_shard_bytes: int = 4 * 1024**3,
+    dtype: str | None = None,
 ) -> pathlib.Path:
     """Write ``config.json`` + safetensors (sharded with an index above ``max_shard_bytes``) that transformers loads.
+
+    Tensors are written in ``dtype`` (default: the model's compute dtype ``config.dtype``; ``"float32"`` keeps
+    float32 masters exact).
 
     Parameters may be sharded device arrays (they are gathered one parameter at a time; on multi-host meshes every
     process must call this, and process 0 writes).
@@ -271,7 +279,10 @@ def save_pretrained(
         raise CheckpointError(f"params do not match the config: param shapes {got} != expected {shapes}")
     shards: list[dict[str, np.ndarray]] = [{}]
     size = 0
-    np_dtype = _NP_DTYPES[config.dtype]
+    out_dtype = config.dtype if dtype is None else (dtype if isinstance(dtype, str) else np.dtype(dtype).name)
+    if out_dtype not in _NP_DTYPES:
+        raise ModelConfigError(f"unsupported dtype {out_dtype!r}; supported: {tuple(_NP_DTYPES)}")
+    np_dtype = _NP_DTYPES[out_dtype]
     for path, _shape, names, kind in _tensor_plan(config):
         host = _to_host(_get(params, path)).astype(np_dtype)
         for i, (hf_name, _) in enumerate(names):
@@ -297,7 +308,7 @@ def save_pretrained(
         total = sum(t.nbytes for s in shards for t in s.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    (directory / "config.json").write_text(json.dumps(to_hf_config(config), indent=2))
+    (directory / "config.json").write_text(json.dumps(to_hf_config(config.replace(dtype=out_dtype)), indent=2))
     gen: dict[str, Any] = {}
     if config.bos_token_id is not None:
         gen["bos_token_id"] = config.bos_token_id
@@ -309,23 +320,26 @@ def save_pretrained(
 
 
 # --------------------------------------------------------------------------------------------------- entry points
-def load_pretrained(path: PathLike, dtype: str = "float32", shardings: Any = None) -> tuple[ModelConfig, Params]:
+def load_pretrained(
+    path: PathLike, dtype: str = "float32", shardings: Any = None, *, param_dtype: str = "float32"
+) -> tuple[ModelConfig, Params]:
     """Load an HF directory (config.json + safetensors) or a ``.gguf`` file -> ``(config, params)``.
 
-    ``dtype``: parameter/compute dtype ("float32" or "bfloat16"). ``shardings``: None (default device), a
+    ``dtype``: the compute dtype ("float32" or "bfloat16"); ``param_dtype``: the stored weights' dtype (float32
+    masters by default; ``param_dtype=dtype`` for an inference-only copy). ``shardings``: None (default device), a
     `jax.sharding.Mesh` (parameters placed by `jaxgrpo.sharding.RULES`), or a pytree of shardings like the params.
     """
     path = pathlib.Path(path)
-    if not isinstance(dtype, str):
-        dtype = np.dtype(dtype).name  # jnp.bfloat16 -> "bfloat16"
-    if dtype not in _NP_DTYPES:
-        raise ModelConfigError(f"unsupported dtype {dtype!r}; supported: {tuple(_NP_DTYPES)}")
+    dtype, param_dtype = (d if isinstance(d, str) else np.dtype(d).name for d in (dtype, param_dtype))
+    for name, value in (("dtype", dtype), ("param_dtype", param_dtype)):
+        if value not in _NP_DTYPES:
+            raise ModelConfigError(f"unsupported {name} {value!r}; supported: {tuple(_NP_DTYPES)}")
     if not path.exists():
         raise CheckpointError(f"{path} does not exist (expected an HF model directory or a .gguf file)")
     if path.is_dir():
-        return _load_hf(path, dtype, shardings)
+        return _load_hf(path, dtype, param_dtype, shardings)
     if path.suffix == ".gguf":
-        return _load_gguf(path, dtype, shardings)
+        return _load_gguf(path, dtype, param_dtype, shardings)
     raise CheckpointError(f"{path} is neither a directory (HF format) nor a .gguf file")
 
 
@@ -475,14 +489,14 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, out_dim // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
 
 
-def _load_gguf(path: pathlib.Path, dtype: str, shardings: Any) -> tuple[ModelConfig, Params]:
+def _load_gguf(path: pathlib.Path, dtype: str, param_dtype: str, shardings: Any) -> tuple[ModelConfig, Params]:
     from gguf import GGUFReader
 
     try:
         reader = GGUFReader(str(path))
     except Exception as e:  # the gguf package raises ValueError/struct errors for truncated or foreign files
         raise CheckpointError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from e
-    config = gguf_config(reader, dtype)
+    config = gguf_config(reader, dtype).replace(param_dtype=param_dtype)
     index = _gguf_tensor_index(reader)
     _check_unexpected(config, set(index), 1, ("rope_freqs.weight",), path.name)
 

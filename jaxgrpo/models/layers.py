@@ -172,13 +172,14 @@ def explicit_backward(mode: MatmulBackward) -> bool:
 
 
 def dense(x: jax.Array, w: jax.Array, n_in: int, given: jax.Array | None = None, explicit: bool = True) -> jax.Array:
-    """THE dense projection: contract the last ``n_in`` axes of ``x`` with the first ``n_in`` of ``w``.
+    """THE dense projection: contract the last ``n_in`` axes of ``x`` with the first ``n_in`` of ``w`` (the weight
+    is read in ``x``'s compute dtype; its gradient flows back to the stored dtype through the cast).
 
     Returns the flattened output ``[..., prod(w.shape[n_in:])]``. ``given`` (same shape), when not None, is the known
     value of the product (`matmul_given`). The output is named for the ``"projections"`` remat policy."""
     in_size = math.prod(w.shape[:n_in])
     x_flat = x.reshape(*x.shape[: x.ndim - n_in], in_size)
-    w_flat = w.reshape(in_size, -1)
+    w_flat = w.reshape(in_size, -1).astype(x.dtype)  # stored weights (param_dtype) read in the compute dtype
     if given is not None:
         y = matmul_given[explicit](x_flat, w_flat, given.astype(x_flat.dtype))
     else:
@@ -223,7 +224,8 @@ def decoder_layer(
     h_BTD = rms_norm(x_BTD, lp["attn_norm"], eps)
     q_BTNH, k_BTKH, v_BTKH = proj("q", h_BTD, 1), proj("k", h_BTD, 1), proj("v", h_BTD, 1)
     if c.qkv_bias:
-        q_BTNH, k_BTKH, v_BTKH = q_BTNH + lp["q_bias"], k_BTKH + lp["k_bias"], v_BTKH + lp["v_bias"]
+        bias = {k: lp[f"{k}_bias"].astype(x_BTD.dtype) for k in "qkv"}
+        q_BTNH, k_BTKH, v_BTKH = q_BTNH + bias["q"], k_BTKH + bias["k"], v_BTKH + bias["v"]
     if c.qk_norm:
         q_BTNH, k_BTKH = rms_norm(q_BTNH, lp["q_norm"], eps), rms_norm(k_BTKH, lp["k_norm"], eps)
     q_BTNH, k_BTKH = apply_rope(q_BTNH, *rope), apply_rope(k_BTKH, *rope)

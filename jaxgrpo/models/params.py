@@ -83,7 +83,7 @@ def init_params(config: ModelConfig, key: jax.Array) -> Params:
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
         shapes, is_leaf=lambda x: isinstance(x, tuple))[0]]  # fmt: skip
     keys = jax.random.split(key, len(leaves))
-    dtype = jnp.dtype(config.dtype)
+    dtype = jnp.dtype(config.param_dtype)
     out = []
     for path, shape, k in zip(paths, leaves, keys):
         if "norm" in path:
@@ -102,8 +102,16 @@ def count_params(config: ModelConfig) -> int:
 
 
 def lm_head(config: ModelConfig, params: Params) -> jax.Array:
-    """The output projection ``[D, V]`` (the transposed embedding when tied)."""
-    return params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+    """The output projection ``[D, V]`` (the transposed embedding when tied) in the compute dtype."""
+    w = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+    return w.astype(config.dtype)
+
+
+def compute_params(config: ModelConfig, params: Params) -> Params:
+    """The parameters in the compute dtype (``config.dtype``): what the sampler reads, cast once per rollout. A no-op
+    when ``param_dtype == dtype``. Memory: 2 bytes per parameter for a bfloat16 copy of float32 masters."""
+    dt = jnp.dtype(config.dtype)
+    return jax.tree.map(lambda x: x if x.dtype == dt else x.astype(dt), params)
 
 
 def projection_widths(config: ModelConfig) -> dict[str, int]:
