@@ -66,8 +66,13 @@ update, before any parameter change; ``grad_norm`` (before clipping, averaged ov
 ``tokens/prompt``, ``tokens/completion``, ``tokens/loss`` and ``sequences/loss`` (what the loss normalises by),
 ``degeneracy/masked_groups`` (groups dropped from the loss).
 
-Parameters keep their dtype: with bfloat16 params, micro-batch gradients are accumulated in float32 and cast
-back, and AdamW runs on bfloat16 params and moments (no float32 master copy).
+**Precision.** The state holds the master weights in ``model_config.param_dtype`` (float32 by default) and AdamW's
+moments alike; the forward reads them cast to the compute dtype ``model_config.dtype`` inside the differentiated
+function, so gradients arrive in the masters' dtype, and micro-batch gradients accumulate in float32
+(docs/mixed_precision.md). **Sampler correction** (``algo.sampler_correction``, `losses.sampler_correction`): the PPO
+ratio is taken against the trainer's log-probs at the sampling parameters, and each token's policy-gradient term is
+weighted (or masked) by their ratio to the sampler's; those log-probs come from the first update's forward when it is
+the only update and nothing is masked up front, else from one forward without gradient before the updates.
 """
 
 from __future__ import annotations
