@@ -37,6 +37,7 @@ from jaxgrpo.advantages import Estimator
 from jaxgrpo.degeneracy import DegenerateMode
 from jaxgrpo.errors import ConfigError, cli_error
 from jaxgrpo.losses import Aggregation, KLEstimator, RatioLevel, SamplerCorrection
+from jaxgrpo.models.attention import AttentionKind
 from jaxgrpo.models.layers import MatmulBackward, RematPolicy
 from jaxgrpo.rewards import OnRewardError
 from jaxgrpo.synthetic import MAX_DIFFICULTY
@@ -131,7 +132,7 @@ class PerfConfig:
     """How the step is computed, not what: each switch keeps the loss and gradients (up to float rounding).
 
     A switch that cannot apply to a run (e.g. projection reuse with several optimizer updates per rollout) is turned
-    off for it, and the run says so once at startup (`jaxgrpo.train_step.resolve_perf`)."""
+    off for it, and the run says so once at startup (`jaxgrpo.perf.resolve_perf`)."""
 
     prefix_sharing: bool = True  # train step encodes each group's prompt once for its G completions
     prompt_packing: bool = True  # with prefix sharing, the train step runs the prompts packed end to end (no padding)
@@ -140,6 +141,10 @@ class PerfConfig:
     reuse_projections: bool = True  # the sampler records dense-projection outputs, the step takes them as given
     # the hand-written matmul backward (faster on XLA:CPU only); auto = explicit on CPU, XLA's own elsewhere
     matmul_backward: MatmulBackward = "auto"
+    # the train step's attention: dense ([T, S] scores per row) | chunked (online softmax over key chunks, no [T, S]
+    # scores: the accelerator path); auto = dense on CPU, chunked elsewhere
+    attention: AttentionKind = "auto"
+    attention_chunk: int = 512  # keys per chunk of the chunked attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -458,6 +463,7 @@ def validate(cfg: Config) -> None:
     _require(a.clip_high is None or a.clip_high > 0, "algo.clip_high", a.clip_high, "> 0 or null (= clip_low)")
     _require(a.dual_clip is None or a.dual_clip > 1, "algo.dual_clip", a.dual_clip, "> 1 or null (off)")
     _require(a.max_tokens is None or a.max_tokens >= 1, "algo.max_tokens", a.max_tokens, ">= 1 or null")
+    _require(cfg.perf.attention_chunk >= 1, "perf.attention_chunk", cfg.perf.attention_chunk, ">= 1")
     _require(a.sampler_correction_cap > 1, "algo.sampler_correction_cap", a.sampler_correction_cap, "> 1 (e.g. 2.0)")
     _require(cfg.perf.logprob_chunk >= 0, "perf.logprob_chunk", cfg.perf.logprob_chunk, ">= 0 (0 = automatic)")
 

@@ -22,6 +22,7 @@ from jaxgrpo.config import AlgoConfig, PerfConfig
 from jaxgrpo.degeneracy import DEGENERATE_MODES
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.losses import AGGREGATIONS
+from jaxgrpo.models.attention import Kernel
 from jaxgrpo.perf import platform_of, resolve_perf
 
 BATCH_AXES = sharding_lib.BATCH_AXES
@@ -157,8 +158,9 @@ class StepParts:
         rows = Batch(tokens=mb["tokens"], prompt_mask=mb["prompt_mask"], completion_mask=mb["completion_mask"],
                      rewards=jnp.zeros((0, 0)), valid=jnp.zeros((0, 0), bool), old_logprobs=mb["old_logprobs"])
         perf = self.perf
+        kernel = Kernel(perf.attention, perf.attention_chunk)
         return compute_logprobs(self.config, params, rows, self.temperature, perf.logprob_chunk, remat=remat,
-                                matmul_backward=perf.matmul_backward,
+                                matmul_backward=perf.matmul_backward, attention_kernel=kernel,
                                 group_size=group_size if perf.prefix_sharing else 0,
                                 packed_width=packed_width,  # used only with prefix sharing (group_size > 1)
                                 pack_rows=self.num_shards, projections=projections)  # fmt: skip

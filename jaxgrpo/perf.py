@@ -21,7 +21,8 @@ def resolve_perf(algo: AlgoConfig, perf: PerfConfig, *, num_shards: int, platfor
     step's forward only with prefix sharing, one optimizer update per rollout -- at the parameters that sampled it --
     and one batch shard; the trainer also drops it with ``remat="full"``, which trades that memory away, and with
     dynamic sampling, whose merged rounds carry no record); ``perf.prompt_packing`` (needs prefix sharing);
-    ``perf.matmul_backward="auto"`` (explicit on ``platform == "cpu"``, XLA's own elsewhere)."""
+    ``perf.matmul_backward="auto"`` (explicit on ``platform == "cpu"``, XLA's own elsewhere); ``perf.attention="auto"``
+    (dense on CPU, chunked elsewhere)."""
     notes, changes = [], {}
     updates = algo.num_iterations * algo.num_minibatches * algo.grad_accum_steps
     if perf.reuse_projections:
@@ -41,6 +42,8 @@ def resolve_perf(algo: AlgoConfig, perf: PerfConfig, *, num_shards: int, platfor
         notes.append("perf.prompt_packing=true does not apply: it packs the shared prompts of perf.prefix_sharing")
     if perf.matmul_backward == "auto":
         changes["matmul_backward"] = "explicit" if platform == "cpu" else "xla"
+    if perf.attention == "auto":
+        changes["attention"] = "dense" if platform == "cpu" else "chunked"
     return dataclasses.replace(perf, **changes), notes
 
 

@@ -17,7 +17,7 @@ import yaml
 import jaxgrpo
 from jaxgrpo import advantages, coerce, degeneracy, losses, rewards
 from jaxgrpo import config as C
-from jaxgrpo.models import layers
+from jaxgrpo.models import attention, layers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -127,6 +127,7 @@ def test_choices_are_the_literal_types_of_the_modules_that_implement_them():
         ("algo", "sampler_correction"): losses.SamplerCorrection,
         ("perf", "remat"): layers.RematPolicy,
         ("perf", "matmul_backward"): layers.MatmulBackward,
+        ("perf", "attention"): attention.AttentionKind,
         ("optim", "schedule"): C.Schedule,
     }
     for (section, key), literal in expected.items():

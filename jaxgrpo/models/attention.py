@@ -26,12 +26,35 @@ are never transposed.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import dataclasses
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from jaxgrpo.models.chunked import attend_chunked, attend_shared_prefix_chunked
 from jaxgrpo.models.layers import Attention, LayerContext
+
+# Which kernel the training/prefill attention uses: "dense" materializes each row's [T, S] scores (fastest on XLA:CPU
+# at the sizes jaxgrpo trains there); "chunked" never does (`jaxgrpo.models.chunked`: online softmax over key chunks,
+# the accelerator path); "auto" = dense on CPU, chunked elsewhere (resolved by `jaxgrpo.perf.resolve_perf`).
+AttentionKind = Literal["auto", "dense", "chunked"]
+ATTENTION_KINDS: tuple[str, ...] = AttentionKind.__args__
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """A resolved attention kernel: ``kind`` "dense" or "chunked", ``chunk`` keys per chunk (chunked only)."""
+
+    kind: str = "dense"
+    chunk: int = 512
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("dense", "chunked") or self.chunk < 1:
+            raise ValueError(f"attention kernel {self!r}: kind must be 'dense' or 'chunked' and chunk >= 1")
+
+
+DENSE = Kernel()
 
 _NEG = -1e30
 
@@ -124,9 +147,17 @@ def _layer(cache: jax.Array, index: jax.Array, dtype: Any) -> jax.Array:
 
 
 # ------------------------------------------------------------------------------------------- attention functions
-def causal(mask_BTS: jax.Array) -> Attention:
-    """Every row attends over its own keys with ``mask [B, T, T]``."""
-    return lambda q, k, v, ctx: (attend(q, k, v, mask_BTS), ctx.state, None)
+def _causal_attend(q, k, v, mask_BT: jax.Array, kernel: Kernel) -> jax.Array:
+    """Causal attention of each row over its own real keys (``mask [B, T]``) with ``kernel``."""
+    if kernel.kind == "dense":
+        return attend(q, k, v, causal_mask(mask_BT))
+    pos = jnp.broadcast_to(jnp.arange(mask_BT.shape[1], dtype=jnp.int32), mask_BT.shape)
+    return attend_chunked(q, k, v, mask_BT.astype(bool), pos, pos, kernel.chunk)
+
+
+def causal(mask_BT: jax.Array, kernel: Kernel = DENSE) -> Attention:
+    """Every row attends causally over its own real keys (``mask [B, T]``)."""
+    return lambda q, k, v, ctx: (_causal_attend(q, k, v, mask_BT, kernel), ctx.state, None)
 
 
 def cached(mask_BTS: jax.Array, start: jax.Array) -> Attention:
@@ -141,7 +172,9 @@ def cached(mask_BTS: jax.Array, start: jax.Array) -> Attention:
     return fn
 
 
-def per_prompt(prompt_mask_PT: jax.Array, pack: dict[str, jax.Array] | None = None) -> Attention:
+def per_prompt(
+    prompt_mask_PT: jax.Array, pack: dict[str, jax.Array] | None = None, kernel: Kernel = DENSE
+) -> Attention:
     """Causal attention within each prompt; ``out`` = the prompts' keys and values kv-head-major (``[P, K, Tp, H]``,
     ``[P, K, H, Tp]``), the prefix the prompt's completions read.
 
@@ -149,26 +182,29 @@ def per_prompt(prompt_mask_PT: jax.Array, pack: dict[str, jax.Array] | None = No
     width ``W`` (`jaxgrpo.padding.pack_layout`): queries, keys and values are gathered into the padded per-prompt
     layout for the attention (``slot_index``), the outputs gathered back (``token_slot``)."""
     P, Tp = prompt_mask_PT.shape
-    mask_PTT = causal_mask(prompt_mask_PT)
 
     def fn(q, k, v, ctx: LayerContext):
         if pack is None:
-            return attend(q, k, v, mask_PTT), ctx.state, kv_major(k, v)
+            return _causal_attend(q, k, v, prompt_mask_PT, kernel), ctx.state, kv_major(k, v)
         q_P, k_P, v_P = (take_rows(x, pack["slot_index"]).reshape(P, Tp, *x.shape[2:]) for x in (q, k, v))
-        a_PTKRH = attend(q_P, k_P, v_P, mask_PTT)
+        a_PTKRH = _causal_attend(q_P, k_P, v_P, prompt_mask_PT, kernel)
         a = take_rows(a_PTKRH.reshape(q.shape[0], -1, *a_PTKRH.shape[2:]), pack["token_slot"])
         return a, ctx.state, kv_major(k_P, v_P)
 
     return fn
 
 
-def shared_prefix(prefix_mask_PS: jax.Array, mask_BTT: jax.Array) -> Attention:
+def shared_prefix(prefix_mask_PS: jax.Array, mask_BT: jax.Array, kernel: Kernel = DENSE) -> Attention:
     """Completion rows (``B = P * G``) over the keys of their prompt, emitted in this layer by the stream before them
-    (`per_prompt`'s ``out``), and causally over their own keys (``mask [B, T, T]``)."""
+    (`per_prompt`'s ``out``), and causally over their own real keys (``mask [B, T]``)."""
 
     def fn(q, k, v, ctx: LayerContext):
         kp, vp = ctx.earlier[0]
-        return attend_shared_prefix(q, kp, vp, prefix_mask_PS, *kv_major(k, v), mask_BTT), ctx.state, None
+        if kernel.kind == "dense":
+            a = attend_shared_prefix(q, kp, vp, prefix_mask_PS, *kv_major(k, v), causal_mask(mask_BT))
+        else:
+            a = attend_shared_prefix_chunked(q, kp, vp, prefix_mask_PS, *kv_major(k, v), mask_BT, kernel.chunk)
+        return a, ctx.state, None
 
     return fn
 

@@ -56,22 +56,25 @@ def prompt_stream(
     mask_PT: jax.Array,
     packed_width: int = 0,
     pack_rows: int = 1,
+    kernel: attention.Kernel = attention.DENSE,
 ) -> tuple[Stream, Callable[[jax.Array], jax.Array]]:
     """The prompts ``[P, Tp]`` (left-padded) as a `Stream` with `attention.per_prompt` (its ``out`` per layer: the
     prompts' keys ``[P, K, Tp, H]`` and values ``[P, K, H, Tp]``), and a function taking the stream's output rows to
     each prompt's last-token state ``[P, D]``. ``packed_width = W > 0``: the rows run packed end to end, ``pack_rows``
-    rows of width W (`jaxgrpo.padding.packed_width` sizes it; same values, no work on padding)."""
+    rows of width W (`jaxgrpo.padding.packed_width` sizes it; same values, no work on padding). ``kernel``: the
+    attention kernel (`attention.Kernel`)."""
     P, Tp = mask_PT.shape
     pm_PT = mask_PT.astype(bool)
     pos_PT = jnp.maximum(jnp.cumsum(pm_PT.astype(jnp.int32), axis=1) - 1, 0)
     if not packed_width:
-        stream = Stream(embed(config, params, tokens_PT), rope_tables(config, pos_PT), attention.per_prompt(pm_PT))
+        stream = Stream(embed(config, params, tokens_PT), rope_tables(config, pos_PT),
+                        attention.per_prompt(pm_PT, None, kernel))  # fmt: skip
         return stream, lambda x: x[:, -1]
     pack = padding.pack_layout(mask_PT, int(packed_width), int(pack_rows))
     J = pack["token_slot"].shape[0]
     tokens_JW = attention.take_rows(tokens_PT.reshape(J, -1), pack["token_slot"])
     stream = Stream(embed(config, params, tokens_JW), rope_tables(config, pack["position"]),
-                    attention.per_prompt(pm_PT, pack))  # fmt: skip
+                    attention.per_prompt(pm_PT, pack, kernel))  # fmt: skip
     return stream, lambda x: attention.take_rows(x, pack["last"]).reshape(P, -1)
 
 
@@ -83,16 +86,17 @@ def prefill(
     *,
     packed_width: int = 0,
     pack_rows: int = 1,
+    attention_kernel: attention.Kernel = attention.DENSE,
 ) -> tuple[jax.Array, KVCache]:
     """Encode the prompts ``[P, Tp]`` (left-padded, ``prompt_mask`` their real tokens, at least one each).
 
     Returns ``(last_hidden [P, D], prefix)``: the final-normed state of each prompt's last token (compute dtype) and
     the prefix cache k ``[L, P, K, Tp, H]``, v ``[L, P, K, H, Tp]`` `forward_with_prefix_cache` reads.
-    ``packed_width``, ``pack_rows``: see `prompt_stream`."""
+    ``packed_width``, ``pack_rows``, ``attention_kernel``: see `prompt_stream`."""
     check_tokens(prompt_tokens)
     if prompt_mask.shape != prompt_tokens.shape:
         raise ValueError(f"prompt_mask shape {prompt_mask.shape} != prompt_tokens shape {prompt_tokens.shape}")
-    stream, last = prompt_stream(config, params, prompt_tokens, prompt_mask, packed_width, pack_rows)
+    stream, last = prompt_stream(config, params, prompt_tokens, prompt_mask, packed_width, pack_rows, attention_kernel)
     (x,), _, (kv,), _ = run_layers(config, params, [dataclasses.replace(stream, emit=True)], remat="none")
     return final_norm(config, params, last(x)), KVCache(*kv)
 

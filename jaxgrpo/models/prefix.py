@@ -58,6 +58,7 @@ def prefix_shared_hidden(
     *,
     remat: RematPolicy = "projections",
     matmul_backward: MatmulBackward = "auto",
+    attention_kernel: attention.Kernel = attention.DENSE,
     packed_width: int = 0,
     pack_rows: int = 1,
     completion_given: dict[str, jax.Array] | None = None,
@@ -69,7 +70,7 @@ def prefix_shared_hidden(
       prompt_mask ``[P, Tp]`` bool: real prompt tokens. Each prompt needs at least one real token.
       completion_tokens ``[P, G, Tc]`` int: the G completions of prompt p, RIGHT-padded.
       completion_mask ``[P, G, Tc]`` bool or None (= all real).
-      remat, matmul_backward: as for `models.hidden_states`.
+      remat, matmul_backward, attention_kernel: as for `models.hidden_states`.
       packed_width: 0 = the prompt rows run left-padded ``[P, Tp]``; ``W > 0`` = they run packed end to end in
         ``pack_rows`` rows of width ``W`` (same values). ``W`` must hold the real tokens of each row's ``P /
         pack_rows`` consecutive prompts (`jaxgrpo.padding.packed_width` sizes it); checked when the mask is concrete.
@@ -105,12 +106,12 @@ def prefix_shared_hidden(
     if completion_given is not None:
         check_projections(config, completion_given, B, Tc, "completion_given")
 
-    prompts, last = prompt_stream(config, params, prompt_tokens, pm_PT, packed_width, pack_rows)
+    prompts, last = prompt_stream(config, params, prompt_tokens, pm_PT, packed_width, pack_rows, attention_kernel)
     # completion positions continue from the prompt's real length (as cumsum(mask) - 1 over the concatenated row)
     n_P = jnp.sum(pm_PT, axis=1, dtype=jnp.int32)
     pos_BC = jnp.maximum(jnp.repeat(n_P, G)[:, None] + jnp.cumsum(cm_BC.astype(jnp.int32), axis=1) - 1, 0)
     completions = Stream(embed(config, params, completion_tokens.reshape(B, Tc)), rope_tables(config, pos_BC),
-                         attention.shared_prefix(pm_PT, attention.causal_mask(cm_BC)), given=completion_given)
+                         attention.shared_prefix(pm_PT, cm_BC, attention_kernel), given=completion_given)
     (xp, xc_BCD), _, _, _ = run_layers(config, params, [prompts, completions], remat=remat,
                                        matmul_backward=matmul_backward)  # fmt: skip
     h_c = final_norm(config, params, xc_BCD).reshape(P, G, Tc, -1)
@@ -161,6 +162,7 @@ def prefix_shared_predictors(
     *,
     remat: RematPolicy = "projections",
     matmul_backward: MatmulBackward = "auto",
+    attention_kernel: attention.Kernel = attention.DENSE,
     packed_width: int = 0,
     pack_rows: int = 1,
     completion_given: dict[str, jax.Array] | None = None,
@@ -183,7 +185,8 @@ def prefix_shared_predictors(
     G = int(group_size)
     prompts, pmask = group_prompts(tokens, prompt_mask, G)
     Pn = B // G
-    pack = dict(remat=remat, matmul_backward=matmul_backward, packed_width=packed_width, pack_rows=pack_rows)
+    pack = dict(remat=remat, matmul_backward=matmul_backward, attention_kernel=attention_kernel,
+                packed_width=packed_width, pack_rows=pack_rows)  # fmt: skip
     if Tc == 1:  # only the last prompt token predicts anything (no completion token is run: nothing to reuse)
         _, h_last = prefix_shared_hidden(config, params, prompts, pmask, tokens[:, Tp:].reshape(Pn, G, 1), **pack)
         return jnp.repeat(h_last, G, axis=0)[:, None, :]

@@ -38,12 +38,15 @@ def hidden_states(
     *,
     remat: RematPolicy = "projections",
     matmul_backward: MatmulBackward = "auto",
+    attention_kernel: attention.Kernel = attention.DENSE,
 ) -> jax.Array:
     """Final-normed hidden states ``[B, T, D]`` (compute dtype) for a (possibly padded) batch.
 
     attention_mask ``[B, T]``: 1/True = real token (left or right padding both work). positions default to
     ``cumsum(mask) - 1`` clipped at 0 (so each row's first real token is at position 0). ``remat``: the backward
-    pass's policy (`jaxgrpo.models.layers.RematPolicy`); ``matmul_backward``: `jaxgrpo.models.layers.MatmulBackward`.
+    pass's policy (`jaxgrpo.models.layers.RematPolicy`); ``matmul_backward``: `jaxgrpo.models.layers.MatmulBackward`;
+    ``attention_kernel``: `attention.Kernel` (dense, or chunked: no ``[T, T]`` scores; causal with the default
+    positions only).
     """
     check_tokens(tokens)
     B, T = tokens.shape
@@ -58,7 +61,7 @@ def hidden_states(
     elif positions.shape != (B, T):
         raise ValueError(f"positions shape {positions.shape} != tokens shape {(B, T)}")
     stream = Stream(embed(config, params, tokens), rope_tables(config, positions),
-                    attention.causal(attention.causal_mask(mask_BT)))  # fmt: skip
+                    attention.causal(mask_BT, attention_kernel))  # fmt: skip
     (x_BTD,), _, _, _ = run_layers(config, params, [stream], remat=remat, matmul_backward=matmul_backward)
     return final_norm(config, params, x_BTD)
 
