@@ -31,6 +31,10 @@ setup(
         "matplotlib>=3.8",
     ],
     extras_require={
+        # accelerator builds of jax at jax's own version: TPU (libtpu; also what `python -m jaxgrpo.compile --topology`
+        # needs to compile for a TPU slice on any host) and CUDA
+        "tpu": ["jax[tpu]"],
+        "cuda": ["jax[cuda12]"],
         # torch is pinned to the CPU build the CI machines carry; tests use it as an independent reference only.
         "test": [
             "pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "torch==2.13.0", "accelerate>=1.0",

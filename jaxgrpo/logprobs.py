@@ -11,6 +11,7 @@ tensor exists and prompt positions cost no LM-head work.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import jax
@@ -52,6 +53,7 @@ def compute_logprobs(
     remat: RematPolicy = "projections",
     matmul_backward: MatmulBackward = "auto",
     attention_kernel: Kernel = DENSE,
+    constrain_rows: Callable[[jax.Array], jax.Array] | None = None,
     group_size: int = 0,
     packed_width: int = 0,
     pack_rows: int = 1,
@@ -64,8 +66,8 @@ def compute_logprobs(
     ``chunk`` completion positions (0 = automatic: as few equal chunks as keep float32 logits ≤ 256 MiB each), each
     with a hand-written backward that recomputes the chunk's logits instead of storing ``[B, Tc, V]``.
     Values at masked positions are meaningless (callers mask them). Entropy carries no gradient. ``remat``,
-    ``matmul_backward``, ``attention_kernel``: as for `models.hidden_states` (``remat="full"`` keeps about one
-    ``[B, T, D]`` per layer for ~1/3 more compute). ``group_size = G > 1``: prefix sharing — rows
+    ``matmul_backward``, ``attention_kernel``, ``constrain_rows``: as for `models.hidden_states` (``remat="full"``
+    keeps about one ``[B, T, D]`` per layer for ~1/3 more compute). ``group_size = G > 1``: prefix sharing — rows
     ``p*G .. p*G+G-1`` must hold the same (left-padded) prompt, as in the train step's `Batch`; the prompt is taken
     from row ``p*G`` and encoded once per group (`jaxgrpo.models.prefix`); same values and gradients as 0 (plain).
     ``packed_width``, ``pack_rows`` (prefix sharing only): run the group prompts packed end to end in ``pack_rows``
@@ -101,6 +103,7 @@ def compute_logprobs(
             remat=remat,
             matmul_backward=matmul_backward,
             attention_kernel=attention_kernel,
+            constrain_rows=constrain_rows,
             packed_width=packed_width,
             pack_rows=pack_rows,
             completion_given=projections,
@@ -108,7 +111,8 @@ def compute_logprobs(
     else:
         attention_mask = jnp.concatenate([batch.prompt_mask, batch.completion_mask], axis=1).astype(bool)
         h_BTD = models.hidden_states(model_config, params, batch.tokens, attention_mask=attention_mask, remat=remat,
-                                     matmul_backward=matmul_backward, attention_kernel=attention_kernel)  # fmt: skip
+                                     matmul_backward=matmul_backward, attention_kernel=attention_kernel,
+                                     constrain_rows=constrain_rows)  # fmt: skip
         h_BCD = h_BTD[:, Tp - 1 : Tp + Tc - 1]  # the hidden state at position i predicts token i+1
     targets_BC = batch.tokens[:, Tp:]
     w_DV = models.lm_head(model_config, params)

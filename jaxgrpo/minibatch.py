@@ -93,6 +93,14 @@ class StepParts:
             return fn
         return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs)
 
+    def _like_params(self, tree: Params) -> Params:
+        """``tree`` (shaped like the params) placed like them on the mesh: a gradient accumulator built from zeros has
+        no data dependence that would carry the params' sharding, and unsharded it is a full float32 copy per chip."""
+        if self.mesh is None:
+            return tree
+        shardings = sharding_lib.param_shardings(self.config, self.mesh)
+        return jax.tree.map(jax.lax.with_sharding_constraint, tree, shardings)
+
     def _constrain_rows(self, x: jax.Array, axis: int = 0) -> jax.Array:
         if self.mesh is None:
             return x
@@ -161,6 +169,7 @@ class StepParts:
         kernel = Kernel(perf.attention, perf.attention_chunk)
         return compute_logprobs(self.config, params, rows, self.temperature, perf.logprob_chunk, remat=remat,
                                 matmul_backward=perf.matmul_backward, attention_kernel=kernel,
+                                constrain_rows=self._constrain_rows if self.mesh is not None else None,
                                 group_size=group_size if perf.prefix_sharing else 0,
                                 packed_width=packed_width,  # used only with prefix sharing (group_size > 1)
                                 pack_rows=self.num_shards, projections=projections)  # fmt: skip
@@ -276,7 +285,7 @@ class StepParts:
                 acc = jax.tree.map(lambda a, b: a + b.astype(a.dtype), acc, g)
                 return acc, (loss, aux)
 
-            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+            zeros = self._like_params(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
             grads, (loss, aux) = jax.lax.scan(body, zeros, mbs)
             grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
             loss = jnp.sum(loss)

@@ -96,8 +96,8 @@ from jaxgrpo.optim import make_optimizer
 from jaxgrpo.perf import packed_prompt_width, resolve_perf
 
 # The train step's public surface, wherever each part lives.
-__all__ = ["Batch", "TrainState", "compute_logprobs", "global_batch", "make_train_step", "packed_prompt_width",
-           "policy_gradient", "resolve_perf"]  # fmt: skip
+__all__ = ["Batch", "TrainState", "abstract_state", "compute_logprobs", "global_batch", "make_train_step",
+           "packed_prompt_width", "policy_gradient", "resolve_perf", "state_shardings"]  # fmt: skip
 
 Params = Any
 
@@ -127,13 +127,29 @@ def policy_gradient(
     return run(params, batch)
 
 
-def _state_shardings(model_config: models.ModelConfig, mesh: Mesh, tx: optax.GradientTransformation) -> TrainState:
+def state_shardings(model_config: models.ModelConfig, mesh: Mesh, tx: optax.GradientTransformation) -> TrainState:
+    """Where every leaf of a `TrainState` lives on ``mesh``: params and their optimizer moments by the params' logical
+    axes, everything else replicated."""
     params_sh = sharding_lib.param_shardings(model_config, mesh)
     abstract = jax.eval_shape(lambda: models.init_params(model_config, jax.random.key(0)))
     opt_abstract = jax.eval_shape(tx.init, abstract)
     rep = NamedSharding(mesh, PartitionSpec())
     opt_sh = optax.tree_map_params(tx, lambda _, s: s, opt_abstract, params_sh, transform_non_params=lambda _: rep)
     return TrainState(params=params_sh, opt_state=opt_sh, step=rep, rng=rep)
+
+
+def abstract_state(
+    model_config: models.ModelConfig, algo: AlgoConfig, optim: OptimConfig, mesh: Mesh, total_steps: int
+) -> TrainState:
+    """The `TrainState` ``make_train_step``'s ``init_fn`` would build, as ``jax.ShapeDtypeStruct`` leaves with their
+    shardings on ``mesh`` (nothing allocated): the input to ahead-of-time compilation (`jaxgrpo.aot`)."""
+    updates = int(algo.num_iterations) * int(algo.num_minibatches)
+    tx, _ = make_optimizer(optim, total_steps, updates_per_step=updates)
+    shardings = state_shardings(model_config, mesh, tx)
+    params = jax.eval_shape(lambda: models.init_params(model_config, jax.random.key(0)))
+    state = TrainState(params=params, opt_state=jax.eval_shape(tx.init, params),
+                       step=jax.ShapeDtypeStruct((), jnp.int32), rng=jax.eval_shape(lambda: jax.random.key(0)))
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
 
 
 def _replicated(x: np.ndarray, mesh: Mesh) -> jax.Array:
@@ -166,7 +182,7 @@ def make_train_step(
     step = StepParts(model_config, algo, mesh, temperature, perf)
     updates = int(algo.num_iterations) * step.nm
     tx, schedule = make_optimizer(optim, total_steps, updates_per_step=updates)
-    state_sh = _state_shardings(model_config, mesh, tx) if mesh is not None else None
+    state_sh = state_shardings(model_config, mesh, tx) if mesh is not None else None
 
     def init_fn(params: Params, key: jax.Array) -> TrainState:
         if mesh is not None:

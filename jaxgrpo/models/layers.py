@@ -276,11 +276,14 @@ def run_layers(
     layer_inputs: Any = None,
     remat: RematPolicy = "projections",
     matmul_backward: MatmulBackward = "auto",
+    constrain_rows: Callable[[jax.Array], jax.Array] | None = None,
 ) -> tuple[tuple[jax.Array, ...], Any, tuple[Any, ...], tuple[dict[str, jax.Array] | None, ...]]:
     """THE scan over the stacked layers. Returns ``(x_out per stream [B, T, D] (not final-normed), final state,
     attention outs per stream (stacked over layers; None unless ``emit``), recorded projections per stream
     ({name: [L, B, T, out]} or None))``. ``layer_inputs``: a pytree with leading axis L, sliced per layer into
-    ``ctx.inputs``."""
+    ``ctx.inputs``. ``constrain_rows``: applied to every stream's rows ``[B, T, D]`` at each layer boundary (the train
+    step's batch sharding: without it GSPMD may replicate activations over the FSDP axis to avoid gathering weights).
+    """
     explicit = explicit_backward(matmul_backward)
     givens = tuple(s.given for s in streams)
 
@@ -289,6 +292,7 @@ def run_layers(
         lp, index, inputs, given_l = xs
         xs_out, outs, recs = [], [], []
         for s, x, given in zip(streams, xs_in, given_l):
+            x = x if constrain_rows is None else constrain_rows(x)
             attend = functools.partial(_with_context, s.attend, LayerContext(index, inputs, state, tuple(outs)))
             x, (state, out), ys = decoder_layer(config, lp, x, s.rope, attend, given, explicit)
             xs_out.append(x)

@@ -23,6 +23,8 @@ padding's token-wise work.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -59,6 +61,7 @@ def prefix_shared_hidden(
     remat: RematPolicy = "projections",
     matmul_backward: MatmulBackward = "auto",
     attention_kernel: attention.Kernel = attention.DENSE,
+    constrain_rows: Callable[[jax.Array], jax.Array] | None = None,
     packed_width: int = 0,
     pack_rows: int = 1,
     completion_given: dict[str, jax.Array] | None = None,
@@ -70,7 +73,7 @@ def prefix_shared_hidden(
       prompt_mask ``[P, Tp]`` bool: real prompt tokens. Each prompt needs at least one real token.
       completion_tokens ``[P, G, Tc]`` int: the G completions of prompt p, RIGHT-padded.
       completion_mask ``[P, G, Tc]`` bool or None (= all real).
-      remat, matmul_backward, attention_kernel: as for `models.hidden_states`.
+      remat, matmul_backward, attention_kernel, constrain_rows: as for `models.hidden_states`.
       packed_width: 0 = the prompt rows run left-padded ``[P, Tp]``; ``W > 0`` = they run packed end to end in
         ``pack_rows`` rows of width ``W`` (same values). ``W`` must hold the real tokens of each row's ``P /
         pack_rows`` consecutive prompts (`jaxgrpo.padding.packed_width` sizes it); checked when the mask is concrete.
@@ -113,7 +116,7 @@ def prefix_shared_hidden(
     completions = Stream(embed(config, params, completion_tokens.reshape(B, Tc)), rope_tables(config, pos_BC),
                          attention.shared_prefix(pm_PT, cm_BC, attention_kernel), given=completion_given)
     (xp, xc_BCD), _, _, _ = run_layers(config, params, [prompts, completions], remat=remat,
-                                       matmul_backward=matmul_backward)  # fmt: skip
+                                       matmul_backward=matmul_backward, constrain_rows=constrain_rows)  # fmt: skip
     h_c = final_norm(config, params, xc_BCD).reshape(P, G, Tc, -1)
     return h_c, final_norm(config, params, last(xp))
 
@@ -163,6 +166,7 @@ def prefix_shared_predictors(
     remat: RematPolicy = "projections",
     matmul_backward: MatmulBackward = "auto",
     attention_kernel: attention.Kernel = attention.DENSE,
+    constrain_rows: Callable[[jax.Array], jax.Array] | None = None,
     packed_width: int = 0,
     pack_rows: int = 1,
     completion_given: dict[str, jax.Array] | None = None,
@@ -186,7 +190,7 @@ def prefix_shared_predictors(
     prompts, pmask = group_prompts(tokens, prompt_mask, G)
     Pn = B // G
     pack = dict(remat=remat, matmul_backward=matmul_backward, attention_kernel=attention_kernel,
-                packed_width=packed_width, pack_rows=pack_rows)  # fmt: skip
+                constrain_rows=constrain_rows, packed_width=packed_width, pack_rows=pack_rows)  # fmt: skip
     if Tc == 1:  # only the last prompt token predicts anything (no completion token is run: nothing to reuse)
         _, h_last = prefix_shared_hidden(config, params, prompts, pmask, tokens[:, Tp:].reshape(Pn, G, 1), **pack)
         return jnp.repeat(h_last, G, axis=0)[:, None, :]

@@ -8,6 +8,7 @@ in its future; a query row with no visible key (a padding query in a left-padded
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -39,6 +40,7 @@ def hidden_states(
     remat: RematPolicy = "projections",
     matmul_backward: MatmulBackward = "auto",
     attention_kernel: attention.Kernel = attention.DENSE,
+    constrain_rows: Callable[[jax.Array], jax.Array] | None = None,
 ) -> jax.Array:
     """Final-normed hidden states ``[B, T, D]`` (compute dtype) for a (possibly padded) batch.
 
@@ -46,7 +48,7 @@ def hidden_states(
     ``cumsum(mask) - 1`` clipped at 0 (so each row's first real token is at position 0). ``remat``: the backward
     pass's policy (`jaxgrpo.models.layers.RematPolicy`); ``matmul_backward``: `jaxgrpo.models.layers.MatmulBackward`;
     ``attention_kernel``: `attention.Kernel` (dense, or chunked: no ``[T, T]`` scores; causal with the default
-    positions only).
+    positions only); ``constrain_rows``: see `jaxgrpo.models.layers.run_layers`.
     """
     check_tokens(tokens)
     B, T = tokens.shape
@@ -62,7 +64,8 @@ def hidden_states(
         raise ValueError(f"positions shape {positions.shape} != tokens shape {(B, T)}")
     stream = Stream(embed(config, params, tokens), rope_tables(config, positions),
                     attention.causal(mask_BT, attention_kernel))  # fmt: skip
-    (x_BTD,), _, _, _ = run_layers(config, params, [stream], remat=remat, matmul_backward=matmul_backward)
+    (x_BTD,), _, _, _ = run_layers(config, params, [stream], remat=remat, matmul_backward=matmul_backward,
+                                   constrain_rows=constrain_rows)  # fmt: skip
     return final_norm(config, params, x_BTD)
 
 
