@@ -72,7 +72,9 @@ def compute_logprobs(
     from row ``p*G`` and encoded once per group (`jaxgrpo.models.prefix`); same values and gradients as 0 (plain).
     ``packed_width``, ``pack_rows`` (prefix sharing only): run the group prompts packed end to end in ``pack_rows``
     rows of ``packed_width`` tokens instead of left-padded (`jaxgrpo.models.prefix.prefix_shared_hidden`; same
-    values, no work on prompt padding); size it with `packed_prompt_width`. ``projections`` (prefix sharing only):
+    values, no work on prompt padding); size it with `packed_prompt_width`. ``pack_rows`` is the number of batch
+    shards (one packed row each); the automatic LM-head chunk is sized for one shard's rows. ``projections`` (prefix
+    sharing only):
     the completion tokens' dense-projection outputs recorded by the sampler with these ``params`` (see
     `Batch.projections`), taken as given in the forward.
     """
@@ -116,7 +118,8 @@ def compute_logprobs(
         h_BCD = h_BTD[:, Tp - 1 : Tp + Tc - 1]  # the hidden state at position i predicts token i+1
     targets_BC = batch.tokens[:, Tp:]
     w_DV = models.lm_head(model_config, params)
-    c = min(chunk or _auto_chunk(B, Tc, w_DV.shape[1]), Tc)
+    # chunks sized for the rows one device holds (the batch is split over `pack_rows` shards)
+    c = min(chunk or _auto_chunk(B // max(pack_rows, 1), Tc, w_DV.shape[1]), Tc)
     n = -(-Tc // c)
     if not chunk:  # automatic: the same number of chunks, balanced (64 positions -> 2 x 32, not 42 + 22 + 20 padding)
         c = -(-Tc // n)
