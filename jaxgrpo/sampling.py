@@ -56,8 +56,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgrpo import models, padding
 from jaxgrpo.sharding import BATCH_AXES
@@ -350,9 +349,9 @@ def generate(
 
     if axes:
         spec = axes if len(axes) > 1 else axes[0]
-        batch_sharding = NamedSharding(mesh, P(spec))
+        batch_sharding = NamedSharding(mesh, PartitionSpec(spec))
         # cache leaves [L, B, ...]: batch split like the prompts, the other axes left to the partitioner
-        cache_sharding = NamedSharding(mesh, P(None, spec, *([P.UNCONSTRAINED] * 3)))
+        cache_sharding = NamedSharding(mesh, PartitionSpec(None, spec, *([PartitionSpec.UNCONSTRAINED] * 3)))
     else:
         batch_sharding = cache_sharding = None
     greedy = temperature == 0.0

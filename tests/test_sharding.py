@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
+from jax.sharding import PartitionSpec
 from model_helpers import random_params
 
 from jaxgrpo import sharding
@@ -35,8 +35,8 @@ def test_make_mesh_shapes_and_errors():
 
 def test_batch_sharding_and_single_host_init(monkeypatch):
     mesh = sharding.make_mesh(2, 2, 2)
-    assert sharding.batch_sharding(mesh, 3).spec == P(("data", "fsdp"), None, None)
-    assert sharding.replicated(mesh).spec == P()
+    assert sharding.batch_sharding(mesh, 3).spec == PartitionSpec(("data", "fsdp"), None, None)
+    assert sharding.replicated(mesh).spec == PartitionSpec()
     for var in ("JAX_COORDINATOR_ADDRESS", "SLURM_NTASKS", "TPU_WORKER_HOSTNAMES", "OMPI_COMM_WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
     assert sharding.initialize_distributed() is False
@@ -44,15 +44,15 @@ def test_batch_sharding_and_single_host_init(monkeypatch):
 
 def test_rules_and_divisibility_fallback():
     mesh = sharding.make_mesh(1, 4, 2)
-    assert sharding.logical_to_spec(("layers", "embed", "heads", "head_dim"), (2, 64, 4, 16), mesh) == P(
+    assert sharding.logical_to_spec(("layers", "embed", "heads", "head_dim"), (2, 64, 4, 16), mesh) == PartitionSpec(
         None, "fsdp", "tensor", None
     )
     # 3 kv heads cannot be split over tensor=2 -> replicated on that dim; 6 rows of embed not divisible by fsdp=4
-    assert sharding.logical_to_spec(("layers", "embed", "kv_heads", "head_dim"), (2, 6, 3, 16), mesh) == P(
+    assert sharding.logical_to_spec(("layers", "embed", "kv_heads", "head_dim"), (2, 6, 3, 16), mesh) == PartitionSpec(
         None, None, None, None
     )
     # vocab and mlp both map to tensor: a mesh axis is used once per array
-    assert sharding.logical_to_spec(("mlp", "vocab"), (8, 8), mesh) == P("tensor", None)
+    assert sharding.logical_to_spec(("mlp", "vocab"), (8, 8), mesh) == PartitionSpec("tensor", None)
     with pytest.raises(ValueError, match="unknown logical axis 'bogus'"):
         sharding.logical_to_spec(("bogus",), (4,), mesh)
     with pytest.raises(ValueError, match="do not match array rank"):
@@ -73,10 +73,11 @@ def test_sharded_forward_equals_single_device(shape, cfg):
     mesh = sharding.make_mesh(*shape)
     sp = sharding.shard_params(params, cfg, mesh)
     q = sp["layers"]["q"]
-    assert q.sharding.spec == P(None, "fsdp", "tensor", None)
+    assert q.sharding.spec == PartitionSpec(None, "fsdp", "tensor", None)
     assert len(q.addressable_shards) == 8
     assert q.addressable_shards[0].data.shape == (2, 64 // shape[1], cfg.num_heads // 2, 16)
-    kv_spec = P(None, "fsdp", None, None) if cfg.num_kv_heads == 3 else P(None, "fsdp", "tensor", None)
+    kv_axis = None if cfg.num_kv_heads == 3 else "tensor"  # 3 kv heads do not split over tensor=2: replicated
+    kv_spec = PartitionSpec(None, "fsdp", kv_axis, None)
     assert sp["layers"]["k"].sharding.spec == kv_spec
     tok = jax.device_put(tokens, sharding.batch_sharding(mesh))
     msk = jax.device_put(mask, sharding.batch_sharding(mesh))
