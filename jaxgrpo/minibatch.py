@@ -93,14 +93,6 @@ class StepParts:
             return fn
         return jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=out_specs)
 
-    def _like_params(self, tree: Params) -> Params:
-        """``tree`` (shaped like the params) placed like them on the mesh: a gradient accumulator built from zeros has
-        no data dependence that would carry the params' sharding, and unsharded it is a full float32 copy per chip."""
-        if self.mesh is None:
-            return tree
-        shardings = sharding_lib.param_shardings(self.config, self.mesh)
-        return jax.tree.map(jax.lax.with_sharding_constraint, tree, shardings)
-
     def _constrain_rows(self, x: jax.Array, axis: int = 0) -> jax.Array:
         if self.mesh is None:
             return x
@@ -285,7 +277,7 @@ class StepParts:
                 acc = jax.tree.map(lambda a, b: a + b.astype(a.dtype), acc, g)
                 return acc, (loss, aux)
 
-            zeros = self._like_params(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
+            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
             grads, (loss, aux) = jax.lax.scan(body, zeros, mbs)
             grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
             loss = jnp.sum(loss)
