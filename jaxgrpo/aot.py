@@ -16,7 +16,9 @@ from their shapes (`rollout_bytes`). FLOPs come from XLA's `cost_analysis`; the 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import pathlib
 from typing import Any
 
 import jax
@@ -58,13 +60,7 @@ def model_config(cfg: Config) -> models.ModelConfig:
     m = cfg.model
     name = m.name_or_path
     if name == "tiny":
-        tok = build.load_tokenizer(m.tokenizer or "builtin:arithmetic")
-        return models.ModelConfig(vocab_size=len(tok), hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-                                  num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
-                                  max_position_embeddings=m.max_position_embeddings, tie_word_embeddings=True,
-                                  dtype=m.dtype, param_dtype=m.param_dtype)  # fmt: skip
-    import pathlib
-
+        return build.tiny_model_config(cfg, build.load_tokenizer(m.tokenizer or "builtin:arithmetic"))
     base = pathlib.Path(name).name.lower()
     preset = next((p for p in sorted(models.PRESETS, key=len, reverse=True) if base.startswith(p)), None)
     if not pathlib.Path(name).exists() and name != "smollm2" and preset is not None:
@@ -76,8 +72,6 @@ def model_config(cfg: Config) -> models.ModelConfig:
         from jaxgrpo.models.convert import gguf_config
 
         return gguf_config(GGUFReader(path), m.dtype).replace(param_dtype=m.param_dtype)
-    import json
-
     cfg_json = json.loads((pathlib.Path(path) / "config.json").read_text())
     return models.from_hf_config(cfg_json, dtype=m.dtype).replace(param_dtype=m.param_dtype)
 

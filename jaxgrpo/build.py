@@ -50,17 +50,23 @@ def load_tokenizer(name: str) -> Tokenizer:
     return models.load_tokenizer(name)
 
 
+def tiny_model_config(cfg: Config, tokenizer: Tokenizer) -> models.ModelConfig:
+    """The from-scratch ``tiny`` model's architecture: ``cfg.model``'s sizes, the tokenizer's vocabulary and ids."""
+    m = cfg.model
+    return models.ModelConfig(
+        vocab_size=len(tokenizer), hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+        num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
+        head_dim=m.hidden_size // m.num_heads, max_position_embeddings=m.max_position_embeddings,
+        tie_word_embeddings=True, dtype=m.dtype, param_dtype=m.param_dtype, architecture="llama",
+        bos_token_id=tokenizer.bos_token_id, eos_token_ids=(tokenizer.eos_token_id,))  # fmt: skip
+
+
 def build_policy(cfg: Config, key: jax.Array) -> tuple[models.ModelConfig, Params, Tokenizer]:
     """(model config, initial params, tokenizer) for the configured model; `key` initialises a ``tiny`` model."""
     m = cfg.model
     if m.name_or_path == "tiny":
         tokenizer = load_tokenizer(m.tokenizer or "builtin:arithmetic")
-        mcfg = models.ModelConfig(
-            vocab_size=len(tokenizer), hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
-            num_layers=m.num_layers, num_heads=m.num_heads, num_kv_heads=m.num_kv_heads,
-            head_dim=m.hidden_size // m.num_heads, max_position_embeddings=m.max_position_embeddings,
-            tie_word_embeddings=True, dtype=m.dtype, param_dtype=m.param_dtype, architecture="llama",
-            bos_token_id=tokenizer.bos_token_id, eos_token_ids=(tokenizer.eos_token_id,))
+        mcfg = tiny_model_config(cfg, tokenizer)
         return mcfg, models.init_params(mcfg, key), tokenizer
     path = resolve_model_path(m.name_or_path)
     mcfg, params = models.load_pretrained(path, dtype=m.dtype, param_dtype=m.param_dtype)

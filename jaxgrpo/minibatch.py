@@ -299,13 +299,7 @@ class StepParts:
         if self.algo.kl_coef > 0:
             rows["ref_logprobs"] = batch.ref_logprobs.astype(jnp.float32)
         out = {k: self.split(self._constrain_rows(v), G) for k, v in rows.items()}
-        tok = prep["tok"].reshape(self.nm, self.ga)
-        seq = prep["seq"].reshape(self.nm, self.ga)
-        out["tok"], out["seq"] = tok, seq
-        out["tok_total"] = jnp.broadcast_to(tok.sum(1, keepdims=True), tok.shape)
-        out["seq_total"] = jnp.broadcast_to(seq.sum(1, keepdims=True), seq.shape)
-        return out
-
+        return dict(out, **_normalizers(prep["tok"].reshape(self.nm, self.ga), prep["seq"].reshape(self.nm, self.ga)))
 
     def correct_sampler(
         self,
@@ -333,10 +327,14 @@ class StepParts:
             loss_mask = split["loss_mask"] & keep
             tok = jnp.sum(loss_mask, axis=(2, 3)).astype(jnp.float32)
             seq = jnp.sum(jnp.any(loss_mask, axis=3), axis=2).astype(jnp.float32)
-            out.update(loss_mask=loss_mask, tok=tok, seq=seq,
-                       tok_total=jnp.broadcast_to(tok.sum(1, keepdims=True), tok.shape),
-                       seq_total=jnp.broadcast_to(seq.sum(1, keepdims=True), seq.shape))  # fmt: skip
+            out.update(loss_mask=loss_mask, **_normalizers(tok, seq))
         return out
+
+
+def _normalizers(tok: jax.Array, seq: jax.Array) -> dict[str, jax.Array]:
+    """Loss tokens and sequences of each micro-batch ``[nm, ga]``, and their totals over each minibatch."""
+    return dict(tok=tok, seq=seq, tok_total=jnp.broadcast_to(tok.sum(1, keepdims=True), tok.shape),
+                seq_total=jnp.broadcast_to(seq.sum(1, keepdims=True), seq.shape))  # fmt: skip
 
 
 def first_minibatch_gradient(
