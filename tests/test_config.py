@@ -128,7 +128,7 @@ def test_choices_are_the_literal_types_of_the_modules_that_implement_them():
         ("perf", "remat"): layers.RematPolicy,
         ("perf", "matmul_backward"): layers.MatmulBackward,
         ("perf", "attention"): attention.AttentionKind,
-        ("optim", "schedule"): C.Schedule,
+        ("optim", "schedule"): config_sections.Schedule,
     }
     for (section, key), literal in expected.items():
         assert typing.get_type_hints(C.SECTIONS[section])[key] == literal, (section, key)
