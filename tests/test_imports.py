@@ -100,7 +100,7 @@ def test_the_graph_sees_every_kind_of_import():
     assert "jaxgrpo.eval" in graph["jaxgrpo.trainer"] and "jaxgrpo.build" in graph["jaxgrpo.eval"]
     assert "jaxgrpo.trainer" not in graph["jaxgrpo.eval"]  # eval builds its policy through jaxgrpo.build
     assert "jaxgrpo.models" in graph["jaxgrpo.build"]  # `from jaxgrpo import models`: the package's __init__
-    assert "jaxgrpo.models.layers" in graph["jaxgrpo.config"]  # the perf section's Literal types
+    assert "jaxgrpo.models.layers" in graph["jaxgrpo.config_sections"]  # the perf section's Literal types
     assert "jaxgrpo.trainer" in graph["jaxgrpo.train"]  # imported inside main()
     for low in ("jaxgrpo.errors", "jaxgrpo.example"):
         assert not graph[low], f"{low} imports {sorted(graph[low])}; it must import nothing of the package"
