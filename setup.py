@@ -24,6 +24,9 @@ setup(
         "datasets>=3.0",
         "safetensors>=0.4",
         "gguf>=0.10",
+        "tokenizers>=0.20",
+        "huggingface_hub>=0.25",
+        "math-verify>=0.7",  # the math_verify reward (GSM8K/MATH answers, LaTeX included)
         "pyyaml>=6",
         "jinja2>=3.1",  # chat templates (transformers needs it for apply_chat_template)
         "tqdm>=4.60",
@@ -35,10 +38,12 @@ setup(
         # needs to compile for a TPU slice on any host) and CUDA
         "tpu": ["jax[tpu]"],
         "cuda": ["jax[cuda12]"],
+        "wandb": ["wandb>=0.17"],  # log.wandb
         # torch is pinned to the CPU build the CI machines carry; tests use it as an independent reference only.
         "test": [
             "pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "torch==2.13.0", "accelerate>=1.0",
             "nbformat>=5", "nbclient>=0.10", "ipykernel>=6",
+            "peft>=0.13", "wandb>=0.17",
         ],
     },
     classifiers=["License :: OSI Approved :: Apache Software License", "Programming Language :: Python :: 3"],
