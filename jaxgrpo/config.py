@@ -49,6 +49,7 @@ from jaxgrpo.config_sections import (
 )
 from jaxgrpo.errors import ConfigError, cli_error
 from jaxgrpo.synthetic import MAX_DIFFICULTY
+from jaxgrpo.word_arithmetic import WORDS_LEVELS, WORDS_SPLITS
 
 __all__ = ["Config", "ModelSection", "DataConfig", "RolloutConfig", "AlgoConfig", "PerfConfig", "OptimConfig",
            "TrainConfig", "MeshConfig", "CheckpointConfig", "LogConfig", "ConfigError", "cli_error", "load_config",
@@ -273,7 +274,13 @@ def validate(cfg: Config) -> None:
         _require(m.num_heads % m.num_kv_heads == 0, "model.num_heads", m.num_heads,
                  f"a multiple of model.num_kv_heads={m.num_kv_heads} (grouped-query attention)")
 
-    _require(0 <= d.difficulty <= MAX_DIFFICULTY, "data.difficulty", d.difficulty, f"in [0, {MAX_DIFFICULTY}]")
+    if d.source == "words":
+        _require(d.difficulty in WORDS_LEVELS, "data.difficulty", d.difficulty,
+                 f"a data.source=words level in {sorted(WORDS_LEVELS)}")
+        _require(d.split in WORDS_SPLITS, "data.split", d.split,
+                 f"one of {', '.join(WORDS_SPLITS)} for data.source=words")
+    else:
+        _require(0 <= d.difficulty <= MAX_DIFFICULTY, "data.difficulty", d.difficulty, f"in [0, {MAX_DIFFICULTY}]")
     _require(d.num_examples is None or d.num_examples >= 1, "data.num_examples", d.num_examples, ">= 1 or null")
     _at_least(cfg, 1, "data.max_prompt_tokens", "rollout.prompts_per_step", "rollout.max_new_tokens")
     _require(bool(d.split), "data.split", d.split, "a non-empty split name (train, test)")

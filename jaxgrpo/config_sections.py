@@ -20,7 +20,7 @@ from jaxgrpo.rewards import OnRewardError
 
 # Choices of modules that import this one (jaxgrpo.data: sources, templates; jaxgrpo.optim: schedules) or of none.
 ModelDtype = Literal["float32", "bfloat16"]
-DataSource = Literal["synthetic", "gsm8k"]
+DataSource = Literal["synthetic", "gsm8k", "words"]
 PromptTemplate = Literal["chat", "plain"]
 Schedule = Literal["constant", "cosine"]
 SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)
@@ -51,7 +51,7 @@ class DataConfig:
     hf_id: str = "openai/gsm8k"
     hf_config: str = "main"  # the `datasets` configuration name (GSM8K: main | socratic)
     split: str = "train"
-    difficulty: int = 1  # synthetic task knob, 0..12 (see synthetic.DIFFICULTY_LEVELS)
+    difficulty: int = 1  # synthetic: 0..12 (synthetic.DIFFICULTY_LEVELS); words: 1..4 (word_arithmetic.WORDS_LEVELS)
     num_examples: int | None = None  # cap on the dataset size; None = all
     shuffle: bool = True
     template: PromptTemplate = "chat"  # chat: the tokenizer's chat template

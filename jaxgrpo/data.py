@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from jaxgrpo import word_arithmetic
 from jaxgrpo.config import DataConfig
 from jaxgrpo.errors import DataError
 from jaxgrpo.example import Example
@@ -139,7 +140,10 @@ def load_dataset(cfg: DataConfig, seed: int) -> list[Example]:
         else:
             examples = load_gsm8k_hub(cfg.hf_id, cfg.hf_config, cfg.split)
         return examples[: cfg.num_examples] if cfg.num_examples else examples
-    raise DataError(f"data.source={cfg.source!r} is not a known source; valid choices: synthetic, gsm8k")
+    if cfg.source == "words":  # arithmetic asked in words, for pretrained chat models (jaxgrpo.word_arithmetic)
+        n = cfg.num_examples or word_arithmetic.default_size(cfg.difficulty, cfg.split)
+        return word_arithmetic.word_arithmetic(n, cfg.difficulty, seed, cfg.split)
+    raise DataError(f"data.source={cfg.source!r} is not a known source; valid choices: synthetic, gsm8k, words")
 
 
 # -- iteration -------------------------------------------------------------------------------------------------------

@@ -288,7 +288,7 @@ REWARDS: dict[str, RewardFn] = {
 # carry no "####", is always 0; the exact-match arithmetic reward on GSM8K reasoning is always 0).
 REWARD_SOURCES: dict[str, tuple[str, ...]] = {
     "gsm8k": ("gsm8k",),
-    "gsm8k_lenient": ("gsm8k", "synthetic"),
+    "gsm8k_lenient": ("gsm8k", "synthetic", "words"),  # words: the last number of the completion
     "format": ("gsm8k",),
     "calibration": ("gsm8k",),
     "calibration_lenient": ("gsm8k",),
