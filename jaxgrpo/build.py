@@ -20,6 +20,7 @@ import transformers
 from jaxgrpo import models
 from jaxgrpo.config import Config
 from jaxgrpo.errors import ConfigError
+from jaxgrpo.gguf_tokenizer import gguf_tokenizer
 from jaxgrpo.tokenizer import arithmetic_tokenizer
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -44,9 +45,12 @@ def resolve_model_path(name_or_path: str) -> str:
 
 
 def load_tokenizer(name: str) -> Tokenizer:
-    """A transformers tokenizer: "builtin:arithmetic" (made in code) or a model's own (HF directory or GGUF)."""
+    """A transformers tokenizer: "builtin:arithmetic" (made in code), a ``.gguf`` file's (read without torch,
+    `jaxgrpo.gguf_tokenizer`) or an HF directory's (``AutoTokenizer``)."""
     if name == "builtin:arithmetic":
         return arithmetic_tokenizer()
+    if str(name).endswith(".gguf"):
+        return gguf_tokenizer(name)
     return models.load_tokenizer(name)
 
 
