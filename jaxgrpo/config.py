@@ -263,7 +263,7 @@ def validate(cfg: Config) -> None:
                               f"{coerce.suggest(k, accepted)}valid arguments: {', '.join(accepted) or '(none)'}")
 
     m, d, r, a, o = cfg.model, cfg.data, cfg.rollout, cfg.algo, cfg.optim
-    _require(bool(m.name_or_path), "model.name_or_path", m.name_or_path, "'tiny', 'smollm2' or a model path")
+    _require(bool(m.name_or_path), "model.name_or_path", m.name_or_path, "'tiny', 'smollm2', a Hub id or a model path")
     if m.tokenizer is not None and m.tokenizer.startswith("builtin:"):
         coerce.check_choice("model.tokenizer", m.tokenizer, BUILTIN_TOKENIZERS)
     _at_least(cfg, 1, *(f"model.{k}" for k in ("hidden_size", "intermediate_size", "num_layers", "num_heads",

