@@ -79,6 +79,8 @@ def type_name(tp: Any) -> str:
     choices = literal_choices(inner)
     if choices is not None:
         name = f"one of {', '.join(str(c) for c in choices)}"
+    elif typing.get_origin(inner) is list:
+        name = f"a list, each {type_name(typing.get_args(inner)[0])}"
     else:
         name = getattr(inner, "__name__", str(inner)) if typing.get_origin(inner) is None else str(inner)
     return f"{name} or null" if optional else name
@@ -141,6 +143,11 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                 continue  # `section.dict.key=null` removes the key
             out[str(k)] = coerce(v, val_tp, f"{key}.{k}")
         return out
+    if typing.get_origin(inner) is list:
+        if not isinstance(value, list | tuple):
+            raise bad
+        (item_tp,) = typing.get_args(inner)
+        return [coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
     raise ConfigError(f"{key}: unsupported field type {tp!r} (a bug in jaxgrpo.config)")
 
 

@@ -22,6 +22,7 @@ from jaxgrpo.config import AlgoConfig, PerfConfig
 from jaxgrpo.degeneracy import DEGENERATE_MODES
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.losses import AGGREGATIONS
+from jaxgrpo.models import lora
 from jaxgrpo.models.attention import Kernel
 from jaxgrpo.perf import platform_of, resolve_perf
 
@@ -263,23 +264,26 @@ class StepParts:
         packed_width: int = 0,
         projections: dict[str, jax.Array] | None = None,
     ) -> tuple[jax.Array, Params, dict]:
+        # the gradient of the trainable part only (a LoRA run's adapters; the frozen base is a constant here)
+        train = lora.trainable(params)
         grad_fn = jax.value_and_grad(
-            lambda p, mb: self.micro_loss(p, mb, group_size, packed_width, projections), has_aux=True
+            lambda t, mb: self.micro_loss(lora.with_trainable(params, t), mb, group_size, packed_width, projections),
+            has_aux=True,
         )
         if self.ga == 1:
             first = jax.tree.map(lambda x: x[0], mbs)
-            (loss, aux), grads = grad_fn(params, first)
+            (loss, aux), grads = grad_fn(train, first)
             aux = jax.tree.map(lambda x: x[None], aux)
         else:
 
             def body(acc, mb):
-                (loss, aux), g = grad_fn(params, mb)
+                (loss, aux), g = grad_fn(train, mb)
                 acc = jax.tree.map(lambda a, b: a + b.astype(a.dtype), acc, g)
                 return acc, (loss, aux)
 
-            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), train)
             grads, (loss, aux) = jax.lax.scan(body, zeros, mbs)
-            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+            grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, train)
             loss = jnp.sum(loss)
         metrics = self._combine(aux["policy"], aux["w"], aux["tok"], aux["tok_share"])
         stats = {k: (jnp.max(v) if k.endswith("max") else jnp.sum(v)) for k, v in aux["stats"].items()}

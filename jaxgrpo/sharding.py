@@ -33,6 +33,7 @@ RULES: dict[str, str | None] = {
     "kv_heads": "tensor",
     "head_dim": None,
     "mlp": "tensor",
+    "lora_rank": None,  # LoRA adapters: A [*in, r], B [r, *out] shard like their base weight's in/out axes
 }
 
 

@@ -73,6 +73,10 @@ function, so gradients arrive in the masters' dtype, and micro-batch gradients a
 ratio is taken against the trainer's log-probs at the sampling parameters, and each token's policy-gradient term is
 weighted (or masked) by their ratio to the sampler's; those log-probs come from the first update's forward when it is
 the only update and nothing is masked up front, else from one forward without gradient before the updates.
+
+**LoRA** (``model_config.lora``, `jaxgrpo.models.lora`): the params hold the frozen base (compute dtype) and the
+float32 adapters at ``layers.lora``; the gradient, the optimizer state and the update cover the adapters only
+(`lora.trainable`), the base passes through the step unchanged.
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ from jaxgrpo.batch import Batch, TrainState, check_batch, global_batch
 from jaxgrpo.config import AlgoConfig, OptimConfig, PerfConfig
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.minibatch import StepParts, first_minibatch_gradient
+from jaxgrpo.models import lora
 from jaxgrpo.optim import make_optimizer
 from jaxgrpo.perf import packed_prompt_width, resolve_perf
 
@@ -132,9 +137,10 @@ def state_shardings(model_config: models.ModelConfig, mesh: Mesh, tx: optax.Grad
     axes, everything else replicated."""
     params_sh = sharding_lib.param_shardings(model_config, mesh)
     abstract = jax.eval_shape(lambda: models.init_params(model_config, jax.random.key(0)))
-    opt_abstract = jax.eval_shape(tx.init, abstract)
+    opt_abstract = jax.eval_shape(tx.init, lora.trainable(abstract))
     rep = NamedSharding(mesh, PartitionSpec())
-    opt_sh = optax.tree_map_params(tx, lambda _, s: s, opt_abstract, params_sh, transform_non_params=lambda _: rep)
+    opt_sh = optax.tree_map_params(tx, lambda _, s: s, opt_abstract, lora.trainable(params_sh),
+                                   transform_non_params=lambda _: rep)  # fmt: skip
     return TrainState(params=params_sh, opt_state=opt_sh, step=rep, rng=rep)
 
 
@@ -147,7 +153,7 @@ def abstract_state(
     tx, _ = make_optimizer(optim, total_steps, updates_per_step=updates)
     shardings = state_shardings(model_config, mesh, tx)
     params = jax.eval_shape(lambda: models.init_params(model_config, jax.random.key(0)))
-    state = TrainState(params=params, opt_state=jax.eval_shape(tx.init, params),
+    state = TrainState(params=params, opt_state=jax.eval_shape(tx.init, lora.trainable(params)),
                        step=jax.ShapeDtypeStruct((), jnp.int32), rng=jax.eval_shape(lambda: jax.random.key(0)))
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
 
@@ -187,7 +193,7 @@ def make_train_step(
     def init_fn(params: Params, key: jax.Array) -> TrainState:
         if mesh is not None:
             params = sharding_lib.shard_params(params, model_config, mesh)
-            opt_state = jax.jit(tx.init, out_shardings=state_sh.opt_state)(params)
+            opt_state = jax.jit(tx.init, out_shardings=state_sh.opt_state)(lora.trainable(params))
             count = _replicated(np.zeros((), np.int32), mesh)
             if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
                 impl = jax.random.key_impl(key)
@@ -196,7 +202,7 @@ def make_train_step(
             else:
                 key = _replicated(np.asarray(key), mesh)
         else:
-            opt_state = jax.jit(tx.init)(params)
+            opt_state = jax.jit(tx.init)(lora.trainable(params))
             count = jnp.zeros((), jnp.int32)
         return TrainState(params=params, opt_state=opt_state, step=count, rng=key)
 
@@ -217,8 +223,9 @@ def make_train_step(
                 params, mbs, batch.rewards.shape[1], packed_prompt_width, batch.projections
             )
             grad_norm = optax.global_norm(grads)
-            upd, opt_state = tx.update(grads, opt_state, params)
-            params = optax.apply_updates(params, upd)
+            train = lora.trainable(params)  # a LoRA run updates its adapters only; the base passes through
+            upd, opt_state = tx.update(grads, opt_state, train)
+            params = lora.with_trainable(params, optax.apply_updates(train, upd))
             return (params, opt_state), dict(loss=loss, grad_norm=grad_norm, **aux)
 
         (params, opt_state), hist = jax.lax.scan(

@@ -10,7 +10,9 @@ Layout::
     transformer.py  full sequences (`forward`, `hidden_states`) and a KV-cached chunk (`forward_with_cache`)
     decode.py       the sampler's `prefill` (prompts packed end to end) and `forward_with_prefix_cache`
     prefix.py       the prefix-shared train forward (each group's prompt encoded once for its G completions)
+    lora.py         low-rank adapters: init, merge, split/join with the frozen base, PEFT export
     convert.py      HF safetensors / GGUF load, HF save, tokenizers;  presets.py  named model shapes
+    gguf_export.py  GGUF save (llama.cpp / ollama): weights, metadata, tokenizer
 
 Shape letters (one meaning each, package-wide; arrays are named ``x_BTD`` with them)::
 
@@ -22,13 +24,16 @@ Shape letters (one meaning each, package-wide; arrays are named ``x_BTD`` with t
 
 Public surface: `ModelConfig`, `init_params`, `param_axes`, `param_shapes`, `count_params`, `lm_head`,
 `projection_widths`, `forward`, `hidden_states`, `init_cache`, `forward_with_cache`, `KVCache`, `prefill`,
-`init_decode_cache`, `forward_with_prefix_cache`, `load_pretrained`, `save_pretrained`, `load_tokenizer`, `PRESETS`.
+`init_decode_cache`, `forward_with_prefix_cache`, `load_pretrained`, `save_pretrained`, `load_tokenizer`, `PRESETS`,
+`save_gguf`, `LoraSpec`, `lora`.
 """
 
+from jaxgrpo.models import lora
 from jaxgrpo.models.attention import KVCache
-from jaxgrpo.models.config import ModelConfig, ModelConfigError, RopeScaling, from_hf_config, to_hf_config
+from jaxgrpo.models.config import LoraSpec, ModelConfig, ModelConfigError, RopeScaling, from_hf_config, to_hf_config
 from jaxgrpo.models.convert import CheckpointError, load_pretrained, load_tokenizer, save_pretrained
 from jaxgrpo.models.decode import forward_with_prefix_cache, init_decode_cache, prefill
+from jaxgrpo.models.gguf_export import save_gguf
 from jaxgrpo.models.params import (
     PROJECTIONS,
     compute_params,
@@ -47,11 +52,14 @@ __all__ = [
     "load_pretrained",
     "load_tokenizer",
     "save_pretrained",
+    "save_gguf",
     "KVCache",
     "PRESETS",
     "PROJECTIONS",
     "get_preset",
     "ModelConfig",
+    "LoraSpec",
+    "lora",
     "ModelConfigError",
     "RopeScaling",
     "compute_params",

@@ -19,8 +19,9 @@ low_freq_factor)``.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 # HF `architectures` / `model_type` names for each family.
@@ -55,6 +56,35 @@ class RopeScaling:
             )
 
 
+LoraTarget = Literal["q", "k", "v", "o", "gate", "up", "down"]  # the dense projections an adapter may attach to
+LORA_TARGETS: tuple[str, ...] = typing.get_args(LoraTarget)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSpec:
+    """Low-rank adapters (Hu et al. 2021, "LoRA"; PEFT's ``LoraConfig``): each targeted projection ``W`` reads
+    ``W + (alpha / rank) · A B`` with ``A [in, rank]``, ``B [rank, out]`` (see `jaxgrpo.models.lora`)."""
+
+    rank: int
+    alpha: float
+    targets: tuple[str, ...] = LORA_TARGETS
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "targets", tuple(self.targets))
+        if self.rank < 1:
+            raise ModelConfigError(f"LoRA rank must be >= 1, got {self.rank}")
+        if self.alpha <= 0:
+            raise ModelConfigError(f"LoRA alpha must be > 0, got {self.alpha}")
+        bad = [t for t in self.targets if t not in LORA_TARGETS]
+        if bad or not self.targets or len(set(self.targets)) != len(self.targets):
+            raise ModelConfigError(f"LoRA targets {self.targets} must be distinct names from {LORA_TARGETS}")
+
+    @property
+    def scale(self) -> float:
+        """``alpha / rank``, the factor on ``A B`` (PEFT's ``scaling`` without rsLoRA)."""
+        return self.alpha / self.rank
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Decoder hyper-parameters (names follow HF config.json where one exists)."""
@@ -78,6 +108,8 @@ class ModelConfig:
     architecture: str = "llama"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # low-rank adapters on a frozen base (None = full fine-tuning); the base is then stored in the compute dtype
+    lora: LoraSpec | None = None
 
     def __post_init__(self) -> None:
         for name in ("dtype", "param_dtype"):  # accept jnp.bfloat16 / np.float32 / np.dtype objects

@@ -171,19 +171,39 @@ def explicit_backward(mode: MatmulBackward) -> bool:
     return jax.default_backend() == "cpu" if mode == "auto" else mode == "explicit"
 
 
-def dense(x: jax.Array, w: jax.Array, n_in: int, given: jax.Array | None = None, explicit: bool = True) -> jax.Array:
+def dense(
+    x: jax.Array,
+    w: jax.Array,
+    n_in: int,
+    given: jax.Array | None = None,
+    explicit: bool = True,
+    adapter: tuple[jax.Array, jax.Array, float] | None = None,
+) -> jax.Array:
     """THE dense projection: contract the last ``n_in`` axes of ``x`` with the first ``n_in`` of ``w`` (the weight
     is read in ``x``'s compute dtype; its gradient flows back to the stored dtype through the cast).
 
     Returns the flattened output ``[..., prod(w.shape[n_in:])]``. ``given`` (same shape), when not None, is the known
-    value of the product (`matmul_given`). The output is named for the ``"projections"`` remat policy."""
+    value of the product (`matmul_given`). ``adapter = (A [*in, r], B [r, *out], s)`` adds LoRA's ``s (x A) B``
+    (`jaxgrpo.models.lora`) — unmerged, so only the rank-r products are differentiated; with ``given`` (which then
+    holds the adapted output), the base's share is ``given - s (x A) B`` with the adapter term's gradient intact.
+    The output is named for the ``"projections"`` remat policy."""
     in_size = math.prod(w.shape[:n_in])
     x_flat = x.reshape(*x.shape[: x.ndim - n_in], in_size)
     w_flat = w.reshape(in_size, -1).astype(x.dtype)  # stored weights (param_dtype) read in the compute dtype
+    low_rank = None
+    if adapter is not None:
+        a, b, scale = adapter
+        xa = _einsum_matmul(x_flat, a.reshape(in_size, -1).astype(x.dtype))
+        low_rank = (scale * _einsum_matmul(xa, b.reshape(b.shape[0], -1).astype(x.dtype))).astype(x.dtype)
     if given is not None:
-        y = matmul_given[explicit](x_flat, w_flat, given.astype(x_flat.dtype))
+        base_part = given.astype(x_flat.dtype)
+        if low_rank is not None:
+            base_part = base_part - jax.lax.stop_gradient(low_rank)
+        y = matmul_given[explicit](x_flat, w_flat, base_part)
     else:
         y = matmul(x_flat, w_flat) if explicit else _einsum_matmul(x_flat, w_flat)
+    if low_rank is not None:
+        y = y + low_rank
     return checkpoint_name(y, _PROJ)
 
 
@@ -216,9 +236,12 @@ def decoder_layer(
     c, eps = config, config.rms_norm_eps
     B, T = x_BTD.shape[:2]
     ys: dict[str, jax.Array] = {}
+    adapters = lp.get("lora", {})  # absent when LoRA is off or merged into the weights
 
     def proj(name: str, x: jax.Array, n_in: int) -> jax.Array:
-        ys[name] = dense(x, lp[name], n_in, None if given is None else given[name], explicit)
+        ab = adapters.get(name)
+        adapter = None if ab is None else (ab["a"], ab["b"], c.lora.scale)
+        ys[name] = dense(x, lp[name], n_in, None if given is None else given[name], explicit, adapter)
         return ys[name].reshape(*x.shape[: x.ndim - n_in], *lp[name].shape[n_in:])
 
     h_BTD = rms_norm(x_BTD, lp["attn_norm"], eps)

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxgrpo.models import lora
 from jaxgrpo.models.config import ModelConfig
 
 Params = dict[str, Any]
@@ -44,6 +45,8 @@ def param_axes(config: ModelConfig) -> Params:
         )
     if config.qk_norm:
         layers.update(q_norm=("layers", "head_dim"), k_norm=("layers", "head_dim"))
+    if config.lora is not None:
+        layers["lora"] = lora.adapter_axes(config, layers)
     axes: Params = {"embed": ("vocab", "embed"), "layers": layers, "final_norm": ("embed",)}
     if not config.tie_word_embeddings:
         axes["lm_head"] = ("embed", "vocab")
@@ -70,6 +73,8 @@ def param_shapes(config: ModelConfig) -> Params:
         layers.update(q_bias=(L, N, H), k_bias=(L, K, H), v_bias=(L, K, H))
     if c.qk_norm:
         layers.update(q_norm=(L, H), k_norm=(L, H))
+    if c.lora is not None:
+        layers["lora"] = lora.adapter_shapes(c, layers)
     shapes: Params = {"embed": (V, D), "layers": layers, "final_norm": (D,)}
     if not c.tie_word_embeddings:
         shapes["lm_head"] = (D, V)
@@ -77,7 +82,11 @@ def param_shapes(config: ModelConfig) -> Params:
 
 
 def init_params(config: ModelConfig, key: jax.Array) -> Params:
-    """Random parameters: weights ~ N(0, 0.02^2) (HF ``initializer_range``), norms 1, biases 0."""
+    """Random parameters: weights ~ N(0, 0.02^2) (HF ``initializer_range``), norms 1, biases 0; with
+    ``config.lora``, the base in the compute dtype and fresh adapters (`jaxgrpo.models.lora.add_adapters`)."""
+    if config.lora is not None:
+        base = init_params(config.replace(lora=None, param_dtype=config.dtype), key)
+        return lora.add_adapters(config, base, jax.random.fold_in(key, 1))
     shapes = param_shapes(config)
     leaves, treedef = jax.tree.flatten(shapes, is_leaf=lambda x: isinstance(x, tuple))
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
@@ -109,9 +118,20 @@ def lm_head(config: ModelConfig, params: Params) -> jax.Array:
 
 def compute_params(config: ModelConfig, params: Params) -> Params:
     """The parameters in the compute dtype (``config.dtype``): what the sampler reads, cast once per rollout. A no-op
-    when ``param_dtype == dtype``. Memory: 2 bytes per parameter for a bfloat16 copy of float32 masters."""
+    when ``param_dtype == dtype``. Memory: 2 bytes per parameter for a bfloat16 copy of float32 masters.
+
+    With LoRA adapters: in float32 compute they are merged into the base weights (``W + s A B``: the sampler then
+    runs the plain forward, faster than two extra small matmuls per projection; benchmarks/lora.py); in a lower
+    compute dtype they stay unmerged and float32 (rounding ``W + s A B`` to bfloat16 per weight would drop the small
+    early updates, the sampler would not see them)."""
     dt = jnp.dtype(config.dtype)
-    return jax.tree.map(lambda x: x if x.dtype == dt else x.astype(dt), params)
+    cast = lambda x: x if x.dtype == dt else x.astype(dt)  # noqa: E731
+    if config.lora is not None and lora.has_adapters(params):
+        if dt == jnp.float32:
+            return jax.tree.map(cast, lora.merge(config, params))
+        base, adapters = lora.split(params)
+        return lora.join(jax.tree.map(cast, base), adapters)
+    return jax.tree.map(cast, params)
 
 
 def projection_widths(config: ModelConfig) -> dict[str, int]:
