@@ -48,6 +48,7 @@ from jaxgrpo.config_sections import (
     TrainConfig,
 )
 from jaxgrpo.errors import ConfigError, cli_error
+from jaxgrpo.hf_dataset import ROLES as DATA_COLUMN_ROLES
 from jaxgrpo.synthetic import MAX_DIFFICULTY
 from jaxgrpo.word_arithmetic import WORDS_LEVELS, WORDS_SPLITS
 
@@ -285,6 +286,8 @@ def validate(cfg: Config) -> None:
     _at_least(cfg, 1, "data.max_prompt_tokens", "rollout.prompts_per_step", "rollout.max_new_tokens")
     _require(bool(d.split), "data.split", d.split, "a non-empty split name (train, test)")
     _require(bool(d.hf_id), "data.hf_id", d.hf_id, "a non-empty dataset id")
+    _require(set(d.columns) <= set(DATA_COLUMN_ROLES) and all(d.columns.values()), "data.columns", d.columns,
+             "a mapping of prompt/answer to column names, e.g. {prompt: question, answer: answer}")
     _require(bool(d.rewards), "data.rewards", d.rewards, "a non-empty mapping of reward name to weight, "
              "e.g. {arithmetic: 1.0}")
     for name in d.rewards:
@@ -293,7 +296,7 @@ def validate(cfg: Config) -> None:
         except ValueError as e:
             raise ConfigError(f"data.rewards: {e}") from None
         sources = rewards_lib.REWARD_SOURCES.get(name)
-        if sources is not None and d.source not in sources:
+        if sources is not None and d.source not in sources and d.source != "hf":  # hf: any dataset, any reward
             fitting = [k for k, v in rewards_lib.REWARD_SOURCES.items() if d.source in v]
             example = "arithmetic" if d.source == "synthetic" else fitting[0]
             raise ConfigError(

@@ -20,7 +20,7 @@ from jaxgrpo.rewards import OnRewardError
 
 # Choices of modules that import this one (jaxgrpo.data: sources, templates; jaxgrpo.optim: schedules) or of none.
 ModelDtype = Literal["float32", "bfloat16"]
-DataSource = Literal["synthetic", "gsm8k", "words"]
+DataSource = Literal["synthetic", "gsm8k", "words", "hf"]
 PromptTemplate = Literal["chat", "plain"]
 Schedule = Literal["constant", "cosine"]
 SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)
@@ -50,8 +50,10 @@ class ModelSection:
 class DataConfig:
     source: DataSource = "synthetic"
     path: str | None = None  # local jsonl/parquet file or directory holding {split}.jsonl; None = `datasets` hub id
-    hf_id: str = "openai/gsm8k"
-    hf_config: str = "main"  # the `datasets` configuration name (GSM8K: main | socratic)
+    hf_id: str = "openai/gsm8k"  # a `datasets` id or local dataset directory (gsm8k, hf)
+    hf_config: str | None = None  # its configuration; None = GSM8K's "main" (or socratic), other sets' default
+    # data.source=hf: the prompt and answer columns ({prompt: question, answer: answer}); a role left out keeps its name
+    columns: dict[str, str] = dataclasses.field(default_factory=dict)
     split: str = "train"
     difficulty: int = 1  # synthetic: 0..12 (synthetic.DIFFICULTY_LEVELS); words: 1..4 (word_arithmetic.WORDS_LEVELS)
     num_examples: int | None = None  # cap on the dataset size; None = all

@@ -7,6 +7,8 @@
   (or the hub's ``**/{split}-*.parquet`` shards). Rows need a ``question`` and an ``answer`` whose gold number follows
   ``####``; the gold is normalised (``"1,000"`` → ``"1000"``). A malformed row is a `DataError` naming the file, the
   line (row) number and the field.
+* Any `datasets` dataset (``data.source=hf``): ``data.columns`` names the prompt and answer columns; a prompt may be
+  a string or a chat (list of ``{role, content}``), see `jaxgrpo.hf_dataset`. ``data.path`` reads local files.
 * ``synthetic_arithmetic(n, difficulty, seed)``: verifiable arithmetic whose difficulty knob moves a small model
   between the all-fail, mixed and all-pass regimes of GRPO groups (`jaxgrpo.synthetic`, re-exported here).
 * ``PromptIterator``: epoch-wise permutations drawn from ``numpy.random.default_rng([seed, epoch])``; its
@@ -23,7 +25,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from jaxgrpo import word_arithmetic
+from jaxgrpo import hf_dataset, word_arithmetic
 from jaxgrpo.config import DataConfig
 from jaxgrpo.errors import DataError
 from jaxgrpo.example import Example
@@ -104,13 +106,15 @@ def _local_files(path: str, split: str) -> list[pathlib.Path]:
     )
 
 
+def local_rows(path: str, split: str = "train") -> Iterable[tuple[str, Any]]:
+    """(where, row) pairs of the local ``.jsonl`` / ``.parquet`` file(s) that `data.path` and `data.split` name."""
+    for file in _local_files(path, split):
+        yield from _read_parquet(file) if file.suffix == ".parquet" else _read_jsonl(file)
+
+
 def load_gsm8k_local(path: str, split: str = "train") -> list[Example]:
     """GSM8K rows from a local file or directory (see the module docstring)."""
-    examples: list[Example] = []
-    for file in _local_files(path, split):
-        rows = _read_parquet(file) if file.suffix == ".parquet" else _read_jsonl(file)
-        for where, row in rows:
-            examples.append(gsm8k_example(row, where, len(examples)))
+    examples = [gsm8k_example(row, where, i) for i, (where, row) in enumerate(local_rows(path, split))]
     if not examples:
         raise DataError(f"data.path={path!r} (split {split!r}) holds no rows")
     return examples
@@ -138,12 +142,16 @@ def load_dataset(cfg: DataConfig, seed: int) -> list[Example]:
         if cfg.path is not None:
             examples = load_gsm8k_local(cfg.path, cfg.split)
         else:
-            examples = load_gsm8k_hub(cfg.hf_id, cfg.hf_config, cfg.split)
+            examples = load_gsm8k_hub(cfg.hf_id, cfg.hf_config or "main", cfg.split)
+        return examples[: cfg.num_examples] if cfg.num_examples else examples
+    if cfg.source == "hf":  # any `datasets` dataset (jaxgrpo.hf_dataset)
+        rows = local_rows(cfg.path, cfg.split) if cfg.path else hf_dataset.hub_rows(cfg.hf_id, cfg.hf_config, cfg.split)
+        examples = hf_dataset.hf_examples(rows, cfg.columns)
         return examples[: cfg.num_examples] if cfg.num_examples else examples
     if cfg.source == "words":  # arithmetic asked in words, for pretrained chat models (jaxgrpo.word_arithmetic)
         n = cfg.num_examples or word_arithmetic.default_size(cfg.difficulty, cfg.split)
         return word_arithmetic.word_arithmetic(n, cfg.difficulty, seed, cfg.split)
-    raise DataError(f"data.source={cfg.source!r} is not a known source; valid choices: synthetic, gsm8k, words")
+    raise DataError(f"data.source={cfg.source!r} is not a known source; valid choices: synthetic, gsm8k, words, hf")
 
 
 # -- iteration -------------------------------------------------------------------------------------------------------
@@ -227,14 +235,16 @@ def prompt_text(tokenizer: Any, example: Example, cfg: DataConfig) -> tuple[str,
                 f"data.template=chat but the tokenizer {type(tokenizer).__name__} has no chat template; "
                 "set data.template=plain"
             )
-        messages = []
-        if cfg.system_prompt:
-            messages.append({"role": "system", "content": cfg.system_prompt})
-        messages.append({"role": "user", "content": example.prompt})
+        chat = example.meta.get("messages") or [{"role": "user", "content": example.prompt}]
+        messages = list(chat)
+        if cfg.system_prompt and chat[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": cfg.system_prompt})
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return text, False  # the template already holds BOS etc.
-    if cfg.template == "plain":
-        text = f"{cfg.system_prompt}\n\n{example.prompt}" if cfg.system_prompt else example.prompt
+    if cfg.template == "plain":  # a chat row's messages: their contents, one paragraph each
+        chat = example.meta.get("messages")
+        prompt = "\n\n".join(m["content"] for m in chat) if chat else example.prompt
+        text = f"{cfg.system_prompt}\n\n{prompt}" if cfg.system_prompt else prompt
         return text, True
     raise DataError(f"data.template={cfg.template!r} is not known; valid choices: chat, plain")
 

@@ -285,3 +285,92 @@ def test_example_is_frozen():
     assert e.meta == {}
     with pytest.raises(AttributeError):
         e.answer = "3"
+
+
+# -- any `datasets` dataset (data.source=hf) -------------------------------------------------------------------------
+
+
+def test_hf_source_local_dataset_dir_through_datasets(gsm8k_dir, tmp_path):
+    """A local dataset directory loaded by `datasets.load_dataset` itself (offline), columns renamed by data.columns:
+    prompts and gold answers equal an independent parse of the same rows."""
+    rows = read_rows(gsm8k_dir / "test.jsonl", 12)
+    renamed = [{"problem": r["question"], "solution": r["answer"], "extra": i} for i, r in enumerate(rows)]
+    pq.write_table(pa.Table.from_pylist(renamed[:8]), tmp_path / "train.parquet")
+    pq.write_table(pa.Table.from_pylist(renamed[8:]), tmp_path / "test.parquet")
+    columns = {"prompt": "problem", "answer": "solution"}
+    cfg = DataConfig(source="hf", hf_id=str(tmp_path), split="test", columns=columns)
+    got = data.load_dataset(cfg, 0)
+    assert [(e.prompt, e.answer) for e in got] == [
+        (r["question"].strip(), r["answer"].split("####")[-1].strip()) for r in rows[8:]]  # fmt: skip
+    assert got[0].meta["source"] == "hf" and "test row 1" in got[0].meta["where"]
+    capped = data.load_dataset(DataConfig(source="hf", hf_id=str(tmp_path), num_examples=3, columns=columns), 0)
+    assert [e.prompt for e in capped] == [r["question"].strip() for r in rows[:3]]
+
+
+def _chat_rows():
+    return [
+        {"messages": [{"role": "user", "content": "what is 2+3?"}, {"role": "assistant", "content": "5"}], "gold": 5},
+        {"messages": [{"role": "system", "content": "be brief."}, {"role": "user", "content": "7*6?"}], "gold": "42"},
+        {"messages": [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"},
+                      {"role": "user", "content": "and 2+2?"}, {"role": "assistant", "content": "4"}],
+         "gold": "#### 4"},
+    ]  # fmt: skip
+
+
+def test_hf_source_chat_rows_prompt_is_the_chat_up_to_the_last_user_turn(tmp_path):
+    path = tmp_path / "chats.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _chat_rows()))
+    cfg = DataConfig(source="hf", path=str(path), columns={"prompt": "messages", "answer": "gold"},
+                     system_prompt="solve it.")  # fmt: skip
+    examples = data.load_dataset(cfg, 0)
+    assert [e.answer for e in examples] == ["5", "42", "4"]
+    assert [e.prompt for e in examples] == ["what is 2+3?", "7*6?", "and 2+2?"]
+    texts = [data.prompt_text(arithmetic_tokenizer(), e, cfg)[0] for e in examples]
+    # the arithmetic tokenizer's template: <bos>{<|role|>content<eos>}...<|assistant|>
+    assert texts == [
+        "<bos><|system|>solve it.<eos><|user|>what is 2+3?<eos><|assistant|>",
+        "<bos><|system|>be brief.<eos><|user|>7*6?<eos><|assistant|>",  # the row's own system turn is kept
+        "<bos><|system|>solve it.<eos><|user|>1+1?<eos><|assistant|>2<eos><|user|>and 2+2?<eos><|assistant|>",
+    ]
+    plain = DataConfig(source="hf", path=str(path), columns={"prompt": "messages", "answer": "gold"},
+                       template="plain")  # fmt: skip
+    assert data.prompt_text(arithmetic_tokenizer(), examples[2], plain) == ("1+1?\n\n2\n\nand 2+2?", True)
+    ids = data.encode_prompts(arithmetic_tokenizer(), examples, cfg)
+    assert arithmetic_tokenizer().decode(ids[0]) == texts[0]
+
+
+@pytest.mark.parametrize("row,columns,match", [
+    ({"question": "q", "answer": "1"}, {}, r"no column 'prompt' for the prompt \(columns: \['answer', 'question'\]\); "
+                                           r"map it with data.columns.prompt=<column>"),
+    ({"prompt": "q"}, {}, r"no column 'answer' .*data.columns.answer=<column>"),
+    ({"prompt": [{"role": "assistant", "content": "x"}], "answer": "1"}, {}, "a chat without a user turn"),
+    ({"prompt": [{"role": "user"}], "answer": "1"}, {}, r"message 0 must be a \{'role': str, 'content': str\}"),
+    ({"prompt": [{"role": "robot", "content": "x"}], "answer": "1"}, {}, "has role 'robot'"),
+    ({"prompt": "q", "answer": None}, {}, "column 'answer' must be a string or a number"),
+    ({"prompt": "q", "answer": "#### "}, {}, "column 'answer' is empty"),
+    ({"prompt": 3, "answer": "1"}, {}, "must be a string or a list of chat messages"),
+    ({"prompt": "q", "answer": "1"}, {"question": "prompt"}, r"data.columns has \['question'\]"),
+])  # fmt: skip
+def test_hf_source_bad_rows_name_the_row_and_the_fix(tmp_path, row, columns, match):
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"prompt": "fine", "answer": 3}) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(data.DataError, match=match) as e:
+        data.load_dataset(DataConfig(source="hf", path=str(path), columns=columns), 0)
+    assert "\n" not in str(e.value)
+    if "data.columns has" not in match:
+        assert "rows.jsonl line 2" in str(e.value)
+
+
+def test_hf_source_unknown_dataset_offline_is_a_data_error():
+    with pytest.raises(data.DataError, match=r"could not load data.hf_id='nobody/no-such-set' .*set data.path"):
+        data.load_dataset(DataConfig(source="hf", hf_id="nobody/no-such-set"), 0)
+
+
+def test_hf_source_config_keys():
+    from jaxgrpo.config import ConfigError, load_config
+
+    cfg = load_config(None, ["data.source=hf", "data.hf_id=org/set", "data.columns={prompt: question}",
+                             "data.rewards={gsm8k: 1.0}"])  # fmt: skip
+    assert cfg.data.columns == {"prompt": "question"} and cfg.data.hf_config is None
+    with pytest.raises(ConfigError, match="data.columns"):
+        load_config(None, ["data.source=hf", "data.columns={question: prompt}"])
