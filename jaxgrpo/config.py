@@ -290,6 +290,12 @@ def validate(cfg: Config) -> None:
              "a mapping of prompt/answer to column names, e.g. {prompt: question, answer: answer}")
     _require(bool(d.rewards), "data.rewards", d.rewards, "a non-empty mapping of reward name to weight, "
              "e.g. {arithmetic: 1.0}")
+    _require(d.reward_workers >= 0, "data.reward_workers", d.reward_workers, ">= 0 (0 = score in the training thread)")
+    _require(d.reward_timeout is None or d.reward_timeout > 0, "data.reward_timeout", d.reward_timeout,
+             "> 0 seconds or null (no timeout)")
+    if d.reward_timeout is not None and d.reward_workers == 0:
+        raise ConfigError(f"data.reward_timeout={d.reward_timeout} needs data.reward_workers >= 1 (a call in the "
+                          "training thread cannot be cut off); set data.reward_workers=4 or data.reward_timeout=null")
     for name in d.rewards:
         try:
             rewards_lib.resolve(name)

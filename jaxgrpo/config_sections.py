@@ -61,9 +61,12 @@ class DataConfig:
     template: PromptTemplate = "chat"  # chat: the tokenizer's chat template
     system_prompt: str | None = None
     max_prompt_tokens: int = 256
-    # reward functions and their weights: names from rewards.REWARDS (gsm8k, gsm8k_lenient, format, calibration,
-    # arithmetic, arithmetic_lenient) or "package.module:function"; the step's reward is the weighted sum.
+    # reward functions and their weights: names from rewards.REWARDS (gsm8k, gsm8k_lenient, math_verify, format,
+    # calibration, arithmetic, arithmetic_lenient) or "package.module:function" (per-sample or TRL-style batched);
+    # the step's reward is the weighted sum.
     rewards: dict[str, float] = dataclasses.field(default_factory=lambda: {"arithmetic": 1.0})
+    reward_workers: int = 4  # threads scoring a rollout in parallel (jaxgrpo.reward_pool); 0 = the training thread
+    reward_timeout: float | None = 60.0  # seconds per reward call (samples of a call cut off are invalid); null = none
 
 
 @dataclasses.dataclass(frozen=True)

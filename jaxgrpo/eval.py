@@ -51,7 +51,7 @@ from jaxgrpo.errors import CheckpointError, ConfigError, cli_error
 from jaxgrpo.example import Example
 
 DEFAULT_NUM_SAMPLES = 16
-CORRECTNESS_REWARDS = ("gsm8k", "gsm8k_lenient", "arithmetic", "arithmetic_lenient")
+CORRECTNESS_REWARDS = ("gsm8k", "gsm8k_lenient", "math_verify", "arithmetic", "arithmetic_lenient")
 
 
 # -- statistics (host side, exact integer arithmetic where it matters) ----------------------------------------------

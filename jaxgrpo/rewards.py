@@ -1,281 +1,91 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""Reward functions on (completion text, example): answer extraction, verification, format and calibration.
+"""Reward functions: the registry, the two calling conventions, and `score` / `Scorer`, which run them.
 
-A reward function is a plain Python callable ``fn(completion: str, example: Example) -> float`` (``RewardFn``).
-Configs name them through the registry ``REWARDS`` (``data.rewards: {name: weight}``); a name of the form
-``"package.module:function"`` imports a user function. ``score`` applies a weighted sum of them to a batch of
-completions and turns a failure (an exception, or a value that is not a finite real number) into a ``RewardError``
-naming the function and the example — or, with ``on_error="invalidate"``, into an invalid sample (``valid=False``,
-reward 0) that the train step masks out. A NaN never reaches the update silently.
+Configs name reward functions in ``data.rewards: {name: weight}``: a name of the registry ``REWARDS`` (the built-ins
+of `jaxgrpo.reward_fns`, re-exported here) or ``"package.module:function"`` for a user function. Two conventions:
 
-Answers (GSM8K convention, Cobbe et al. 2021, "Training Verifiers to Solve Math Word Problems"):
+* **per sample** (jaxgrpo's): ``fn(completion: str, example: Example) -> float | None``, called once per completion.
+* **batched** (TRL's ``GRPOTrainer`` convention): ``fn(prompts, completions, **columns) -> list[float | None]``,
+  keyword arguments only: ``prompts`` and ``completions`` are lists of strings (the example's prompt text as the
+  dataset has it, before any chat template, and the decoded completion; never TRL's conversational message lists),
+  ``completion_ids`` the completion token ids where the caller has them (the trainer does), and each dataset column
+  a list with one entry per completion: ``answer`` (the canonical gold answer, e.g. ``"72"``) and every key of
+  ``Example.meta`` (GSM8K: ``solution``, ``index``, ...; a key missing from an example gives None). Only the
+  arguments that the function's signature accepts are passed, all of them when it takes ``**kwargs``. TRL's
+  ``trainer_state``, ``log_extra`` and ``log_metric`` are not passed. The trainer calls a batched function once per
+  prompt group (the G completions of one prompt), so it must not rely on seeing the whole step.
 
-* ``extract_answer(text, "strict")``: the number after the **last** ``####`` marker (text after that number on the
-  same line, and later lines, are ignored). If the last marker is not followed by a number there is no answer,
-  even when an earlier marker had one: the last marker is the model's final word.
-* ``extract_answer(text, "lenient")``: the content of the last ``\\boxed{...}`` if there is one, else the last number
-  anywhere in the text.
-* ``normalize_number(s)`` maps a numeric string to an exact ``fractions.Fraction``: thousands commas, ``$``, a
-  leading ``+``, a trailing ``%`` (read as the number itself: "50%" == 50, since GSM8K golds state percentages as bare
-  numbers), LaTeX ``\\frac{a}{b}`` and ``{,}`` are accepted; ``1,000.00`` == ``1000``; ``3/4`` and ``0.75`` are equal
-  because both are exact; anything else (``nan``, ``inf``, words, ``1/0``) is ``None``.
+Which convention a function follows: it is batched when it is decorated with `batched`, or its signature has a
+parameter named ``prompts`` or ``completions``, or it takes no positional parameter but ``**kwargs``; otherwise it is
+per sample. `is_batched` applies the rule.
 
-Calibration reward of RLCR (Damani et al. 2025, "Beyond Binary Rewards: Training LMs to Reason About Their
-Uncertainty", arXiv:2507.16806): the completion states a confidence ``q`` in [0, 1] and
+``None`` (TRL's "no reward"): the function does not score that sample and adds nothing to its weighted sum; a sample
+that no function scores has no reward at all and is invalid (``valid=False``, reward 0, masked out of the update like
+a failed sample under ``algo.on_reward_error=invalidate``). With one function, None therefore drops the sample.
 
-    R = c - (q - c)^2,   c = 1[answer correct]   (correctness plus the negative Brier score)
-
-(c is judged on the completion with its confidence statements removed), which, being built on a bounded proper
-scoring rule, is maximised in expectation by the most likely answer stated with its true probability of being
-correct. Confidence is read from ``<confidence>0.8</confidence>`` or
-``Confidence: 80%`` / ``confidence = 0.8`` (the last such statement wins); a value with ``%`` is divided by 100.
-**Missing, unparseable or out-of-range confidence** is scored with the largest possible Brier penalty, 1, so
-``R = c - 1``: omitting the confidence is never better than stating any ``q`` in [0, 1] (with ``q = 0`` as the
-penalty instead, omission would tie with an honest "0" on wrong answers and the model could learn to stay silent).
-This is our choice; the paper's reward is defined on well-formed outputs and pairs it with a format reward.
-
-Synthetic arithmetic (``synthetic.synthetic_arithmetic``): ``arithmetic_correct`` is 1 iff the completion, cut at the
-first end-of-sequence marker still present in the text (``<eos>``, ``</s>``, ``<|endoftext|>``, ``<|im_end|>``,
-``<|eot_id|>``) and stripped of surrounding whitespace, equals the gold answer string exactly (the trainer decodes
-tokens up to and including EOS with ``skip_special_tokens=True``, so normally nothing needs cutting).
-``arithmetic_lenient`` accepts any completion whose leading number equals the answer (what follows is ignored).
+Failures: a function that raises, returns something that is not a finite real number (or None), or a batched function
+that returns the wrong number of rewards, stops the run with a one-line `RewardError` naming the function, the
+sample and its prompt, and the fix (``on_error="error"``), or makes that sample invalid (``on_error="invalidate"``).
+A NaN never reaches the update silently. A call that runs past the timeout (`Scorer`, ``data.reward_timeout``) is
+cut off whatever ``on_error`` says: its samples are invalid, counted in ``reward/timeouts``, and the first timeout of
+each function is reported once as a RuntimeWarning. `jaxgrpo.reward_pool` runs the calls in worker threads.
 """
 
 from __future__ import annotations
 
 import difflib
-import fractions
+import functools
 import importlib
+import inspect
 import math
 import numbers
-import re
+import time
 import typing
+import warnings
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 from jaxgrpo.errors import RewardError
 from jaxgrpo.example import Example
+from jaxgrpo.reward_fns import (
+    MATH_VERIFY_TIMEOUT_S,
+    Mode,
+    arithmetic_correct,
+    arithmetic_lenient,
+    calibration_lenient,
+    calibration_reward,
+    extract_answer,
+    extract_confidence,
+    format_number,
+    format_reward,
+    gsm8k_correct,
+    gsm8k_lenient,
+    gsm8k_strict,
+    math_verify_correct,
+    normalize_number,
+    strip_confidence,
+)
+from jaxgrpo.reward_pool import RewardPool
 
-RewardFn = Callable[[str, Example], float]
-Mode = Literal["strict", "lenient"]
+__all__ = [
+    "MATH_VERIFY_TIMEOUT_S", "ON_REWARD_ERROR", "REWARDS", "REWARD_SOURCES", "Mode", "OnRewardError", "RewardError",
+    "RewardFn", "Scorer", "Scores", "arithmetic_correct", "arithmetic_lenient", "batched", "calibration_lenient",
+    "calibration_reward", "combine", "conversational", "extract_answer", "extract_confidence", "format_number",
+    "format_reward", "gsm8k_correct", "gsm8k_lenient", "gsm8k_strict", "is_batched", "math_verify_correct",
+    "normalize_number", "resolve", "score", "strip_confidence",
+]
+
+RewardFn = Callable[..., Any]  # per sample: (completion, example) -> float | None; batched: (**kw) -> list
 # What `score` does with a failing reward function (the config's algo.on_reward_error).
 OnRewardError = Literal["error", "invalidate"]
 ON_REWARD_ERROR: tuple[str, ...] = typing.get_args(OnRewardError)
 
-# A number as it appears in text: optional sign (not when glued to a preceding word/digit, so "3-5" yields 5, not
-# -5), optional $, thousands-grouped or plain digits, optional decimals, optional simple fraction, optional %.
-_NUMBER = (
-    r"(?:(?<![\w)])[-+−])?\$?\s?"
-    r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
-    r"(?:\s?/\s?\d+(?:\.\d+)?)?"
-    r"%?"
-)
-_NUMBER_RE = re.compile(_NUMBER)
-_STRICT_RE = re.compile(r"####[ \t]*([^\n]*)")
-_LEADING_NUMBER_RE = re.compile(r"\s*(?:\\\$|\$)?\s*(" + _NUMBER + ")")
-_FRAC_RE = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
-_EOS_MARKERS = ("<eos>", "</s>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>")
-
-
-def _last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (balanced braces), or None."""
-    start = text.rfind("\\boxed")
-    while start != -1:
-        i = text.find("{", start)
-        if i != -1 and text[start + len("\\boxed") : i].strip() == "":
-            depth, j = 0, i
-            while j < len(text):
-                if text[j] == "{":
-                    depth += 1
-                elif text[j] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        return text[i + 1 : j]
-                j += 1
-        start = text.rfind("\\boxed", 0, start)
-    return None
-
-
-def _clean_latex(s: str) -> str:
-    s = _FRAC_RE.sub(r"\1/\2", s)
-    return s.replace("{,}", ",").replace("\\!", "").replace("\\,", "").replace("\\$", "$").replace("\\%", "%")
-
-
-def extract_answer(text: str, mode: Mode = "strict") -> str | None:
-    """The final-answer number of `text` as written (e.g. ``"$1,000.00"``), or None when there is none.
-
-    strict: the number right after the last ``####``; lenient: the last ``\\boxed{...}`` if any, else the last number.
-    """
-    if not isinstance(text, str):
-        raise TypeError(f"extract_answer expects a str, got {type(text).__name__}")
-    if mode == "strict":
-        markers = _STRICT_RE.findall(text)
-        if not markers:
-            return None
-        m = _LEADING_NUMBER_RE.match(_clean_latex(markers[-1]))
-        return m.group(1).strip() if m else None
-    if mode == "lenient":
-        boxed = _last_boxed(text)
-        region = _clean_latex(boxed if boxed is not None else text)
-        found = _NUMBER_RE.findall(region)
-        return found[-1].strip() if found else None
-    raise ValueError(f"extract_answer: unknown mode {mode!r}; valid modes: 'strict', 'lenient'")
-
-
-def normalize_number(s: str | None) -> fractions.Fraction | None:
-    """Exact value of a numeric string (``"1,000.00"`` → 1000, ``"3/4"`` → 3/4, ``"-$5"`` → -5), else None."""
-    if s is None:
-        return None
-    t = _clean_latex(str(s)).strip().replace("−", "-")
-    t = t.replace(",", "").replace("$", "").replace(" ", "")
-    if t.endswith("%"):
-        t = t[:-1]
-    if t.startswith("+"):
-        t = t[1:]
-    if not t or not re.fullmatch(r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:/-?(?:\d+(?:\.\d*)?|\.\d+))?", t):
-        return None
-    try:
-        if "/" in t:
-            num, den = t.split("/")
-            den_v = fractions.Fraction(den)
-            return None if den_v == 0 else fractions.Fraction(num) / den_v
-        return fractions.Fraction(t)
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
-def format_number(x: fractions.Fraction) -> str:
-    """Canonical text of an exact number: ``"1000"``, ``"-5"``, ``"0.75"`` (finite decimals), else ``"p/q"``."""
-    if x.denominator == 1:
-        return str(x.numerator)
-    d = x.denominator
-    for p in (2, 5):
-        while d % p == 0:
-            d //= p
-    if d != 1:
-        return f"{x.numerator}/{x.denominator}"
-    digits = 0
-    while (x * 10**digits).denominator != 1:
-        digits += 1
-    sign = "-" if x < 0 else ""
-    scaled = abs(x.numerator) * 10**digits // x.denominator
-    whole, frac = divmod(scaled, 10**digits)
-    return f"{sign}{whole}.{frac:0{digits}d}"
-
-
-def _gold(example: Example) -> fractions.Fraction:
-    gold = normalize_number(example.answer)
-    if gold is None:
-        raise ValueError(f"the example's gold answer {example.answer!r} is not a number")
-    return gold
-
-
-def gsm8k_correct(completion: str, example: Example, mode: Mode = "strict") -> float:
-    """1.0 if the extracted final answer equals the example's gold answer exactly (as numbers), else 0.0."""
-    pred = normalize_number(extract_answer(completion, mode))
-    return float(pred is not None and pred == _gold(example))
-
-
-def gsm8k_strict(completion: str, example: Example) -> float:
-    """`gsm8k_correct` in strict mode (the number after the last ``####``)."""
-    return gsm8k_correct(completion, example, "strict")
-
-
-def gsm8k_lenient(completion: str, example: Example) -> float:
-    """`gsm8k_correct` in lenient mode (last ``\\boxed{}`` or last number)."""
-    return gsm8k_correct(completion, example, "lenient")
-
-
-_CONFIDENCE_RES = (
-    re.compile(r"<confidence>\s*([^<]*?)\s*</confidence>", re.IGNORECASE),
-    re.compile(r"\bconfidence\s*(?:level)?\s*[:=]\s*([0-9.]+\s*%?)", re.IGNORECASE),
-)
-
-
-def _is_confidence_line(line: str) -> bool:
-    return any(r.search(line) for r in _CONFIDENCE_RES)
-
-
-def format_reward(completion: str, example: Example) -> float:
-    """1.0 if the completion ends with a well-formed final answer line ``#### <number>``, else 0.0.
-
-    Well-formed: the last line containing ``####`` is exactly ``#### <number>`` (surrounding whitespace allowed),
-    ``####`` occurs once in the completion, and anything after that line is blank or a confidence statement.
-    """
-    del example
-    if completion.count("####") != 1:
-        return 0.0
-    lines = completion.split("\n")
-    idx = next(i for i, line in enumerate(lines) if "####" in line)
-    line_ok = re.fullmatch(r"\s*####\s*(" + _NUMBER + r")\s*", lines[idx])
-    if not line_ok or normalize_number(line_ok.group(1)) is None:
-        return 0.0
-    rest_ok = all(not line.strip() or _is_confidence_line(line) for line in lines[idx + 1 :])
-    return float(rest_ok)
-
-
-def extract_confidence(text: str) -> float | None:
-    """The last stated confidence in [0, 1] (``<confidence>0.8</confidence>``, ``Confidence: 80%``), else None."""
-    found: list[tuple[int, str]] = []
-    for r in _CONFIDENCE_RES:
-        found.extend((m.start(), m.group(1)) for m in r.finditer(text))
-    if not found:
-        return None
-    raw = max(found)[1].strip()
-    pct = raw.endswith("%")
-    value = normalize_number(raw[:-1] if pct else raw)
-    if value is None:
-        return None
-    q = float(value) / (100.0 if pct else 1.0)
-    return q if 0.0 <= q <= 1.0 else None
-
-
-def strip_confidence(text: str) -> str:
-    """`text` without its confidence statements (so lenient answer extraction does not read 0.8 as the answer)."""
-    for r in _CONFIDENCE_RES:
-        text = r.sub(" ", text)
-    return text
-
-
-def calibration_reward(completion: str, example: Example, mode: Mode = "strict") -> float:
-    """RLCR: ``c - (q - c)^2`` with c = `gsm8k_correct` on the completion minus its confidence statements and q its
-    stated confidence; missing q → ``c - 1``."""
-    c = gsm8k_correct(strip_confidence(completion), example, mode)
-    q = extract_confidence(completion)
-    brier = 1.0 if q is None else (q - c) ** 2
-    return c - brier
-
-
-def calibration_lenient(completion: str, example: Example) -> float:
-    """`calibration_reward` with lenient answer extraction."""
-    return calibration_reward(completion, example, "lenient")
-
-
-def _cut_at_eos(completion: str) -> str:
-    cut = len(completion)
-    for marker in _EOS_MARKERS:
-        i = completion.find(marker)
-        if i != -1:
-            cut = min(cut, i)
-    return completion[:cut].strip()
-
-
-def arithmetic_correct(completion: str, example: Example) -> float:
-    """1.0 iff the completion up to the first EOS marker, whitespace-stripped, equals the answer string exactly."""
-    return float(_cut_at_eos(completion) == example.answer)
-
-
-def arithmetic_lenient(completion: str, example: Example) -> float:
-    """1.0 iff the completion's leading number (what follows it is ignored) equals the answer as a number."""
-    m = re.match(r"\s*(-?\d+)", _cut_at_eos(completion))
-    return float(m is not None and normalize_number(m.group(1)) == _gold(example))
-
-
 REWARDS: dict[str, RewardFn] = {
     "gsm8k": gsm8k_strict,
     "gsm8k_lenient": gsm8k_lenient,
+    "math_verify": math_verify_correct,
     "format": format_reward,
     "calibration": calibration_reward,
     "calibration_lenient": calibration_lenient,
@@ -289,12 +99,72 @@ REWARDS: dict[str, RewardFn] = {
 REWARD_SOURCES: dict[str, tuple[str, ...]] = {
     "gsm8k": ("gsm8k",),
     "gsm8k_lenient": ("gsm8k", "synthetic", "words"),  # words: the last number of the completion
+    "math_verify": ("gsm8k", "synthetic", "words"),
     "format": ("gsm8k",),
     "calibration": ("gsm8k",),
     "calibration_lenient": ("gsm8k",),
     "arithmetic": ("synthetic",),
     "arithmetic_lenient": ("synthetic",),
 }
+
+_BATCHED_ATTR = "_jaxgrpo_batched"
+_RESERVED = ("prompts", "completions", "completion_ids", "prompt", "completion")
+
+
+def batched(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks `fn` as a batched (TRL-convention) reward function, whatever its parameters are named."""
+    try:
+        setattr(fn, _BATCHED_ATTR, True)
+        return fn
+    except AttributeError:  # e.g. a bound method: mark a wrapper instead
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs)
+
+        setattr(wrapper, _BATCHED_ATTR, True)
+        return wrapper
+
+
+def conversational(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A batched function that hands `fn` (a TRL reward written for conversational datasets, which reads
+    ``completion[0]["content"]``, such as ``trl.rewards.accuracy_reward``) TRL's message lists: each prompt as
+    ``[{"role": "user", "content": prompt}]`` and each completion as ``[{"role": "assistant", "content": text}]``.
+    Define ``my_rewards.accuracy = rewards.conversational(accuracy_reward)`` and configure ``my_rewards:accuracy``."""
+    params = _parameters(fn) or []
+    accepts = None if any(p.kind == p.VAR_KEYWORD for p in params) or not params else {p.name for p in params}
+
+    @functools.wraps(fn)
+    def wrapper(**kwargs: Any) -> Any:
+        kwargs["prompts"] = [[{"role": "user", "content": p}] for p in kwargs["prompts"]]
+        kwargs["completions"] = [[{"role": "assistant", "content": c}] for c in kwargs["completions"]]
+        return fn(**(kwargs if accepts is None else {k: v for k, v in kwargs.items() if k in accepts}))
+
+    del wrapper.__wrapped__  # the wrapper takes every column (**kwargs), whatever `fn` names
+    setattr(wrapper, _BATCHED_ATTR, True)
+    return wrapper
+
+
+def _parameters(fn: Callable[..., Any]) -> list[inspect.Parameter] | None:
+    try:
+        return list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # some builtins have no signature
+        return None
+
+
+def is_batched(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` follows the batched convention (module docstring): marked by `batched`, or a parameter named
+    ``prompts`` or ``completions``, or only keyword arguments through ``**kwargs``."""
+    if getattr(fn, _BATCHED_ATTR, False):
+        return True
+    params = _parameters(fn)
+    if params is None:
+        return False
+    if any(p.name in ("prompts", "completions") for p in params):
+        return True
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                  inspect.Parameter.VAR_POSITIONAL)
+    return not any(p.kind in positional for p in params) and any(p.kind == p.VAR_KEYWORD for p in params)
 
 
 def resolve(name_or_fn: str | RewardFn) -> tuple[str, RewardFn]:
@@ -322,7 +192,15 @@ def resolve(name_or_fn: str | RewardFn) -> tuple[str, RewardFn]:
     )
 
 
-def _check_weights(fns: Sequence[tuple[str | RewardFn, float]]) -> list[tuple[str, RewardFn, float]]:
+class _Resolved(typing.NamedTuple):
+    name: str
+    fn: RewardFn
+    weight: float
+    batched: bool
+    accepts: frozenset[str] | None  # keyword arguments a batched function takes; None = all (**kwargs)
+
+
+def _check_weights(fns: Sequence[tuple[str | RewardFn, float]]) -> list[_Resolved]:
     if not fns:
         raise ValueError("no reward functions given: configure at least one, e.g. data.rewards={arithmetic: 1.0}")
     out = []
@@ -333,18 +211,42 @@ def _check_weights(fns: Sequence[tuple[str | RewardFn, float]]) -> list[tuple[st
         w = item[1]
         if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w):
             raise ValueError(f"the weight of reward function {name!r} must be a finite number, got {w!r}")
-        out.append((name, fn, float(w)))
+        params = _parameters(fn) or []
+        accepts = (None if any(p.kind == p.VAR_KEYWORD for p in params) or not params
+                   else frozenset(p.name for p in params))
+        out.append(_Resolved(name, fn, float(w), is_batched(fn), accepts))
     return out
 
 
-def combine(fns: Sequence[tuple[str | RewardFn, float]]) -> RewardFn:
-    """One RewardFn computing ``sum_i w_i * fn_i(completion, example)`` (no error handling: see `score`)."""
+def _call_batched(r: _Resolved, texts: Sequence[str], examples: Sequence[Example],
+                  completion_ids: Sequence[Sequence[int]] | None) -> Any:
+    """Calls a batched function TRL's way: prompts, completions, completion_ids and one list per dataset column."""
+    kwargs: dict[str, Any] = {"prompts": [e.prompt for e in examples], "completions": list(texts)}
+    if completion_ids is not None:
+        kwargs["completion_ids"] = [list(ids) for ids in completion_ids]
+    kwargs["answer"] = [e.answer for e in examples]
+    keys = dict.fromkeys(k for e in examples if isinstance(e.meta, dict) for k in e.meta)
+    for k in keys:
+        if k not in _RESERVED and k != "answer":
+            kwargs[k] = [e.meta.get(k) if isinstance(e.meta, dict) else None for e in examples]
+    if r.accepts is not None:
+        kwargs = {k: v for k, v in kwargs.items() if k in r.accepts}
+    return r.fn(**kwargs)
+
+
+def combine(fns: Sequence[tuple[str | RewardFn, float]]) -> Callable[[str, Example], float]:
+    """One per-sample function computing ``sum_i w_i * fn_i(completion, example)`` over the functions that score the
+    sample (None adds nothing; a batched function is called on one sample). No error handling: see `score`."""
     resolved = _check_weights(fns)
 
     def combined(completion: str, example: Example) -> float:
-        return sum(w * float(fn(completion, example)) for _, fn, w in resolved)
+        total = 0.0
+        for r in resolved:
+            value = _call_batched(r, [completion], [example], None)[0] if r.batched else r.fn(completion, example)
+            total += 0.0 if value is None else r.weight * float(value)
+        return total
 
-    combined.__name__ = "+".join(f"{w:g}*{name}" for name, _, w in resolved)
+    combined.__name__ = "+".join(f"{r.weight:g}*{r.name}" for r in resolved)
     return combined
 
 
@@ -356,50 +258,161 @@ def _describe(i: int, example: Example) -> str:
     return f"{where}, prompt {prompt!r}"
 
 
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text[:200]}" if text else type(e).__name__
+
+
+def _check_value(value: Any) -> tuple[float | None, str | None]:
+    """(the reward or None, None) for a good value, else (None, what is wrong with it)."""
+    if value is None:
+        return None, None
+    if isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.shape == ()):
+        value = value.item()  # numpy scalars (including np.bool_) → Python numbers
+    if not isinstance(value, numbers.Real):
+        return None, f"returned {value!r} ({type(value).__name__}), not a real number or None"
+    if not math.isfinite(float(value)):
+        return None, f"returned the non-finite value {float(value)!r}"
+    return float(value), None
+
+
+class Scores(typing.NamedTuple):
+    """What `Scorer` computes for N completions."""
+
+    rewards: np.ndarray  # float32 [N]: the weighted sum (0 where invalid)
+    valid: np.ndarray  # bool [N]: False = no reward (every function said None, a failure with invalidate, a timeout)
+    timed_out: np.ndarray  # bool [N]: some call for this sample ran past the timeout
+
+
+class Scorer:
+    """Runs weighted reward functions over batches of completions, in `workers` threads with a per-call `timeout`
+    (seconds; None = none; needs workers >= 1); batched functions get `batch_size` consecutive samples per call
+    (None = the whole batch). `take_stats` returns the metrics since its last call. `close` stops the workers."""
+
+    def __init__(self, fns: Sequence[tuple[str | RewardFn, float]], *, on_error: OnRewardError = "error",
+                 workers: int = 0, timeout: float | None = None, batch_size: int | None = None):
+        if on_error not in ON_REWARD_ERROR:
+            raise ValueError(f"on_error must be one of {', '.join(ON_REWARD_ERROR)}, got {on_error!r}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        self.resolved = _check_weights(fns)
+        self.on_error = on_error
+        self.batch_size = batch_size
+        self.pool = RewardPool(workers, timeout)
+        self._warned: set[str] = set()
+        self._stats = {"samples": 0, "invalid": 0, "timeouts": 0, "seconds": 0.0}
+
+    def __call__(self, texts: Sequence[str], examples: Sequence[Example],
+                 completion_ids: Sequence[Sequence[int]] | None = None) -> Scores:
+        """Scores N completions; `examples[i]` is the example `texts[i]` answers (repeat it G times for a group)."""
+        n = len(texts)
+        if len(examples) != n or (completion_ids is not None and len(completion_ids) != n):
+            raise ValueError(f"score: {n} completions but {len(examples)} examples"
+                             + ("" if completion_ids is None else f" and {len(completion_ids)} completion_ids")
+                             + "; pass one example per row")
+        t0 = time.perf_counter()
+        calls, where = [], []  # where[c] = (function index, first sample, end sample) of call c
+        for f, r in enumerate(self.resolved):
+            if r.batched:
+                step = self.batch_size or max(n, 1)
+                for a in range(0, n, step):
+                    b = min(a + step, n)
+                    ids = None if completion_ids is None else completion_ids[a:b]
+                    calls.append(functools.partial(_call_batched, r, texts[a:b], examples[a:b], ids))
+                    where.append((f, a, b))
+            else:
+                for i in range(n):
+                    calls.append(functools.partial(r.fn, texts[i], examples[i]))
+                    where.append((f, i, i + 1))
+        results = self.pool.run(calls, [self.resolved[f].name for f, _, _ in where])
+
+        num_f = len(self.resolved)
+        values = np.zeros((num_f, n))
+        scored = np.zeros((num_f, n), bool)
+        timed_out = np.zeros(n, bool)
+        problems: dict[tuple[int, int], tuple[str, BaseException | None]] = {}  # (sample, function) -> problem
+        for (f, a, b), res in zip(where, results):
+            name = self.resolved[f].name
+            if res.timed_out:
+                timed_out[a:b] = True
+                if name not in self._warned:
+                    self._warned.add(name)
+                    warnings.warn(
+                        f"reward function {name!r} ran past data.reward_timeout={self.pool.timeout:g}s on "
+                        f"{_describe(a, examples[a])}; timed-out samples are invalid (metric reward/timeouts): make "
+                        "the function faster or raise data.reward_timeout", RuntimeWarning, stacklevel=2)
+                continue
+            if res.error is not None:
+                problems[(a, f)] = (f"raised {_one_line(res.error)}", res.error)
+                continue
+            out = [res.value] if not self.resolved[f].batched else res.value
+            if self.resolved[f].batched and (isinstance(out, str | bytes) or not hasattr(out, "__len__")
+                                             or len(out) != b - a):
+                got = f"{len(out)} rewards" if hasattr(out, "__len__") else repr(out)
+                problems[(a, f)] = (f"returned {got} for a batch of {b - a} completions (one reward or None per "
+                                    f"completion expected; batch of samples {a}..{b - 1})", None)
+                continue
+            for k, value in enumerate(out):
+                v, problem = _check_value(value)
+                if problem is not None:
+                    problems[(a + k, f)] = (problem, None)
+                elif v is not None:
+                    values[f, a + k], scored[f, a + k] = v, True
+        failed = np.zeros(n, bool)
+        for (i, f) in sorted(problems):
+            if self.on_error == "error":
+                problem, cause = problems[(i, f)]
+                raise RewardError(
+                    f"reward {self.resolved[f].name!r} {problem} on {_describe(i, examples[i])}: fix the function, "
+                    "or set algo.on_reward_error=invalidate to drop such samples from the update") from cause
+            failed[i] = True
+        stuck = self.pool.stuck
+        if sum(stuck.values()) >= self.pool.stuck_limit:
+            raise RewardError(
+                f"{sum(stuck.values())} calls of reward {', '.join(map(repr, stuck))} are still running long past "
+                f"data.reward_timeout={self.pool.timeout:g}s: the function hangs; fix it so that every call returns")
+        valid = scored.any(0) & ~failed & ~timed_out
+        weights = np.array([r.weight for r in self.resolved])[:, None]
+        rewards = np.where(valid, (weights * np.where(scored, values, 0.0)).sum(0), 0.0).astype(np.float32)
+        s = self._stats
+        s["samples"] += n
+        s["invalid"] += int((~valid).sum())
+        s["timeouts"] += int(timed_out.sum())
+        s["seconds"] += time.perf_counter() - t0
+        return Scores(rewards, valid, timed_out)
+
+    def take_stats(self) -> dict[str, float]:
+        """Metrics since the last call: ``reward/timeouts`` (samples whose reward call was cut off),
+        ``reward/invalid_frac`` (share of scored samples without a valid reward), ``time/reward_s``."""
+        s = self._stats
+        out = {"reward/timeouts": float(s["timeouts"]), "reward/invalid_frac": s["invalid"] / max(s["samples"], 1),
+               "time/reward_s": float(s["seconds"])}
+        self._stats = {"samples": 0, "invalid": 0, "timeouts": 0, "seconds": 0.0}
+        return out
+
+    def close(self) -> None:
+        self.pool.close()
+
+
 def score(
     texts: Sequence[str],
     examples: Sequence[Example],
     fns: Sequence[tuple[str | RewardFn, float]],
     on_error: OnRewardError = "error",
+    *,
+    completion_ids: Sequence[Sequence[int]] | None = None,
+    workers: int = 0,
+    timeout: float | None = None,
+    batch_size: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Weighted rewards of N completions: ``(rewards float32 [N], valid bool [N])``.
+    """Weighted rewards of N completions: ``(rewards float32 [N], valid bool [N])`` (a one-off `Scorer`).
 
-    `examples[i]` is the example completion `texts[i]` answers (repeat each example G times for groups).
-    A function that raises or returns a non-finite / non-real value → `RewardError` naming it and the sample
-    (on_error="error"), or that sample gets valid=False and reward 0 (on_error="invalidate").
+    `examples[i]` is the example completion `texts[i]` answers (repeat each example G times for groups). Failures,
+    None and timeouts as in the module docstring; ``workers=0`` runs every call in the calling thread.
     """
-    if on_error not in ON_REWARD_ERROR:
-        raise ValueError(f"on_error must be one of {', '.join(ON_REWARD_ERROR)}, got {on_error!r}")
-    if len(texts) != len(examples):
-        raise ValueError(f"score: {len(texts)} completions but {len(examples)} examples; pass one example per row")
-    resolved = _check_weights(fns)
-    rewards = np.zeros(len(texts), np.float32)
-    valid = np.ones(len(texts), np.bool_)
-    for i, (text, example) in enumerate(zip(texts, examples)):
-        total = 0.0
-        for name, fn, w in resolved:
-            problem = None
-            try:
-                value = fn(text, example)
-            except Exception as e:  # any failure of user code is reported the same way
-                problem, cause = f"raised {type(e).__name__}: {e}", e
-            else:
-                cause = None
-                if isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.shape == ()):
-                    value = value.item()  # numpy scalars (including np.bool_) → Python numbers
-                if not isinstance(value, numbers.Real):
-                    problem = f"returned {value!r} ({type(value).__name__}), not a real number"
-                elif not math.isfinite(float(value)):
-                    problem = f"returned the non-finite value {float(value)!r}"
-            if problem is not None:
-                if on_error == "invalidate":
-                    valid[i] = False
-                    total = 0.0
-                    break
-                raise RewardError(
-                    f"reward function {name!r} {problem} on {_describe(i, example)}; fix the function, or set "
-                    "algo.on_reward_error=invalidate to drop such samples from the update"
-                ) from cause
-            total += w * float(value)
-        rewards[i] = total
-    return rewards, valid
+    scorer = Scorer(fns, on_error=on_error, workers=workers, timeout=timeout, batch_size=batch_size)
+    try:
+        result = scorer(texts, examples, completion_ids)
+    finally:
+        scorer.close()
+    return result.rewards, result.valid

@@ -33,6 +33,7 @@ import time
 from collections.abc import Mapping
 
 from jaxgrpo import config as config_lib
+from jaxgrpo.errors import RewardError
 
 MALLOC_MODES = ("keep", "hugepages", "default")  # the first is the default
 _THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)  # fmt: skip
     try:
         trainer.run(cfg, run_dir)
-    except config_lib.ConfigError as e:
+    except (config_lib.ConfigError, RewardError) as e:
         return config_lib.cli_error(str(e))
     return 0
 

@@ -106,6 +106,11 @@ class Trainer:
         self.iterator = data_lib.PromptIterator(list(range(len(examples))), cfg.rollout.prompts_per_step, cfg.seed,
                                                 cfg.data.shuffle)
         self.reward_fns = list(cfg.data.rewards.items())
+        # Worker threads score a rollout in parallel, each call cut off at data.reward_timeout; batched (TRL-style)
+        # functions are called once per prompt group (`jaxgrpo.rewards`).
+        self.scorer = rewards.Scorer(self.reward_fns, on_error=cfg.algo.on_reward_error,
+                                     workers=cfg.data.reward_workers, timeout=cfg.data.reward_timeout,
+                                     batch_size=cfg.rollout.group_size)
 
         if self.mesh is not None:
             params = sharding.shard_params(params, self.model_config, self.mesh)
@@ -166,9 +171,10 @@ class Trainer:
         projections, comp = comp.projections, comp.replace(projections=None)  # the record stays on the device
         comp = jax.tree.map(to_host, comp)
         tokens, mask = comp.tokens, comp.mask
-        texts = self.tokenizer.batch_decode([t[m].tolist() for t, m in zip(tokens, mask)], skip_special_tokens=True)
+        ids = [t[m].tolist() for t, m in zip(tokens, mask)]
+        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
         row_examples = [e for e in examples for _ in range(r.group_size)]
-        rw, valid = rewards.score(texts, row_examples, self.reward_fns, on_error=self.cfg.algo.on_reward_error)
+        rw, valid, _ = self.scorer(texts, row_examples, ids)
         shape = (len(indices), r.group_size)
         return Rollout(prompt_ids, examples, comp, texts, rw.reshape(shape), valid.reshape(shape), projections)
 
@@ -224,6 +230,7 @@ class Trainer:
         metrics.update(extra)
         metrics["completion/len_mean"] = float(lengths.mean())
         metrics["completion/truncated_frac"] = float(np.asarray(comp.truncated).mean())
+        metrics.update(self.scorer.take_stats())  # reward/timeouts, reward/invalid_frac, time/reward_s
         metrics["time/sample_s"] = t1 - t0
         metrics["time/train_s"] = t2 - t1
         metrics["throughput/tokens_per_s"] = float(lengths.sum()) / max(t2 - t0, 1e-9)
@@ -349,4 +356,5 @@ def run(cfg: config_lib.Config, run_dir: str | os.PathLike) -> list[dict[str, fl
     finally:
         logger.close()
         trainer.ckpt.close()
+        trainer.scorer.close()
     return history

@@ -7,7 +7,7 @@ from fractions import Fraction
 import chex
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jaxgrpo import rewards
@@ -243,12 +243,12 @@ def _nan_on_bad(completion, example):
     return float("nan") if completion == "bad" else 1.0
 
 
-def _none_on_bad(completion, example):
-    return None if completion == "bad" else 1.0
+def _text_on_bad(completion, example):
+    return "1.0" if completion == "bad" else 1.0
 
 
-@pytest.mark.parametrize("fn, what", [(_boom, "raised ZeroDivisionError"), (_nan_on_bad, "non-finite"),
-                                      (_none_on_bad, "not a real number")])
+@pytest.mark.parametrize("fn, what", [(_boom, "raised ZeroDivisionError: division by zero"),
+                                      (_nan_on_bad, "non-finite"), (_text_on_bad, "not a real number")])
 def test_score_error_names_function_and_example(fn, what):
     examples = [ex("1", prompt="What is one?", index=7), ex("1", prompt="Q" * 100, index=8)]
     with pytest.raises(rewards.RewardError) as info:
@@ -296,6 +296,8 @@ def test_reward_functions_never_raise_on_arbitrary_text(text):
         got = rewards.extract_answer(text, mode)
         assert got is None or (isinstance(got, str) and got)
     for name, fn in rewards.REWARDS.items():
+        if name == "math_verify":  # SymPy: too slow for this many examples (its own test below)
+            continue
         value = fn(text, example)
         assert isinstance(value, float) and np.isfinite(value), name
         assert -1.0 <= value <= 1.0, name
@@ -307,3 +309,51 @@ def test_strict_extraction_of_written_integers(n, dollar, commas):
     sign = "-" if n < 0 else ""
     text = f"Step 1: 3 + 4 = 7.\n#### {sign}{dollar}{written}\nDone in 2 steps."
     assert rewards.normalize_number(rewards.extract_answer(text, "strict")) == n
+
+
+# -- math_verify -----------------------------------------------------------------------------------------------------
+
+MATH_VERIFY_CASES = [
+    ("The answer is \\boxed{\\frac{1}{2}}", "0.5", 1.0),
+    ("so it is 0.5", "\\frac{1}{2}", 1.0),
+    ("\\boxed{\\dfrac{3}{4}}", "3/4", 1.0),
+    ("#### 1,000", "1000", 1.0),  # GSM8K's marker and thousands commas
+    ("Total: $18.00", "18", 1.0),
+    ("\\boxed{2\\sqrt{2}}", "\\sqrt{8}", 1.0),  # symbolic equality
+    ("x = \\boxed{\\frac{\\pi}{2}}", "\\pi/2", 1.0),
+    ("\\boxed{\\{1,2\\}}", "\\{2,1\\}", 1.0),  # sets: order does not matter
+    ("\\boxed{5} but then 7", "5", 1.0),  # \\boxed{} is preferred to a later number
+    ("\\boxed{3}", "-3", 0.0),
+    ("\\boxed{0.333}", "\\frac{1}{3}", 0.0),  # not equal at math-verify's 6-digit rounding
+    ("no answer here", "3", 0.0),
+]
+
+
+@pytest.mark.parametrize("text, gold, expected", MATH_VERIFY_CASES)
+def test_math_verify_closed_form(text, gold, expected):
+    assert rewards.math_verify_correct(text, ex(gold)) == expected
+
+
+def test_math_verify_on_gsm8k_solutions_and_in_worker_threads(gsm8k_dir):
+    import json
+
+    rows = [json.loads(line) for line in (gsm8k_dir / "test.jsonl").read_text().splitlines()[:8]]
+    texts = [r["answer"] for r in rows] + [t for t, _, _ in MATH_VERIFY_CASES]
+    examples = [ex(r["answer"].split("####")[-1].strip()) for r in rows] + [ex(g) for _, g, _ in MATH_VERIFY_CASES]
+    expected = [1.0] * len(rows) + [e for _, _, e in MATH_VERIFY_CASES]
+    # main thread (Math-Verify's own signal timeouts) and worker threads (those off, the pool's timeout instead)
+    for workers, timeout in ((0, None), (3, 60.0)):
+        r, valid = rewards.score(texts, examples, [("math_verify", 1.0)], workers=workers, timeout=timeout)
+        np.testing.assert_array_equal(r, expected)
+        assert valid.all()
+
+
+def test_math_verify_bad_gold_is_a_reward_error():
+    with pytest.raises(rewards.RewardError, match="cannot parse the example's gold answer"):
+        rewards.score(["\\boxed{1}"], [ex("}{")], [("math_verify", 1.0)])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("0123456789#$,./%-+ \n\\{}boxedfrac^_()=x")), max_size=40))
+def test_math_verify_never_raises_on_arbitrary_text(text):
+    assert rewards.math_verify_correct(text, ex("12")) in (0.0, 1.0)
