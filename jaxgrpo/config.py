@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from jaxgrpo import advantages, coerce
+from jaxgrpo import advantages, coerce, retain
 from jaxgrpo import rewards as rewards_lib
 from jaxgrpo.config_sections import (
     SCHEDULES,
@@ -339,6 +339,7 @@ def validate(cfg: Config) -> None:
 
     t = cfg.train
     _require(t.eval_every >= 0, "train.eval_every", t.eval_every, ">= 0 (0 = never)")
+    retain.resolve(cfg)  # train.retain entries and train.retain_every
     _require(t.max_sampled_tokens is None or t.max_sampled_tokens >= 1, "train.max_sampled_tokens",
              t.max_sampled_tokens, ">= 1 or null (no token budget)")
     # The train step splits the P groups into num_minibatches × grad_accum_steps parts of whole groups on each of

@@ -183,10 +183,12 @@ def evaluate(
     prompts_per_batch: int = 32,
     mesh: Mesh | None = None,
     keep_texts: int = 4,
+    ks: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Samples `num_samples` completions per example with `jaxgrpo.sampling.generate`, scores them with `reward_fn`
     (a `jaxgrpo.rewards.RewardFn` or registry name; success = reward >= `success_threshold`) and returns
-    `summarize(...)` plus ``mean_reward``, completion-length statistics, the settings, and the first `keep_texts`
+    `summarize(...)` (pass@k at `ks`, default 1, 2, 4, ... <= n) plus ``mean_reward``,
+    completion-length statistics, the settings, and the first `keep_texts`
     completions of the first prompts (``samples``).
 
     Prompts are encoded with `jaxgrpo.data.encode_prompts(tokenizer, examples, data_config)` (default DataConfig),
@@ -241,7 +243,7 @@ def evaluate(
                     }
                 )
     rewards_arr = np.concatenate(all_rewards)
-    result = summarize(rewards_arr >= success_threshold, group_sizes)
+    result = summarize(rewards_arr >= success_threshold, group_sizes, ks)
     result.update(
         mean_reward=float(rewards_arr.mean()),
         completion_length_mean=float(np.concatenate(lengths).mean()),
@@ -423,7 +425,7 @@ def correctness_reward(cfg: Config, explicit: str | None) -> str:
             return n
     if len(names) == 1 and ":" in names[0]:
         return names[0]
-    by_source = {"synthetic": "arithmetic", "gsm8k": "gsm8k"}
+    by_source = {"synthetic": "arithmetic", "gsm8k": "gsm8k", "words": "gsm8k_lenient"}
     if cfg.data.source not in by_source:
         raise ConfigError(f"data.source={cfg.data.source!r}: no default correctness reward; pass --reward")
     return by_source[cfg.data.source]

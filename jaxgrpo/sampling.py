@@ -23,7 +23,9 @@ How it runs
    True up to and including the EOS token; later tokens are 0 and their logprobs 0.
 
 Sampling distribution: `jaxgrpo.token_sampling` (temperature, top-k, top-p, inversion sampling; the reported
-log-prob is under the distribution actually sampled from, as the trainer's old-policy log-prob).
+log-prob is under the distribution actually sampled from, as the trainer's old-policy log-prob). The entropy of that
+same distribution at every sampled position (after temperature, top-k and top-p) comes out of the decode loop too
+(``Completions.entropy``), from the probabilities the draw computes anyway: no extra forward.
 
 Randomness: row ``r`` (= ``p*G + g``) at step ``i`` uses ``fold_in(fold_in(key, r), i)``, so a row's samples
 depend only on the key, its row index and the step -- not on the batch padding, the bucket or the sharding. The
@@ -79,6 +81,8 @@ class Completions:
     sampled tokens under the sampling distribution (0 where ``mask`` is False).  mask: ``[N, M]`` bool, True up to
     and including the EOS token.  lengths: ``[N]`` int32 = ``mask.sum(-1)``.  truncated: ``[N]`` bool, True when the
     row ended without emitting an EOS id (it hit ``max_new_tokens``; always True when ``eos_token_ids`` is empty).
+    entropy: ``[N, M]`` float32 entropy (nats) of the sampling distribution each token was drawn from (0 where
+    ``mask`` is False; greedy: of the untempered model distribution, like the log-probs).
     projections: None, or (``generate(record_projections=True)``, ``M > 1``) for each dense projection name of
     `models.transformer.PROJECTIONS`, ``[L, N, M-1, out]``: its output at the decode step that fed completion token
     ``j`` (``j < M-1``), for the train step to reuse (see `train_step.Batch.projections`).
@@ -89,6 +93,7 @@ class Completions:
     mask: jax.Array
     lengths: jax.Array
     truncated: jax.Array
+    entropy: jax.Array | None = None
     projections: dict[str, jax.Array] | None = None
 
 
@@ -177,7 +182,8 @@ def _step_keys(row_keys: jax.Array, step: jax.Array) -> jax.Array:
 
 def _sample(mode: _Mode, keys: jax.Array, logits: jax.Array, temperature: jax.Array, top_p: jax.Array):
     return sample_from_logits(
-        keys, logits, temperature, greedy=mode.greedy, top_k=mode.top_k, top_p=top_p if mode.use_top_p else None
+        keys, logits, temperature, greedy=mode.greedy, top_k=mode.top_k, top_p=top_p if mode.use_top_p else None,
+        return_entropy=True,
     )
 
 
@@ -204,15 +210,17 @@ def _prefill(config, mode: _Mode, packing, params, prompt_PxT, mask_PxT, row_act
     cache = models.init_decode_cache(config, n, max(m - 1, 1))
     cache = jax.tree.map(lambda c: _constrain(c, mode.cache_sharding), cache)
     row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(n, dtype=jnp.uint32))
-    tok, logp = _sample(mode, _step_keys(row_keys, jnp.uint32(0)), logits_NxV, temperature, top_p)
+    tok, logp, ent = _sample(mode, _step_keys(row_keys, jnp.uint32(0)), logits_NxV, temperature, top_p)
     active = row_active_N
     tokens_NxM = jnp.zeros((n, m), jnp.int32).at[:, 0].set(jnp.where(active, tok, 0))
     logprobs_NxM = jnp.zeros((n, m), jnp.float32).at[:, 0].set(jnp.where(active, logp, 0.0))
+    entropy_NxM = jnp.zeros((n, m), jnp.float32).at[:, 0].set(jnp.where(active, ent, 0.0))
     mask_NxM = jnp.zeros((n, m), bool).at[:, 0].set(active)
     done = ~active | _is_eos(mode, tok)
     lengths = jnp.repeat(jnp.sum(mask_PxT, axis=-1, dtype=jnp.int32), g)
     state = dict(
-        tokens=tokens_NxM, logprobs=logprobs_NxM, mask=mask_NxM, done=done, last=tok, eos=active & _is_eos(mode, tok)
+        tokens=tokens_NxM, logprobs=logprobs_NxM, mask=mask_NxM, done=done, last=tok, eos=active & _is_eos(mode, tok),
+        entropy=entropy_NxM,
     )
     if mode.record_projections:  # [L, N, M-1, out] per projection, written one decode step at a time
         widths = models.projection_widths(config)
@@ -248,7 +256,8 @@ def _decode(config, mode: _Mode, params, cache, state, consts, temperature, top_
         hidden, cache = out[:2]
         record = st.get("projections")
         logits = _constrain(_logits(config, params, hidden[:, 0]), mode.batch_sharding)
-        tok, logp = _sample(mode, _step_keys(consts["row_keys"], i.astype(jnp.uint32)), logits, temperature, top_p)
+        tok, logp, ent = _sample(mode, _step_keys(consts["row_keys"], i.astype(jnp.uint32)), logits, temperature,
+                                 top_p)
         active = ~st["done"]
         eos = active & _is_eos(mode, tok)
         st = dict(
@@ -258,6 +267,7 @@ def _decode(config, mode: _Mode, params, cache, state, consts, temperature, top_
             done=st["done"] | eos,
             last=tok,
             eos=st["eos"] | eos,
+            entropy=jax.lax.dynamic_update_index_in_dim(st["entropy"], jnp.where(active, ent, 0.0), i, axis=1),
         )
         if mode.record_projections:  # this step's outputs [L, N, 1, out] go to decode slot i - 1
             zero = jnp.zeros((), jnp.int32)
@@ -375,6 +385,7 @@ def generate(
         mask=out_mask,
         lengths=jnp.sum(out_mask, axis=-1, dtype=jnp.int32),
         truncated=~state["eos"][:n],
+        entropy=state["entropy"][:n],
         projections=None if not (record_projections and m > 1) else _first_rows(state["projections"], n),
     )
 

@@ -21,6 +21,10 @@ Sampling distribution (per row, per step), with raw float32 logits ``l`` over th
   * ``T = 0`` is greedy: ``x = argmax_j l_j`` (ties: the lowest id); top-k/top-p are irrelevant then (the argmax
     always survives them) and the reported logprob is ``log_softmax(l)_x``, under the untempered, untruncated
     model distribution (the temperature -> 0 limit would give 0 for every token, which carries no information).
+  * optional entropy (``return_entropy=True``): the Shannon entropy in nats of the same distribution the log-prob is
+    reported under, ``H = -sum_{j kept} q_j log q_j = lse - sum_j q_j z_j`` with ``q = softmax(z)`` over the kept set
+    (after temperature, top-k and top-p; greedy: of ``softmax(l)``). It reuses the ``q`` and ``lse`` the draw needs:
+    one multiply-add over the candidates, no extra forward.
 """
 
 from __future__ import annotations
@@ -123,6 +127,12 @@ def invert_cdf(q: jax.Array, u: jax.Array) -> jax.Array:
     return block * _CDF_BLOCK + jnp.minimum(within, _last_positive(q_NC))
 
 
+def entropy_from_probs(q: jax.Array, z: jax.Array, lse: jax.Array) -> jax.Array:
+    """``H = lse - sum_j q_j z_j`` per row for ``q = exp(z - lse)`` (nats); slots with ``z = -inf`` (truncated,
+    ``q = 0``) contribute nothing. The same value as ``-sum q log q`` without evaluating ``0 * log 0``."""
+    return lse - jnp.sum(q * jnp.where(q > 0, z, 0.0), axis=-1)
+
+
 def sample_from_logits(
     keys: jax.Array,
     logits: jax.Array,
@@ -131,8 +141,10 @@ def sample_from_logits(
     greedy: bool = False,
     top_k: int = 0,
     top_p: jax.Array | float | None = None,
-) -> tuple[jax.Array, jax.Array]:
-    """Sample one token per row of ``logits [N, V]`` with per-row ``keys [N]``: ``(tokens [N] int32, logprobs [N])``.
+    return_entropy: bool = False,
+) -> tuple[jax.Array, ...]:
+    """Sample one token per row of ``logits [N, V]`` with per-row ``keys [N]``: ``(tokens [N] int32, logprobs [N])``,
+    and ``entropy [N]`` (nats, the sampling distribution's; module docstring) too when ``return_entropy`` (static).
 
     The distribution and the reported log-probabilities are those of the module docstring. ``greedy``, ``top_k``
     (0 = off) and whether ``top_p`` is None (off) are static; the values of ``temperature`` and ``top_p`` may be
@@ -142,14 +154,20 @@ def sample_from_logits(
     logits = logits.astype(jnp.float32)
     if greedy:
         tokens = _first_argmax(logits)
-        logp = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(logits, axis=-1)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        logp = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - lse
+        if return_entropy:
+            return tokens, logp, entropy_from_probs(jnp.exp(logits - lse[:, None]), logits, lse)
         return tokens, logp
     z, ids = truncated_logits(logits, temperature, top_k=top_k, top_p=top_p)
     lse = jax.nn.logsumexp(z, axis=-1)
     u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
-    slot = invert_cdf(jnp.exp(z - lse[:, None]), u)
+    q = jnp.exp(z - lse[:, None])
+    slot = invert_cdf(q, u)
     logp = jnp.take_along_axis(z, slot[:, None], axis=-1)[:, 0] - lse
-    tokens = slot if ids is None else jnp.take_along_axis(ids, slot[:, None], axis=-1)[:, 0]
-    return tokens.astype(jnp.int32), logp
+    tokens = (slot if ids is None else jnp.take_along_axis(ids, slot[:, None], axis=-1)[:, 0]).astype(jnp.int32)
+    if return_entropy:
+        return tokens, logp, entropy_from_probs(q, z, lse)
+    return tokens, logp
 
 

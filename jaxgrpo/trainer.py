@@ -20,11 +20,12 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 
-from jaxgrpo import build, degeneracy, metrics_log, models, padding, rewards, sampling, sharding
+from jaxgrpo import build, degeneracy, diversity, metrics_log, models, padding, rewards, sampling, sharding
 from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
 from jaxgrpo import eval as eval_lib
+from jaxgrpo import retain as retain_lib
 from jaxgrpo import train_step as ts
 from jaxgrpo.logprobs import compute_logprobs
 
@@ -103,6 +104,8 @@ class Trainer:
         self.prompt_width = padding.train_prompt_width([longest])
         self.examples = examples
         self.eval_examples: list[data_lib.Example] | None = None
+        self.retain_sets = retain_lib.resolve(cfg)
+        self.retain_examples: dict[str, list[data_lib.Example]] = {}
         self.iterator = data_lib.PromptIterator(list(range(len(examples))), cfg.rollout.prompts_per_step, cfg.seed,
                                                 cfg.data.shuffle)
         self.reward_fns = list(cfg.data.rewards.items())
@@ -230,12 +233,15 @@ class Trainer:
         metrics.update(extra)
         metrics["completion/len_mean"] = float(lengths.mean())
         metrics["completion/truncated_frac"] = float(np.asarray(comp.truncated).mean())
+        metrics.update(diversity.diversity_metrics(comp.tokens, comp.mask, comp.entropy, self.cfg.rollout.group_size))
         metrics.update(self.scorer.take_stats())  # reward/timeouts, reward/invalid_frac, time/reward_s
         metrics["time/sample_s"] = t1 - t0
         metrics["time/train_s"] = t2 - t1
         metrics["throughput/tokens_per_s"] = float(lengths.sum()) / max(t2 - t0, 1e-9)
         if self.cfg.train.eval_every and (step + 1) % self.cfg.train.eval_every == 0:
             metrics.update(self.evaluate(step + 1))
+        if self.retain_sets and self.cfg.train.retain_every and (step + 1) % self.cfg.train.retain_every == 0:
+            metrics.update(self.retain(step + 1))
         g = self.cfg.rollout.group_size
         self.last_samples = ([f"{roll.examples[0].prompt} -> {t}" for t in roll.texts[:g]],
                              roll.rewards[0].tolist())
@@ -259,6 +265,23 @@ class Trainer:
         out = {f"eval/pass@{k}": v for k, v in result["pass@k"].items()}
         out.update({"eval/mean_reward": result["mean_reward"], "eval/degeneracy_measured": deg["measured"],
                     "eval/degeneracy_iid": deg["iid"]})
+        return out
+
+
+    def retain(self, step: int) -> dict[str, float]:
+        """``retain/<name>/accuracy`` (mean success rate) of the policy on each `train.retain` set, G samples per prompt
+        sampled like the rollouts (`jaxgrpo.retain`)."""
+        r, out = self.cfg.rollout, {}
+        for i, rs in enumerate(self.retain_sets):
+            if rs.name not in self.retain_examples:
+                self.retain_examples[rs.name] = data_lib.load_dataset(rs.data, self.cfg.seed)
+            result = eval_lib.evaluate(
+                self.model_config, self.state.params, self.tokenizer, self.retain_examples[rs.name], rs.reward,
+                num_samples=r.group_size, group_sizes=[], key=jax.random.fold_in(jax.random.fold_in(self.key, step),
+                                                                                   2 + i),
+                max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                eos_token_ids=self.eos_token_ids, data_config=rs.data, mesh=self.mesh)  # fmt: skip
+            out[f"retain/{rs.name}/accuracy"] = result["mean_success_rate"]
         return out
 
 
@@ -296,8 +319,8 @@ def merge_groups(pool: list[Rollout], picks: list[tuple[int, int]]) -> Rollout:
     rows = [(r, p * g + j) for r, p in picks for j in range(g)]
     comp_fields = {}
     for f in dataclasses.fields(pool[0].completions):
-        if f.name == "projections":  # never recorded with dynamic sampling (`train_step.resolve_perf`)
-            continue
+        if f.name == "projections" or getattr(pool[0].completions, f.name) is None:  # projections: never recorded
+            continue  # with dynamic sampling (`train_step.resolve_perf`)
         comp_fields[f.name] = np.stack([np.asarray(getattr(pool[r].completions, f.name))[i] for r, i in rows])
     return Rollout(
         prompt_ids=[pool[r].prompt_ids[p] for r, p in picks],

@@ -1,0 +1,318 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""The real-model degeneracy study: SmolLM2-135M-Instruct on arithmetic asked in words, on CPU, resumable.
+
+``python benchmarks/degeneracy_real.py --part PART [--pilot] [--out DIR] [--cache-dir DIR]`` with PART one of
+
+* ``base``: the base model's per-prompt success distribution at every level of `jaxgrpo.word_arithmetic`
+  (``BASE_PROMPTS`` train-split prompts x ``BASE_SAMPLES`` samples, the rollout settings below) and its held-out
+  accuracy on the study's matched level; writes ``<out>/base_success.json``. The matched level (mean success in
+  0.2-0.6) and the too-hard level (mean < 0.05) of `GRID` were picked from that file.
+* ``matched-g4-a``, ``matched-g4-b``, ``matched-g8-a``, ``matched-g8-b``, ``hard-g4``: training runs (`parts`), each
+  part a list of (arm, seed) runs; ``all`` runs every part in turn;
+* ``summary``: aggregates every finished run into ``<out>/grid_summary.json`` and ``<out>/grid_curves.csv``.
+
+Arms (`ARMS`): grpo, dr_grpo, sign, grpo + mask (``algo.degenerate_groups=mask``), grpo + resample (DAPO's dynamic
+sampling) and avspo, all from the same pretrained weights, at an equal budget of sampled completion tokens
+(``train.max_sampled_tokens``; resampling rounds count, so resample makes fewer optimizer steps), G = 4 and G = 8 at
+the same P x G. Each run writes ``<out>/<part>/<arm>/seed<k>/``: ``config.yaml`` and ``metrics.jsonl`` (the trainer's:
+every step's reward, ``degeneracy/all_fail``, ``degeneracy/iid_rate``, ``diversity/*``, ``retain/*``, timings) and
+``result.json``: the held-out evaluation of the final policy (``EVAL_PROMPTS`` test-split prompts of the level x
+``EVAL_SAMPLES`` samples: accuracy = mean success rate, the unbiased pass@k of Chen et al. 2021 for k = 1..16,
+measured vs i.i.d. degeneracy at G, i.e. the Jensen gap, `jaxgrpo.eval.summarize`), steps, tokens and wall time.
+
+Resuming: a run is finished when its ``result.json`` exists (written to a temporary file and renamed, so it is
+never partial); an interrupted part rerun skips finished runs. A run stopped by SIGINT/SIGTERM checkpoints and
+resumes from there; its checkpoints are deleted once its result is written (a SmolLM2 checkpoint with AdamW state is
+~1.6 GB). ``--pilot`` is a tiny version (``PILOT``: two arms, one seed, a few steps) under ``<out>/pilot/``.
+
+Time estimate (2-core CPU, float32): see ``PILOT_TIMING`` below, measured by ``--pilot`` and recorded in
+``<out>/pilot/timing.json``; the grid `GRID` is sized from it to about 3 hours in total, each part under 1 hour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import shutil
+import sys
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxgrpo import config as config_lib
+from jaxgrpo import eval as eval_lib
+from jaxgrpo import metrics_log
+from jaxgrpo import trainer as trainer_lib
+from jaxgrpo.word_arithmetic import WORDS_LEVELS, word_arithmetic
+
+OUT = pathlib.Path(__file__).resolve().parent / "results" / "degeneracy" / "real"
+MAX_NEW_TOKENS = 12  # "Reply with just the number": the answer comes within a few tokens (or never)
+BASE_PROMPTS, BASE_SAMPLES = 32, 16
+EVAL_PROMPTS, EVAL_SAMPLES = 32, 16
+REWARD = "gsm8k_lenient"  # the last number of the completion (the model restates the question first)
+
+ARMS: dict[str, dict[str, Any]] = {
+    "grpo": {"estimator": "grpo"},
+    "dr_grpo": {"estimator": "dr_grpo"},
+    "sign": {"estimator": "sign"},
+    "grpo_mask": {"estimator": "grpo", "degenerate_groups": "mask"},
+    "grpo_resample": {"estimator": "grpo", "degenerate_groups": "resample"},
+    "avspo": {"estimator": "avspo"},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """The study's settings. ``rows`` = P x G completions per step (P = rows / G); ``steps`` is the nominal number of
+    steps at G = 4 and sets the token budget ``steps * rows * TOKENS_PER_ROW`` (every arm stops at that budget or at
+    ``2 * steps``, whichever comes first)."""
+
+    matched: int = 1
+    hard: int = 3
+    rows: int = 16
+    large_group: int = 8
+    steps: int = 100
+    seeds: tuple[int, ...] = (0, 1, 2)
+    learning_rate: float = 1e-5
+    retain_every: int = 25
+    eval_prompts: int = EVAL_PROMPTS
+    eval_samples: int = EVAL_SAMPLES
+    arms: tuple[str, ...] = tuple(ARMS)
+    hard_arms: tuple[str, ...] = ("grpo", "grpo_resample", "sign")
+
+
+TOKENS_PER_ROW = 8  # the budget's assumed mean completion length (tokens, EOS included); measured by the pilot
+GRID = Grid()
+PILOT = Grid(rows=8, steps=3, seeds=(0,), retain_every=2, eval_prompts=4, eval_samples=8,
+             arms=("grpo", "grpo_resample"), hard_arms=())  # fmt: skip
+PILOT_TIMING: dict[str, float] = {}  # filled in from <out>/pilot/timing.json
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    part: str
+    arm: str
+    seed: int
+    level: int
+    group: int
+
+
+def parts(grid: Grid) -> dict[str, list[RunSpec]]:
+    """Part name -> its runs. Each arm list is split in two halves (``-a``, ``-b``) so a part stays under an hour."""
+    half = (len(grid.arms) + 1) // 2
+    out: dict[str, list[RunSpec]] = {}
+    for g in (4, grid.large_group):
+        for suffix, arms in (("a", grid.arms[:half]), ("b", grid.arms[half:])):
+            name = f"matched-g{g}-{suffix}"
+            out[name] = [RunSpec(name, a, s, grid.matched, g) for a in arms for s in grid.seeds]
+    if grid.hard_arms:
+        out["hard-g4"] = [RunSpec("hard-g4", a, s, grid.hard, 4) for a in grid.hard_arms for s in grid.seeds]
+    return {k: v for k, v in out.items() if v}
+
+
+def run_config(spec: RunSpec, grid: Grid) -> config_lib.Config:
+    """The trainer's config for one run: SmolLM2 in float32 on `data.source=words` at the spec's level."""
+    budget = grid.steps * grid.rows * TOKENS_PER_ROW
+    retain = {"easy": {"source": "words", "difficulty": 1, "split": "test", "num_examples": 16},
+              "products": {"source": "words", "difficulty": 2, "split": "test", "num_examples": 16}}  # fmt: skip
+    return config_lib.from_dict({
+        "model": {"name_or_path": "smollm2", "dtype": "float32"},
+        "data": {"source": "words", "difficulty": spec.level, "split": "train", "template": "chat",
+                 "rewards": {REWARD: 1.0}, "max_prompt_tokens": 64},
+        "rollout": {"prompts_per_step": grid.rows // spec.group, "group_size": spec.group,
+                    "max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0},
+        "algo": dict(ARMS[spec.arm]),
+        "optim": {"learning_rate": grid.learning_rate, "max_grad_norm": 1.0},
+        "train": {"steps": 2 * grid.steps, "max_sampled_tokens": budget, "retain": retain,
+                  "retain_every": grid.retain_every},
+        # one checkpoint at the end (or on SIGINT/SIGTERM) so the final policy can be evaluated; none in between
+        "checkpoint": {"every": 10**9, "keep": 1, "export_final": False},
+        "log": {"tensorboard": False, "progress": False, "sample_every": 0},
+        "seed": spec.seed,
+    })  # fmt: skip
+
+
+def _write_json(path: pathlib.Path, obj: Any) -> None:
+    """Atomically: a temporary file in the same directory, then `os.replace`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+
+
+def heldout_eval(cfg: config_lib.Config, run_dir: pathlib.Path | None, level: int, group: int, grid: Grid,
+                 seed: int) -> dict[str, Any]:
+    """Accuracy, pass@k (k = 1..n) and measured vs i.i.d. degeneracy at G of the run's final policy (the pretrained
+    one when `run_dir` is None) on the level's test split."""
+    policy = eval_lib.load_policy_for_eval(cfg, run_dir, None)
+    examples = word_arithmetic(grid.eval_prompts, level, 0, "test")
+    n = grid.eval_samples
+    res = eval_lib.evaluate(policy.model_config, policy.params, policy.tokenizer, examples, REWARD, num_samples=n,
+                            group_sizes=sorted({min(group, n), min(4, n)}), key=jax.random.key(10_000 + seed),
+                            max_new_tokens=MAX_NEW_TOKENS, data_config=cfg.data, ks=list(range(1, n + 1)))  # fmt: skip
+    return {"accuracy": res["mean_success_rate"], "pass@k": res["pass@k"], "degeneracy": res["degeneracy"],
+            "success_counts": res["success_counts"], "truncated_frac": res["truncated_frac"],
+            "samples": res["samples"][:2]}  # fmt: skip
+
+
+def run_one(spec: RunSpec, grid: Grid, root: pathlib.Path) -> dict[str, Any]:
+    """Trains and evaluates one run unless its result.json exists; returns the result."""
+    run_dir = root / spec.part / spec.arm / f"seed{spec.seed}"
+    result_path = run_dir / "result.json"
+    if result_path.exists():
+        print(f"done already: {run_dir}", file=sys.stderr)
+        return json.loads(result_path.read_text())
+    cfg = run_config(spec, grid)
+    t0 = time.time()
+    trainer_lib.run(cfg, run_dir)
+    records = metrics_log.read_metrics(run_dir)
+    last = records[-1]
+    if not (last["step"] >= cfg.train.steps or last["tokens/sampled_total"] >= cfg.train.max_sampled_tokens):
+        sys.exit(f"interrupted at step {last['step']} of {run_dir}; rerun the part to resume it")
+    train_s = time.time() - t0
+    heldout = heldout_eval(cfg, run_dir, spec.level, spec.group, grid, spec.seed)
+    step_s = [r["time/sample_s"] + r["time/train_s"] for r in records]
+    result = {**dataclasses.asdict(spec), "steps": int(last["step"]),
+              "sampled_tokens": int(last["tokens/sampled_total"]), "budget": cfg.train.max_sampled_tokens,
+              "train_wall_s": round(train_s, 1), "total_wall_s": round(time.time() - t0, 1),
+              "step_s_median": float(np.median(step_s)), "heldout": heldout}  # fmt: skip
+    _write_json(result_path, result)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    print(f"{run_dir}: {result['steps']} steps, held-out accuracy {heldout['accuracy']:.3f}", file=sys.stderr)
+    return result
+
+
+def base_part(grid: Grid, root: pathlib.Path, levels: list[int]) -> dict[str, Any]:
+    """The base model's per-prompt success at every level (train split) and its held-out accuracy (test split)."""
+    cfg = run_config(RunSpec("base", "grpo", 0, grid.matched, 4), grid)
+    policy = eval_lib.load_policy_for_eval(cfg, None, None)
+    out: dict[str, Any] = {"settings": {"prompts": BASE_PROMPTS, "samples": BASE_SAMPLES, "reward": REWARD,
+                                        "max_new_tokens": MAX_NEW_TOKENS, "temperature": 1.0, "template": "chat",
+                                        "split": "train"}, "levels": {}}  # fmt: skip
+    for level in levels:
+        t0 = time.time()
+        data_cfg = dataclasses.replace(cfg.data, difficulty=level)
+        res = eval_lib.evaluate(policy.model_config, policy.params, policy.tokenizer,
+                                word_arithmetic(BASE_PROMPTS, level, 0, "train"), REWARD, num_samples=BASE_SAMPLES,
+                                group_sizes=[4, 8, 16], key=jax.random.key(level), max_new_tokens=MAX_NEW_TOKENS,
+                                data_config=data_cfg)  # fmt: skip
+        c = np.asarray(res["success_counts"])
+        out["levels"][str(level)] = {
+            "description": WORDS_LEVELS[level], "mean_success": res["mean_success_rate"],
+            "all_fail_prompts": res["all_fail_prompts"], "all_pass_prompts": res["all_pass_prompts"],
+            "mixed_prompts": float(np.mean((c > 0) & (c < BASE_SAMPLES))), "success_counts": res["success_counts"],
+            "success_histogram": res["success_histogram"]["prompts"], "pass@k": res["pass@k"],
+            "degeneracy": res["degeneracy"], "truncated_frac": res["truncated_frac"], "samples": res["samples"][:3],
+            "wall_s": round(time.time() - t0, 1)}  # fmt: skip
+        print(f"level {level}: mean success {res['mean_success_rate']:.3f}", file=sys.stderr)
+    means = {int(k): v["mean_success"] for k, v in out["levels"].items()}
+    matched = [k for k, p in means.items() if 0.2 <= p <= 0.6]
+    hard = [k for k, p in means.items() if p < 0.05]
+    out["pick"] = {"matched": max(matched, key=lambda k: means[k]) if matched else None,
+                   "too_hard": min(hard, key=lambda k: means[k]) if hard else None,
+                   "rule": "matched: mean success in [0.2, 0.6] (the highest such); too hard: mean < 0.05 (the lowest)"}
+    _write_json(root / "base_success.json", out)
+    return out
+
+
+def _ci95(x: np.ndarray) -> tuple[float, float]:
+    """Student-t 95% interval of the mean over seeds (nan with one seed)."""
+    from scipy import stats
+
+    if len(x) < 2:
+        return math.nan, math.nan
+    half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
+    return float(x.mean() - half), float(x.mean() + half)
+
+
+def summary(root: pathlib.Path, grid: Grid) -> dict[str, Any]:
+    """Aggregates finished runs: per (part, arm) held-out accuracy (mean, 95% CI over seeds), mean pass@k, the
+    Jensen gap at G, the all-fail fraction over training (in tenths of the run); curves to grid_curves.csv."""
+    rows, curves = [], []
+    for name, specs in parts(grid).items():
+        for arm in dict.fromkeys(s.arm for s in specs):
+            results = [json.loads(p.read_text()) for p in sorted((root / name / arm).glob("seed*/result.json"))]
+            if not results:
+                continue
+            acc = np.asarray([r["heldout"]["accuracy"] for r in results])
+            g = results[0]["group"]
+            gap = [next(d["gap"] for d in r["heldout"]["degeneracy"] if d["group_size"] == g) for r in results]
+            ks = results[0]["heldout"]["pass@k"]
+            passk = {k: float(np.mean([r["heldout"]["pass@k"][k] for r in results])) for k in ks}
+            lo, hi = _ci95(acc)
+            rows.append({"part": name, "arm": arm, "seeds": len(results), "accuracy_mean": float(acc.mean()),
+                         "accuracy_ci95": [lo, hi], "pass@k": passk, "jensen_gap_heldout": float(np.mean(gap)),
+                         "steps_mean": float(np.mean([r["steps"] for r in results]))})  # fmt: skip
+            for r in results:
+                recs = metrics_log.read_metrics(root / name / arm / f"seed{r['seed']}")
+                for rec in recs:
+                    curves.append({"part": name, "arm": arm, "seed": r["seed"], "step": rec["step"],
+                                   **{k: rec.get(k, math.nan) for k in ("reward/mean", "degeneracy/all_fail",
+                                      "degeneracy/collapse_rate", "degeneracy/iid_rate", "diversity/distinct_frac",
+                                      "diversity/entropy", "tokens/sampled_total")}})  # fmt: skip
+    out = {"grid": dataclasses.asdict(grid), "arms": rows}
+    _write_json(root / "grid_summary.json", out)
+    if curves:
+        with open(root / "grid_curves.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(curves[0]))
+            w.writeheader()
+            w.writerows(curves)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--part", required=True, help="base | <part name> | all | summary")
+    p.add_argument("--pilot", action="store_true", help="a tiny version under <out>/pilot/")
+    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--levels", type=int, nargs="+", default=sorted(WORDS_LEVELS), help="levels for --part base")
+    p.add_argument("--cache-dir", default=None, help="JAX persistent compilation cache")
+    args = p.parse_args(argv)
+    if args.cache_dir:
+        jax.config.update("jax_compilation_cache_dir", args.cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    grid, root = (PILOT, pathlib.Path(args.out) / "pilot") if args.pilot else (GRID, pathlib.Path(args.out))
+    all_parts = parts(grid)
+    if args.part == "base":
+        base_part(grid, root, args.levels)
+        return 0
+    if args.part == "summary":
+        summary(root, grid)
+        return 0
+    names = list(all_parts) if args.part == "all" else [args.part]
+    for name in names:
+        if name not in all_parts:
+            print(f"error: unknown part {name!r}; valid: base, {', '.join(all_parts)}, all, summary", file=sys.stderr)
+            return 2
+    for name in names:
+        for spec in all_parts[name]:
+            run_one(spec, grid, root)
+    if args.pilot:
+        timing(root)
+    summary(root, grid)
+    return 0
+
+
+def timing(root: pathlib.Path) -> dict[str, Any]:
+    """Per-step wall time of the pilot's runs (first step, which compiles, apart) -> ``<root>/timing.json``."""
+    out = {}
+    for path in sorted(root.glob("*/*/seed*/metrics.jsonl")):
+        recs = metrics_log.read_metrics(path)
+        steps = [r["time/sample_s"] + r["time/train_s"] for r in recs]
+        out[str(path.parent.relative_to(root))] = {
+            "first_step_s": steps[0], "later_step_s_mean": float(np.mean(steps[1:])) if len(steps) > 1 else None,
+            "completion_len_mean": float(np.mean([r["completion/len_mean"] for r in recs])),
+            "rows": int(recs[0].get("tokens/sampled", 0))}  # fmt: skip
+    _write_json(root / "timing.json", out)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
