@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import pathlib
 import typing
 from collections.abc import Mapping, Sequence
@@ -40,6 +41,7 @@ from jaxgrpo.config_sections import (
     Config,
     DataConfig,
     LogConfig,
+    LoraConfig,
     MeshConfig,
     ModelSection,
     OptimConfig,
@@ -53,8 +55,8 @@ from jaxgrpo.synthetic import MAX_DIFFICULTY
 from jaxgrpo.word_arithmetic import WORDS_LEVELS, WORDS_SPLITS
 
 __all__ = ["Config", "ModelSection", "DataConfig", "RolloutConfig", "AlgoConfig", "PerfConfig", "OptimConfig",
-           "TrainConfig", "MeshConfig", "CheckpointConfig", "LogConfig", "ConfigError", "cli_error", "load_config",
-           "from_dict", "to_dict", "to_yaml", "validate",
+           "TrainConfig", "MeshConfig", "CheckpointConfig", "LogConfig", "LoraConfig", "ConfigError", "cli_error",
+           "load_config", "from_dict", "to_dict", "to_yaml", "validate",
            "parse_cli", "apply_override", "CHOICES", "MOVED_KEYS", "SCHEDULES"]  # fmt: skip
 
 # -- loading and validation ------------------------------------------------------------------------------------------
@@ -256,7 +258,10 @@ def _at_least(cfg: Config, minimum: int, *keys: str) -> None:
 def validate(cfg: Config) -> None:
     """Raises ConfigError for an out-of-range or inconsistent value (types are checked while loading)."""
     for (section, key), choices in CHOICES.items():
-        coerce.check_choice(f"{section}.{key}", getattr(getattr(cfg, section), key), choices)
+        value = getattr(getattr(cfg, section), key)
+        if value is None and coerce.optional_inner(typing.get_type_hints(SECTIONS[section])[key])[1]:
+            continue  # a `Literal[...] | None` field set to null
+        coerce.check_choice(f"{section}.{key}", value, choices)
     accepted = advantages.estimator_args(cfg.algo.estimator)
     for k in cfg.algo.estimator_args:
         if k not in accepted:
@@ -284,7 +289,12 @@ def validate(cfg: Config) -> None:
         _require(0 <= d.difficulty <= MAX_DIFFICULTY, "data.difficulty", d.difficulty, f"in [0, {MAX_DIFFICULTY}]")
     _require(d.num_examples is None or d.num_examples >= 1, "data.num_examples", d.num_examples, ">= 1 or null")
     _at_least(cfg, 1, "data.max_prompt_tokens", "rollout.prompts_per_step", "rollout.max_new_tokens")
-    _require(bool(d.split), "data.split", d.split, "a non-empty split name (train, test)")
+    lo = cfg.lora
+    _require(lo.rank >= 0, "lora.rank", lo.rank, ">= 0 (0 = off)")
+    _require(lo.alpha is None or lo.alpha > 0, "lora.alpha", lo.alpha, "> 0 or null (= 2 × rank)")
+    _require(bool(lo.targets) and len(set(lo.targets)) == len(lo.targets), "lora.targets", lo.targets,
+             "a non-empty list of distinct projections, e.g. [q, k, v, o, gate, up, down]")  # fmt: skip
+    _require(d.split != "", "data.split", d.split, "a non-empty split name (train, test)")
     _require(bool(d.hf_id), "data.hf_id", d.hf_id, "a non-empty dataset id")
     _require(set(d.columns) <= set(DATA_COLUMN_ROLES) and all(d.columns.values()), "data.columns", d.columns,
              "a mapping of prompt/answer to column names, e.g. {prompt: question, answer: answer}")
@@ -354,6 +364,14 @@ def validate(cfg: Config) -> None:
         )
     _require(cfg.checkpoint.every >= 0, "checkpoint.every", cfg.checkpoint.every, ">= 0 (0 = only on exit)")
     _require(cfg.log.sample_every >= 0, "log.sample_every", cfg.log.sample_every, ">= 0 (0 = never)")
+    if cfg.log.wandb and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("log.wandb=true needs the wandb package: pip install 'jaxgrpo[wandb]' "
+                          "(or set log.wandb=false)")
+    if cfg.checkpoint.export_gguf and cfg.model.name_or_path == "tiny" and cfg.model.tokenizer in (
+            None, "builtin:arithmetic"):
+        raise ConfigError("checkpoint.export_gguf=true needs a byte-level BPE tokenizer (llama.cpp has no vocabulary "
+                          "type for the builtin character tokenizer): set model.tokenizer to an HF tokenizer directory "
+                          "or checkpoint.export_gguf=false")
 
 
 # -- command line ----------------------------------------------------------------------------------------------------

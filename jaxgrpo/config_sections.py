@@ -15,6 +15,8 @@ from jaxgrpo.advantages import Estimator
 from jaxgrpo.degeneracy import DegenerateMode
 from jaxgrpo.losses import Aggregation, KLEstimator, RatioLevel, SamplerCorrection
 from jaxgrpo.models.attention import AttentionKind
+from jaxgrpo.models.config import LORA_TARGETS, LoraTarget
+from jaxgrpo.models.gguf_export import GgufDtype
 from jaxgrpo.models.layers import MatmulBackward, RematPolicy
 from jaxgrpo.rewards import OnRewardError
 
@@ -168,6 +170,9 @@ class CheckpointConfig:
     every: int = 50  # 0 = only on exit/preemption
     keep: int = 3
     export_final: bool = True
+    # also write <run_dir>/final.gguf (llama.cpp / ollama): matrices in export_gguf_dtype (null = model.dtype)
+    export_gguf: bool = False
+    export_gguf_dtype: GgufDtype | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,11 +181,26 @@ class LogConfig:
     tensorboard: bool = True
     progress: bool = True
     sample_every: int = 10  # print/log sample completions every N steps; 0 = never
+    # Weights & Biases (pip install 'jaxgrpo[wandb]'; WANDB_MODE=offline honoured): the run directory's name is the
+    # run name, a resumed run continues the same wandb run (its id is kept in <run_dir>/wandb_run_id)
+    wandb: bool = False
+    wandb_project: str = "jaxgrpo"
+    wandb_entity: str | None = None  # null = the account's default
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters on a frozen base (`jaxgrpo.models.lora`): ``W + (alpha / rank) A B`` on each target."""
+
+    rank: int = 0  # 0 = off (full fine-tuning)
+    alpha: float | None = None  # None = 2 × rank (scale 2, the ratio of rank 64 / alpha 128)
+    targets: list[LoraTarget] = dataclasses.field(default_factory=lambda: list(LORA_TARGETS))
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     algo: AlgoConfig = dataclasses.field(default_factory=AlgoConfig)

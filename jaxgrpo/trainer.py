@@ -28,6 +28,7 @@ from jaxgrpo import eval as eval_lib
 from jaxgrpo import retain as retain_lib
 from jaxgrpo import train_step as ts
 from jaxgrpo.logprobs import compute_logprobs
+from jaxgrpo.models import lora
 
 PERF_FILE = "perf.yaml"  # in the run directory: the perf switches as applied, and why any requested one is off
 
@@ -86,6 +87,8 @@ class Trainer:
             sharding.initialize_distributed()
         self.mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor) if m.data * m.fsdp * m.tensor > 1 else None
         self.model_config, params, self.tokenizer = build.build_policy(cfg, jax.random.fold_in(self.key, 10**9))
+        self.model_config, params = build.add_lora(cfg, self.model_config, params, jax.random.fold_in(self.key, 3))
+        self.lora = self.model_config.lora is not None
         self.eos_token_ids = build.eos_ids(self.model_config, self.tokenizer)
         # The perf switches that apply to this run; the sampler records its projections only on one device
         # (`generate` records unsharded arrays), so every device of the mesh counts as a shard here.
@@ -118,12 +121,14 @@ class Trainer:
         if self.mesh is not None:
             params = sharding.shard_params(params, self.model_config, self.mesh)
         temperature = cfg.rollout.temperature
-        if cfg.algo.kl_coef > 0:  # the reference is the initial policy, in the compute dtype; a copy (the step donates)
-            self.ref_params = jax.tree.map(jnp.copy, models.compute_params(self.model_config, params))
+        # the KL reference: the initial policy in the compute dtype, a copy (the step donates its state); with LoRA,
+        # the frozen base read from the state each step (the adapters switched off: no second copy)
+        self.ref_params = None
+        if cfg.algo.kl_coef > 0:
+            if not self.lora:
+                self.ref_params = jax.tree.map(jnp.copy, models.compute_params(self.model_config, params))
             chunk = self.perf.logprob_chunk
             self.ref_logprobs = jax.jit(lambda p, b: compute_logprobs(self.model_config, p, b, temperature, chunk)[0])
-        else:
-            self.ref_params = None
         self.init_fn, self.step_fn = ts.make_train_step(
             self.model_config, cfg.algo, cfg.optim, perf=self.perf, mesh=self.mesh, temperature=temperature,
             total_steps=cfg.train.steps)
@@ -132,9 +137,12 @@ class Trainer:
                                                save_interval=cfg.checkpoint.every)
         self.start_step = 0
         self.sampled_tokens = 0  # completion tokens sampled so far, every resampling round included
+        self.base_fingerprint = lora.fingerprint(lora.split(self.state.params)[0]) if self.lora else None
         latest = self.ckpt.latest_step()
         if latest is not None:
-            self.state, extra = self.ckpt.restore(latest, self.state)
+            saved, extra = self.ckpt.restore(latest, self.saved_state())
+            self.check_base(extra.get("lora_base"))
+            self.state = saved.replace(params=lora.with_trainable(self.state.params, saved.params))
             self.iterator.restore(extra["iterator"])
             self.sampled_tokens = int(extra.get("sampled_tokens", 0))
             self.start_step = latest
@@ -158,8 +166,54 @@ class Trainer:
         (self.run_dir / PERF_FILE).write_text(header + yaml.safe_dump(info, sort_keys=False))
 
     def checkpoint_extra(self) -> dict[str, Any]:
-        """What a resume needs besides the train state: the prompt iterator's position and the sampled-token count."""
-        return {"iterator": self.iterator.state(), "sampled_tokens": self.sampled_tokens}
+        """What a resume needs besides the train state: the prompt iterator's position and the sampled-token count
+        (with LoRA, the identity of the frozen base too)."""
+        extra = {"iterator": self.iterator.state(), "sampled_tokens": self.sampled_tokens}
+        if self.lora:
+            extra["lora_base"] = {"name_or_path": self.cfg.model.name_or_path, "fingerprint": self.base_fingerprint}
+        return extra
+
+    def export_final(self) -> None:
+        """``<run_dir>/final``: HF weights (adapters merged) and tokenizer; with LoRA also ``<run_dir>/final_adapter``,
+        a PEFT adapter directory for the base model."""
+        mcfg, params = self.model_config, self.state.params
+        if self.lora:
+            lora.save_peft(mcfg, lora.trainable(params), self.run_dir / "final_adapter",
+                                  base_name_or_path=self.cfg.model.name_or_path)
+            mcfg, params = mcfg.replace(lora=None), lora.merge(mcfg, params)
+        models.save_pretrained(mcfg, jax.device_get(params), self.run_dir / "final")
+        self.tokenizer.save_pretrained(self.run_dir / "final")
+
+    def export_gguf(self) -> pathlib.Path:
+        """``<run_dir>/final.gguf`` for llama.cpp / ollama (adapters merged), in ``checkpoint.export_gguf_dtype``; its
+        tokenizer metadata is copied from the source GGUF when the model and its tokenizer came from one, else built
+        from the run's tokenizer (`models.save_gguf`)."""
+        mcfg, params, m = self.model_config, self.state.params, self.cfg.model
+        if self.lora:
+            mcfg, params = mcfg.replace(lora=None), lora.merge(mcfg, params)
+        source = None if m.name_or_path == "tiny" else build.resolve_model_path(m.name_or_path)
+        vocab = source if m.tokenizer is None and str(source).endswith(".gguf") else self.tokenizer
+        return models.save_gguf(mcfg, params, self.run_dir / "final.gguf", vocab,
+                                dtype=self.cfg.checkpoint.export_gguf_dtype)
+
+    def saved_state(self) -> ts.TrainState:
+        """What a checkpoint holds: the train state, with only the adapters of a LoRA run's params (the frozen base
+        is reloaded from ``model.name_or_path`` and checked against `checkpoint_extra`'s fingerprint)."""
+        return self.state.replace(params=lora.trainable(self.state.params))
+
+    def check_base(self, saved: dict[str, Any] | None) -> None:
+        """ConfigError unless a LoRA checkpoint's adapters were trained on the base this run loaded."""
+        if not self.lora and saved is None:
+            return
+        if self.lora != (saved is not None):
+            what = "LoRA adapters" if saved is not None else "full parameters"
+            raise config_lib.ConfigError(f"the checkpoint in {self.run_dir} holds {what} but this run has "
+                                         f"lora.rank={self.cfg.lora.rank}; resume with the run's own config.yaml")
+        if not np.allclose(saved["fingerprint"], self.base_fingerprint, rtol=1e-5, atol=1e-6):
+            raise config_lib.ConfigError(
+                f"the checkpoint's LoRA adapters were trained on base model {saved['name_or_path']!r}, but the base "
+                f"loaded from model.name_or_path={self.cfg.model.name_or_path!r} has other weights; resume with the "
+                "original base model")
 
     # -- one RL step -------------------------------------------------------------------------------------------
     def sample(self, indices: list[int], key: jax.Array) -> Rollout:
@@ -221,8 +275,9 @@ class Trainer:
         batch = make_batch(roll, width, self.pad_id)
         if self.mesh is not None:
             batch = ts.global_batch(process_share(batch, len(roll.prompt_ids)), self.mesh)
-        if self.ref_params is not None:
-            batch = batch.replace(ref_logprobs=self.ref_logprobs(self.ref_params, batch))
+        if self.cfg.algo.kl_coef > 0:
+            ref = lora.split(self.state.params)[0] if self.lora else self.ref_params
+            batch = batch.replace(ref_logprobs=self.ref_logprobs(ref, batch))
         # With prefix sharing the step runs the prompts packed end to end (a static width: one compile per bucket).
         packed = ts.packed_prompt_width([len(p) for p in roll.prompt_ids], width, self.cfg.algo, self.perf, self.mesh)
         self.state, metrics = self.step_fn(self.state, batch, packed_prompt_width=packed)
@@ -344,7 +399,9 @@ def run(cfg: config_lib.Config, run_dir: str | os.PathLike) -> list[dict[str, fl
     stop = ckpt_lib.install_signal_handlers()
     logger = metrics_log.MetricsLogger(trainer.run_dir, tensorboard=cfg.log.tensorboard,
                                        progress_total=cfg.train.steps if cfg.log.progress else None,
-                                       resume_step=trainer.start_step)
+                                       resume_step=trainer.start_step, wandb=cfg.log.wandb,
+                                       wandb_project=cfg.log.wandb_project, wandb_entity=cfg.log.wandb_entity,
+                                       wandb_config=config_lib.to_dict(cfg))
     history = []
     step = trainer.start_step
     budget = cfg.train.max_sampled_tokens
@@ -365,17 +422,17 @@ def run(cfg: config_lib.Config, run_dir: str | os.PathLike) -> list[dict[str, fl
                 logger.log_samples(step, *trainer.last_samples)
             preempted = stop.any_process()  # a collective on pods: every host stops at the same step
             if preempted or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
-                trainer.ckpt.save(step, trainer.state, trainer.checkpoint_extra(), force=True)
+                trainer.ckpt.save(step, trainer.saved_state(), trainer.checkpoint_extra(), force=True)
             if preempted:
                 break
         done = finished()
         if done and cfg.checkpoint.every and step % cfg.checkpoint.every:
-            trainer.ckpt.save(step, trainer.state, trainer.checkpoint_extra(), force=True)
+            trainer.ckpt.save(step, trainer.saved_state(), trainer.checkpoint_extra(), force=True)
         trainer.ckpt.wait()
         if done and cfg.checkpoint.export_final:
-            models.save_pretrained(trainer.model_config, jax.device_get(trainer.state.params),
-                                   trainer.run_dir / "final")
-            trainer.tokenizer.save_pretrained(trainer.run_dir / "final")
+            trainer.export_final()
+        if done and cfg.checkpoint.export_gguf:
+            trainer.export_gguf()
     finally:
         logger.close()
         trainer.ckpt.close()
