@@ -9,6 +9,11 @@ Files in the run directory:
   ``read_metrics`` turns ``null`` back into ``nan``.
 - ``samples.jsonl``: one object per logged step, ``{"step": s, "texts": [...]}`` (plus ``"rewards"`` when given).
 - ``tb/``: TensorBoard event files (tensorboardX): every metric as a scalar, samples as text.
+- Weights & Biases (optional, ``wandb=True``; ``pip install 'jaxgrpo[wandb]'``): every metric at its step, samples as
+  a table; the run is named after the run directory, its config is the resolved config, its files go to
+  ``<run_dir>/wandb`` unless ``WANDB_DIR`` says otherwise, and ``WANDB_MODE`` (e.g. ``offline``) is wandb's own
+  setting. The wandb run id is kept in ``<run_dir>/wandb_run_id``, so a resumed run continues the same wandb run;
+  steps that wandb run already holds (logged after the checkpoint, then replayed identically) are not sent again.
 
 Resuming. ``MetricsLogger(run_dir, resume_step=N)`` drops every line with ``step > N`` from both JSONL files (they
 were written after the checkpoint the run resumes from, and will be written again) and tells TensorBoard to purge
@@ -25,6 +30,8 @@ import json
 import math
 import os
 import pathlib
+import secrets
+import string
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -33,9 +40,12 @@ from typing import Any, TextIO
 import jax
 import numpy as np
 
+from jaxgrpo.errors import ConfigError
+
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 TB_DIR = "tb"
+WANDB_ID_FILE = "wandb_run_id"
 
 # Shown in the progress bar's postfix when present: (metric name, short label, format).
 PROGRESS_FIELDS = (
@@ -130,6 +140,8 @@ class MetricsLogger:
         records are removed. None = a fresh run directory.
       progress_file: where the bar is drawn (default stderr).
       active: whether this process writes (default: JAX process 0 only).
+      wandb: also log to Weights & Biases (see the module docstring), in project `wandb_project` of
+        `wandb_entity` (None = the account's default), with `wandb_config` (the resolved run config) as its config.
     """
 
     def __init__(
@@ -141,6 +153,10 @@ class MetricsLogger:
         resume_step: int | None = None,
         progress_file: TextIO | None = None,
         active: bool | None = None,
+        wandb: bool = False,
+        wandb_project: str = "jaxgrpo",
+        wandb_entity: str | None = None,
+        wandb_config: Mapping[str, Any] | None = None,
     ):
         if resume_step is not None and (not isinstance(resume_step, int | np.integer) or resume_step < 0):
             raise ValueError(f"resume_step={resume_step!r}: must be None (fresh run) or an integer >= 0")
@@ -155,6 +171,7 @@ class MetricsLogger:
         self.last_step = -1 if resume_step is None else int(resume_step)
         self._writer = None
         self._bar = None
+        self._wandb: Any = None
         self._metrics_f = self._samples_f = None
         if not self.active:
             return
@@ -183,6 +200,8 @@ class MetricsLogger:
                 flush_secs=30,
                 filename_suffix=f".{os.getpid()}.{time.time_ns()}",
             )
+        if wandb:
+            self._wandb = start_wandb(self.run_dir, wandb_project, wandb_entity, wandb_config)
         if progress_total is not None:
             from tqdm.auto import tqdm
 
@@ -218,6 +237,8 @@ class MetricsLogger:
         if self._writer is not None:
             for k, v in values.items():
                 self._writer.add_scalar(k, float(v), step)
+        if self._wandb is not None and step >= self._wandb.step:  # on resume: skip steps the run already holds
+            self._wandb.log(values, step=step)
         if self._bar is not None:
             if step > self._bar.n:
                 self._bar.update(step - self._bar.n)
@@ -246,6 +267,12 @@ class MetricsLogger:
                 head = f"**{i}**" + (f" (reward {record['rewards'][i]})" if rewards is not None else "")
                 parts.append(head + "\n\n    " + t.replace("\n", "\n    "))
             self._writer.add_text("samples", "\n\n".join(parts), int(step))
+        if self._wandb is not None and int(step) >= self._wandb.step:
+            import wandb
+
+            columns = ["text", "reward"] if rewards is not None else ["text"]
+            rows = [[t, record["rewards"][i]] if rewards is not None else [t] for i, t in enumerate(texts)]
+            self._wandb.log({"samples": wandb.Table(columns=columns, data=rows)}, step=int(step))
         if self._bar is not None and texts:
             self._bar.write(f"[step {int(step)}] sample: {texts[0][:160]!r}", file=self._bar.fp)
 
@@ -261,9 +288,30 @@ class MetricsLogger:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
 
     def __enter__(self) -> MetricsLogger:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def start_wandb(run_dir: pathlib.Path, project: str, entity: str | None, config: Mapping[str, Any] | None) -> Any:
+    """A wandb run for `run_dir`: named after it, resumed under the id kept in ``<run_dir>/wandb_run_id`` (written on
+    the first start), files under ``<run_dir>/wandb`` unless ``WANDB_DIR`` is set."""
+    try:
+        import wandb
+    except ImportError as e:
+        raise ConfigError("log.wandb=true needs the wandb package: pip install 'jaxgrpo[wandb]' "
+                          "(or set log.wandb=false)") from e
+    id_path = run_dir / WANDB_ID_FILE
+    run_id = id_path.read_text(encoding="utf-8").strip() if id_path.is_file() else ""
+    if not run_id:
+        run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))  # wandb's id form
+        id_path.write_text(run_id + "\n", encoding="utf-8")
+    return wandb.init(project=project, entity=entity, name=run_dir.name, id=run_id, resume="allow",
+                      config=dict(config) if config is not None else None,
+                      dir=os.environ.get("WANDB_DIR") or str(run_dir))

@@ -17,7 +17,7 @@ import yaml
 import jaxgrpo
 from jaxgrpo import advantages, coerce, config_sections, degeneracy, losses, rewards
 from jaxgrpo import config as C
-from jaxgrpo.models import attention, layers
+from jaxgrpo.models import attention, gguf_export, layers
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -129,10 +129,11 @@ def test_choices_are_the_literal_types_of_the_modules_that_implement_them():
         ("perf", "matmul_backward"): layers.MatmulBackward,
         ("perf", "attention"): attention.AttentionKind,
         ("optim", "schedule"): config_sections.Schedule,
+        ("checkpoint", "export_gguf_dtype"): gguf_export.GgufDtype | None,
     }
     for (section, key), literal in expected.items():
         assert typing.get_type_hints(C.SECTIONS[section])[key] == literal, (section, key)
-    assert C.CHOICES == {k: typing.get_args(v) for k, v in expected.items()}
+    assert C.CHOICES == {k: coerce.literal_choices(v) for k, v in expected.items()}
     assert advantages.ESTIMATORS == typing.get_args(advantages.Estimator)
     assert degeneracy.DEGENERATE_MODES == ("keep", "mask", "resample")
     assert rewards.ON_REWARD_ERROR == ("error", "invalidate") and C.SCHEDULES == ("constant", "cosine")
