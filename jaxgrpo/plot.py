@@ -9,7 +9,10 @@ PNGs (matplotlib, Agg backend, no display needed) to ``DIR`` (default ``RUN_DIR/
   ``degeneracy/iid_rate`` = p̄^G + (1 − p̄)^G at the step's mean success rate;
 - ``kl.png``: ``kl`` (the estimator chosen by ``algo.kl_estimator``);
 - ``completion_length.png``: ``completion/len_mean`` (tokens) and, on a second axis, ``completion/truncated_frac``;
-- ``overview.png``: the four panels in one figure.
+- ``diversity.png``: ``diversity/distinct_frac`` (distinct completions per group / G) and, on a second axis,
+  ``diversity/entropy`` (mean per-token entropy of the sampling distribution, nats; `jaxgrpo.diversity`);
+- ``retain.png``: every ``retain/<set>/accuracy`` (held-out capability retention, ``train.retain``);
+- ``overview.png``: the panels in one figure.
 
 A panel whose metrics were never logged is skipped (and reported). Exit status: 0 on success, 2 when the metrics
 file is missing or holds no records.
@@ -126,11 +129,45 @@ def _length(ax: plt.Axes, records: Sequence[dict[str, Any]]) -> bool:
     return True
 
 
+def _diversity(ax: plt.Axes, records: Sequence[dict[str, Any]]) -> bool:
+    x, y = series(records, "diversity/distinct_frac")
+    xe, ent = series(records, "diversity/entropy")
+    if not (len(x) or len(xe)):
+        return False
+    if len(x):
+        ax.plot(x, y, color="tab:cyan", label="distinct completions / G")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("diversity of the sampled groups")
+    ax.set_ylabel("distinct fraction")
+    if len(xe):
+        ax2 = ax.twinx()
+        ax2.plot(xe, ent, color="tab:olive", lw=1, ls="--", label="entropy per token (nats)")
+        ax2.set_ylim(bottom=0)
+        ax2.set_ylabel("entropy (nats)")
+        ax2.legend(loc="upper right", fontsize=8)
+    return True
+
+
+def _retain(ax: plt.Axes, records: Sequence[dict[str, Any]]) -> bool:
+    names = sorted({k for r in records for k in r if k.startswith("retain/") and k.endswith("/accuracy")})
+    if not names:
+        return False
+    for name in names:
+        x, y = series(records, name)
+        ax.plot(x, y, "o-", ms=3, label=name[len("retain/"):-len("/accuracy")])
+    ax.set_ylim(0, 1.02)
+    ax.set_title("capability retention (held-out accuracy)")
+    ax.set_ylabel("accuracy")
+    return True
+
+
 PANELS: dict[str, Callable[[plt.Axes, Sequence[dict[str, Any]]], bool]] = {
     "reward": _reward,
     "collapse": _collapse,
     "kl": _kl,
     "completion_length": _length,
+    "diversity": _diversity,
+    "retain": _retain,
 }
 
 
@@ -165,7 +202,7 @@ def plot_run(run_dir: str | pathlib.Path, out_dir: str | pathlib.Path | None = N
             drawn.append(name)
         plt.close(fig)
     if drawn:
-        fig, axes = plt.subplots(2, 2, figsize=(12, 7.5))
+        fig, axes = plt.subplots(2, 3, figsize=(18, 7.5))
         for ax, name in zip(axes.flat, PANELS):
             if name in drawn:
                 PANELS[name](ax, records)

@@ -68,6 +68,28 @@ def test_missing_panel_is_skipped(tmp_path):
     assert all(p.parent == tmp_path / "run" / "plots" for p in paths)
 
 
+def test_diversity_and_retain_panels(tmp_path):
+    write_run(tmp_path / "run", steps=6)
+    path = tmp_path / "run" / "metrics.jsonl"
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in recs:
+        r["diversity/distinct_frac"], r["diversity/entropy"] = 1 - r["step"] / 12, 2.0 / r["step"]
+        if r["step"] % 3 == 0:
+            r["retain/easy/accuracy"], r["retain/gsm8k/accuracy"] = 0.5, 0.1 * r["step"] / 3
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    paths = {p.name: p for p in plot.plot_run(tmp_path / "run", tmp_path / "out")}
+    assert {"diversity.png", "retain.png", "overview.png"} <= set(paths)
+    for name in ("diversity.png", "retain.png"):
+        assert_png(paths[name])
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    assert plot.PANELS["retain"](ax, recs)
+    assert sorted(line.get_label() for line in ax.get_lines()) == ["easy", "gsm8k"]
+    np.testing.assert_allclose(ax.get_lines()[1].get_ydata(), [0.1, 0.2])
+    plt.close(fig)
+
+
 def test_moving_average_and_series_by_hand():
     y = np.array([1.0, 3.0, np.nan, 5.0, 7.0])
     # window 2, trailing, nan ignored: [1, (1+3)/2, 3, 5, (5+7)/2]

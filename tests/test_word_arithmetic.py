@@ -1,0 +1,67 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""The words task (``data.source=words``): every level's problems by brute force, disjoint train/test splits,
+determinism, answers by Python arithmetic, the data.load_dataset hook, the config's errors, and the last-number
+reward on the answer shapes SmolLM2 produces."""
+
+from __future__ import annotations
+
+import pytest
+
+from jaxgrpo import config as config_lib
+from jaxgrpo import data as data_lib
+from jaxgrpo import rewards
+from jaxgrpo import word_arithmetic as wa
+
+OPERANDS = {1: (range(10), range(10), "+"), 2: (range(2, 10), range(2, 10), "*"),
+            3: (range(10, 100), range(1, 10), "+"), 4: (range(10, 100), range(10, 100), "+")}  # fmt: skip
+
+
+@pytest.mark.parametrize("level", sorted(wa.WORDS_LEVELS))
+def test_splits_partition_the_level(level):
+    ra, rb, _ = OPERANDS[level]
+    every = {(a, b) for a in ra for b in rb}
+    train, test = set(wa.problems(level, "train")), set(wa.problems(level, "test"))
+    assert train | test == every and not train & test
+    assert 0.15 < len(test) / len(every) < 0.35  # about a quarter held out
+
+
+@pytest.mark.parametrize("level", sorted(wa.WORDS_LEVELS))
+def test_examples_are_correct_distinct_and_deterministic(level):
+    n = len(wa.problems(level, "test"))
+    ex = wa.word_arithmetic(n, level, 3, "test")
+    assert ex == wa.word_arithmetic(n, level, 3, "test")
+    assert ex != wa.word_arithmetic(n, level, 4, "test")  # another seed, another order
+    assert len({e.prompt for e in ex}) == n  # no repeats until the split is used up
+    _, _, op = OPERANDS[level]
+    for e in ex:
+        a, b = e.meta["a"], e.meta["b"]
+        assert e.prompt == f"What is {a} {op} {b}? Reply with just the number."
+        assert int(e.answer) == (a + b if op == "+" else a * b)
+        assert (a, b) in set(wa.problems(level, "test"))
+    more = wa.word_arithmetic(n + 3, level, 3, "test")  # past the split's size: a second permutation
+    assert more[:n] == ex and {e.prompt for e in more[n:]} <= {e.prompt for e in ex}
+
+
+def test_load_dataset_hook_and_config_errors():
+    cfg = config_lib.load_config(None, ["data.source=words", "data.difficulty=2", "data.split=test",
+                                        "data.rewards={gsm8k_lenient: 1.0}"])  # fmt: skip
+    ex = data_lib.load_dataset(cfg.data, 0)
+    assert len(ex) == len(wa.problems(2, "test")) and ex == wa.word_arithmetic(len(ex), 2, 0, "test")
+    cfg = config_lib.load_config(None, ["data.source=words", "data.num_examples=5", "data.rewards={gsm8k_lenient: 1}"])
+    assert len(data_lib.load_dataset(cfg.data, 0)) == 5
+    with pytest.raises(config_lib.ConfigError, match=r"data.difficulty must be a data.source=words level in \[1, 2"):
+        config_lib.load_config(None, ["data.source=words", "data.difficulty=0", "data.rewards={gsm8k_lenient: 1}"])
+    with pytest.raises(config_lib.ConfigError, match="data.split must be one of train, test for data.source=words"):
+        config_lib.load_config(None, ["data.source=words", "data.split=validation", "data.rewards={gsm8k_lenient: 1}"])
+    with pytest.raises(config_lib.ConfigError, match=r"rewards for words: gsm8k_lenient"):
+        config_lib.load_config(None, ["data.source=words", "data.rewards={arithmetic: 1.0}"])
+
+
+@pytest.mark.parametrize("completion,reward", [
+    ("7", 1.0), ("4 + 3 is 7", 1.0), ("3 + 4 = 7.", 1.0), ("The answer is 7.\n\n", 1.0), ("3 + 4", 0.0),
+    ("7, or maybe 8", 0.0), ("", 0.0), ("seven", 0.0),
+])  # fmt: skip
+def test_last_number_reward(completion, reward):
+    level_one = wa.word_arithmetic(100, 1, 0, "train") + wa.word_arithmetic(100, 1, 0, "test")
+    ex = next(e for e in level_one if e.prompt.startswith("What is 3 + 4?"))
+    assert rewards.REWARDS["gsm8k_lenient"](completion, ex) == reward
