@@ -288,7 +288,8 @@ def test_every_enum_field_lists_its_choices(section_key, choices):
     assert f"{section}.{key}='bogus' is not a valid choice" in msg
     assert all(c in msg for c in choices)
     for c in choices:  # and each listed choice is accepted
-        extra = ["data.rewards={gsm8k: 1}"] if (section, key, c) == ("data", "source", "gsm8k") else []
+        extra = {("data", "source", "gsm8k"): ["data.rewards={gsm8k: 1}"],
+                 ("data", "source", "words"): ["data.rewards={gsm8k_lenient: 1}"]}.get((section, key, c), [])
         assert getattr(getattr(C.load_config(None, [f"{section}.{key}={c}", *extra]), section), key) == c
 
 
