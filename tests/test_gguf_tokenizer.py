@@ -162,6 +162,7 @@ def test_unsupported_tokenizer_type_is_a_config_error(tmp_path):
         gguf_tokenizer(path)
 
 
+@pytest.mark.slow
 def test_train_on_smollm2_gguf_imports_no_torch(smollm2_gguf, gsm8k_dir):
     """Building the policy and encoding prompts for the SmolLM2 config (everything the train CLI does before the
     first step) in a fresh interpreter leaves torch unimported."""
