@@ -367,11 +367,11 @@ def validate(cfg: Config) -> None:
     if cfg.log.wandb and importlib.util.find_spec("wandb") is None:
         raise ConfigError("log.wandb=true needs the wandb package: pip install 'jaxgrpo[wandb]' "
                           "(or set log.wandb=false)")
-    if cfg.checkpoint.export_gguf and cfg.model.name_or_path == "tiny" and cfg.model.tokenizer in (
-            None, "builtin:arithmetic"):
+    if cfg.checkpoint.export_gguf and (cfg.model.tokenizer == "builtin:arithmetic" or (
+            cfg.model.name_or_path == "tiny" and cfg.model.tokenizer is None)):
         raise ConfigError("checkpoint.export_gguf=true needs a byte-level BPE tokenizer (llama.cpp has no vocabulary "
                           "type for the builtin character tokenizer): set model.tokenizer to an HF tokenizer directory "
-                          "or checkpoint.export_gguf=false")
+                          "(null = a pretrained model's own) or checkpoint.export_gguf=false")
 
 
 # -- command line ----------------------------------------------------------------------------------------------------
