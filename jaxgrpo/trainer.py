@@ -186,13 +186,13 @@ class Trainer:
 
     def export_gguf(self) -> pathlib.Path:
         """``<run_dir>/final.gguf`` for llama.cpp / ollama (adapters merged), in ``checkpoint.export_gguf_dtype``; its
-        tokenizer metadata is copied from the source GGUF when the model and its tokenizer came from one, else built
-        from the run's tokenizer (`models.save_gguf`)."""
+        tokenizer metadata is copied from the GGUF the tokenizer came from (``model.tokenizer``, else the model's
+        file), else built from the run's tokenizer (`models.save_gguf`)."""
         mcfg, params, m = self.model_config, self.state.params, self.cfg.model
         if self.lora:
             mcfg, params = mcfg.replace(lora=None), lora.merge(mcfg, params)
-        source = None if m.name_or_path == "tiny" else build.resolve_model_path(m.name_or_path)
-        vocab = source if m.tokenizer is None and str(source).endswith(".gguf") else self.tokenizer
+        source = m.tokenizer or (None if m.name_or_path == "tiny" else build.resolve_model_path(m.name_or_path))
+        vocab = source if str(source).endswith(".gguf") else self.tokenizer  # a GGUF's tokenizer fields, verbatim
         return models.save_gguf(mcfg, params, self.run_dir / "final.gguf", vocab,
                                 dtype=self.cfg.checkpoint.export_gguf_dtype)
 
