@@ -140,8 +140,8 @@ class Trainer:
         self.base_fingerprint = lora.fingerprint(lora.split(self.state.params)[0]) if self.lora else None
         latest = self.ckpt.latest_step()
         if latest is not None:
+            self.check_base(self.ckpt.read_extra(latest).get("lora_base"))
             saved, extra = self.ckpt.restore(latest, self.saved_state())
-            self.check_base(extra.get("lora_base"))
             self.state = saved.replace(params=lora.with_trainable(self.state.params, saved.params))
             self.iterator.restore(extra["iterator"])
             self.sampled_tokens = int(extra.get("sampled_tokens", 0))
