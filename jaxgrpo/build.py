@@ -157,3 +157,28 @@ def add_lora(
     spec = models.LoraSpec(rank=lo.rank, alpha=2.0 * lo.rank if lo.alpha is None else lo.alpha, targets=lo.targets)
     mcfg = mcfg.replace(lora=spec)
     return mcfg, models.lora.add_adapters(mcfg, params, key)
+
+
+def policy_key(cfg: Config) -> jax.Array:
+    """The key `build_policy` initialises a ``tiny`` model with, in training and in evaluation alike (a LoRA run's
+    from-scratch base must be rebuilt bit for bit to take its checkpointed adapters)."""
+    return jax.random.fold_in(jax.random.key(cfg.seed), 10**9)
+
+
+def check_lora_base(extra: dict[str, Any], fingerprint: list[float] | None, cfg: Config, where: Any) -> None:
+    """ConfigError unless a checkpoint (its JSON `extra`) and this run agree on LoRA, and a LoRA checkpoint's adapters
+    were trained on the base this run loaded (`fingerprint`: `models.lora.fingerprint` of it, None without LoRA)."""
+    import numpy as np
+
+    saved = extra.get("lora_base")
+    if saved is None and fingerprint is None:
+        return
+    if saved is None or fingerprint is None:
+        what = "LoRA adapters" if saved is not None else "full parameters"
+        raise ConfigError(f"the checkpoint in {where} holds {what} but this run has lora.rank={cfg.lora.rank}; use "
+                          "the run's own config.yaml")
+    if len(saved["fingerprint"]) != len(fingerprint) or not np.allclose(saved["fingerprint"], fingerprint,
+                                                                        rtol=1e-5, atol=1e-6):
+        raise ConfigError(
+            f"the checkpoint's LoRA adapters were trained on base model {saved['name_or_path']!r}, but the base "
+            f"loaded from model.name_or_path={cfg.model.name_or_path!r} has other weights; use the original base")

@@ -348,7 +348,8 @@ def load_policy_for_eval(cfg: Config, run_dir: str | os.PathLike | None, step: i
 
     The model and tokenizer are built exactly as training builds them (`jaxgrpo.build.build_policy`); with a
     `run_dir`, the params are then replaced by the checkpoint's (step `step`, None = latest) read from
-    ``<run_dir>/checkpoints`` (only the params: the optimizer state is not loaded). For ``model.name_or_path=tiny``
+    ``<run_dir>/checkpoints`` (only the params: the optimizer state is not loaded; a LoRA run's checkpoint holds
+    its adapters, joined to the base the config names after checking the base's fingerprint). For ``model.name_or_path=tiny``
     the weights come only from the checkpoint, so a `run_dir` is required; for a pretrained model without `run_dir`
     the pretrained weights are evaluated (step None).
     """
@@ -359,7 +360,8 @@ def load_policy_for_eval(cfg: Config, run_dir: str | os.PathLike | None, step: i
         )
     if run_dir is None and step is not None:
         raise ConfigError("--checkpoint needs --run-dir (the run whose checkpoint to load)")
-    model_config, params, tokenizer = build.build_policy(cfg, jax.random.key(cfg.seed))
+    model_config, params, tokenizer = build.build_policy(cfg, build.policy_key(cfg))
+    model_config, params = build.add_lora(cfg, model_config, params, jax.random.key(0))  # adapters: the checkpoint's
     size = cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tensor
     if size > jax.device_count():
         raise ConfigError(
@@ -373,7 +375,11 @@ def load_policy_for_eval(cfg: Config, run_dir: str | os.PathLike | None, step: i
             raise CheckpointError(f"{directory} does not exist: is {run_dir} a jaxgrpo run directory?")
         with ckpt_lib.CheckpointManager(directory, keep=10**6, save_interval=0) as mgr:
             step = mgr.latest_step() if step is None else step
-            params = mgr.restore_subtree(step, "params", params)
+            lora_on = model_config.lora is not None
+            fingerprint = models.lora.fingerprint(models.lora.split(params)[0]) if lora_on else None
+            build.check_lora_base(mgr.read_extra(step), fingerprint, cfg, directory)
+            trained = mgr.restore_subtree(step, "params", models.lora.trainable(params))
+            params = models.lora.with_trainable(params, trained)
     return EvalPolicy(model_config, params, tokenizer, mesh, step)
 
 

@@ -86,7 +86,7 @@ class Trainer:
         if m.distributed:
             sharding.initialize_distributed()
         self.mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor) if m.data * m.fsdp * m.tensor > 1 else None
-        self.model_config, params, self.tokenizer = build.build_policy(cfg, jax.random.fold_in(self.key, 10**9))
+        self.model_config, params, self.tokenizer = build.build_policy(cfg, build.policy_key(cfg))
         self.model_config, params = build.add_lora(cfg, self.model_config, params, jax.random.fold_in(self.key, 3))
         self.lora = self.model_config.lora is not None
         self.eos_token_ids = build.eos_ids(self.model_config, self.tokenizer)
@@ -140,7 +140,7 @@ class Trainer:
         self.base_fingerprint = lora.fingerprint(lora.split(self.state.params)[0]) if self.lora else None
         latest = self.ckpt.latest_step()
         if latest is not None:
-            self.check_base(self.ckpt.read_extra(latest).get("lora_base"))
+            build.check_lora_base(self.ckpt.read_extra(latest), self.base_fingerprint, cfg, self.run_dir)
             saved, extra = self.ckpt.restore(latest, self.saved_state())
             self.state = saved.replace(params=lora.with_trainable(self.state.params, saved.params))
             self.iterator.restore(extra["iterator"])
@@ -201,19 +201,6 @@ class Trainer:
         is reloaded from ``model.name_or_path`` and checked against `checkpoint_extra`'s fingerprint)."""
         return self.state.replace(params=lora.trainable(self.state.params))
 
-    def check_base(self, saved: dict[str, Any] | None) -> None:
-        """ConfigError unless a LoRA checkpoint's adapters were trained on the base this run loaded."""
-        if not self.lora and saved is None:
-            return
-        if self.lora != (saved is not None):
-            what = "LoRA adapters" if saved is not None else "full parameters"
-            raise config_lib.ConfigError(f"the checkpoint in {self.run_dir} holds {what} but this run has "
-                                         f"lora.rank={self.cfg.lora.rank}; resume with the run's own config.yaml")
-        if not np.allclose(saved["fingerprint"], self.base_fingerprint, rtol=1e-5, atol=1e-6):
-            raise config_lib.ConfigError(
-                f"the checkpoint's LoRA adapters were trained on base model {saved['name_or_path']!r}, but the base "
-                f"loaded from model.name_or_path={self.cfg.model.name_or_path!r} has other weights; resume with the "
-                "original base model")
 
     # -- one RL step -------------------------------------------------------------------------------------------
     def sample(self, indices: list[int], key: jax.Array) -> Rollout:

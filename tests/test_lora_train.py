@@ -9,13 +9,16 @@ import json
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
 from test_train import SMALL, _env
 
 from jaxgrpo import config as config_lib
-from jaxgrpo import metrics_log, trainer
+from jaxgrpo import eval as eval_lib
+from jaxgrpo import metrics_log, models, trainer
+from jaxgrpo.models import lora
 
 LORA = [*SMALL, "lora.rank=4", "lora.alpha=8", "optim.learning_rate=1e-2", "algo.kl_coef=0.05"]
 
@@ -44,9 +47,18 @@ def test_resume_is_exact_and_the_reference_is_the_base(tmp_path):
                                                          "up_proj", "down_proj"])  # fmt: skip
 
 
-def test_resume_on_another_base_is_refused(tmp_path):
+def test_resume_on_another_base_is_refused_and_eval_reads_the_adapters(tmp_path):
     run = tmp_path / "run"
-    trainer.run(config_lib.load_config("default", [*LORA, "train.steps=2"]), run)
+    cfg = config_lib.load_config("default", [*LORA, "train.steps=2"])
+    trainer.run(cfg, run)
+    # evaluation rebuilds the base and joins the checkpoint's adapters: the merged HF export's weights
+    policy = eval_lib.load_policy_for_eval(cfg, run, None)
+    assert policy.step == 2 and policy.model_config.lora is not None
+    _, exported = models.load_pretrained(run / "final")
+    merged = lora.merge(policy.model_config, policy.params)
+    for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(merged), jax.tree.leaves(exported)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7,
+                                   err_msg=jax.tree_util.keystr(path))  # fmt: skip
     # seed=1 initialises another tiny base model
     with pytest.raises(config_lib.ConfigError, match="trained on base model"):
         trainer.Trainer(config_lib.load_config("default", [*LORA, "seed=1"]), run)
