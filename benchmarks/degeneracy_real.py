@@ -4,11 +4,14 @@
 ``python benchmarks/degeneracy_real.py --part PART [--pilot] [--out DIR] [--cache-dir DIR]`` with PART one of
 
 * ``base``: the base model's per-prompt success distribution at every level of `jaxgrpo.word_arithmetic`
-  (``BASE_PROMPTS`` train-split prompts x ``BASE_SAMPLES`` samples, the rollout settings below) and its held-out
-  accuracy on the study's matched level; writes ``<out>/base_success.json``. The matched level (mean success in
-  0.2-0.6) and the too-hard level (mean < 0.05) of `GRID` were picked from that file.
-* ``matched-g4-a``, ``matched-g4-b``, ``matched-g8-a``, ``matched-g8-b``, ``hard-g4``: training runs (`parts`), each
-  part a list of (arm, seed) runs; ``all`` runs every part in turn;
+  (``BASE_PROMPTS`` train-split prompts x ``BASE_SAMPLES`` samples, the rollout settings below); writes
+  ``<out>/base_success.json``. The matched level (mean success in 0.2-0.6) and the too-hard level (mean < 0.05) of
+  `GRID` were picked from that file.
+* ``base-heldout``: the base model's held-out evaluation on the matched and the too-hard level, exactly as each
+  run's final policy is evaluated (the reference for the arms); writes ``<out>/base_heldout.json``.
+* ``matched-g4-a``, ``matched-g4-b``, ``matched-g8-a``, ``matched-g8-b``: the training runs on the matched level
+  (`parts`), each part a list of (arm, seed) runs; ``all`` runs these four in turn. ``hard-g4`` (grpo, resample and
+  sign on the too-hard level) is an extra part outside the 3-hour budget;
 * ``summary``: aggregates every finished run into ``<out>/grid_summary.json`` and ``<out>/grid_curves.csv``.
 
 Arms (`ARMS`): grpo, dr_grpo, sign, grpo + mask (``algo.degenerate_groups=mask``), grpo + resample (DAPO's dynamic
@@ -50,7 +53,7 @@ from jaxgrpo import config as config_lib
 from jaxgrpo import eval as eval_lib
 from jaxgrpo import metrics_log
 from jaxgrpo import trainer as trainer_lib
-from jaxgrpo.word_arithmetic import WORDS_LEVELS, word_arithmetic
+from jaxgrpo.word_arithmetic import WORDS_LEVELS, default_size, word_arithmetic
 
 OUT = pathlib.Path(__file__).resolve().parent / "results" / "degeneracy" / "real"
 MAX_NEW_TOKENS = 12  # "Reply with just the number": the answer comes within a few tokens (or never)
@@ -88,10 +91,12 @@ class Grid:
     hard_arms: tuple[str, ...] = ("grpo", "grpo_resample", "sign")
 
 
-TOKENS_PER_ROW = 8  # the budget's assumed mean completion length (tokens, EOS included); measured by the pilot
+# The budget's tokens per completion: the maximum, so keep/mask arms make at least `steps` steps (the pilot measured a
+# mean completion length of ~11 of 12 tokens: SmolLM2 rarely stops right after the number).
+TOKENS_PER_ROW = MAX_NEW_TOKENS
 GRID = Grid()
-PILOT = Grid(rows=8, steps=3, seeds=(0,), retain_every=2, eval_prompts=4, eval_samples=8,
-             arms=("grpo", "grpo_resample"), hard_arms=())  # fmt: skip
+PILOT = Grid(rows=8, steps=6, seeds=(0,), retain_every=3, eval_prompts=8, eval_samples=8,
+             arms=("grpo", "grpo_resample"), hard_arms=())  # the grid's step shape (P x G rows), a few steps: timing
 PILOT_TIMING: dict[str, float] = {}  # filled in from <out>/pilot/timing.json
 
 
@@ -152,7 +157,7 @@ def heldout_eval(cfg: config_lib.Config, run_dir: pathlib.Path | None, level: in
     """Accuracy, pass@k (k = 1..n) and measured vs i.i.d. degeneracy at G of the run's final policy (the pretrained
     one when `run_dir` is None) on the level's test split."""
     policy = eval_lib.load_policy_for_eval(cfg, run_dir, None)
-    examples = word_arithmetic(grid.eval_prompts, level, 0, "test")
+    examples = word_arithmetic(min(grid.eval_prompts, default_size(level, "test")), level, 0, "test")  # distinct
     n = grid.eval_samples
     res = eval_lib.evaluate(policy.model_config, policy.params, policy.tokenizer, examples, REWARD, num_samples=n,
                             group_sizes=sorted({min(group, n), min(4, n)}), key=jax.random.key(10_000 + seed),
@@ -222,14 +227,14 @@ def base_part(grid: Grid, root: pathlib.Path, levels: list[int]) -> dict[str, An
     return out
 
 
-def _ci95(x: np.ndarray) -> tuple[float, float]:
-    """Student-t 95% interval of the mean over seeds (nan with one seed)."""
+def _ci95(x: np.ndarray) -> list[float] | None:
+    """Student-t 95% interval of the mean over seeds (None with one seed)."""
     from scipy import stats
 
     if len(x) < 2:
-        return math.nan, math.nan
+        return None
     half = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
-    return float(x.mean() - half), float(x.mean() + half)
+    return [float(x.mean() - half), float(x.mean() + half)]
 
 
 def summary(root: pathlib.Path, grid: Grid) -> dict[str, Any]:
@@ -246,15 +251,14 @@ def summary(root: pathlib.Path, grid: Grid) -> dict[str, Any]:
             gap = [next(d["gap"] for d in r["heldout"]["degeneracy"] if d["group_size"] == g) for r in results]
             ks = results[0]["heldout"]["pass@k"]
             passk = {k: float(np.mean([r["heldout"]["pass@k"][k] for r in results])) for k in ks}
-            lo, hi = _ci95(acc)
             rows.append({"part": name, "arm": arm, "seeds": len(results), "accuracy_mean": float(acc.mean()),
-                         "accuracy_ci95": [lo, hi], "pass@k": passk, "jensen_gap_heldout": float(np.mean(gap)),
+                         "accuracy_ci95": _ci95(acc), "pass@k": passk, "jensen_gap_heldout": float(np.mean(gap)),
                          "steps_mean": float(np.mean([r["steps"] for r in results]))})  # fmt: skip
             for r in results:
                 recs = metrics_log.read_metrics(root / name / arm / f"seed{r['seed']}")
                 for rec in recs:
                     curves.append({"part": name, "arm": arm, "seed": r["seed"], "step": rec["step"],
-                                   **{k: rec.get(k, math.nan) for k in ("reward/mean", "degeneracy/all_fail",
+                                   **{k: rec.get(k, "") for k in ("reward/mean", "degeneracy/all_fail",
                                       "degeneracy/collapse_rate", "degeneracy/iid_rate", "diversity/distinct_frac",
                                       "diversity/entropy", "tokens/sampled_total")}})  # fmt: skip
     out = {"grid": dataclasses.asdict(grid), "arms": rows}
@@ -283,13 +287,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.part == "base":
         base_part(grid, root, args.levels)
         return 0
+    if args.part == "base-heldout":
+        cfg = run_config(RunSpec("base", "grpo", 0, grid.matched, 4), grid)
+        out = {str(level): heldout_eval(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, difficulty=level)),
+                                        None, level, 4, grid, 0) for level in (grid.matched, grid.hard)}  # fmt: skip
+        _write_json(root / "base_heldout.json", out)
+        return 0
     if args.part == "summary":
+        if args.pilot:
+            timing(root)
         summary(root, grid)
         return 0
-    names = list(all_parts) if args.part == "all" else [args.part]
+    names = [n for n in all_parts if n.startswith("matched")] if args.part == "all" else [args.part]
     for name in names:
         if name not in all_parts:
-            print(f"error: unknown part {name!r}; valid: base, {', '.join(all_parts)}, all, summary", file=sys.stderr)
+            print(f"error: unknown part {name!r}; valid: base, base-heldout, {', '.join(all_parts)}, all, summary",
+                  file=sys.stderr)
             return 2
     for name in names:
         for spec in all_parts[name]:
@@ -305,11 +318,15 @@ def timing(root: pathlib.Path) -> dict[str, Any]:
     out = {}
     for path in sorted(root.glob("*/*/seed*/metrics.jsonl")):
         recs = metrics_log.read_metrics(path)
+        rollout = config_lib.load_config(str(path.parent / "config.yaml")).rollout
         steps = [r["time/sample_s"] + r["time/train_s"] for r in recs]
         out[str(path.parent.relative_to(root))] = {
+            "prompts": rollout.prompts_per_step, "group_size": rollout.group_size, "steps": len(recs),
             "first_step_s": steps[0], "later_step_s_mean": float(np.mean(steps[1:])) if len(steps) > 1 else None,
-            "completion_len_mean": float(np.mean([r["completion/len_mean"] for r in recs])),
-            "rows": int(recs[0].get("tokens/sampled", 0))}  # fmt: skip
+            "later_sample_s_mean": float(np.mean([r["time/sample_s"] for r in recs[1:]])) if len(recs) > 1 else None,
+            "resample_rounds_mean": float(np.mean([r.get("resample/rounds", 1.0) for r in recs])),
+            "completion_len_mean": float(np.mean([r["completion/len_mean"] for r in recs]))}  # fmt: skip
+    out["load_average_1_5_15min"] = [round(x, 2) for x in os.getloadavg()]  # the CPU is shared: read times with it
     _write_json(root / "timing.json", out)
     return out
 
