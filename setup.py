@@ -37,7 +37,10 @@ setup(
         # accelerator builds of jax at jax's own version: TPU (libtpu; also what `python -m jaxgrpo.compile --topology`
         # needs to compile for a TPU slice on any host) and CUDA
         "tpu": ["jax[tpu]"],
-        "cuda": ["jax[cuda12]"],
+        # jax[cuda13] (jax >= 0.7; CUDA 13 wheels, NVIDIA driver >= 580) is what jax 0.10 and 0.11 name for current
+        # GPUs; cuda12 for older drivers
+        "cuda": ["jax[cuda13]>=0.7"],
+        "cuda12": ["jax[cuda12]"],
         "wandb": ["wandb>=0.17"],  # log.wandb
         # torch is pinned to the CPU build the CI machines carry; tests use it as an independent reference only.
         "test": [

@@ -7,10 +7,18 @@ checkpoint needed) and a worst-case batch (every prompt ``data.max_prompt_tokens
 ``rollout.max_new_tokens``), then compiled by XLA for the target: a TPU slice through libtpu's compile-only devices
 (``jax.experimental.topologies.get_topology_desc``, as MaxText's ``train_compile.py`` does; ``pip install
 jaxgrpo[tpu]`` brings libtpu), or the local backend. XLA's `memory_analysis` then gives per-chip bytes exactly as the
-slice would allocate them: arguments (weights + optimizer state + batch), outputs, temporaries. The rollout's KV
-caches (prefix cache, decode cache, recorded projections) and the sampler's compute-dtype weight copy are computed
-from their shapes (`rollout_bytes`). FLOPs come from XLA's `cost_analysis`; the roofline step time is
-``max(flops / peak FLOP/s, bytes accessed / HBM bandwidth)`` per chip.
+slice would allocate them: arguments (weights + optimizer state + batch), outputs, temporaries.
+
+The rollout's two programs are compiled the same way (`compile_rollout`): the sampler's jitted prefill and decode
+loop (`jaxgrpo.sampling`, with the mode, padding and sharding `sampling.generate` gives them for the worst-case
+prompts) on abstract compute-dtype weights, so their per-chip figures hold the compute-dtype weight copy, the prefix
+and decode KV caches, the recorded projections and XLA's temporaries as compiled. The train state stays resident
+while the sampler runs, so each rollout program's total adds it. Before anything compiles, `rollout_bytes` bounds the
+caches from their shapes alone: a rollout whose caches cannot fit even spread over every chip is refused at once.
+FLOPs per step are counted from the shapes (`train_step_flops`: XLA's ``cost_analysis`` counts each loop body once,
+and the layers, the gradient accumulation and the LM head are loops); the roofline step time is ``max(flops / peak
+FLOP/s, bytes accessed / HBM bandwidth)`` per chip (the roofline model: Williams, Waterman & Patterson, CACM 2009),
+with XLA's bytes accessed, a lower bound for the same reason.
 """
 
 from __future__ import annotations
@@ -130,34 +138,150 @@ def compile_train_step(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]
     packed = ts.packed_prompt_width([cfg.data.max_prompt_tokens] * cfg.rollout.prompts_per_step, width, cfg.algo,
                                     perf, mesh)  # fmt: skip
     state = ts.abstract_state(mcfg, cfg.algo, cfg.optim, mesh, cfg.train.steps)
-    per_chip = lambda tree: float(sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize  # noqa: E731
-                                      for x in jax.tree.leaves(tree)))  # fmt: skip
     compiled = step_fn.lower(state, abstract_batch(cfg, mesh, width), packed_prompt_width=packed).compile()
+    parts = cfg.algo.num_minibatches * cfg.algo.grad_accum_steps * shards  # one packed row each
+    flops = train_step_flops(cfg, mcfg, width, parts * packed if perf.prefix_sharing else 0) / len(devices)
+    return dict(weights=per_chip_bytes(state.params), optimizer=per_chip_bytes(state.opt_state), batch_shards=shards,
+                **program_figures(compiled), counted_flops=flops)  # fmt: skip
+
+
+def resident_bytes(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]) -> dict[str, float]:
+    """Per-chip bytes that stay on the chips through the rollout and the train step: the master weights and the
+    optimizer state (`train_step.abstract_state`), and with ``algo.kl_coef > 0`` the reference policy's weights (the
+    trainer keeps a compute-dtype copy of the initial weights, sharded like them). From shapes; nothing compiled."""
+    m = cfg.mesh
+    mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
+    state = ts.abstract_state(mcfg, cfg.algo, cfg.optim, mesh, cfg.train.steps)
+    weights = per_chip_bytes(state.params)
+    ref = weights * jnp.dtype(mcfg.dtype).itemsize / jnp.dtype(mcfg.param_dtype).itemsize
+    return dict(weights=weights, optimizer=per_chip_bytes(state.opt_state),
+                reference=ref if cfg.algo.kl_coef > 0 else 0.0)  # fmt: skip
+
+
+def per_chip_bytes(tree: Any) -> float:
+    """Bytes one chip holds of a tree of sharded ``ShapeDtypeStruct`` leaves (its shard of each)."""
+    return float(sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+
+def program_figures(compiled: Any) -> dict[str, float]:
+    """XLA's per-chip memory (arguments, outputs, donated bytes aliased between them, temporaries; ``total`` = what
+    the program needs at once) and cost (FLOPs, bytes accessed) of a compiled program."""
     mem = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else (cost or {})
-    return dict(
-        weights=per_chip(state.params), optimizer=per_chip(state.opt_state), batch_shards=shards,
-        arguments=float(mem.argument_size_in_bytes), outputs=float(mem.output_size_in_bytes),
-        aliased=float(mem.alias_size_in_bytes), temporaries=float(mem.temp_size_in_bytes),
-        flops=float(cost.get("flops", 0.0)), bytes_accessed=float(cost.get("bytes accessed", 0.0)),
-    )  # fmt: skip
+    out = dict(arguments=float(mem.argument_size_in_bytes), outputs=float(mem.output_size_in_bytes),
+               aliased=float(mem.alias_size_in_bytes), temporaries=float(mem.temp_size_in_bytes),
+               flops=float(cost.get("flops", 0.0)), bytes_accessed=float(cost.get("bytes accessed", 0.0)))  # fmt: skip
+    out["total"] = out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"]
+    return out
 
 
-def rollout_bytes(mcfg: models.ModelConfig, cfg: Config, chips: int, batch_shards: int) -> dict[str, float]:
-    """Per-chip bytes of the rollout beyond the master weights: the sampler's compute-dtype weight copy (sharded like
-    the weights), the prefix cache (one copy per prompt), the decode cache and, where projections are reused, the
-    record — each split over the batch shards."""
+def _sampler_mode(cfg: Config, mcfg: models.ModelConfig, mesh: Mesh, record: bool) -> tuple[Any, int]:
+    """The sampler's static mode for this config's rollouts and its number of batch shards, as `sampling.generate`
+    builds them (same sharding of rows and caches, same sampling switches)."""
+    from jaxgrpo import sampling
+
+    r = cfg.rollout
+    axes = sampling._batch_axes(mesh)
+    shards = math.prod(int(mesh.shape[a]) for a in axes)
+    batch_sh = cache_sh = None
+    if axes:
+        spec = axes if len(axes) > 1 else axes[0]
+        batch_sh = NamedSharding(mesh, PartitionSpec(spec))
+        cache_sh = NamedSharding(mesh, PartitionSpec(None, spec, *([PartitionSpec.UNCONSTRAINED] * 3)))
+    greedy = r.temperature == 0.0
+    top_k = int(r.top_k) if (not greedy and r.top_k < mcfg.vocab_size) else 0
+    mode = sampling._Mode(num_samples=r.group_size, max_new_tokens=r.max_new_tokens, greedy=greedy, top_k=top_k,
+                          use_top_p=(not greedy) and r.top_p < 1.0, eos_token_ids=tuple(mcfg.eos_token_ids),
+                          batch_sharding=batch_sh, cache_sharding=cache_sh, record_projections=record)  # fmt: skip
+    return mode, shards
+
+
+def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]) -> dict[str, dict[str, float]]:
+    """Compile the sampler's prefill and decode loop (`jaxgrpo.sampling`) for ``devices`` on abstract compute-dtype
+    weights, for ``rollout.prompts_per_step`` prompts of ``data.max_prompt_tokens`` tokens each (padded as
+    `sampling.generate` pads them); `program_figures` of each (``decode`` absent when ``max_new_tokens == 1``), and
+    ``weights``: the per-chip bytes of the compute-dtype weights the programs read."""
+    from jaxgrpo import sampling
+
+    m, r = cfg.mesh, cfg.rollout
+    mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
+    perf, _ = resolve_perf(cfg.algo, cfg.perf, num_shards=len(devices), platform=devices[0].platform)
+    mode, shards = _sampler_mode(cfg, mcfg, mesh, record=perf.reuse_projections)
+    num_prompts = padding.batch_bucket(r.prompts_per_step, shards)
+    width = padding.prompt_bucket(cfg.data.max_prompt_tokens)
+    packing = (padding.sampler_packed_width([cfg.data.max_prompt_tokens] * num_prompts, shards), shards)
+    rows = mode.batch_sharding or NamedSharding(mesh, PartitionSpec())
+    scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=NamedSharding(mesh, PartitionSpec()))  # noqa: E731
+    dt = jnp.dtype(mcfg.dtype)
+    params = jax.tree.map(lambda shape, sh: jax.ShapeDtypeStruct(shape, dt, sharding=sh), models.param_shapes(mcfg),
+                          sharding.param_shardings(mcfg, mesh), is_leaf=lambda x: isinstance(x, tuple))  # fmt: skip
+    shapes = (((num_prompts, width), jnp.int32), ((num_prompts, width), jnp.bool_),
+              ((num_prompts * r.group_size,), jnp.bool_))  # prompt tokens, their mask, the rows that are real
+    prompts = [jax.ShapeDtypeStruct(shape, dtype, sharding=rows) for shape, dtype in shapes]
+    key = scalar(jax.eval_shape(lambda: jax.random.key(0)).dtype)
+    f32 = scalar(jnp.float32)
+    lowered = sampling._prefill.lower(mcfg, mode, packing, params, *prompts, key, f32, f32)
+    prefill = lowered.compile()
+    out = dict(weights=dict(total=per_chip_bytes(params)), prefill=program_figures(prefill))
+    if r.max_new_tokens > 1:  # the prefill's outputs, with the shardings it gives them, feed the decode loop
+        carried = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), lowered.out_info,
+                               prefill.output_shardings)  # fmt: skip
+        out["decode"] = program_figures(sampling._decode.lower(mcfg, mode, params, *carried, f32, f32).compile())
+    return out
+
+
+def rollout_cache_bytes(mcfg: models.ModelConfig, cfg: Config) -> float:
+    """The rollout's KV caches in bytes, all chips together, from their shapes alone (no compilation): the prefix
+    cache (`models.prefill`: keys and values of every prompt's ``Tp`` slots, one copy per prompt) and the decode cache
+    (`models.init_decode_cache`: ``M - 1`` slots per row). Spread evenly over the chips, they are a lower bound of
+    what any sharding of the rollout needs per chip."""
     c, r = mcfg, cfg.rollout
-    isz = jnp.dtype(c.dtype).itemsize
-    P, B, M = r.prompts_per_step, r.prompts_per_step * r.group_size, r.max_new_tokens
-    Tp = padding.prompt_bucket(cfg.data.max_prompt_tokens)
-    kv = 2 * c.num_layers * c.num_kv_heads * c.head_dim * isz
-    copy = 0.0 if c.dtype == c.param_dtype else models.count_params(c) * isz / chips
-    record = c.num_layers * B * max(M - 1, 1) * sum(models.projection_widths(c).values()) * isz
-    reuse = cfg.perf.reuse_projections and batch_shards == 1
-    return dict(compute_copy=copy, prefix_cache=kv * P * Tp / batch_shards, decode_cache=kv * B * M / batch_shards,
-                record=record / batch_shards if reuse else 0.0)  # fmt: skip
+    kv = 2 * c.num_layers * c.num_kv_heads * c.head_dim * jnp.dtype(c.dtype).itemsize  # bytes per cached token
+    slots_per_prompt = padding.prompt_bucket(cfg.data.max_prompt_tokens) + r.group_size * max(r.max_new_tokens - 1, 1)
+    return float(kv * r.prompts_per_step * slots_per_prompt)
+
+
+def totals(cfg: Config, resident: dict[str, float], step: dict[str, float], rollout: dict[str, dict[str, float]]
+           ) -> dict[str, float]:  # fmt: skip
+    """Per-chip peak of each program with what stays resident beside it (`resident_bytes`): the train step (its
+    arguments hold the train state; the reference weights come on top), the prefill and the decode loop (the train
+    state, plus each program's own total; where the compute dtype is the master dtype the sampler reads the masters
+    themselves, which are then not counted twice)."""
+    kept = sum(resident.values())
+    shared = rollout["weights"]["total"] if cfg.model.dtype == cfg.model.param_dtype else 0.0
+    out = {"train step": step["total"] + resident["reference"]}
+    out.update({name: kept + p["total"] - shared for name, p in rollout.items() if name != "weights"})
+    return out
+
+
+def train_step_flops(cfg: Config, mcfg: models.ModelConfig, prompt_width: int, prompt_tokens: int = 0) -> float:
+    """FLOPs of one train step, all chips together, counted from the shapes the step runs (worst case: every prompt
+    ``data.max_prompt_tokens`` long, left-padded to ``prompt_width``, every completion ``rollout.max_new_tokens``;
+    ``prompt_tokens``: the decoder's prompt tokens per step where prefix sharing packs them, 0 = ``P * prompt_width``).
+
+    XLA's ``cost_analysis`` counts a loop body once (the layer scan, the gradient-accumulation loop and the chunked
+    LM head are loops), so the count is analytic, after Kaplan et al. 2020 (arXiv:2001.08361, §2.1: 2 FLOPs per weight
+    per token forward, twice that backward) and PaLM (Chowdhery et al. 2022, arXiv:2204.02311, App. B: attention
+    ``12 · L · N · H · context`` per token for forward + backward). Per token forward: ``2 · (weights of the layers'
+    projections)`` + ``4 · L · N · H · context`` (scores and values, context = the keys before it, causal) and, for
+    completion tokens only, ``2 · D · V`` for the LM head. With ``perf.prefix_sharing`` each group's prompt runs once
+    (``P`` prompts, not ``P · G`` rows). Forward + backward is 3 forwards; ``perf.remat=full`` recomputes the
+    layers' forward once more; ``algo.num_iterations`` passes over the rollout. Not counted: the reference-policy and
+    old-policy log-prob passes (separate programs), norms and element-wise work."""
+    c, r = mcfg, cfg.rollout
+    D, F, H, N, K, L = c.hidden_size, c.intermediate_size, c.head_dim, c.num_heads, c.num_kv_heads, c.num_layers
+    layer_weights = L * (D * (N + 2 * K) * H + N * H * D + 3 * D * F)
+    Tp, Tc, P, G = prompt_width, r.max_new_tokens, r.prompts_per_step, r.group_size
+    if cfg.perf.prefix_sharing:  # (tokens, summed causal context) of the prompts once and of the completions
+        n = prompt_tokens or P * Tp
+        parts = [(n, n * (Tp - 1) / 2), (P * G * Tc, P * G * Tc * (Tp + (Tc - 1) / 2))]
+    else:
+        parts = [(P * G * (Tp + Tc), P * G * (Tp + Tc) * (Tp + Tc - 1) / 2)]
+    layers_fwd = sum(2 * layer_weights * tokens + 4 * L * N * H * context for tokens, context in parts)
+    head_fwd = 2 * D * c.vocab_size * P * G * Tc
+    passes = 3 + (cfg.perf.remat == "full")
+    return float(cfg.algo.num_iterations * (passes * layers_fwd + 3 * head_fwd))
 
 
 def fits(total: float, chip: Chip | None) -> bool:
@@ -169,7 +293,6 @@ def roofline_seconds(flops: float, bytes_accessed: float, chip: Chip | None) -> 
     if chip is None:
         return math.nan
     return max(flops / chip.peak_flops, bytes_accessed / chip.hbm_bandwidth)
-
 
 
 def human(nbytes: float) -> str:

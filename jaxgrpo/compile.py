@@ -1,10 +1,12 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
 """`python -m jaxgrpo.compile --config FILE [--topology v5e:4x8] [section.key=value ...]`: does a config fit?
 
-Compiles the config's train step ahead of time for a TPU slice (compile-only devices; needs libtpu: ``pip install
-jaxgrpo[tpu]``) or for the local devices, and prints per chip: weights, optimizer state, the rollout's caches,
-XLA's temporaries, the total against the chip's memory, FLOPs per step and a roofline step time (`jaxgrpo.aot`).
-Exits 1 when the train step or the rollout does not fit, 2 on a bad config.
+Compiles the config's train step and its rollout (the sampler's prefill and decode loop) ahead of time for a TPU slice
+(compile-only devices; needs libtpu: ``pip install jaxgrpo[tpu]``) or for the local devices, and prints per chip:
+weights, optimizer state, each program's temporaries and total against the chip's memory, FLOPs per step and a
+roofline step time (`jaxgrpo.aot`). Exits 1 when the train step, the prefill or the decode loop does not fit (a
+rollout whose KV caches cannot fit even spread over every chip is refused before anything compiles), 2 on a bad
+config.
 """
 
 from __future__ import annotations
@@ -20,8 +22,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jaxgrpo.compile", description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=config_lib.DEFAULT_CONFIG, help="YAML file or packaged config name")
     ap.add_argument("--topology", default=None, help="TPU slice, e.g. v5e:4x8 (default: the local devices)")
+    ap.add_argument("--chip", default=None,
+                    help="judge the totals against this chip's memory and speed instead of the target's (e.g. a TPU "
+                         "compile standing in for h100)")  # fmt: skip
     ap.add_argument("overrides", nargs="*", help="section.key=value")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    program = "train step"
     try:
         cfg = config_lib.load_config(args.config, args.overrides)
         from jaxgrpo import aot  # after validation: a bad key fails before JAX starts
@@ -30,36 +36,60 @@ def main(argv: list[str] | None = None) -> int:
         devices = aot.topology_devices(args.topology, m.data * m.fsdp * m.tensor)
         mcfg = aot.model_config(cfg)
         chip_name, chip = aot.chip_of(devices)
+        if args.chip:
+            if args.chip not in aot.CHIPS:
+                raise ConfigError(f"--chip {args.chip!r} is not known; valid choices: {', '.join(aot.CHIPS)}")
+            chip_name, chip = f"{chip_name} judged as {args.chip}", aot.CHIPS[args.chip]
         if m.data * m.fsdp * m.tensor != len(devices):
             raise ConfigError(f"mesh data x fsdp x tensor = {m.data * m.fsdp * m.tensor} but {args.topology} has "
                               f"{len(devices)} devices; set mesh.* to match")  # fmt: skip
+        longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+        if longest > mcfg.max_position_embeddings:
+            raise ConfigError(f"data.max_prompt_tokens + rollout.max_new_tokens = {longest} exceeds the model's "
+                              f"context ({mcfg.max_position_embeddings}); lower one of them")  # fmt: skip
+        hbm = f"{chip.hbm_bytes / aot.GiB:.2f} GiB" if chip else "unknown"
+        print(f"{len(devices)} x {chip_name} ({hbm} per chip), mesh data={m.data} fsdp={m.fsdp} tensor={m.tensor}, "
+              f"{mcfg.num_layers}-layer model, {cfg.model.param_dtype} masters / {cfg.model.dtype} compute")
+        resident = aot.resident_bytes(cfg, mcfg, devices)
+        kept = sum(resident.values())
+        caches = aot.rollout_cache_bytes(mcfg, cfg) / len(devices)
+        if not aot.fits(kept + caches, chip):  # no sharding can fit it: refuse before compiling anything
+            print(f"rollout DOES NOT FIT: its KV caches alone need {caches / aot.GiB:.2f} GiB per chip spread over "
+                  f"all {len(devices)} chips, beside {kept / aot.GiB:.2f} GiB of weights and optimizer state "
+                  f"(a bound from the shapes, nothing compiled); lower rollout.prompts_per_step, group_size or "
+                  "max_new_tokens, or use more chips")  # fmt: skip
+            return 1
         step = aot.compile_train_step(cfg, mcfg, devices)
+        program = "rollout"
+        rollout = aot.compile_rollout(cfg, mcfg, devices)
     except ConfigError as e:
         return cli_error(str(e))
     except Exception as e:  # XLA refuses to compile a program that cannot fit the chip: report it as "does not fit"
         if "RESOURCE_EXHAUSTED" not in str(e):
             raise
-        print(f"train step DOES NOT FIT: {str(e).splitlines()[0]}")
+        print(f"{program} DOES NOT FIT: {str(e).splitlines()[0]}")
         return 1
-    rollout = aot.rollout_bytes(mcfg, cfg, len(devices), int(step["batch_shards"]))
-    train_total = step["arguments"] + step["outputs"] - step["aliased"] + step["temporaries"]
-    rollout_total = step["weights"] + step["optimizer"] + sum(rollout.values())  # the train state stays resident
-    flops = step["flops"]
-    hbm = f"{chip.hbm_bytes / aot.GiB:.2f} GiB" if chip else "unknown"
-    print(f"{len(devices)} x {chip_name} ({hbm} per chip), mesh data={m.data} fsdp={m.fsdp} tensor={m.tensor}, "
-          f"{mcfg.num_layers}-layer model, {cfg.model.param_dtype} masters / {cfg.model.dtype} compute")
-    rows = [("weights (masters)", step["weights"]), ("optimizer state", step["optimizer"]),
-            ("train step temporaries", step["temporaries"]), ("train step total", train_total),
-            ("sampler compute-dtype copy", rollout["compute_copy"]), ("prefix cache", rollout["prefix_cache"]),
-            ("decode cache", rollout["decode_cache"]), ("recorded projections", rollout["record"]),
-            ("rollout total", rollout_total)]  # fmt: skip
+    totals = aot.totals(cfg, resident, step, rollout)
+    shared = rollout["weights"]["total"] if cfg.model.dtype == cfg.model.param_dtype else 0.0  # the masters as read
+    rows = [("weights (masters)", resident["weights"]), ("optimizer state", resident["optimizer"]),
+            ("reference weights (KL)", resident["reference"]), ("train step temporaries", step["temporaries"]),
+            ("train step total", totals["train step"]),
+            ("rollout weights (compute)", rollout["weights"]["total"] - shared),
+            ("prefill temporaries", rollout["prefill"]["temporaries"]), ("prefill total", totals["prefill"])]
+    if "decode" in rollout:
+        d = rollout["decode"]
+        rows += [("decode KV caches and state", d["arguments"] - rollout["weights"]["total"]),
+                 ("decode temporaries", d["temporaries"]), ("decode total", totals["decode"])]  # fmt: skip
     for name, value in rows:
+        if value == 0 and name in ("reference weights (KL)", "rollout weights (compute)"):
+            continue  # no KL term; the sampler reads the masters themselves
         print(f"  {name:<28s}{aot.human(value)}")
+    flops = step["counted_flops"]
     seconds = aot.roofline_seconds(flops, step["bytes_accessed"], chip)
-    print(f"  train step: {flops / 1e12:.2f} TFLOP per chip, roofline {seconds:.3f} s")
-    ok = aot.fits(train_total, chip) and aot.fits(rollout_total, chip)
-    print("fits" if ok else f"DOES NOT FIT in {hbm} per chip")
-    return 0 if ok else 1
+    print(f"  train step: {flops / 1e12:.2f} TFLOP per chip (counted from the shapes), roofline {seconds:.3f} s")
+    over = [name for name, total in totals.items() if not aot.fits(total, chip)]
+    print("fits" if not over else f"DOES NOT FIT in {hbm} per chip: {', '.join(over)}")
+    return 0 if not over else 1
 
 
 if __name__ == "__main__":

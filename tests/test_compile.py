@@ -1,6 +1,7 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""`python -m jaxgrpo.compile`: the train step compiled ahead of time on abstract weights, per-chip memory against the
-chip, exit code 1 when it does not fit; the model architecture found without loading weights."""
+"""`python -m jaxgrpo.compile`: the train step and the rollout's prefill and decode loop compiled ahead of time on
+abstract weights, per-chip memory against the chip, exit code 1 when one of them does not fit (an impossible rollout
+refused before compiling); the model architecture found without loading weights, Hub ids included."""
 
 from __future__ import annotations
 
@@ -16,13 +17,61 @@ from jaxgrpo import config as config_lib
 def test_default_config_fits_the_local_device(capsys):
     assert compile_cli.main([]) == 0
     out = capsys.readouterr().out
-    assert "train step total" in out and "decode cache" in out and out.strip().endswith("fits")
+    assert "train step total" in out and "prefill total" in out and out.strip().endswith("fits")
+    # max_new_tokens=1: the prefill samples the only token (no decode loop); no KL term, float32 compute
+    assert "decode total" not in out and "reference" not in out and "rollout weights" not in out
 
 
-def test_a_chip_too_small_fails_with_exit_code_1(capsys, monkeypatch):
-    monkeypatch.setattr(aot, "chip_of", lambda devices: ("tiny-chip", aot.Chip(64 * 1024, 1e12, 1e11)))
-    assert compile_cli.main(["train.steps=3"]) == 1
-    assert "DOES NOT FIT" in capsys.readouterr().out
+def test_programs_over_a_small_chip_fail_with_exit_code_1(capsys, monkeypatch):
+    # a chip just larger than the shape-only bound (resident state + caches): only the compiled programs exceed it
+    overrides = ["train.steps=3", "rollout.max_new_tokens=3", "model.dtype=bfloat16", "algo.kl_coef=0.01"]
+    cfg = config_lib.load_config("default", overrides)
+    mcfg, devices = aot.model_config(cfg), aot.topology_devices(None, 1)
+    bound = sum(aot.resident_bytes(cfg, mcfg, devices).values()) + aot.rollout_cache_bytes(mcfg, cfg)
+    monkeypatch.setattr(aot, "chip_of", lambda devices: ("tiny-chip", aot.Chip(bound + 1, 1e12, 1e11)))
+    assert compile_cli.main(overrides) == 1
+    out = capsys.readouterr().out
+    for row in ("reference weights (KL)", "rollout weights (compute)", "prefill total", "decode KV caches and state",
+                "decode total"):  # fmt: skip
+        assert row in out
+    assert "nothing compiled" not in out and "DOES NOT FIT" in out
+    assert out.strip().endswith("per chip: train step, prefill, decode")
+
+
+def test_rollout_programs_compiled_with_donated_kv_cache():
+    # bfloat16 compute over float32 masters, rows split over 2 x 2 devices, 5 new tokens
+    cfg = config_lib.load_config("default", ["rollout.max_new_tokens=5", "model.dtype=bfloat16", "mesh.data=2",
+                                             "mesh.fsdp=2", "rollout.prompts_per_step=8"])  # fmt: skip
+    mcfg = aot.model_config(cfg)
+    out = aot.compile_rollout(cfg, mcfg, aot.topology_devices(None, 4))
+    from jaxgrpo import models, padding
+
+    # the sampler's weights: every parameter once in bfloat16, FSDP-sharded (each leaf's embed axis split in 2)
+    assert out["weights"]["total"] < models.count_params(mcfg) * 2
+    assert out["weights"]["total"] >= models.count_params(mcfg) * 2 / 2
+    # closed form of one shard's KV caches (2 of the 4 devices share a row shard): prefix cache of the 8 prompts at
+    # their bucketed width, decode cache of M - 1 = 4 slots per row
+    kv = 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * 2
+    prefix = kv * 8 * padding.prompt_bucket(cfg.data.max_prompt_tokens) / 4
+    decode = kv * 8 * cfg.rollout.group_size * 4 / 4
+    d = out["decode"]
+    assert d["arguments"] - out["weights"]["total"] >= prefix + decode  # caches + loop state + keys
+    assert d["aliased"] >= decode  # the donated decode cache is updated in place, not copied
+    assert out["prefill"]["outputs"] >= prefix + decode
+    assert min(d["temporaries"], out["prefill"]["temporaries"]) > 0
+
+
+def test_absurd_rollout_of_the_pod_config_refused_before_compiling(capsys, monkeypatch):
+    monkeypatch.setattr(aot, "chip_of", lambda devices: ("v5e", aot.CHIPS["v5e"]))
+    monkeypatch.setattr(aot, "compile_train_step", lambda *a: pytest.fail("compiled although the bound refuses"))
+    pod = ["--config", "llama3.1-8b_gsm8k_pod", "mesh.data=1", "mesh.fsdp=8"]
+    assert compile_cli.main([*pod, "rollout.prompts_per_step=8192"]) == 1
+    out = capsys.readouterr().out
+    # 8192 prompts x (384 prompt slots + 16 rows x 1023 decode slots) x (k and v of 32 layers x 8 kv heads x 128, bf16)
+    per_chip = 8192 * (384 + 16 * 1023) * (2 * 32 * 8 * 128 * 2) / 8 / 2**30
+    assert "rollout DOES NOT FIT" in out and "nothing compiled" in out and f"{per_chip:.2f} GiB per chip" in out
+    assert compile_cli.main([*pod, "rollout.max_new_tokens=1000000"]) == 2  # beyond the model's context
+    assert "exceeds the model's context (131072)" in capsys.readouterr().err
 
 
 def test_compiled_weights_match_the_parameter_count():
@@ -36,10 +85,36 @@ def test_compiled_weights_match_the_parameter_count():
     assert step["temporaries"] > 0 and step["flops"] > 0
 
 
+@pytest.mark.parametrize("perf", [["perf.remat=none"], ["perf.remat=full", "perf.prefix_sharing=false"]])
+def test_counted_flops_match_xla_on_a_loop_free_step(perf):
+    # XLA counts a loop body once; with one layer, one accumulation step and one LM-head chunk nothing loops, so its
+    # count is the step's own and the count from the shapes must agree with it (norms and element-wise work aside)
+    cfg = config_lib.load_config("default", ["model.hidden_size=256", "model.intermediate_size=1024",
+                                             "model.num_layers=1", "rollout.max_new_tokens=8", *perf])  # fmt: skip
+    step = aot.compile_train_step(cfg, aot.model_config(cfg), aot.topology_devices(None, 1))
+    assert 0.85 < step["flops"] / step["counted_flops"] < 1.15
+
+
 def test_model_config_from_a_preset_named_directory():
     cfg = config_lib.load_config("default", ["model.name_or_path=models/llama-3.1-8b-instruct", "model.dtype=bfloat16"])
     mcfg = aot.model_config(cfg)
     assert (mcfg.num_layers, mcfg.hidden_size, mcfg.dtype, mcfg.param_dtype) == (32, 4096, "bfloat16", "float32")
+
+
+@pytest.mark.parametrize("hub_id, shape", [
+    # (layers, hidden, MLP, heads, kv heads, tied head) from each model's config.json on the Hugging Face Hub
+    ("Qwen/Qwen2.5-0.5B-Instruct", (24, 896, 4864, 14, 2, True)),
+    ("Qwen/Qwen3-1.7B", (28, 2048, 6144, 16, 8, True)),
+    ("meta-llama/Llama-3.1-8B-Instruct", (32, 4096, 14336, 32, 8, False)),
+])  # fmt: skip
+def test_model_config_of_a_hub_id_without_downloading(hub_id, shape, monkeypatch):
+    from jaxgrpo import build
+
+    monkeypatch.setattr(build, "resolve_model_path", lambda *a, **k: pytest.fail("tried to fetch the checkpoint"))
+    mcfg = aot.model_config(config_lib.load_config("default", [f"model.name_or_path={hub_id}"]))
+    got = (mcfg.num_layers, mcfg.hidden_size, mcfg.intermediate_size, mcfg.num_heads, mcfg.num_kv_heads,
+           mcfg.tie_word_embeddings)  # fmt: skip
+    assert got == shape
 
 
 def test_bad_input_is_one_line(capsys):
@@ -54,6 +129,8 @@ def test_sharded_over_local_devices(capsys):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs libtpu (pip install jaxgrpo[tpu])")
-def test_tpu_topology_compiles(capsys):
-    assert compile_cli.main(["--topology", "v5e:2x2", "mesh.fsdp=4", "rollout.prompts_per_step=16"]) == 0
-    assert "4 x v5e" in capsys.readouterr().out
+def test_tpu_topology_compiles_train_step_and_rollout(capsys):
+    assert compile_cli.main(["--topology", "v5e:2x2", "mesh.fsdp=4", "rollout.prompts_per_step=16",
+                             "rollout.max_new_tokens=4", "model.dtype=bfloat16"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "4 x v5e" in out and "prefill total" in out and "decode total" in out and out.strip().endswith("fits")

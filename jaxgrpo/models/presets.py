@@ -36,6 +36,11 @@ PRESETS: dict[str, ModelConfig] = {
         head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=40960, tie_word_embeddings=True,
         qk_norm=True, architecture="qwen3", bos_token_id=151643, eos_token_ids=(151645, 151643),
     ),
+    "qwen3-1.7b": ModelConfig(
+        vocab_size=_QWEN_VOCAB, hidden_size=2048, intermediate_size=6144, num_layers=28, num_heads=16, num_kv_heads=8,
+        head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=40960, tie_word_embeddings=True,
+        qk_norm=True, architecture="qwen3", bos_token_id=151643, eos_token_ids=(151645, 151643),
+    ),
     "qwen3-8b": ModelConfig(
         vocab_size=_QWEN_VOCAB, hidden_size=4096, intermediate_size=12288, num_layers=36, num_heads=32, num_kv_heads=8,
         head_dim=128, rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=40960, tie_word_embeddings=False,
