@@ -19,7 +19,7 @@ sampling) and avspo, all from the same pretrained weights, at an equal budget of
 (``train.max_sampled_tokens``; resampling rounds count, so resample makes fewer optimizer steps), G = 4 and G = 8 at
 the same P x G. Each run writes ``<out>/<part>/<arm>/seed<k>/``: ``config.yaml`` and ``metrics.jsonl`` (the trainer's:
 every step's reward, ``degeneracy/all_fail``, ``degeneracy/iid_rate``, ``diversity/*``, ``retain/*``, timings) and
-``result.json``: the held-out evaluation of the final policy (``EVAL_PROMPTS`` test-split prompts of the level x
+``result.json``: the held-out evaluation of the final policy (``EVAL_PROMPTS`` test-split prompts of the level, at most its distinct ones: 25 at level 1, x
 ``EVAL_SAMPLES`` samples: accuracy = mean success rate, the unbiased pass@k of Chen et al. 2021 for k = 1..16,
 measured vs i.i.d. degeneracy at G, i.e. the Jensen gap, `jaxgrpo.eval.summarize`), steps, tokens and wall time.
 
@@ -28,8 +28,21 @@ never partial); an interrupted part rerun skips finished runs. A run stopped by 
 resumes from there; its checkpoints are deleted once its result is written (a SmolLM2 checkpoint with AdamW state is
 ~1.6 GB). ``--pilot`` is a tiny version (``PILOT``: two arms, one seed, a few steps) under ``<out>/pilot/``.
 
-Time estimate (2-core CPU, float32): see ``PILOT_TIMING`` below, measured by ``--pilot`` and recorded in
-``<out>/pilot/timing.json``; the grid `GRID` is sized from it to about 3 hours in total, each part under 1 hour.
+Grid and time (2-core CPU shared with other jobs, float32, measured 2026-11-23 by ``--pilot``; files under
+``<out>/pilot/``). `GRID` is the smallest grid the study asks for: 6 arms x G in {4, 8} x 3 seeds = 36 runs of at least
+100 steps (budget 100 x 8 rows x 12 tokens = 9,600 sampled tokens), P x G = 8 (P = 2 at G = 4, P = 1 at G = 8).
+
+* one grid-shaped grpo step (``--part cpu-time``, ``pilot/cpu_time.json``): 4.5-5.0 s of process CPU time at G = 4,
+  4.4-4.5 s at G = 8 (6.4-7.2 s in an earlier, more contended measurement); wall 6.5-7.4 s at a load average of
+  ~6-7 on the 2 cores, 9-12 s at ~8-9 (``pilot/timing.json``). On an idle machine a step should take between CPU/2
+  and CPU, ~2.5-5 s; we plan with 3.5 s.
+* per run on top of the steps: the first step compiles (27 + 42 s in the pilot), two retention evaluations
+  (2 sets x 16 prompts x 4 samples), the final held-out evaluation (25 prompts x 16 samples) with the checkpoint
+  written and read back: ~2 min.
+* so one run is ~100 x 3.5 s + 2 min ~ 8 min; a part (2 arms x 3 seeds) ~ 47 min; the 6 matched parts ~ 4.7 h
+  (3.5-6 h over the range above). **This is more than the 3-hour budget**: to fit it, run ``--steps 50`` (~3 h) or
+  ``--seeds 2`` (~3.1 h), or accept ~5 h; the step count and the seeds are the two knobs (P is already at its minimum
+  for G = 8). ``hard-g4`` adds 9 runs (~1.2 h).
 """
 
 from __future__ import annotations
@@ -84,7 +97,7 @@ class Grid:
     steps: int = 100
     seeds: tuple[int, ...] = (0, 1, 2)
     learning_rate: float = 1e-5
-    retain_every: int = 25
+    retain_every: int = 50
     eval_prompts: int = EVAL_PROMPTS
     eval_samples: int = EVAL_SAMPLES
     arms: tuple[str, ...] = tuple(ARMS)
@@ -97,7 +110,6 @@ TOKENS_PER_ROW = MAX_NEW_TOKENS
 GRID = Grid()
 PILOT = Grid(rows=8, steps=6, seeds=(0,), retain_every=3, eval_prompts=8, eval_samples=8,
              arms=("grpo", "grpo_resample"), hard_arms=())  # the grid's step shape (P x G rows), a few steps: timing
-PILOT_TIMING: dict[str, float] = {}  # filled in from <out>/pilot/timing.json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,12 +121,15 @@ class RunSpec:
     group: int
 
 
+ARMS_PER_PART = 2  # 2 arms x 3 seeds = 6 runs: under an hour at the estimate below
+
+
 def parts(grid: Grid) -> dict[str, list[RunSpec]]:
-    """Part name -> its runs. Each arm list is split in two halves (``-a``, ``-b``) so a part stays under an hour."""
-    half = (len(grid.arms) + 1) // 2
+    """Part name -> its runs: the arms in chunks of `ARMS_PER_PART` (``-a``, ``-b``, ...) at each G."""
+    chunks = [grid.arms[i:i + ARMS_PER_PART] for i in range(0, len(grid.arms), ARMS_PER_PART)]
     out: dict[str, list[RunSpec]] = {}
     for g in (4, grid.large_group):
-        for suffix, arms in (("a", grid.arms[:half]), ("b", grid.arms[half:])):
+        for suffix, arms in zip("abcdefgh", chunks):
             name = f"matched-g{g}-{suffix}"
             out[name] = [RunSpec(name, a, s, grid.matched, g) for a in arms for s in grid.seeds]
     if grid.hard_arms:
@@ -278,14 +293,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--levels", type=int, nargs="+", default=sorted(WORDS_LEVELS), help="levels for --part base")
     p.add_argument("--cache-dir", default=None, help="JAX persistent compilation cache")
+    p.add_argument("--steps", type=int, default=None, help=f"override the grid's nominal steps ({GRID.steps})")
+    p.add_argument("--seeds", type=int, default=None, help=f"override the number of seeds ({len(GRID.seeds)})")
     args = p.parse_args(argv)
     if args.cache_dir:
         jax.config.update("jax_compilation_cache_dir", args.cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     grid, root = (PILOT, pathlib.Path(args.out) / "pilot") if args.pilot else (GRID, pathlib.Path(args.out))
+    if args.steps is not None:
+        grid = dataclasses.replace(grid, steps=args.steps)
+    if args.seeds is not None:
+        grid = dataclasses.replace(grid, seeds=tuple(range(args.seeds)))
     all_parts = parts(grid)
     if args.part == "base":
         base_part(grid, root, args.levels)
+        return 0
+    if args.part == "cpu-time":
+        _write_json(root / "cpu_time.json", cpu_time(grid))
         return 0
     if args.part == "base-heldout":
         cfg = run_config(RunSpec("base", "grpo", 0, grid.matched, 4), grid)
@@ -311,6 +335,30 @@ def main(argv: list[str] | None = None) -> int:
         timing(root)
     summary(root, grid)
     return 0
+
+
+def cpu_time(grid: Grid, steps: int = 3) -> dict[str, Any]:
+    """Wall and process CPU seconds (all threads) of grid-shaped grpo steps at each G, after one compiling step: on a
+    shared CPU the wall time depends on the load, while CPU seconds / cores bounds the time on an idle machine."""
+    import tempfile
+
+    out: dict[str, Any] = {"load_average_before": [round(x, 2) for x in os.getloadavg()]}
+    for g in (4, grid.large_group):
+        cfg = run_config(RunSpec("cpu-time", "grpo", 0, grid.matched, g), grid)
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, retain={}, retain_every=0))
+        with tempfile.TemporaryDirectory() as tmp:
+            tr = trainer_lib.Trainer(cfg, tmp)
+            tr.step(0)
+            wall, cpu = [], []
+            for s in range(1, steps + 1):
+                w, c = time.perf_counter(), time.process_time()
+                tr.step(s)
+                wall.append(round(time.perf_counter() - w, 2))
+                cpu.append(round(time.process_time() - c, 2))
+        out[f"G{g}"] = {"prompts": grid.rows // g, "wall_s": wall, "cpu_s": cpu}
+    out["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    out["cores"] = os.cpu_count()
+    return out
 
 
 def timing(root: pathlib.Path) -> dict[str, Any]:

@@ -27,7 +27,7 @@ def dr():
 def test_parts_cover_every_arm_and_seed_once_with_one_budget(dr):
     parts = dr.parts(dr.GRID)
     matched = [n for n in parts if n.startswith("matched")]
-    assert matched == ["matched-g4-a", "matched-g4-b", "matched-g8-a", "matched-g8-b"]
+    assert matched == [f"matched-g{g}-{c}" for g in (4, 8) for c in "abc"]
     for g in (4, dr.GRID.large_group):
         runs = [s for n in matched for s in parts[n] if s.group == g]
         assert sorted((s.arm, s.seed) for s in runs) == sorted((a, k) for a in dr.ARMS for k in dr.GRID.seeds)
@@ -40,7 +40,7 @@ def test_parts_cover_every_arm_and_seed_once_with_one_budget(dr):
             assert cfg.train.steps >= dr.GRID.steps and cfg.train.retain_every == dr.GRID.retain_every
             budgets.add(cfg.train.max_sampled_tokens)
     assert budgets == {dr.GRID.steps * dr.GRID.rows * dr.MAX_NEW_TOKENS}  # >= `steps` steps for keep/mask arms
-    assert all(len(v) == 1 for v in dr.parts(dr.PILOT).values())  # one arm, one seed per pilot part
+    assert [len(v) for v in dr.parts(dr.PILOT).values()] == [2, 2]  # two arms, one seed, at G = 4 and 8
 
 
 def test_finished_run_is_skipped_and_results_are_atomic(dr, tmp_path, monkeypatch):
