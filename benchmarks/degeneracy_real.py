@@ -19,9 +19,10 @@ sampling) and avspo, all from the same pretrained weights, at an equal budget of
 (``train.max_sampled_tokens``; resampling rounds count, so resample makes fewer optimizer steps), G = 4 and G = 8 at
 the same P x G. Each run writes ``<out>/<part>/<arm>/seed<k>/``: ``config.yaml`` and ``metrics.jsonl`` (the trainer's:
 every step's reward, ``degeneracy/all_fail``, ``degeneracy/iid_rate``, ``diversity/*``, ``retain/*``, timings) and
-``result.json``: the held-out evaluation of the final policy (``EVAL_PROMPTS`` test-split prompts of the level, at most its distinct ones: 25 at level 1, x
-``EVAL_SAMPLES`` samples: accuracy = mean success rate, the unbiased pass@k of Chen et al. 2021 for k = 1..16,
-measured vs i.i.d. degeneracy at G, i.e. the Jensen gap, `jaxgrpo.eval.summarize`), steps, tokens and wall time.
+``result.json``: the held-out evaluation of the final policy (``EVAL_PROMPTS`` test-split prompts of the level, at
+most its distinct ones: 25 at level 1, x ``EVAL_SAMPLES`` samples: accuracy = mean success rate, the unbiased pass@k
+of Chen et al. 2021 for k = 1..16, measured vs i.i.d. degeneracy at G, i.e. the Jensen gap, `jaxgrpo.eval.summarize`),
+steps, tokens and wall time.
 
 Resuming: a run is finished when its ``result.json`` exists (written to a temporary file and renamed, so it is
 never partial); an interrupted part rerun skips finished runs. A run stopped by SIGINT/SIGTERM checkpoints and
