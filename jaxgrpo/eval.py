@@ -349,9 +349,9 @@ def load_policy_for_eval(cfg: Config, run_dir: str | os.PathLike | None, step: i
     The model and tokenizer are built exactly as training builds them (`jaxgrpo.build.build_policy`); with a
     `run_dir`, the params are then replaced by the checkpoint's (step `step`, None = latest) read from
     ``<run_dir>/checkpoints`` (only the params: the optimizer state is not loaded; a LoRA run's checkpoint holds
-    its adapters, joined to the base the config names after checking the base's fingerprint). For ``model.name_or_path=tiny``
-    the weights come only from the checkpoint, so a `run_dir` is required; for a pretrained model without `run_dir`
-    the pretrained weights are evaluated (step None).
+    its adapters, joined to the base the config names after checking the base's fingerprint). For
+    ``model.name_or_path=tiny`` the weights come only from the checkpoint, so a `run_dir` is required; for a
+    pretrained model without `run_dir` the pretrained weights are evaluated (step None).
     """
     if run_dir is None and cfg.model.name_or_path == "tiny":
         raise ConfigError(
