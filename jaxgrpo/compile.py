@@ -2,11 +2,11 @@
 """`python -m jaxgrpo.compile --config FILE [--topology v5e:4x8] [section.key=value ...]`: does a config fit?
 
 Compiles the config's train step and its rollout (the sampler's prefill and decode loop) ahead of time for a TPU slice
-(compile-only devices; needs libtpu: ``pip install jaxgrpo[tpu]``) or for the local devices, and prints per chip:
-weights, optimizer state, each program's temporaries and total against the chip's memory, FLOPs per step and a
-roofline step time (`jaxgrpo.aot`). Exits 1 when the train step, the prefill or the decode loop does not fit (a
-rollout whose KV caches cannot fit even spread over every chip is refused before anything compiles), 2 on a bad
-config.
+(``--topology``, else the config's ``mesh.topology``; compile-only devices, needs libtpu: ``pip install jaxgrpo[tpu]``)
+or for the local devices, and prints per chip: weights, optimizer state, each program's temporaries and total against
+the chip's memory, FLOPs per step and a roofline step time (`jaxgrpo.aot`). Exits 1 when the train step, the prefill
+or the decode loop does not fit (a rollout whose KV caches cannot fit even spread over every chip is refused before
+anything compiles), 2 on a bad config.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from jaxgrpo.errors import ConfigError, cli_error
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jaxgrpo.compile", description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=config_lib.DEFAULT_CONFIG, help="YAML file or packaged config name")
-    ap.add_argument("--topology", default=None, help="TPU slice, e.g. v5e:4x8 (default: the local devices)")
+    ap.add_argument("--topology", default=None, help="TPU slice, e.g. v5e:4x8 (default: the config's mesh.topology, "
+                                                      "else the local devices)")  # fmt: skip
     ap.add_argument("--chip", default=None,
                     help="judge the totals against this chip's memory and speed instead of the target's (e.g. a TPU "
                          "compile standing in for h100)")  # fmt: skip
@@ -33,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         from jaxgrpo import aot  # after validation: a bad key fails before JAX starts
 
         m = cfg.mesh
-        devices = aot.topology_devices(args.topology, m.data * m.fsdp * m.tensor)
+        topology = args.topology or m.topology
+        devices = aot.topology_devices(topology, m.data * m.fsdp * m.tensor)
         mcfg = aot.model_config(cfg)
         chip_name, chip = aot.chip_of(devices)
         if args.chip:
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"--chip {args.chip!r} is not known; valid choices: {', '.join(aot.CHIPS)}")
             chip_name, chip = f"{chip_name} judged as {args.chip}", aot.CHIPS[args.chip]
         if m.data * m.fsdp * m.tensor != len(devices):
-            raise ConfigError(f"mesh data x fsdp x tensor = {m.data * m.fsdp * m.tensor} but {args.topology} has "
+            raise ConfigError(f"mesh data x fsdp x tensor = {m.data * m.fsdp * m.tensor} but {topology} has "
                               f"{len(devices)} devices; set mesh.* to match")  # fmt: skip
         longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
         if longest > mcfg.max_position_embeddings:

@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import importlib.util
 import pathlib
+import re
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -362,6 +363,9 @@ def validate(cfg: Config) -> None:
             f"{cfg.mesh.data} × {cfg.mesh.fsdp} = {parts} (the train step splits the rollout into parts of whole "
             "groups on every batch shard)"
         )
+    topo = cfg.mesh.topology
+    _require(topo is None or re.fullmatch(r"v\d+[a-z]*:\d+(x\d+)+", topo) is not None, "mesh.topology", topo,
+             "a TPU slice name such as v5p:2x4x4 or v5e:4x8, or null")
     _require(cfg.checkpoint.every >= 0, "checkpoint.every", cfg.checkpoint.every, ">= 0 (0 = only on exit)")
     _require(cfg.log.sample_every >= 0, "log.sample_every", cfg.log.sample_every, ">= 0 (0 = never)")
     if cfg.log.wandb and importlib.util.find_spec("wandb") is None:

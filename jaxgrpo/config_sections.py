@@ -163,6 +163,9 @@ class MeshConfig:
     fsdp: int = 1
     tensor: int = 1
     distributed: bool = False  # multi-host (TPU pod, multi-node GPU): call jax.distributed.initialize() first
+    # the TPU slice the config is sized for, e.g. v5p:2x4x4: what `python -m jaxgrpo.compile` checks it against when
+    # no --topology is given; training ignores it
+    topology: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

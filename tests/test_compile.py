@@ -64,7 +64,7 @@ def test_rollout_programs_compiled_with_donated_kv_cache():
 def test_absurd_rollout_of_the_pod_config_refused_before_compiling(capsys, monkeypatch):
     monkeypatch.setattr(aot, "chip_of", lambda devices: ("v5e", aot.CHIPS["v5e"]))
     monkeypatch.setattr(aot, "compile_train_step", lambda *a: pytest.fail("compiled although the bound refuses"))
-    pod = ["--config", "llama3.1-8b_gsm8k_pod", "mesh.data=1", "mesh.fsdp=8"]
+    pod = ["--config", "llama3.1-8b_gsm8k_pod", "mesh.data=1", "mesh.fsdp=8", "mesh.topology=null"]  # 8 local
     assert compile_cli.main([*pod, "rollout.prompts_per_step=8192"]) == 1
     out = capsys.readouterr().out
     # 8192 prompts x (384 prompt slots + 16 rows x 1023 decode slots) x (k and v of 32 layers x 8 kv heads x 128, bf16)
@@ -120,6 +120,15 @@ def test_model_config_of_a_hub_id_without_downloading(hub_id, shape, monkeypatch
 def test_bad_input_is_one_line(capsys):
     assert compile_cli.main(["mesh.fsdp=16"]) == 2  # 8 local (fake) devices, a mesh of 16
     assert "the mesh needs 16 devices" in capsys.readouterr().err
+    assert compile_cli.main(["--chip", "h1000"]) == 2
+    assert "--chip 'h1000' is not known" in capsys.readouterr().err
+
+
+def test_the_pod_config_names_its_slice():
+    cfg = config_lib.load_config("llama3.1-8b_gsm8k_pod", [])
+    assert cfg.mesh.topology == "v5p:2x4x4" and cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tensor == 32
+    with pytest.raises(config_lib.ConfigError, match="mesh.topology must be a TPU slice name"):
+        config_lib.load_config("default", ["mesh.topology=v5p-32"])
 
 
 def test_sharded_over_local_devices(capsys):
