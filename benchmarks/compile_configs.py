@@ -34,6 +34,7 @@ CHECKS = [
     ("llama3.1-8b_gsm8k_pod", None, None, "the slice it names (mesh.topology)"),
     ("qwen2.5-0.5b-instruct_gsm8k", "v5p:2x2x1", "h100", "one GPU: an H100's 80 GB, compiled for one v5p chip"),
     ("qwen3-1.7b_gsm8k", "v5p:2x2x1", "h100", "one GPU: an H100's 80 GB, compiled for one v5p chip"),
+    ("llama3.1-8b_gsm8k_lora", "v5p:2x2x1", "h100", "one GPU: an H100's 80 GB, compiled for one v5p chip"),
 ]  # the smallest v5p topology libtpu describes is 2x2x1; a one-device mesh compiles for its first chip
 
 

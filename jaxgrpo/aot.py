@@ -67,21 +67,23 @@ def model_config(cfg: Config) -> models.ModelConfig:
 
     m = cfg.model
     name = m.name_or_path
+    lora = build.lora_spec(cfg)
     if name == "tiny":
-        return build.tiny_model_config(cfg, build.load_tokenizer(m.tokenizer or "builtin:arithmetic"))
+        tokenizer = build.load_tokenizer(m.tokenizer or "builtin:arithmetic")
+        return build.tiny_model_config(cfg, tokenizer).replace(lora=lora)
     base = pathlib.Path(name).name.lower()
     preset = next((p for p in sorted(models.PRESETS, key=len, reverse=True) if base.startswith(p)), None)
     if not pathlib.Path(name).exists() and name != "smollm2" and preset is not None:
-        return models.get_preset(preset, dtype=m.dtype).replace(param_dtype=m.param_dtype)
+        return models.get_preset(preset, dtype=m.dtype).replace(param_dtype=m.param_dtype, lora=lora)
     path = build.resolve_model_path(name)
     if path.endswith(".gguf"):
         from gguf import GGUFReader
 
         from jaxgrpo.models.convert import gguf_config
 
-        return gguf_config(GGUFReader(path), m.dtype).replace(param_dtype=m.param_dtype)
+        return gguf_config(GGUFReader(path), m.dtype).replace(param_dtype=m.param_dtype, lora=lora)
     cfg_json = json.loads((pathlib.Path(path) / "config.json").read_text())
-    return models.from_hf_config(cfg_json, dtype=m.dtype).replace(param_dtype=m.param_dtype)
+    return models.from_hf_config(cfg_json, dtype=m.dtype).replace(param_dtype=m.param_dtype, lora=lora)
 
 
 def topology_devices(topology: str | None, count: int | None = None) -> list[Any]:
@@ -154,8 +156,8 @@ def resident_bytes(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]) ->
     state = ts.abstract_state(mcfg, cfg.algo, cfg.optim, mesh, cfg.train.steps)
     weights = per_chip_bytes(state.params)
     ref = weights * jnp.dtype(mcfg.dtype).itemsize / jnp.dtype(mcfg.param_dtype).itemsize
-    return dict(weights=weights, optimizer=per_chip_bytes(state.opt_state),
-                reference=ref if cfg.algo.kl_coef > 0 else 0.0)  # fmt: skip
+    copy = cfg.algo.kl_coef > 0 and mcfg.lora is None  # LoRA's reference is the frozen base itself
+    return dict(weights=weights, optimizer=per_chip_bytes(state.opt_state), reference=ref if copy else 0.0)
 
 
 def per_chip_bytes(tree: Any) -> float:
@@ -213,9 +215,12 @@ def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]) -
     packing = (padding.sampler_packed_width([cfg.data.max_prompt_tokens] * num_prompts, shards), shards)
     rows = mode.batch_sharding or NamedSharding(mesh, PartitionSpec())
     scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=NamedSharding(mesh, PartitionSpec()))  # noqa: E731
-    dt = jnp.dtype(mcfg.dtype)
-    params = jax.tree.map(lambda shape, sh: jax.ShapeDtypeStruct(shape, dt, sharding=sh), models.param_shapes(mcfg),
-                          sharding.param_shardings(mcfg, mesh), is_leaf=lambda x: isinstance(x, tuple))  # fmt: skip
+    # what the sampler reads (`models.compute_params`): compute-dtype weights; LoRA adapters merged in float32
+    # compute, unmerged (float32, sharded like their base) otherwise
+    abstract = jax.eval_shape(lambda: models.compute_params(mcfg, models.init_params(mcfg, jax.random.key(0))))
+    sampler_cfg = mcfg if models.lora.has_adapters(abstract) else mcfg.replace(lora=None)
+    params = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), abstract,
+                          sharding.param_shardings(sampler_cfg, mesh))  # fmt: skip
     shapes = (((num_prompts, width), jnp.int32), ((num_prompts, width), jnp.bool_),
               ((num_prompts * r.group_size,), jnp.bool_))  # prompt tokens, their mask, the rows that are real
     prompts = [jax.ShapeDtypeStruct(shape, dtype, sharding=rows) for shape, dtype in shapes]
@@ -249,7 +254,10 @@ def totals(cfg: Config, resident: dict[str, float], step: dict[str, float], roll
     state, plus each program's own total; where the compute dtype is the master dtype the sampler reads the masters
     themselves, which are then not counted twice)."""
     kept = sum(resident.values())
-    shared = rollout["weights"]["total"] if cfg.model.dtype == cfg.model.param_dtype else 0.0
+    # the sampler reads the state's own arrays where no cast (or LoRA merge) makes a copy: compute dtype = master
+    # dtype, or LoRA's base (stored in the compute dtype) with unmerged adapters
+    lora_unmerged = cfg.lora.rank > 0 and cfg.model.dtype != "float32"
+    shared = rollout["weights"]["total"] if cfg.model.dtype == cfg.model.param_dtype or lora_unmerged else 0.0
     out = {"train step": step["total"] + resident["reference"]}
     out.update({name: kept + p["total"] - shared for name, p in rollout.items() if name != "weights"})
     return out
@@ -278,10 +286,16 @@ def train_step_flops(cfg: Config, mcfg: models.ModelConfig, prompt_width: int, p
         parts = [(n, n * (Tp - 1) / 2), (P * G * Tc, P * G * Tc * (Tp + (Tc - 1) / 2))]
     else:
         parts = [(P * G * (Tp + Tc), P * G * (Tp + Tc) * (Tp + Tc - 1) / 2)]
+    if c.lora is not None:  # the adapters' two rank-r products per targeted projection
+        shapes = models.param_shapes(c)["layers"]["lora"]
+        layer_weights += sum(math.prod(ab["a"]) + math.prod(ab["b"]) for ab in shapes.values())
     layers_fwd = sum(2 * layer_weights * tokens + 4 * L * N * H * context for tokens, context in parts)
     head_fwd = 2 * D * c.vocab_size * P * G * Tc
-    passes = 3 + (cfg.perf.remat == "full")
-    return float(cfg.algo.num_iterations * (passes * layers_fwd + 3 * head_fwd))
+    # backward = input gradients + weight gradients (one forward's worth each); a frozen LoRA base has no weight
+    # gradients (the adapters' are in layer_weights' share, overcounted by their base's, < 3% at rank 64)
+    weight_grads = 0 if c.lora is not None else 1
+    passes = 2 + weight_grads + (cfg.perf.remat == "full")
+    return float(cfg.algo.num_iterations * (passes * layers_fwd + (2 + weight_grads) * head_fwd))
 
 
 def fits(total: float, chip: Chip | None) -> bool:

@@ -151,12 +151,19 @@ def add_lora(
 ) -> tuple[models.ModelConfig, Params]:
     """With ``lora.rank > 0``: the model config with its `models.config.LoraSpec` and the base (cast to the compute
     dtype, frozen) with fresh adapters (`jaxgrpo.models.lora`); otherwise both unchanged."""
-    lo = cfg.lora
-    if lo.rank == 0:
+    spec = lora_spec(cfg)
+    if spec is None:
         return mcfg, params
-    spec = models.LoraSpec(rank=lo.rank, alpha=2.0 * lo.rank if lo.alpha is None else lo.alpha, targets=lo.targets)
     mcfg = mcfg.replace(lora=spec)
     return mcfg, models.lora.add_adapters(mcfg, params, key)
+
+
+def lora_spec(cfg: Config) -> models.LoraSpec | None:
+    """The `models.LoraSpec` of ``cfg.lora`` (None with ``rank = 0``; ``alpha = null`` is 2 × rank)."""
+    lo = cfg.lora
+    if lo.rank == 0:
+        return None
+    return models.LoraSpec(rank=lo.rank, alpha=2.0 * lo.rank if lo.alpha is None else lo.alpha, targets=lo.targets)
 
 
 def policy_key(cfg: Config) -> jax.Array:
