@@ -143,3 +143,24 @@ def test_tpu_topology_compiles_train_step_and_rollout(capsys):
                              "rollout.max_new_tokens=4", "model.dtype=bfloat16"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "4 x v5e" in out and "prefill total" in out and "decode total" in out and out.strip().endswith("fits")
+
+
+def test_lora_state_holds_optimizer_moments_for_the_adapters_only():
+    """With lora.rank = r: the optimizer state is AdamW's two float32 moments of the adapters, r·(in + out) per
+    targeted projection and layer (closed form from the model's sizes); the base is stored in the compute dtype; the
+    KL reference is the base itself (no copy); the base has no weight-gradient FLOPs."""
+    over = ["lora.rank=4", "lora.targets=[q, o, down]", "model.dtype=bfloat16", "algo.kl_coef=0.01"]
+    cfg = config_lib.load_config("default", over)
+    mcfg = aot.model_config(cfg)
+    assert mcfg.lora is not None and mcfg.lora.rank == 4
+    c, r = mcfg, 4
+    adapters = c.num_layers * r * ((c.hidden_size + c.num_heads * c.head_dim)  # q: D -> N·H
+                                   + (c.num_heads * c.head_dim + c.hidden_size)  # o: N·H -> D
+                                   + (c.intermediate_size + c.hidden_size))  # down: F -> D  # fmt: skip
+    res = aot.resident_bytes(cfg, mcfg, aot.topology_devices(None, 1))
+    assert 2 * 4 * adapters <= res["optimizer"] <= 2 * 4 * adapters + 64  # + optax's step counts
+    full = config_lib.load_config("default", ["model.dtype=bfloat16"])
+    base_bytes = aot.resident_bytes(full, aot.model_config(full), aot.topology_devices(None, 1))["weights"]
+    assert res["weights"] == pytest.approx(base_bytes / 2 + 4 * adapters)  # bf16 base + f32 adapters
+    assert res["reference"] == 0.0
+    assert aot.train_step_flops(cfg, mcfg, 16) < aot.train_step_flops(full, aot.model_config(full), 16)
