@@ -46,7 +46,7 @@ setup(
         "test": [
             "pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "torch==2.13.0", "accelerate>=1.0",
             "nbformat>=5", "nbclient>=0.10", "ipykernel>=6",
-            "peft>=0.13", "wandb>=0.17",
+            "peft>=0.13", "wandb>=0.17", "trl>=0.20",  # TRL: its own reward functions as a reference
         ],
     },
     classifiers=["License :: OSI Approved :: Apache Software License", "Programming Language :: Python :: 3"],

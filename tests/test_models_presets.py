@@ -19,6 +19,7 @@ PUBLISHED = {
     "qwen2.5-1.5b": 1_543_714_304,
     "qwen2.5-7b": 7_615_616_512,
     "qwen3-0.6b": 596_049_920,
+    "qwen3-1.7b": 1_720_574_976,  # model card: 1.7B, 1.4B non-embedding (tied embeddings: 151936 × 2048 = 0.31B)
     "qwen3-8b": 8_190_735_360,
     "llama-3.2-1b": 1_235_814_400,
     "llama-3.1-8b": 8_030_261_248,
@@ -43,6 +44,8 @@ HF_CONFIGS = {
                    "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
                    "tie_word_embeddings": False, "max_position_embeddings": 131072},
     "qwen3-0.6b": {**_Q3, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                   "num_attention_heads": 16, "num_key_value_heads": 8, "tie_word_embeddings": True},
+    "qwen3-1.7b": {**_Q3, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
                    "num_attention_heads": 16, "num_key_value_heads": 8, "tie_word_embeddings": True},
     "qwen3-8b": {**_Q3, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
                  "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": False},

@@ -275,7 +275,8 @@ def test_bad_config_key_is_a_clean_error():
 
 def test_missing_model_file_is_a_clean_error(tmp_path):
     cfg = small_config(f"model.name_or_path={tmp_path / 'nope.gguf'}")
-    with pytest.raises(config_lib.ConfigError, match="neither 'tiny', 'smollm2' nor an existing"):
+    with pytest.raises(config_lib.ConfigError,
+                       match=r"neither 'tiny', 'smollm2', a Hugging Face Hub id \(org/name\) nor an existing"):
         trainer.Trainer(cfg, tmp_path / "run")
 
 
