@@ -174,7 +174,8 @@ def policy_key(cfg: Config) -> jax.Array:
 
 def check_lora_base(extra: dict[str, Any], fingerprint: list[float] | None, cfg: Config, where: Any) -> None:
     """ConfigError unless a checkpoint (its JSON `extra`) and this run agree on LoRA, and a LoRA checkpoint's adapters
-    were trained on the base this run loaded (`fingerprint`: `models.lora.fingerprint` of it, None without LoRA)."""
+    were trained on the base this run loaded (`fingerprint`: `models.lora.base_fingerprint` of this run's params,
+    None without LoRA)."""
     import numpy as np
 
     saved = extra.get("lora_base")

@@ -375,9 +375,7 @@ def load_policy_for_eval(cfg: Config, run_dir: str | os.PathLike | None, step: i
             raise CheckpointError(f"{directory} does not exist: is {run_dir} a jaxgrpo run directory?")
         with ckpt_lib.CheckpointManager(directory, keep=10**6, save_interval=0) as mgr:
             step = mgr.latest_step() if step is None else step
-            lora_on = model_config.lora is not None
-            fingerprint = models.lora.fingerprint(models.lora.split(params)[0]) if lora_on else None
-            build.check_lora_base(mgr.read_extra(step), fingerprint, cfg, directory)
+            build.check_lora_base(mgr.read_extra(step), models.lora.base_fingerprint(params), cfg, directory)
             trained = mgr.restore_subtree(step, "params", models.lora.trainable(params))
             params = models.lora.with_trainable(params, trained)
     return EvalPolicy(model_config, params, tokenizer, mesh, step)

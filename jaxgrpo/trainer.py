@@ -137,7 +137,7 @@ class Trainer:
                                                save_interval=cfg.checkpoint.every)
         self.start_step = 0
         self.sampled_tokens = 0  # completion tokens sampled so far, every resampling round included
-        self.base_fingerprint = lora.fingerprint(lora.split(self.state.params)[0]) if self.lora else None
+        self.base_fingerprint = lora.base_fingerprint(self.state.params)
         latest = self.ckpt.latest_step()
         if latest is not None:
             build.check_lora_base(self.ckpt.read_extra(latest), self.base_fingerprint, cfg, self.run_dir)
@@ -176,11 +176,10 @@ class Trainer:
     def export_final(self) -> None:
         """``<run_dir>/final``: HF weights (adapters merged) and tokenizer; with LoRA also ``<run_dir>/final_adapter``,
         a PEFT adapter directory for the base model."""
-        mcfg, params = self.model_config, self.state.params
         if self.lora:
-            lora.save_peft(mcfg, lora.trainable(params), self.run_dir / "final_adapter",
-                                  base_name_or_path=self.cfg.model.name_or_path)
-            mcfg, params = mcfg.replace(lora=None), lora.merge(mcfg, params)
+            lora.save_peft(self.model_config, lora.trainable(self.state.params), self.run_dir / "final_adapter",
+                           base_name_or_path=self.cfg.model.name_or_path)
+        mcfg, params = lora.merged(self.model_config, self.state.params)
         models.save_pretrained(mcfg, jax.device_get(params), self.run_dir / "final")
         self.tokenizer.save_pretrained(self.run_dir / "final")
 
@@ -188,9 +187,8 @@ class Trainer:
         """``<run_dir>/final.gguf`` for llama.cpp / ollama (adapters merged), in ``checkpoint.export_gguf_dtype``; its
         tokenizer metadata is copied from the GGUF the tokenizer came from (``model.tokenizer``, else the model's
         file), else built from the run's tokenizer (`models.save_gguf`)."""
-        mcfg, params, m = self.model_config, self.state.params, self.cfg.model
-        if self.lora:
-            mcfg, params = mcfg.replace(lora=None), lora.merge(mcfg, params)
+        m = self.cfg.model
+        mcfg, params = lora.merged(self.model_config, self.state.params)
         source = m.tokenizer or (None if m.name_or_path == "tiny" else build.resolve_model_path(m.name_or_path))
         vocab = source if str(source).endswith(".gguf") else self.tokenizer  # a GGUF's tokenizer fields, verbatim
         return models.save_gguf(mcfg, params, self.run_dir / "final.gguf", vocab,
@@ -200,7 +198,6 @@ class Trainer:
         """What a checkpoint holds: the train state, with only the adapters of a LoRA run's params (the frozen base
         is reloaded from ``model.name_or_path`` and checked against `checkpoint_extra`'s fingerprint)."""
         return self.state.replace(params=lora.trainable(self.state.params))
-
 
     # -- one RL step -------------------------------------------------------------------------------------------
     def sample(self, indices: list[int], key: jax.Array) -> Rollout:

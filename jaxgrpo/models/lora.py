@@ -14,8 +14,8 @@ projection function (`jaxgrpo.models.layers.dense`). They are always float32; th
 
 * `split` / `join`: the tree as (base, adapters) — the train step differentiates and updates the adapters only;
   the base with its adapters removed is the KL reference policy (no second copy of the weights).
-* `merge`: ``W + s A B`` folded into the base weights (float32 sums, cast back to the base's dtype): HF export, and
-  the sampler's weights when the compute dtype is float32 (`sampler_params`).
+* `merge` / `merged`: ``W + s A B`` folded into the base weights (float32 sums, cast back to the base's dtype): the HF
+  and GGUF exports, and the sampler's weights when the compute dtype is float32 (`models.compute_params`).
 * `to_peft` / `save_peft`: a PEFT adapter directory (``adapter_config.json``, ``adapter_model.safetensors``) that
   ``peft.PeftModel.from_pretrained`` loads onto the transformers base model.
 """
@@ -119,6 +119,14 @@ def delta(a: jax.Array, b: jax.Array, scale: float, k: int) -> jax.Array:
     return w.reshape(*a.shape[:-1], *b.shape[lead + 1 :])
 
 
+def merged(config: ModelConfig, params: Params) -> tuple[ModelConfig, Params]:
+    """``(config, params)`` of the plain model a LoRA tree stands for (adapters folded in by `merge`, ``lora=None``):
+    what the HF and GGUF exports write. A tree without adapters is returned as it is."""
+    if not has_adapters(params):
+        return config, params
+    return config.replace(lora=None), merge(config, params)
+
+
 def merge(config: ModelConfig, params: Params) -> Params:
     """The base with every adapter folded in (``W + s A B``, summed in float32, cast back to the base's dtype); the
     tree a config with ``lora=None`` describes."""
@@ -187,9 +195,13 @@ def _gather(x: jax.Array) -> np.ndarray:
     return np.asarray(jax.device_get(x))
 
 
-def fingerprint(base: Params) -> list[float]:
-    """An identity of the frozen base for checkpoints: per leaf (tree order), the float32 sum of ``|x|`` and of
-    ``x · i`` (``i`` the flat index modulo 1009, so permuted or shifted weights differ). Computed on device."""
+def base_fingerprint(params: Params) -> list[float] | None:
+    """An identity of a LoRA tree's frozen base for checkpoints (None for a tree without adapters): per base leaf
+    (tree order), the float32 sum of ``|x|`` and of ``x · i`` (``i`` the flat index modulo 1009, so permuted or shifted
+    weights differ). Computed on device."""
+    if not has_adapters(params):
+        return None
+    base = split(params)[0]
 
     @jax.jit
     def sums(tree):
