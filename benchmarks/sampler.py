@@ -31,7 +31,7 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-from jaxgrpo import models, sampling  # noqa: E402
+from jaxgrpo import models, padding, sampling  # noqa: E402
 from jaxgrpo.build import resolve_model_path  # noqa: E402
 
 
@@ -79,7 +79,7 @@ def bench_jaxgrpo(gguf, prompts, args) -> dict:
     res["tokens_per_s"] = len(prompts) * args.samples * args.new_tokens / med
     # decode roofline: each step reads every weight once, each prompt's shared prefix cache once (prompt slots Tp)
     # and every row's own decode cache (M - 1 slots, read whole each step), keys and values
-    width = sampling.prompt_bucket(max(len(p) for p in prompts))
+    width = padding.prompt_bucket(max(len(p) for p in prompts))
     slots = len(prompts) * width + len(prompts) * args.samples * (args.new_tokens - 1)
     itemsize = np.dtype(config.dtype).itemsize
     weight_bytes = models.count_params(config) * itemsize

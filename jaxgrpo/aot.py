@@ -132,7 +132,7 @@ def compile_train_step(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]
     mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
     shards = int(mesh.shape["data"] * mesh.shape["fsdp"])
     perf, _ = resolve_perf(cfg.algo, cfg.perf, num_shards=shards * int(mesh.shape["tensor"]),
-                           platform=devices[0].platform)  # fmt: skip
+                           platform=devices[0].platform, compute_dtype=mcfg.dtype)  # fmt: skip
     init_fn, step_fn = ts.make_train_step(mcfg, cfg.algo, cfg.optim, perf=perf, mesh=mesh,
                                           temperature=cfg.rollout.temperature, total_steps=cfg.train.steps)  # fmt: skip
     del init_fn
@@ -208,7 +208,8 @@ def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]) -
 
     m, r = cfg.mesh, cfg.rollout
     mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
-    perf, _ = resolve_perf(cfg.algo, cfg.perf, num_shards=len(devices), platform=devices[0].platform)
+    perf, _ = resolve_perf(cfg.algo, cfg.perf, num_shards=len(devices), platform=devices[0].platform,
+                           compute_dtype=mcfg.dtype)
     mode, shards = _sampler_mode(cfg, mcfg, mesh, record=perf.reuse_projections)
     num_prompts = padding.batch_bucket(r.prompts_per_step, shards)
     width = padding.prompt_bucket(cfg.data.max_prompt_tokens)

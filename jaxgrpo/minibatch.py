@@ -68,7 +68,8 @@ class StepParts:
         self.config, self.algo, self.mesh, self.temperature = model_config, algo, mesh, float(temperature)
         self.axis_name = BATCH_AXES if mesh is not None else None
         self.num_shards = 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
-        self.perf, _ = resolve_perf(algo, perf, num_shards=self.num_shards, platform=platform_of(mesh))
+        self.perf, _ = resolve_perf(algo, perf, num_shards=self.num_shards, platform=platform_of(mesh),
+                                   compute_dtype=model_config.dtype)
         self.nm, self.ga = int(algo.num_minibatches), int(algo.grad_accum_steps)
         self.splits = self.nm * self.ga
         self.drop_degenerate = algo.degenerate_groups in ("mask", "resample")

@@ -14,15 +14,18 @@ from jaxgrpo import padding
 from jaxgrpo.config import AlgoConfig, PerfConfig
 
 
-def resolve_perf(algo: AlgoConfig, perf: PerfConfig, *, num_shards: int, platform: str) -> tuple[PerfConfig, list[str]]:
+def resolve_perf(
+    algo: AlgoConfig, perf: PerfConfig, *, num_shards: int, platform: str, compute_dtype: str = "float32"
+) -> tuple[PerfConfig, list[str]]:
     """The performance switches that apply to this run, and one note per requested switch that does not.
 
     The one place that decides them: ``perf.reuse_projections`` (the sampler's recorded projections stand for the
     step's forward only with prefix sharing, one optimizer update per rollout -- at the parameters that sampled it --
     and one batch shard; the trainer also drops it with ``remat="full"``, which trades that memory away, and with
     dynamic sampling, whose merged rounds carry no record); ``perf.prompt_packing`` (needs prefix sharing);
-    ``perf.matmul_backward="auto"`` (explicit on ``platform == "cpu"``, XLA's own elsewhere); ``perf.attention="auto"``
-    (dense on CPU, chunked elsewhere)."""
+    ``perf.matmul_backward="auto"`` (explicit on ``platform == "cpu"``, XLA's own elsewhere); ``perf.attention``
+    ("auto": dense on CPU, cudnn on a GPU computing in bfloat16/float16, chunked otherwise; "cudnn" elsewhere falls
+    back to chunked: cuDNN's flash attention exists on NVIDIA GPUs for 16-bit inputs only)."""
     notes, changes = [], {}
     updates = algo.num_iterations * algo.num_minibatches * algo.grad_accum_steps
     if perf.reuse_projections:
@@ -42,8 +45,13 @@ def resolve_perf(algo: AlgoConfig, perf: PerfConfig, *, num_shards: int, platfor
         notes.append("perf.prompt_packing=true does not apply: it packs the shared prompts of perf.prefix_sharing")
     if perf.matmul_backward == "auto":
         changes["matmul_backward"] = "explicit" if platform == "cpu" else "xla"
+    fused_ok = platform in ("gpu", "cuda") and compute_dtype in ("bfloat16", "float16")
     if perf.attention == "auto":
-        changes["attention"] = "dense" if platform == "cpu" else "chunked"
+        changes["attention"] = "dense" if platform == "cpu" else "cudnn" if fused_ok else "chunked"
+    elif perf.attention == "cudnn" and not fused_ok and platform != "any":
+        changes["attention"] = "chunked"
+        notes.append(f'perf.attention="cudnn" does not apply: it needs an NVIDIA GPU and model.dtype bfloat16 or '
+                     f"float16 (here {platform}, {compute_dtype}); using the chunked attention")
     return dataclasses.replace(perf, **changes), notes
 
 

@@ -92,8 +92,9 @@ class Trainer:
         self.eos_token_ids = build.eos_ids(self.model_config, self.tokenizer)
         # The perf switches that apply to this run; the sampler records its projections only on one device
         # (`generate` records unsharded arrays), so every device of the mesh counts as a shard here.
-        self.perf, self.perf_notes = ts.resolve_perf(cfg.algo, cfg.perf, num_shards=m.data * m.fsdp * m.tensor,
-                                                     platform=jax.default_backend())
+        self.perf, self.perf_notes = ts.resolve_perf(
+            cfg.algo, cfg.perf, num_shards=m.data * m.fsdp * m.tensor, platform=jax.default_backend(),
+            compute_dtype=self.model_config.dtype)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
 
         examples = data_lib.load_dataset(cfg.data, cfg.seed)

@@ -1,6 +1,9 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
 """Memory-efficient (online-softmax, key-chunked) attention equals the plain kernels of `models.attention`, in values
-and gradients, with padding, GQA, chunks that do not divide the key length, and queries that see no key."""
+and gradients, with padding, GQA, chunks that do not divide the key length, and queries that see no key. The cuDNN
+kernel's masks and layout (`attention.attend_fused`) are checked the same way through `jax.nn.dot_product_attention`'s
+XLA implementation (cuDNN itself needs a GPU: `benchmarks/gpu.py` compares it with the plain kernel there), and
+`perf.resolve_perf` picks it only where it exists."""
 
 from __future__ import annotations
 
@@ -92,3 +95,52 @@ def test_train_step_with_chunked_attention_equals_dense(prefix_sharing):
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
         assert rel_err(a, b) < 1e-5
     assert float(jnp.abs(jax.tree.leaves(g0)[0]).max()) > 0
+
+
+def test_fused_kernel_equals_plain_attention():
+    """`attention.causal` and `attention.shared_prefix` with kind "cudnn" (its masks, GQA head layout, repeated prefix
+    and zeroed key-less queries) through the XLA implementation of `jax.nn.dot_product_attention`."""
+    from jaxgrpo.models.layers import LayerContext
+
+    fused = attention.Kernel("cudnn", implementation="xla")
+    B, T, K, R, H = 3, 7, 2, 2, 8
+    ks = jax.random.split(jax.random.key(2), 3)
+    q = jax.random.normal(ks[0], (B, T, K, R, H))
+    k, v = jax.random.normal(ks[1], (B, T, K, H)), jax.random.normal(ks[2], (B, T, K, H))
+    valid = np.ones((B, T), bool)
+    valid[1, :3] = False
+    valid[2, 5:] = False
+    ctx = LayerContext(index=jnp.zeros((), jnp.int32), state=None, inputs=None, earlier=())
+    plain = lambda q, k, v: attention.causal(jnp.asarray(valid))(q, k, v, ctx)[0]  # noqa: E731
+    fast = lambda q, k, v: attention.causal(jnp.asarray(valid), fused)(q, k, v, ctx)[0]  # noqa: E731
+    out = jax.jit(fast)(q, k, v)
+    np.testing.assert_array_equal(out[1, :3], 0.0)
+    assert rel_err(out, plain(q, k, v)) < 1e-5
+    for a, b in zip(jax.jit(lambda *x: _grads(fast, x))(q, k, v), _grads(plain, (q, k, v))):
+        assert rel_err(a, b) < 1e-5
+
+    P, G, Tp = 1, 3, 4
+    kp, vp = jax.random.normal(ks[1], (P, K, Tp, H)), jax.random.normal(ks[2], (P, K, H, Tp))
+    pmask = jnp.asarray([[False, True, True, True]])
+    shared = lambda kernel: lambda q, k, v, kp, vp: attention.shared_prefix(  # noqa: E731
+        pmask, jnp.asarray(valid), kernel)(q, k, v, ctx._replace(earlier=((kp, vp),)))[0]
+    args = (q, k, v, kp, vp)
+    assert rel_err(jax.jit(shared(fused))(*args), shared(attention.DENSE)(*args)) < 1e-5
+    for a, b in zip(jax.jit(lambda *x: _grads(shared(fused), x))(*args), _grads(shared(attention.DENSE), args)):
+        assert rel_err(a, b) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "platform, dtype, requested, expected",
+    [("cpu", "float32", "auto", "dense"), ("gpu", "bfloat16", "auto", "cudnn"), ("gpu", "float32", "auto", "chunked"),
+     ("tpu", "bfloat16", "auto", "chunked"), ("gpu", "float16", "cudnn", "cudnn"), ("tpu", "bfloat16", "cudnn", "chunked"),
+     ("cpu", "float32", "chunked", "chunked")],
+)  # fmt: skip
+def test_resolve_attention_kernel(platform, dtype, requested, expected):
+    from jaxgrpo.config import AlgoConfig, PerfConfig
+    from jaxgrpo.perf import resolve_perf
+
+    perf, notes = resolve_perf(AlgoConfig(), PerfConfig(attention=requested), num_shards=1, platform=platform,
+                               compute_dtype=dtype)  # fmt: skip
+    assert perf.attention == expected
+    assert any("perf.attention" in n for n in notes) == (requested == "cudnn" and expected != "cudnn")

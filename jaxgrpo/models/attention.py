@@ -6,6 +6,9 @@ Two kernels::
     attend                 softmax(q k^T / sqrt(H) + mask) v over one key set per row           (the reference)
     attend_shared_prefix   one softmax over [the keys of the row's prompt (shared by its G rows) ; the row's own keys]
 
+and, for the train step on accelerators, the same through `jaxgrpo.models.chunked` (online softmax, any backend) or
+`attend_fused` (cuDNN flash attention on a GPU), chosen by a `Kernel`.
+
 and the attention functions built on them, each with `jaxgrpo.models.layers`' calling convention
 ``(q [B,T,K,R,H], k [B,T,K,H], v [B,T,K,H], ctx) -> (a [B,T,K,R,H], state, out)``:
 
@@ -35,23 +38,30 @@ import jax.numpy as jnp
 from jaxgrpo.models.chunked import attend_chunked, attend_shared_prefix_chunked
 from jaxgrpo.models.layers import Attention, LayerContext
 
-# Which kernel the training/prefill attention uses: "dense" materializes each row's [T, S] scores (fastest on XLA:CPU
-# at the sizes jaxgrpo trains there); "chunked" never does (`jaxgrpo.models.chunked`: online softmax over key chunks,
-# the accelerator path); "auto" = dense on CPU, chunked elsewhere (resolved by `jaxgrpo.perf.resolve_perf`).
-AttentionKind = Literal["auto", "dense", "chunked"]
+# Which kernel the training attention uses: "dense" materializes each row's [T, S] scores (fastest on XLA:CPU at the
+# sizes jaxgrpo trains there); "chunked" never does (`jaxgrpo.models.chunked`: online softmax over key chunks, XLA on
+# any backend); "cudnn" is cuDNN's fused flash attention through `jax.nn.dot_product_attention` (GPU, bfloat16 or
+# float16 compute); "auto" = dense on CPU, cudnn on a GPU computing in 16 bits, chunked otherwise (resolved by
+# `jaxgrpo.perf.resolve_perf`).
+AttentionKind = Literal["auto", "dense", "chunked", "cudnn"]
 ATTENTION_KINDS: tuple[str, ...] = AttentionKind.__args__
 
 
 @dataclasses.dataclass(frozen=True)
 class Kernel:
-    """A resolved attention kernel: ``kind`` "dense" or "chunked", ``chunk`` keys per chunk (chunked only)."""
+    """A resolved attention kernel: ``kind`` "dense", "chunked" or "cudnn"; ``chunk`` keys per chunk (chunked only);
+    ``implementation`` the `jax.nn.dot_product_attention` implementation of kind "cudnn" ("xla" runs the same masks
+    and layout through XLA on any backend: how its tests check them on CPU)."""
 
     kind: str = "dense"
     chunk: int = 512
+    implementation: str = "cudnn"
 
     def __post_init__(self) -> None:
-        if self.kind not in ("dense", "chunked") or self.chunk < 1:
-            raise ValueError(f"attention kernel {self!r}: kind must be 'dense' or 'chunked' and chunk >= 1")
+        if self.kind not in ("dense", "chunked", "cudnn") or self.chunk < 1 or self.implementation not in ("cudnn",
+                                                                                                           "xla"):
+            raise ValueError(f"attention kernel {self!r}: kind must be 'dense', 'chunked' or 'cudnn', chunk >= 1, "
+                             "implementation 'cudnn' or 'xla'")
 
 
 DENSE = Kernel()
@@ -76,6 +86,23 @@ def attend(q_BTKRH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask_BTS: j
     p_BKRTS = jax.nn.softmax(s_BKRTS, axis=-1)
     p_BKRTS = jnp.where(jnp.any(m_B11TS, axis=-1, keepdims=True), p_BKRTS, 0.0)  # fully masked row -> 0, not NaN
     return jnp.einsum("bkrts,bskh->btkrh", p_BKRTS.astype(v_BSKH.dtype), v_BSKH)
+
+
+def attend_fused(q_BTKRH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask_BTS: jax.Array, *,
+                 causal: bool, implementation: str = "cudnn") -> jax.Array:
+    """`attend` through `jax.nn.dot_product_attention` (cuDNN's flash attention with ``implementation="cudnn"``):
+    ``causal`` adds the mask ``key <= query`` (and lets cuDNN skip the blocks above the diagonal) to ``mask_BTS``.
+
+    cuDNN takes the mask as an additive bias ``[B, 1, T, S]`` in the compute dtype (one score-sized array per row, not
+    per head; no float32 scores) and gives a query with no visible key the mean of the values: those outputs are set
+    to 0 here, as `attend` does. Query heads ``k * R + r`` read kv head ``k``, jax's grouped-query convention."""
+    B, T, K, R, H = q_BTKRH.shape
+    a = jax.nn.dot_product_attention(q_BTKRH.reshape(B, T, K * R, H), k_BSKH, v_BSKH, mask=mask_BTS[:, None],
+                                     is_causal=causal, implementation=implementation)  # fmt: skip
+    if causal:  # only keys s <= t count (an iota comparison fused into the reduction: nothing [T, S] is stored)
+        mask_BTS = mask_BTS & (jnp.arange(mask_BTS.shape[2])[None, None, :] <= jnp.arange(T)[None, :, None])
+    visible = jnp.any(mask_BTS, axis=-1)
+    return jnp.where(visible[:, :, None, None], a, 0).reshape(B, T, K, R, H)
 
 
 def kv_major(k_BSKH: jax.Array, v_BSKH: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -151,6 +178,9 @@ def _causal_attend(q, k, v, mask_BT: jax.Array, kernel: Kernel) -> jax.Array:
     """Causal attention of each row over its own real keys (``mask [B, T]``) with ``kernel``."""
     if kernel.kind == "dense":
         return attend(q, k, v, causal_mask(mask_BT))
+    if kernel.kind == "cudnn":
+        keys = jnp.broadcast_to(mask_BT.astype(bool)[:, None, :], (*mask_BT.shape, mask_BT.shape[1]))
+        return attend_fused(q, k, v, keys, causal=True, implementation=kernel.implementation)
     pos = jnp.broadcast_to(jnp.arange(mask_BT.shape[1], dtype=jnp.int32), mask_BT.shape)
     return attend_chunked(q, k, v, mask_BT.astype(bool), pos, pos, kernel.chunk)
 
@@ -202,11 +232,26 @@ def shared_prefix(prefix_mask_PS: jax.Array, mask_BT: jax.Array, kernel: Kernel 
         kp, vp = ctx.earlier[0]
         if kernel.kind == "dense":
             a = attend_shared_prefix(q, kp, vp, prefix_mask_PS, *kv_major(k, v), causal_mask(mask_BT))
+        elif kernel.kind == "cudnn":
+            a = _shared_prefix_fused(q, k, v, kp, vp, prefix_mask_PS, mask_BT, kernel.implementation)
         else:
             a = attend_shared_prefix_chunked(q, kp, vp, prefix_mask_PS, *kv_major(k, v), mask_BT, kernel.chunk)
         return a, ctx.state, None
 
     return fn
+
+
+def _shared_prefix_fused(q, k, v, kp_PKSH, vp_PKHS, prefix_mask_PS, mask_BT, implementation: str) -> jax.Array:
+    """`shared_prefix`'s attention through `attend_fused`: the prompt's keys/values are repeated for its G rows and put
+    before the row's own (``[B, Tp + T, K, H]``: keys and values only, not scores), one mask over both parts."""
+    B, T = mask_BT.shape
+    P, Tp = prefix_mask_PS.shape
+    kp = jnp.repeat(kp_PKSH.transpose(0, 2, 1, 3), B // P, axis=0).astype(k.dtype)  # [B, Tp, K, H]
+    vp = jnp.repeat(vp_PKHS.transpose(0, 3, 1, 2), B // P, axis=0).astype(v.dtype)
+    prefix = jnp.broadcast_to(jnp.repeat(prefix_mask_PS.astype(bool), B // P, axis=0)[:, None, :], (B, T, Tp))
+    mask = jnp.concatenate([prefix, causal_mask(mask_BT)], axis=-1)
+    return attend_fused(q, jnp.concatenate([kp, k], axis=1), jnp.concatenate([vp, v], axis=1), mask, causal=False,
+                        implementation=implementation)
 
 
 def cached_shared_prefix(prefix_mask_PS: jax.Array, mask_BTM: jax.Array, start: jax.Array) -> Attention:

@@ -1,0 +1,218 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""GPU benchmark: train-step MFU and decode throughput against the HBM roofline, Qwen2.5-0.5B shape, bfloat16.
+
+Model: `models.get_preset("qwen2.5-0.5b")` (24 layers, hidden 896, 14/2 heads of 64, vocab 151936, tied embeddings)
+with random weights: float32 masters, bfloat16 compute (``model.dtype``), as the packaged Qwen config trains.
+Speed does not depend on the weights' values, only on the shapes. Three parts, each optional (``--parts``):
+
+* ``check``: the cuDNN attention kernel against the plain one on the GPU: loss and gradients of one policy-gradient
+  step of a 4-layer bf16 model at this shape, ``perf.attention`` dense vs chunked vs cudnn, prefix sharing on and off.
+* ``train``: one train step of ``configs/qwen2.5-0.5b-instruct_gsm8k.yaml``'s rollout (P prompts x G samples,
+  prompts of ``--prompt-len`` tokens at most, left-padded, random lengths in [len/2, len]; completions of
+  ``--completion-len`` tokens, random lengths in [len/2, len]; binary rewards; gradient accumulation as configured)
+  for each ``--attention`` kind and ``--remat`` policy: jitted step (state donated), ``--repeats`` timed steps after
+  one warm-up (compile) step; the median is reported. Model FLOPs per step are counted from the shapes
+  (`jaxgrpo.aot.train_step_flops`, remat recomputation not counted) and MFU = FLOPs / step time / peak, with the
+  chip's dense bf16 peak (`aot.CHIPS`).
+* ``decode``: `sampling.generate` of ``--decode-prompts`` prompts x G samples; no EOS, so every row runs the full
+  length. Decode-only step time = (time for N2 new tokens - time for N1) / (N2 - N1), which removes the prefill and
+  the fixed per-call costs. HBM roofline of a decode step: every weight read once (bf16) plus the KV cache slots
+  attended (each prompt's shared prefix once, each row's own completion keys/values), at the chip's bandwidth.
+
+Writes one JSON (``--out``), printing a table. Run on the GPU: ``python benchmarks/gpu.py --out results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a checkout without installing
+
+from jaxgrpo import aot, models, padding, sampling  # noqa: E402
+from jaxgrpo import config as config_lib  # noqa: E402
+from jaxgrpo import train_step as ts  # noqa: E402
+from jaxgrpo.config import AlgoConfig, PerfConfig  # noqa: E402
+
+LAYERS = [24]  # the preset's depth; --layers overrides it (a quick run of the script itself on any backend)
+CONFIG = REPO / "jaxgrpo" / "configs" / "qwen2.5-0.5b-instruct_gsm8k.yaml"
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def make_batch(P: int, G: int, Tp: int, Tc: int, vocab: int, seed: int = 0) -> ts.Batch:
+    rng = np.random.default_rng(seed)
+    B = P * G
+    plen = rng.integers(Tp // 2, Tp + 1, size=P).repeat(G)
+    clen = rng.integers(Tc // 2, Tc + 1, size=B)
+    prompt_mask = np.arange(Tp)[None] >= (Tp - plen)[:, None]
+    completion_mask = np.arange(Tc)[None] < clen[:, None]
+    prompts = rng.integers(3, vocab, size=(P, Tp)).repeat(G, axis=0)
+    completions = rng.integers(3, vocab, size=(B, Tc))
+    tokens = np.concatenate([np.where(prompt_mask, prompts, 0), np.where(completion_mask, completions, 0)], 1)
+    rewards = rng.integers(0, 2, size=(P, G)).astype(np.float32)
+    rewards[:, 0], rewards[:, 1] = 1.0, 0.0  # every group informative
+    old = np.where(completion_mask, -rng.exponential(2.0, size=(B, Tc)), 0.0).astype(np.float32)
+    return ts.Batch(tokens=tokens.astype(np.int32), prompt_mask=prompt_mask, completion_mask=completion_mask,
+                    rewards=rewards, valid=np.ones((P, G), bool), old_logprobs=old)  # fmt: skip
+
+
+def part_check(cfg: config_lib.Config) -> dict:
+    """Loss and gradient of the dense, chunked and cuDNN attention in one bf16 policy-gradient step."""
+    mcfg = models.get_preset("qwen2.5-0.5b", dtype="bfloat16").replace(num_layers=min(4, LAYERS[0]))
+    params = models.init_params(mcfg, jax.random.key(0))
+    batch = make_batch(4, 4, 96, 128, mcfg.vocab_size)
+    out = {}
+    for sharing in (True, False):
+        res = {}
+        for kind in ("dense", "chunked", "cudnn"):
+            perf = PerfConfig(attention=kind, prefix_sharing=sharing, prompt_packing=False)
+            fn = jax.jit(lambda p, b, perf=perf: ts.policy_gradient(mcfg, AlgoConfig(), p, b, perf=perf,
+                                                                    temperature=1.0)[:2])  # fmt: skip
+            res[kind] = jax.device_get(fn(params, batch))
+        ref_loss, ref_grad = res["dense"]
+        for kind in ("chunked", "cudnn"):
+            loss, grad = res[kind]
+            num = sum(float(np.sum((np.float32(a) - np.float32(b)) ** 2))
+                      for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(ref_grad)))  # fmt: skip
+            den = sum(float(np.sum(np.float32(b) ** 2)) for b in jax.tree.leaves(ref_grad))
+            out[f"{kind}_vs_dense_prefix{int(sharing)}"] = {
+                "loss": float(loss), "dense_loss": float(ref_loss), "grad_rel_err": (num / den) ** 0.5}
+            _log(f"check prefix_sharing={sharing} {kind}: loss {float(loss):.6f} vs dense {float(ref_loss):.6f}, "
+                 f"grad rel err {(num / den) ** 0.5:.2e}")  # fmt: skip
+    return out
+
+
+def part_train(cfg: config_lib.Config, args: argparse.Namespace, chip: aot.Chip) -> dict:
+    mcfg = models.get_preset("qwen2.5-0.5b", dtype="bfloat16").replace(num_layers=LAYERS[0])
+    r = cfg.rollout
+    P, G = r.prompts_per_step, r.group_size
+    batch = jax.device_put(make_batch(P, G, args.prompt_len, args.completion_len, mcfg.vocab_size))
+    lengths = np.asarray(batch.prompt_mask)[::G].sum(1)
+    out = {}
+    for kind in args.attention:
+        for remat in args.remat:
+            perf = PerfConfig(attention=kind, remat=remat)
+            run_cfg = dataclasses.replace(cfg, perf=perf, rollout=dataclasses.replace(
+                r, max_new_tokens=args.completion_len))
+            width = ts.packed_prompt_width(lengths, args.prompt_len, cfg.algo, perf)
+            init_fn, step_fn = ts.make_train_step(mcfg, cfg.algo, cfg.optim, perf=perf, temperature=1.0,
+                                                  total_steps=cfg.train.steps)  # fmt: skip
+            name = f"{kind}/{remat}"
+            try:
+                state = init_fn(models.init_params(mcfg, jax.random.key(0)), jax.random.key(1))
+                t0 = time.perf_counter()
+                state, m = step_fn(state, batch, packed_prompt_width=width)
+                jax.block_until_ready(m)
+                first = time.perf_counter() - t0
+                times = []
+                for _ in range(args.repeats):
+                    t0 = time.perf_counter()
+                    state, m = step_fn(state, batch, packed_prompt_width=width)
+                    jax.block_until_ready(m)
+                    times.append(time.perf_counter() - t0)
+            except Exception as e:  # noqa: BLE001 -- e.g. out of memory at remat=none: recorded, not fatal
+                out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                _log(f"train {name}: FAILED {out[name]['error']}")
+                continue
+            finally:
+                state = None
+            step_s = statistics.median(times)
+            prompt_tokens = int(lengths.sum()) if width else 0  # packed prompts: the decoder runs their real tokens
+            no_remat = dataclasses.replace(run_cfg, perf=dataclasses.replace(run_cfg.perf, remat="none"))
+            flops = aot.train_step_flops(no_remat, mcfg, args.prompt_len, prompt_tokens)  # model FLOPs: no recompute
+            tokens = int(np.asarray(batch.prompt_mask).sum() + np.asarray(batch.completion_mask).sum())
+            stats = jax.devices()[0].memory_stats() or {}
+            out[name] = {"first_step_s": first, "step_s": times, "median_step_s": step_s, "model_flops": flops,
+                         "mfu": flops / step_s / chip.peak_flops, "tokens_per_s": tokens / step_s,
+                         "packed_prompt_width": int(width),
+                         "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
+                         "loss": float(m["loss"])}  # fmt: skip
+            _log(f"train {name}: {step_s:.3f} s/step (first {first:.1f} s), {out[name]['tokens_per_s']:.0f} tokens/s, "
+                 f"MFU {out[name]['mfu']:.3f}, peak {stats.get('peak_bytes_in_use', 0) / 2**30:.1f} GiB")
+    return out
+
+
+def part_decode(args: argparse.Namespace, chip: aot.Chip) -> dict:
+    mcfg = models.get_preset("qwen2.5-0.5b", dtype="bfloat16").replace(num_layers=LAYERS[0])
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), models.init_params(mcfg, jax.random.key(0)))
+    rng = np.random.default_rng(0)
+    P, G = args.decode_prompts, args.decode_group
+    prompts = [list(rng.integers(3, mcfg.vocab_size, size=int(n))) for n in rng.integers(64, 129, size=P)]
+    n1, n2 = args.decode_tokens
+    times = {}
+    for n in (n1, n2):
+        kw = dict(num_samples=G, max_new_tokens=n, temperature=1.0, eos_token_ids=())
+        jax.block_until_ready(sampling.generate(mcfg, params, prompts, key=jax.random.key(0), **kw))  # compile
+        ts_ = []
+        for i in range(args.repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(sampling.generate(mcfg, params, prompts, key=jax.random.key(i + 1), **kw))
+            ts_.append(time.perf_counter() - t0)
+        times[n] = statistics.median(ts_)
+        _log(f"decode {P}x{G} rows, {n} new tokens: {times[n]:.3f} s ({P * G * n / times[n]:.0f} tokens/s)")
+    step_s = (times[n2] - times[n1]) / (n2 - n1)
+    width = padding.prompt_bucket(max(len(p) for p in prompts))
+    mean_slots = P * width + P * G * (n1 + n2) / 2  # KV slots attended at the average decode step of the span
+    kv_bytes = 2 * mcfg.num_layers * mean_slots * mcfg.num_kv_heads * mcfg.head_dim * 2
+    weight_bytes = models.count_params(mcfg) * 2
+    roofline_s = (weight_bytes + kv_bytes) / chip.hbm_bandwidth
+    return {"rows": P * G, "prompt_width": width, "new_tokens": [n1, n2],
+            "median_s": {str(k): v for k, v in times.items()},
+            "decode_step_s": step_s, "decode_tokens_per_s": P * G / step_s, "weight_bytes": weight_bytes,
+            "kv_bytes_mean": kv_bytes, "roofline_step_s": roofline_s, "roofline_fraction": roofline_s / step_s,
+            "end_to_end_tokens_per_s": P * G * n2 / times[n2]}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--parts", nargs="+", default=["check", "train", "decode"], choices=["check", "train", "decode"])
+    ap.add_argument("--attention", nargs="+", default=["cudnn", "chunked"])
+    ap.add_argument("--remat", nargs="+", default=["projections"])
+    ap.add_argument("--prompt-len", type=int, default=384)
+    ap.add_argument("--completion-len", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--decode-prompts", type=int, default=32)
+    ap.add_argument("--decode-group", type=int, default=8)
+    ap.add_argument("--decode-tokens", type=int, nargs=2, default=[128, 384])
+    ap.add_argument("--layers", type=int, default=24, help="model depth (24 = Qwen2.5-0.5B)")
+    ap.add_argument("--prompts", type=int, default=0, help="P of the train step (0 = the config's)")
+    ap.add_argument("--chip", default="h100", choices=sorted(aot.CHIPS))
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "gpu.json"))
+    args = ap.parse_args()
+    LAYERS[0] = args.layers
+    cfg = config_lib.load_config(str(CONFIG), [f"rollout.prompts_per_step={args.prompts}"] if args.prompts else [])
+    chip = aot.CHIPS[args.chip]
+    res = {"device": str(jax.devices()[0].device_kind), "jax": jax.__version__, "chip_figures": args.chip,
+           "command": "python benchmarks/gpu.py " + " ".join(sys.argv[1:]),
+           "train_shape": {"P": cfg.rollout.prompts_per_step, "G": cfg.rollout.group_size,
+                           "prompt_len": args.prompt_len, "completion_len": args.completion_len,
+                           "grad_accum": cfg.algo.grad_accum_steps}}  # fmt: skip
+    if "check" in args.parts:
+        res["check"] = part_check(cfg)
+    if "train" in args.parts:
+        res["train"] = part_train(cfg, args, chip)
+    if "decode" in args.parts:
+        res["decode"] = part_decode(args, chip)
+        d = res["decode"]
+        _log(f"decode step {d['decode_step_s'] * 1e3:.2f} ms = {d['decode_tokens_per_s']:.0f} tokens/s; roofline "
+             f"{d['roofline_step_s'] * 1e3:.2f} ms ({d['roofline_fraction']:.2f} of it)")
+    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    pathlib.Path(args.out).write_text(json.dumps(res, indent=1))
+    _log(f"written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
