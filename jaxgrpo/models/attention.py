@@ -97,8 +97,14 @@ def attend_fused(q_BTKRH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask_
     per head; no float32 scores) and gives a query with no visible key the mean of the values: those outputs are set
     to 0 here, as `attend` does. Query heads ``k * R + r`` read kv head ``k``, jax's grouped-query convention."""
     B, T, K, R, H = q_BTKRH.shape
-    a = jax.nn.dot_product_attention(q_BTKRH.reshape(B, T, K * R, H), k_BSKH, v_BSKH, mask=mask_BTS[:, None],
-                                     is_causal=causal, implementation=implementation)  # fmt: skip
+    S = k_BSKH.shape[1]
+    # cuDNN trains with a bias only at even lengths: pad queries and keys by one (masked) where odd
+    pt, ps = T % 2, S % 2
+    q, k, v = (jnp.pad(x, ((0, 0), (0, p), (0, 0), (0, 0))) for x, p in ((q_BTKRH.reshape(B, T, K * R, H), pt),
+                                                                         (k_BSKH, ps), (v_BSKH, ps)))  # fmt: skip
+    mask = jnp.pad(mask_BTS, ((0, 0), (0, pt), (0, ps)))
+    a = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], is_causal=causal, implementation=implementation)
+    a = a[:, :T]
     if causal:  # only keys s <= t count (an iota comparison fused into the reduction: nothing [T, S] is stored)
         mask_BTS = mask_BTS & (jnp.arange(mask_BTS.shape[2])[None, None, :] <= jnp.arange(T)[None, :, None])
     visible = jnp.any(mask_BTS, axis=-1)
