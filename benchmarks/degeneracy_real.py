@@ -12,6 +12,7 @@
 * ``matched-g4-a``, ``matched-g4-b``, ``matched-g8-a``, ``matched-g8-b``: the training runs on the matched level
   (`parts`), each part a list of (arm, seed) runs; ``all`` runs these four in turn. ``hard-g4`` (grpo, resample and
   sign on the too-hard level) is an extra part outside the 3-hour budget;
+* ``base-retain``: the base model's accuracy on the runs' retention sets (``<out>/base_retain.json``);
 * ``summary``: aggregates every finished run into ``<out>/grid_summary.json`` and ``<out>/grid_curves.csv``.
 
 Arms (`ARMS`): grpo, dr_grpo, sign, grpo + mask (``algo.degenerate_groups=mask``), grpo + resample (DAPO's dynamic
@@ -64,6 +65,7 @@ import jax
 import numpy as np
 
 from jaxgrpo import config as config_lib
+from jaxgrpo import data as data_lib
 from jaxgrpo import eval as eval_lib
 from jaxgrpo import metrics_log
 from jaxgrpo import trainer as trainer_lib
@@ -253,9 +255,35 @@ def _ci95(x: np.ndarray) -> list[float] | None:
     return [float(x.mean() - half), float(x.mean() + half)]
 
 
+def base_retain(grid: Grid) -> dict[str, Any]:
+    """The pretrained policy's accuracy on each retention set of the runs (`run_config`'s ``train.retain``): the
+    level the runs start from, so ``retain/*`` curves read as gains or losses. ``BASE_SAMPLES`` samples per prompt
+    (the runs measure G), the rollout's sampler settings and the set's reward, as the trainer measures it."""
+    from jaxgrpo import retain as retain_lib
+
+    cfg = run_config(RunSpec("base", "grpo", 0, grid.matched, 4), grid)
+    policy = eval_lib.load_policy_for_eval(cfg, None, None)
+    out = {}
+    for i, rs in enumerate(retain_lib.resolve(cfg)):
+        res = eval_lib.evaluate(policy.model_config, policy.params, policy.tokenizer,
+                                data_lib.load_dataset(rs.data, cfg.seed), rs.reward, num_samples=BASE_SAMPLES,
+                                group_sizes=[], key=jax.random.key(100 + i), max_new_tokens=MAX_NEW_TOKENS,
+                                temperature=1.0, data_config=rs.data)  # fmt: skip
+        out[f"retain/{rs.name}/accuracy"] = {"accuracy": res["mean_success_rate"], "samples": BASE_SAMPLES,
+                                             "prompts": len(res["success_counts"])}  # fmt: skip
+        print(f"base retain/{rs.name}: {res['mean_success_rate']:.3f}", file=sys.stderr)
+    return out
+
+
+RETAIN_COLUMNS = ("retain/easy/accuracy", "retain/products/accuracy")
+CURVE_COLUMNS = ("reward/mean", "degeneracy/all_fail", "degeneracy/collapse_rate", "degeneracy/iid_rate",
+                 "diversity/distinct_frac", "diversity/entropy", "tokens/sampled_total", *RETAIN_COLUMNS)
+
+
 def summary(root: pathlib.Path, grid: Grid) -> dict[str, Any]:
     """Aggregates finished runs: per (part, arm) held-out accuracy (mean, 95% CI over seeds), mean pass@k, the
-    Jensen gap at G, the all-fail fraction over training (in tenths of the run); curves to grid_curves.csv."""
+    Jensen gap at G, the retention sets' last accuracy; every logged step's curves (reward, all-fail fraction,
+    diversity, retention where measured) to grid_curves.csv."""
     rows, curves = [], []
     for name, specs in parts(grid).items():
         for arm in dict.fromkeys(s.arm for s in specs):
@@ -267,16 +295,22 @@ def summary(root: pathlib.Path, grid: Grid) -> dict[str, Any]:
             gap = [next(d["gap"] for d in r["heldout"]["degeneracy"] if d["group_size"] == g) for r in results]
             ks = results[0]["heldout"]["pass@k"]
             passk = {k: float(np.mean([r["heldout"]["pass@k"][k] for r in results])) for k in ks}
-            rows.append({"part": name, "arm": arm, "seeds": len(results), "accuracy_mean": float(acc.mean()),
-                         "accuracy_ci95": _ci95(acc), "pass@k": passk, "jensen_gap_heldout": float(np.mean(gap)),
-                         "steps_mean": float(np.mean([r["steps"] for r in results]))})  # fmt: skip
+            retained: dict[str, list[float]] = {}  # each retention set's last measurement, per seed
             for r in results:
                 recs = metrics_log.read_metrics(root / name / arm / f"seed{r['seed']}")
                 for rec in recs:
                     curves.append({"part": name, "arm": arm, "seed": r["seed"], "step": rec["step"],
-                                   **{k: rec.get(k, "") for k in ("reward/mean", "degeneracy/all_fail",
-                                      "degeneracy/collapse_rate", "degeneracy/iid_rate", "diversity/distinct_frac",
-                                      "diversity/entropy", "tokens/sampled_total")}})  # fmt: skip
+                                   **{k: rec.get(k, "") for k in CURVE_COLUMNS}})
+                for k in RETAIN_COLUMNS:
+                    last = [rec[k] for rec in recs if k in rec]
+                    if last:
+                        retained.setdefault(k, []).append(last[-1])
+            rows.append({"part": name, "arm": arm, "seeds": len(results), "accuracy_mean": float(acc.mean()),
+                         "accuracy_ci95": _ci95(acc), "accuracy_seeds": acc.tolist(), "pass@k": passk,
+                         "jensen_gap_heldout": float(np.mean(gap)),
+                         "steps_mean": float(np.mean([r["steps"] for r in results])),
+                         "retain_last": {k: {"mean": float(np.mean(v)), "ci95": _ci95(np.asarray(v))}
+                                         for k, v in retained.items()}})  # fmt: skip
     out = {"grid": dataclasses.asdict(grid), "arms": rows}
     _write_json(root / "grid_summary.json", out)
     if curves:
@@ -318,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
                                         None, level, 4, grid, 0) for level in (grid.matched, grid.hard)}  # fmt: skip
         _write_json(root / "base_heldout.json", out)
         return 0
+    if args.part == "base-retain":
+        _write_json(root / "base_retain.json", base_retain(grid))
+        return 0
     if args.part == "summary":
         if args.pilot:
             timing(root)
@@ -326,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in all_parts if n.startswith("matched")] if args.part == "all" else [args.part]
     for name in names:
         if name not in all_parts:
-            print(f"error: unknown part {name!r}; valid: base, base-heldout, {', '.join(all_parts)}, all, summary",
+            print(f"error: unknown part {name!r}; valid: base, base-heldout, base-retain, {', '.join(all_parts)}, all, "
+                  "summary",
                   file=sys.stderr)
             return 2
     for name in names:
