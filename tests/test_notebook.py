@@ -18,7 +18,8 @@ RESULTS = REPO / "benchmarks" / "results" / "degeneracy"
 def test_degeneracy_notebook_executes(monkeypatch, tmp_path):
     for f in ("synthetic/base.json", "synthetic/runs.csv", "synthetic/curves.csv", "synthetic/jensen_tiny.json",
               "jensen.json",
-              "real/curves.csv", "real/summary.json"):
+              "real/curves.csv", "real/summary.json", "real/base_success.json", "real/base_heldout.json",
+              "real/base_retain.json", "real/grid_summary.json", "real/grid_curves.csv"):
         assert (RESULTS / f).is_file(), f"committed result {f} is missing"
     monkeypatch.setenv("DEGENERACY_RESULTS", str(RESULTS))
     monkeypatch.setenv("DEGENERACY_FIGS", str(tmp_path))  # exercise the PNG export without touching docs/
@@ -29,5 +30,6 @@ def test_degeneracy_notebook_executes(monkeypatch, tmp_path):
     client.execute()  # raises CellExecutionError naming the failing cell
     outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "runs: regimes" in outputs and "| regime | estimator |" in outputs
-    for name in ("reward_curves", "collapse_split", "jensen", "real"):
+    assert "| G | arm | seeds | held-out accuracy |" in outputs and "| base model |" in outputs
+    for name in ("reward_curves", "collapse_split", "jensen", "real", "real_grid"):
         assert (tmp_path / f"degeneracy_{name}.png").stat().st_size > 10_000, name
