@@ -119,7 +119,7 @@ def test_fused_kernel_equals_plain_attention():
     for a, b in zip(jax.jit(lambda *x: _grads(fast, x))(q, k, v), _grads(plain, (q, k, v))):
         assert rel_err(a, b) < 1e-5
 
-    P, G, Tp = 1, 3, 4
+    P, Tp = 1, 4  # one prompt shared by the 3 rows
     kp, vp = jax.random.normal(ks[1], (P, K, Tp, H)), jax.random.normal(ks[2], (P, K, H, Tp))
     pmask = jnp.asarray([[False, True, True, True]])
     shared = lambda kernel: lambda q, k, v, kp, vp: attention.shared_prefix(  # noqa: E731
@@ -133,8 +133,8 @@ def test_fused_kernel_equals_plain_attention():
 @pytest.mark.parametrize(
     "platform, dtype, requested, expected",
     [("cpu", "float32", "auto", "dense"), ("gpu", "bfloat16", "auto", "cudnn"), ("gpu", "float32", "auto", "chunked"),
-     ("tpu", "bfloat16", "auto", "chunked"), ("gpu", "float16", "cudnn", "cudnn"), ("tpu", "bfloat16", "cudnn", "chunked"),
-     ("cpu", "float32", "chunked", "chunked")],
+     ("tpu", "bfloat16", "auto", "chunked"), ("gpu", "float16", "cudnn", "cudnn"),
+     ("tpu", "bfloat16", "cudnn", "chunked"), ("cpu", "float32", "chunked", "chunked")],
 )  # fmt: skip
 def test_resolve_attention_kernel(platform, dtype, requested, expected):
     from jaxgrpo.config import AlgoConfig, PerfConfig
