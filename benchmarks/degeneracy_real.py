@@ -30,21 +30,15 @@ never partial); an interrupted part rerun skips finished runs. A run stopped by 
 resumes from there; its checkpoints are deleted once its result is written (a SmolLM2 checkpoint with AdamW state is
 ~1.6 GB). ``--pilot`` is a tiny version (``PILOT``: two arms, one seed, a few steps) under ``<out>/pilot/``.
 
-Grid and time (2-core CPU shared with other jobs, float32, measured 2026-11-23 by ``--pilot``; files under
-``<out>/pilot/``). `GRID` is the smallest grid the study asks for: 6 arms x G in {4, 8} x 3 seeds = 36 runs of at least
-100 steps (budget 100 x 8 rows x 12 tokens = 9,600 sampled tokens), P x G = 8 (P = 2 at G = 4, P = 1 at G = 8).
-
-* one grid-shaped grpo step (``--part cpu-time``, ``pilot/cpu_time.json``): 4.5-5.0 s of process CPU time at G = 4,
-  4.4-4.5 s at G = 8 (6.4-7.2 s in an earlier, more contended measurement); wall 6.5-7.4 s at a load average of
-  ~6-7 on the 2 cores, 9-12 s at ~8-9 (``pilot/timing.json``). On an idle machine a step should take between CPU/2
-  and CPU, ~2.5-5 s; we plan with 3.5 s.
-* per run on top of the steps: the first step compiles (27 + 42 s in the pilot), two retention evaluations
-  (2 sets x 16 prompts x 4 samples), the final held-out evaluation (25 prompts x 16 samples) with the checkpoint
-  written and read back: ~2 min.
-* so one run is ~100 x 3.5 s + 2 min ~ 8 min; a part (2 arms x 3 seeds) ~ 47 min; the 6 matched parts ~ 4.7 h
-  (3.5-6 h over the range above). **This is more than the 3-hour budget**: to fit it, run ``--steps 50`` (~3 h) or
-  ``--seeds 2`` (~3.1 h), or accept ~5 h; the step count and the seeds are the two knobs (P is already at its minimum
-  for G = 8). ``hard-g4`` adds 9 runs (~1.2 h).
+Grid and time (2-core CPU, float32). `GRID` is the smallest grid the study asks for: 6 arms x G in {4, 8} x 3 seeds
+= 36 runs of at least 100 steps (budget 100 x 16 rows x 12 tokens = 19,200 sampled tokens), P x G = 16 (P = 4 at
+G = 4, P = 2 at G = 8). The ``--pilot`` plan (files under ``<out>/pilot/``: ~3.5 s per step at 8 rows) underestimated
+it. Measured on the finished runs (``result.json``: ``step_s_median``, ``total_wall_s``): 125-138 steps of 3.0-3.9 s
+on a quiet machine, 6-9 s beside other jobs, so one run (compilation, two retention evaluations and the held-out
+evaluation included) takes 7-14 min quiet and up to 23 min under load; a part (2 arms x 3 seeds) ~1 h quiet. The 6
+matched parts take ~6 h and ``hard-g4`` (9 runs) ~1.5 h: **more than the 3-hour budget**. The knobs are the step
+count (``--steps``) and the seeds (``--seeds``); P is at its minimum for G = 8. On the H100 of BENCHMARKS.md §9
+a 30-step bfloat16 run of this shape (16 rows x 12 tokens) took ~45 s, compilation included.
 """
 
 from __future__ import annotations
