@@ -138,10 +138,11 @@ def part_train(cfg: config_lib.Config, args: argparse.Namespace, chip: aot.Chip)
             out[name] = {"first_step_s": first, "step_s": times, "median_step_s": step_s, "model_flops": flops,
                          "mfu": flops / step_s / chip.peak_flops, "tokens_per_s": tokens / step_s,
                          "packed_prompt_width": int(width),
-                         "peak_bytes_in_use": stats.get("peak_bytes_in_use"),
+                         # the process's peak so far: this configuration's own only for the first one run
+                         "process_peak_bytes_in_use": stats.get("peak_bytes_in_use"),
                          "loss": float(m["loss"])}  # fmt: skip
             _log(f"train {name}: {step_s:.3f} s/step (first {first:.1f} s), {out[name]['tokens_per_s']:.0f} tokens/s, "
-                 f"MFU {out[name]['mfu']:.3f}, peak {stats.get('peak_bytes_in_use', 0) / 2**30:.1f} GiB")
+                 f"MFU {out[name]['mfu']:.3f}, process peak {stats.get('peak_bytes_in_use', 0) / 2**30:.1f} GiB")
     return out
 
 
