@@ -16,10 +16,10 @@ Files in the run directory:
   steps that wandb run already holds (logged after the checkpoint, then replayed identically) are not sent again.
 
 Resuming. ``MetricsLogger(run_dir, resume_step=N)`` drops every line with ``step > N`` from both JSONL files (they
-were written after the checkpoint the run resumes from, and will be written again) and tells TensorBoard to purge
-events after step N, so no step appears twice. A torn last line (process killed mid-write) is dropped too.
-A logger opened without ``resume_step`` on a run directory whose ``metrics.jsonl`` already holds records refuses to
-start rather than silently mixing two runs.
+were written after the checkpoint the run resumes from, and will be written again; ``N = 0`` drops them all) and
+tells TensorBoard to purge events after step N, so no step appears twice. A torn last line (process killed mid-
+write) is dropped too. A logger opened without ``resume_step`` on a run directory whose ``metrics.jsonl`` already
+holds records refuses to start rather than silently mixing two runs.
 
 Only JAX process 0 writes (``active`` defaults to ``jax.process_index() == 0``).
 """
@@ -136,8 +136,8 @@ class MetricsLogger:
       run_dir: the run directory (created if missing).
       tensorboard: also write TensorBoard event files under `<run_dir>/tb`.
       progress_total: show a tqdm progress bar up to this many steps (None = no bar).
-      resume_step: the step the run resumes from (the checkpoint's step; 0 = start over in this directory): later
-        records are removed. None = a fresh run directory.
+      resume_step: the step the run resumes from (the checkpoint's step): later records are removed; 0 = start over
+        in this directory (every record is removed, a step-0 one too). None = a fresh run directory.
       progress_file: where the bar is drawn (default stderr).
       active: whether this process writes (default: JAX process 0 only).
       wandb: also log to Weights & Biases (see the module docstring), in project `wandb_project` of
@@ -168,7 +168,7 @@ class MetricsLogger:
         self.run_dir = pathlib.Path(run_dir)
         self.metrics_path = self.run_dir / METRICS_FILE
         self.samples_path = self.run_dir / SAMPLES_FILE
-        self.last_step = -1 if resume_step is None else int(resume_step)
+        self.last_step = -1 if not resume_step else int(resume_step)  # None or 0: nothing logged yet
         self._writer = None
         self._bar = None
         self._wandb: Any = None
@@ -192,7 +192,7 @@ class MetricsLogger:
         if tensorboard:
             from tensorboardX import SummaryWriter
 
-            purge = None if resume_step is None else int(resume_step) + 1
+            purge = None if resume_step is None else self.last_step + 1
             # tensorboardX names files by the second; the suffix keeps a quick resume from overwriting the last file
             self._writer = SummaryWriter(
                 str(self.run_dir / TB_DIR),

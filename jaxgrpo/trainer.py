@@ -394,6 +394,8 @@ def run(cfg: config_lib.Config, run_dir: str | os.PathLike) -> list[dict[str, fl
     def finished() -> bool:
         return step >= cfg.train.steps or (budget is not None and trainer.sampled_tokens >= budget)
 
+    if step == 0 and trainer.retain_sets and cfg.train.retain_every:
+        logger.log(0, trainer.retain(0))  # step 0: the starting point of every retain/* curve, before any update
     try:
         while not finished():
             metrics = trainer.step(step)

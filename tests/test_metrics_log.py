@@ -134,6 +134,9 @@ def test_resume_from_zero_starts_over(tmp_path):
     with ml.MetricsLogger(tmp_path, tensorboard=False, resume_step=0) as log:
         log.log(1, {"x": 2.0})
     assert ml.read_metrics(tmp_path) == [{"step": 1, "x": 2.0}]
+    with ml.MetricsLogger(tmp_path, tensorboard=False, resume_step=0) as log:  # a step-0 record starts over too
+        log.log(0, {"y": 3.0})
+    assert ml.read_metrics(tmp_path) == [{"step": 0, "y": 3.0}]
 
 
 def test_progress_bar_shows_reward_collapse_speed(tmp_path):

@@ -1,7 +1,7 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
 """Capability retention (``train.retain``): the trainer's ``retain/<set>/accuracy`` equals `jaxgrpo.eval.evaluate` run
-on the same prompts, parameters (the step's checkpoint) and key; bad entries are clean config errors. The same tiny
-run checks the per-step ``diversity/*`` metrics."""
+on the same prompts, parameters (the step's checkpoint, and at step 0 the initial policy) and key; bad entries are
+clean config errors. The same tiny run checks the per-step ``diversity/*`` metrics."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import math
 import jax
 import pytest
 
+from jaxgrpo import build, metrics_log, trainer
 from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
 from jaxgrpo import eval as eval_lib
-from jaxgrpo import metrics_log, trainer
 from jaxgrpo import retain as retain_lib
 
 RUN = ["train.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=2",
@@ -29,8 +29,10 @@ def test_retain_accuracy_equals_eval_on_the_same_set_and_params(tmp_path):
     run_dir = tmp_path / "run"
     trainer.run(cfg, run_dir)
     recs = metrics_log.read_metrics(run_dir)
-    assert [r["step"] for r in recs] == [1, 2]
-    assert not any(k.startswith("retain/") for k in recs[0])  # every 2 steps only
+    assert [r["step"] for r in recs] == [0, 1, 2]
+    base, recs = recs[0], recs[1:]  # step 0: the retention sets before any update, and nothing else
+    assert sorted(base) == ["retain/copy/accuracy", "retain/sums/accuracy", "step"]
+    assert not any(k.startswith("retain/") for k in recs[0])  # then every 2 steps
     sets = retain_lib.resolve(cfg)
     assert [(s.name, s.reward) for s in sets] == [("copy", "arithmetic"), ("sums", "arithmetic_lenient")]
     policy = eval_lib.load_policy_for_eval(cfg, run_dir, 2)  # the params after step 2, when the sets were evaluated
@@ -41,6 +43,11 @@ def test_retain_accuracy_equals_eval_on_the_same_set_and_params(tmp_path):
                                 num_samples=4, group_sizes=[], max_new_tokens=2, data_config=rs.data,
                                 key=jax.random.fold_in(jax.random.fold_in(jax.random.key(cfg.seed), 2), 2 + i))
         assert recs[1][f"retain/{rs.name}/accuracy"] == pytest.approx(ref["mean_success_rate"], abs=1e-12)
+        start = eval_lib.evaluate(policy.model_config, build.build_policy(cfg, build.policy_key(cfg))[1],
+                                  policy.tokenizer, examples, rs.reward, num_samples=4, group_sizes=[],
+                                  max_new_tokens=2, data_config=rs.data,
+                                  key=jax.random.fold_in(jax.random.fold_in(jax.random.key(cfg.seed), 0), 2 + i))
+        assert base[f"retain/{rs.name}/accuracy"] == pytest.approx(start["mean_success_rate"], abs=1e-12)
     # the step's diversity metrics (jaxgrpo.diversity)
     for rec in recs:
         assert 1 / 4 <= rec["diversity/distinct_frac"] <= 1.0
