@@ -38,6 +38,9 @@ import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
+sys.path.insert(0, str(REPO / "benchmarks"))  # the rollout maker of train_step.py
+
+from train_step import random_rollout  # noqa: E402  (benchmarks/train_step.py)
 
 from jaxgrpo import aot, models, padding, sampling  # noqa: E402
 from jaxgrpo import config as config_lib  # noqa: E402
@@ -53,20 +56,12 @@ def _log(msg: str) -> None:
 
 
 def make_batch(P: int, G: int, Tp: int, Tc: int, vocab: int, seed: int = 0) -> ts.Batch:
+    """`train_step.random_rollout` (benchmarks/train_step.py) with every group informative and sampler log-probs."""
     rng = np.random.default_rng(seed)
-    B = P * G
-    plen = rng.integers(Tp // 2, Tp + 1, size=P).repeat(G)
-    clen = rng.integers(Tc // 2, Tc + 1, size=B)
-    prompt_mask = np.arange(Tp)[None] >= (Tp - plen)[:, None]
-    completion_mask = np.arange(Tc)[None] < clen[:, None]
-    prompts = rng.integers(3, vocab, size=(P, Tp)).repeat(G, axis=0)
-    completions = rng.integers(3, vocab, size=(B, Tc))
-    tokens = np.concatenate([np.where(prompt_mask, prompts, 0), np.where(completion_mask, completions, 0)], 1)
-    rewards = rng.integers(0, 2, size=(P, G)).astype(np.float32)
-    rewards[:, 0], rewards[:, 1] = 1.0, 0.0  # every group informative
-    old = np.where(completion_mask, -rng.exponential(2.0, size=(B, Tc)), 0.0).astype(np.float32)
-    return ts.Batch(tokens=tokens.astype(np.int32), prompt_mask=prompt_mask, completion_mask=completion_mask,
-                    rewards=rewards, valid=np.ones((P, G), bool), old_logprobs=old)  # fmt: skip
+    raw = random_rollout(P, G, Tp, Tc, vocab, rng)
+    raw["rewards"][:, 0], raw["rewards"][:, 1] = 1.0, 0.0  # every group informative
+    old = np.where(raw["completion_mask"], -rng.exponential(2.0, size=(P * G, Tc)), 0.0).astype(np.float32)
+    return ts.Batch(**raw, old_logprobs=old)
 
 
 def part_check(cfg: config_lib.Config) -> dict:

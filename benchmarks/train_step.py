@@ -55,9 +55,9 @@ from jaxgrpo.models.presets import get_preset
 CLIP_LOW, CLIP_HIGH, LR, MAX_NORM, EPS_ADV = 0.2, 0.28, 1e-6, 1.0, 1e-6
 
 
-def make_batch(args: argparse.Namespace, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    P, G, Tp, Tc = args.prompts, args.group, args.prompt_len, args.completion_len
+def random_rollout(P: int, G: int, Tp: int, Tc: int, vocab: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """A rollout of random tokens: prompts left-padded to ``Tp`` and completions right-padded to ``Tc`` (lengths
+    uniform from half to full), binary rewards, every sample valid (the fields of `jaxgrpo.train_step.Batch`)."""
     B = P * G
     plen = rng.integers(Tp // 2, Tp + 1, size=P).repeat(G)
     clen = rng.integers(Tc // 2, Tc + 1, size=B)
@@ -67,9 +67,15 @@ def make_batch(args: argparse.Namespace, vocab: int, seed: int = 0) -> dict[str,
     completions = rng.integers(3, vocab, size=(B, Tc))
     tokens = np.concatenate([np.where(prompt_mask, prompts, 0), np.where(completion_mask, completions, 0)], 1)
     rewards = rng.integers(0, 2, size=(P, G)).astype(np.float32)
-    rewards[0] = [1.0] + [0.0] * (G - 1)  # at least one informative group
     return dict(tokens=tokens.astype(np.int32), prompt_mask=prompt_mask, completion_mask=completion_mask,
                 rewards=rewards, valid=np.ones((P, G), bool))  # fmt: skip
+
+
+def make_batch(args: argparse.Namespace, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
+    raw = random_rollout(args.prompts, args.group, args.prompt_len, args.completion_len, vocab,
+                         np.random.default_rng(seed))  # fmt: skip
+    raw["rewards"][0] = [1.0] + [0.0] * (args.group - 1)  # at least one informative group
+    return raw
 
 
 def torch_side(hf_dir: str, raw: dict, old_logprobs: np.ndarray, args: argparse.Namespace):
