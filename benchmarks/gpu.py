@@ -64,7 +64,7 @@ def make_batch(P: int, G: int, Tp: int, Tc: int, vocab: int, seed: int = 0) -> t
     return ts.Batch(**raw, old_logprobs=old)
 
 
-def part_check(cfg: config_lib.Config) -> dict:
+def part_check() -> dict:
     """Loss and gradient of the dense, chunked and cuDNN attention in one bf16 policy-gradient step."""
     mcfg = models.get_preset("qwen2.5-0.5b", dtype="bfloat16").replace(num_layers=min(4, LAYERS[0]))
     params = models.init_params(mcfg, jax.random.key(0))
@@ -197,7 +197,7 @@ def main() -> None:
                            "prompt_len": args.prompt_len, "completion_len": args.completion_len,
                            "grad_accum": cfg.algo.grad_accum_steps}}  # fmt: skip
     if "check" in args.parts:
-        res["check"] = part_check(cfg)
+        res["check"] = part_check()
     if "train" in args.parts:
         res["train"] = part_train(cfg, args, chip)
     if "decode" in args.parts:
