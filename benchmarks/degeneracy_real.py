@@ -10,7 +10,8 @@
 * ``base-heldout``: the base model's held-out evaluation on the matched and the too-hard level, exactly as each
   run's final policy is evaluated (the reference for the arms); writes ``<out>/base_heldout.json``.
 * ``matched-g4-a``, ``matched-g4-b``, ``matched-g8-a``, ``matched-g8-b``: the training runs on the matched level
-  (`parts`), each part a list of (arm, seed) runs; ``all`` runs these four in turn. ``hard-g4`` (grpo, resample and
+  (`parts`), each part a list of (arm, seed) runs (``--arms A B`` runs only those arms of it); ``all`` runs these
+  four in turn. ``hard-g4`` (grpo, resample and
   sign on the too-hard level) is an extra part outside the 3-hour budget;
 * ``base-retain``: the base model's accuracy on the runs' retention sets (``<out>/base_retain.json``);
 * ``summary``: aggregates every finished run into ``<out>/grid_summary.json`` and ``<out>/grid_curves.csv``.
@@ -324,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache-dir", default=None, help="JAX persistent compilation cache")
     p.add_argument("--steps", type=int, default=None, help=f"override the grid's nominal steps ({GRID.steps})")
     p.add_argument("--seeds", type=int, default=None, help=f"override the number of seeds ({len(GRID.seeds)})")
+    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=None,
+                   help="run only these arms of the part (the others stay for a later call)")
     args = p.parse_args(argv)
     if args.cache_dir:
         jax.config.update("jax_compilation_cache_dir", args.cache_dir)
@@ -363,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     for name in names:
         for spec in all_parts[name]:
-            run_one(spec, grid, root)
+            if args.arms is None or spec.arm in args.arms:
+                run_one(spec, grid, root)
     if args.pilot:
         timing(root)
     summary(root, grid)

@@ -1,7 +1,8 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
 """The real-model study's runner (benchmarks/degeneracy_real.py) without the model: every run's config is valid and
-the arms of a part share one token budget and one P x G; a finished run (its result.json) is skipped; results are
-written atomically; the summary's mean and Student-t interval against hand values."""
+the arms of a part share one token budget and one P x G; ``--arms`` runs a subset of a part; a finished run (its
+result.json) is skipped; results are written atomically; the summary's mean and Student-t interval against hand
+values."""
 
 from __future__ import annotations
 
@@ -72,3 +73,13 @@ def test_summary_mean_and_t_interval(dr, tmp_path):
     assert row["pass@k"] == pytest.approx({"1": 0.4, "2": 0.5}) and row["jensen_gap_heldout"] == pytest.approx(0.01)
     lines = (tmp_path / "grid_curves.csv").read_text().splitlines()
     assert len(lines) == 4 and lines[1].startswith("matched-g4-a,grpo,0,1,,0.5")
+
+
+def test_arms_option_runs_only_those_arms_of_the_part(dr, tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(dr, "run_one", lambda spec, grid, root: ran.append((spec.part, spec.arm, spec.seed)))
+    monkeypatch.setattr(dr, "summary", lambda root, grid: None)
+    assert dr.main(["--part", "matched-g8-a", "--arms", "grpo", "--out", str(tmp_path)]) == 0
+    assert ran == [("matched-g8-a", "grpo", k) for k in dr.GRID.seeds]
+    with pytest.raises(SystemExit):  # argparse names the valid arms
+        dr.main(["--part", "matched-g8-a", "--arms", "grpoo", "--out", str(tmp_path)])
