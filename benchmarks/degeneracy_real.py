@@ -9,10 +9,10 @@
   `GRID` were picked from that file.
 * ``base-heldout``: the base model's held-out evaluation on the matched and the too-hard level, exactly as each
   run's final policy is evaluated (the reference for the arms); writes ``<out>/base_heldout.json``.
-* ``matched-g4-a``, ``matched-g4-b``, ``matched-g8-a``, ``matched-g8-b``: the training runs on the matched level
-  (`parts`), each part a list of (arm, seed) runs (``--arms A B`` runs only those arms of it); ``all`` runs these
-  four in turn. ``hard-g4`` (grpo, resample and
-  sign on the too-hard level) is an extra part outside the 3-hour budget;
+* ``matched-g4-a`` ... ``matched-g4-c``, ``matched-g8-a`` ... ``matched-g8-c``: the training runs on the matched
+  level (`parts`: two arms x the seeds each), each part a list of (arm, seed) runs (``--arms A B`` runs only those
+  arms of it); ``all`` runs the six in turn. ``hard-g4`` (grpo, resample and sign on the too-hard level, for
+  capability retention) is a seventh part;
 * ``base-retain``: the base model's accuracy on the runs' retention sets (``<out>/base_retain.json``);
 * ``summary``: aggregates every finished run into ``<out>/grid_summary.json`` and ``<out>/grid_curves.csv``.
 
