@@ -79,7 +79,7 @@ def model_config(cfg: Config) -> models.ModelConfig:
     if path.endswith(".gguf"):
         from gguf import GGUFReader
 
-        from jaxgrpo.models.convert import gguf_config
+        from jaxgrpo.models.gguf_import import gguf_config
 
         return gguf_config(GGUFReader(path), m.dtype).replace(param_dtype=m.param_dtype, lora=lora)
     cfg_json = json.loads((pathlib.Path(path) / "config.json").read_text())

@@ -117,6 +117,16 @@ def test_model_config_of_a_hub_id_without_downloading(hub_id, shape, monkeypatch
     assert got == shape
 
 
+def test_model_config_of_a_gguf_from_its_metadata(smollm2_gguf):
+    # SmolLM2-135M-Instruct's config.json on the Hugging Face Hub: 30 layers, hidden 576, MLP 1536, 9 heads, 3 kv
+    # heads, vocabulary 49152, tied head
+    cfg = config_lib.load_config("default", [f"model.name_or_path={smollm2_gguf}", "model.dtype=bfloat16"])
+    mcfg = aot.model_config(cfg)
+    got = (mcfg.num_layers, mcfg.hidden_size, mcfg.intermediate_size, mcfg.num_heads, mcfg.num_kv_heads,
+           mcfg.vocab_size, mcfg.tie_word_embeddings, mcfg.dtype, mcfg.param_dtype)  # fmt: skip
+    assert got == (30, 576, 1536, 9, 3, 49152, True, "bfloat16", "float32")
+
+
 def test_bad_input_is_one_line(capsys):
     assert compile_cli.main(["mesh.fsdp=16"]) == 2  # 8 local (fake) devices, a mesh of 16
     assert "the mesh needs 16 devices" in capsys.readouterr().err

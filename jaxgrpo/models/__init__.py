@@ -11,7 +11,8 @@ Layout::
     decode.py       the sampler's `prefill` (prompts packed end to end) and `forward_with_prefix_cache`
     prefix.py       the prefix-shared train forward (each group's prompt encoded once for its G completions)
     lora.py         low-rank adapters: init, merge, split/join with the frozen base, PEFT export
-    convert.py      HF safetensors / GGUF load, HF save, tokenizers;  presets.py  named model shapes
+    convert.py      HF safetensors load and save, tokenizers (GGUF loads via gguf_import.py);  presets.py  shapes
+    gguf_import.py  GGUF load: config from the metadata, dequantized weights (llama.cpp's q/k row order undone)
     gguf_export.py  GGUF save (llama.cpp / ollama): weights, metadata, tokenizer
 
 Shape letters (one meaning each, package-wide; arrays are named ``x_BTD`` with them)::

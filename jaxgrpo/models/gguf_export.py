@@ -11,7 +11,8 @@ package's ``GGUFWriter``:
 - Llama q/k rows: llama.cpp's ``llama`` graph applies RoPE to interleaved pairs ``(2i, 2i+1)`` while HF (and
   jaxgrpo) rotate halves ``(i, i + H/2)``; llama.cpp's ``convert_hf_to_gguf.py`` therefore reorders the rows of q and
   k inside each head, ``W.reshape(n, 2, H/2, D).swapaxes(1, 2)`` (n = heads for q, kv heads for k), and so does this
-  writer; `convert._unpermute` undoes it on load. Qwen2/Qwen3 use NEOX (rotate-half) RoPE in llama.cpp: not permuted.
+  writer; `gguf_import._unpermute` undoes it on load. Qwen2/Qwen3 use NEOX (rotate-half) RoPE in llama.cpp: not
+  permuted.
 - Metadata: ``{arch}.context_length``, ``embedding_length``, ``block_count``, ``feed_forward_length``,
   ``attention.head_count``, ``attention.head_count_kv``, ``attention.key_length`` / ``value_length``,
   ``rope.dimension_count``, ``rope.freq_base``, ``attention.layer_norm_rms_epsilon``, ``vocab_size``. Linear RoPE
