@@ -180,6 +180,12 @@ def heldout_eval(cfg: config_lib.Config, run_dir: pathlib.Path | None, level: in
             "samples": res["samples"][:2]}  # fmt: skip
 
 
+def _step_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of training steps: without the retention measured before the first step (``step`` 0, which
+    holds only ``retain/*``)."""
+    return [r for r in records if "time/train_s" in r]
+
+
 def run_one(spec: RunSpec, grid: Grid, root: pathlib.Path) -> dict[str, Any]:
     """Trains and evaluates one run unless its result.json exists; returns the result."""
     run_dir = root / spec.part / spec.arm / f"seed{spec.seed}"
@@ -190,8 +196,8 @@ def run_one(spec: RunSpec, grid: Grid, root: pathlib.Path) -> dict[str, Any]:
     cfg = run_config(spec, grid)
     t0 = time.time()
     trainer_lib.run(cfg, run_dir)
-    records = metrics_log.read_metrics(run_dir)
-    last = records[-1]
+    records = _step_records(metrics_log.read_metrics(run_dir))
+    last = records[-1] if records else {"step": 0, "tokens/sampled_total": 0}
     if not (last["step"] >= cfg.train.steps or last["tokens/sampled_total"] >= cfg.train.max_sampled_tokens):
         sys.exit(f"interrupted at step {last['step']} of {run_dir}; rerun the part to resume it")
     train_s = time.time() - t0
@@ -402,7 +408,7 @@ def timing(root: pathlib.Path) -> dict[str, Any]:
     """Per-step wall time of the pilot's runs (first step, which compiles, apart) -> ``<root>/timing.json``."""
     out = {}
     for path in sorted(root.glob("*/*/seed*/metrics.jsonl")):
-        recs = metrics_log.read_metrics(path)
+        recs = _step_records(metrics_log.read_metrics(path))
         rollout = config_lib.load_config(str(path.parent / "config.yaml")).rollout
         steps = [r["time/sample_s"] + r["time/train_s"] for r in recs]
         out[str(path.parent.relative_to(root))] = {

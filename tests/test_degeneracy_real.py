@@ -83,3 +83,21 @@ def test_arms_option_runs_only_those_arms_of_the_part(dr, tmp_path, monkeypatch)
     assert ran == [("matched-g8-a", "grpo", k) for k in dr.GRID.seeds]
     with pytest.raises(SystemExit):  # argparse names the valid arms
         dr.main(["--part", "matched-g8-a", "--arms", "grpoo", "--out", str(tmp_path)])
+
+
+def test_run_one_reads_the_steps_past_the_step_0_retention_record(dr, tmp_path, monkeypatch):
+    # the trainer logs the retention sets before the first step as a record of their own (step 0, no timings)
+    spec = dr.parts(dr.PILOT)["matched-g4-a"][0]
+    budget = dr.run_config(spec, dr.PILOT).train.max_sampled_tokens
+
+    def fake_run(cfg, run_dir):
+        recs = [{"step": 0, "retain/easy/accuracy": 0.25}]
+        recs += [{"step": s, "tokens/sampled_total": budget * s // 2, "time/sample_s": 1.0, "time/train_s": t}
+                 for s, t in ((1, 2.0), (2, 4.0))]  # fmt: skip
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+    monkeypatch.setattr(dr.trainer_lib, "run", fake_run)
+    monkeypatch.setattr(dr, "heldout_eval", lambda *a, **k: {"accuracy": 0.5})
+    result = dr.run_one(spec, dr.PILOT, tmp_path)
+    assert (result["steps"], result["sampled_tokens"], result["step_s_median"]) == (2, budget, 4.0)  # median(3, 5)
