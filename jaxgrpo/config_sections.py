@@ -152,7 +152,8 @@ class TrainConfig:
     max_sampled_tokens: int | None = None
     # capability retention: named held-out prompt sets, each a mapping of data.* keys that replace the run's own
     # (e.g. {easy: {source: words, difficulty: 1, split: test, num_examples: 64}}) plus an optional `reward`;
-    # evaluated every retain_every steps (0 = never) with the rollout's sampler settings: metrics retain/<name>/...
+    # evaluated before the first step, every retain_every steps and at the last step (retain_every 0 = never), with
+    # the rollout's sampler settings: metrics retain/<name>/...
     retain: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     retain_every: int = 0
 

@@ -402,6 +402,8 @@ def run(cfg: config_lib.Config, run_dir: str | os.PathLike) -> list[dict[str, fl
             step += 1
             trainer.sampled_tokens += int(metrics["tokens/sampled"])
             metrics["tokens/sampled_total"] = float(trainer.sampled_tokens)
+            if finished() and trainer.retain_sets and cfg.train.retain_every and step % cfg.train.retain_every:
+                metrics.update(trainer.retain(step))  # the end of the run, whatever retain_every: what the run kept
             history.append(metrics)
             if step % cfg.log.every == 0:
                 logger.log(step, metrics)

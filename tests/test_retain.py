@@ -1,7 +1,8 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
 """Capability retention (``train.retain``): the trainer's ``retain/<set>/accuracy`` equals `jaxgrpo.eval.evaluate` run
-on the same prompts, parameters (the step's checkpoint, and at step 0 the initial policy) and key; bad entries are
-clean config errors. The same tiny run checks the per-step ``diversity/*`` metrics."""
+on the same prompts, parameters (the step's checkpoint, and at step 0 the initial policy) and key, every
+``retain_every`` steps and at the run's last step; bad entries are clean config errors. The same tiny run checks the
+per-step ``diversity/*`` metrics."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from jaxgrpo import data as data_lib
 from jaxgrpo import eval as eval_lib
 from jaxgrpo import retain as retain_lib
 
-RUN = ["train.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=2",
+RUN = ["train.steps=3", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=2",
        "checkpoint.every=2", "checkpoint.export_final=false", "log.progress=false", "log.tensorboard=false",
        "log.sample_every=0", "train.retain_every=2",
        "train.retain={copy: {difficulty: 0, split: test, num_examples: 6}, "
@@ -29,20 +30,22 @@ def test_retain_accuracy_equals_eval_on_the_same_set_and_params(tmp_path):
     run_dir = tmp_path / "run"
     trainer.run(cfg, run_dir)
     recs = metrics_log.read_metrics(run_dir)
-    assert [r["step"] for r in recs] == [0, 1, 2]
+    assert [r["step"] for r in recs] == [0, 1, 2, 3]
     base, recs = recs[0], recs[1:]  # step 0: the retention sets before any update, and nothing else
     assert sorted(base) == ["retain/copy/accuracy", "retain/sums/accuracy", "step"]
-    assert not any(k.startswith("retain/") for k in recs[0])  # then every 2 steps
+    # then every 2 steps, and at the last step (3) though 3 is not a multiple of 2
+    assert [any(k.startswith("retain/") for k in r) for r in recs] == [False, True, True]
     sets = retain_lib.resolve(cfg)
     assert [(s.name, s.reward) for s in sets] == [("copy", "arithmetic"), ("sums", "arithmetic_lenient")]
-    policy = eval_lib.load_policy_for_eval(cfg, run_dir, 2)  # the params after step 2, when the sets were evaluated
-    for i, rs in enumerate(sets):
-        examples = data_lib.load_dataset(rs.data, cfg.seed)
-        assert len(examples) == rs.data.num_examples
-        ref = eval_lib.evaluate(policy.model_config, policy.params, policy.tokenizer, examples, rs.reward,
-                                num_samples=4, group_sizes=[], max_new_tokens=2, data_config=rs.data,
-                                key=jax.random.fold_in(jax.random.fold_in(jax.random.key(cfg.seed), 2), 2 + i))
-        assert recs[1][f"retain/{rs.name}/accuracy"] == pytest.approx(ref["mean_success_rate"], abs=1e-12)
+    for step in (2, 3):
+        policy = eval_lib.load_policy_for_eval(cfg, run_dir, step)  # the params when the sets were evaluated
+        for i, rs in enumerate(sets):
+            examples = data_lib.load_dataset(rs.data, cfg.seed)
+            assert len(examples) == rs.data.num_examples
+            ref = eval_lib.evaluate(policy.model_config, policy.params, policy.tokenizer, examples, rs.reward,
+                                    num_samples=4, group_sizes=[], max_new_tokens=2, data_config=rs.data,
+                                    key=jax.random.fold_in(jax.random.fold_in(jax.random.key(cfg.seed), step), 2 + i))
+            assert recs[step - 1][f"retain/{rs.name}/accuracy"] == pytest.approx(ref["mean_success_rate"], abs=1e-12)
         start = eval_lib.evaluate(policy.model_config, build.build_policy(cfg, build.policy_key(cfg))[1],
                                   policy.tokenizer, examples, rs.reward, num_samples=4, group_sizes=[],
                                   max_new_tokens=2, data_config=rs.data,
