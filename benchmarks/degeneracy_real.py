@@ -303,7 +303,7 @@ def summary(root: pathlib.Path, grid: Grid) -> dict[str, Any]:
                     curves.append({"part": name, "arm": arm, "seed": r["seed"], "step": rec["step"],
                                    **{k: rec.get(k, "") for k in CURVE_COLUMNS}})
                 for k in RETAIN_COLUMNS:
-                    last = [rec[k] for rec in recs if k in rec]
+                    last = [rec[k] for rec in recs if k in rec and rec["step"] > 0]  # step 0: before training
                     if last:
                         retained.setdefault(k, []).append(last[-1])
             rows.append({"part": name, "arm": arm, "seeds": len(results), "accuracy_mean": float(acc.mean()),

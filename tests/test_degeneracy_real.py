@@ -65,14 +65,18 @@ def test_summary_mean_and_t_interval(dr, tmp_path):
             "seed": seed, "group": 4, "steps": 100,
             "heldout": {"accuracy": acc, "pass@k": {"1": acc, "2": acc + 0.1},
                         "degeneracy": [{"group_size": 4, "gap": 0.01 * seed}]}})  # fmt: skip
-        (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "degeneracy/all_fail": 0.5}) + "\n")
+        recs = [{"step": 0, "retain/easy/accuracy": 0.1}, {"step": 1, "degeneracy/all_fail": 0.5}]
+        if seed:  # seed 0 ended before its first retention measurement after training
+            recs.append({"step": 2, "retain/easy/accuracy": 0.2 * seed})
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     (row,) = dr.summary(tmp_path, grid)["arms"]
     assert row["accuracy_mean"] == pytest.approx(0.4)
     half = 4.302652729911275 * 0.26457513110645906 / 3**0.5  # t(0.975, 2) * sample std / sqrt(3)
     assert row["accuracy_ci95"] == pytest.approx([0.4 - half, 0.4 + half])
     assert row["pass@k"] == pytest.approx({"1": 0.4, "2": 0.5}) and row["jensen_gap_heldout"] == pytest.approx(0.01)
+    assert row["retain_last"]["retain/easy/accuracy"]["mean"] == pytest.approx(0.3)  # seeds 1 and 2: 0.2, 0.4
     lines = (tmp_path / "grid_curves.csv").read_text().splitlines()
-    assert len(lines) == 4 and lines[1].startswith("matched-g4-a,grpo,0,1,,0.5")
+    assert len(lines) == 1 + 2 + 3 + 3 and lines[2].startswith("matched-g4-a,grpo,0,1,,0.5")
 
 
 def test_arms_option_runs_only_those_arms_of_the_part(dr, tmp_path, monkeypatch):
