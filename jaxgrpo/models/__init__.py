@@ -12,6 +12,7 @@ Layout::
     prefix.py       the prefix-shared train forward (each group's prompt encoded once for its G completions)
     lora.py         low-rank adapters: init, merge, split/join with the frozen base, PEFT export
     convert.py      HF safetensors load and save, tokenizers (GGUF loads via gguf_import.py);  presets.py  shapes
+    layout.py       each parameter's name and layout in HF and GGUF checkpoints; assembly onto shardings
     gguf_import.py  GGUF load: config from the metadata, dequantized weights (llama.cpp's q/k row order undone)
     gguf_export.py  GGUF save (llama.cpp / ollama): weights, metadata, tokenizer
 

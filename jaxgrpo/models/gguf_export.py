@@ -44,7 +44,7 @@ import ml_dtypes
 import numpy as np
 
 from jaxgrpo.models.config import ModelConfig, ModelConfigError
-from jaxgrpo.models.convert import CheckpointError, _get, _tensor_plan, _to_hf, _to_host
+from jaxgrpo.models.layout import CheckpointError, get_path, tensor_plan, to_hf, to_host
 from jaxgrpo.models.params import param_shapes
 
 PathLike = str | os.PathLike
@@ -278,10 +278,10 @@ def save_gguf(
     if config.rope_scaling is not None and config.rope_scaling.rope_type == "llama3":
         writer.add_tensor("rope_freqs.weight", rope_freq_divisors(config))
     permute = config.architecture == "llama"
-    for p, _shape, names, kind in _tensor_plan(config):
-        host = _to_host(_get(params, p)).astype(np.float32)
+    for p, _shape, names, kind in tensor_plan(config):
+        host = to_host(get_path(params, p)).astype(np.float32)
         for i, (_hf_name, gguf_name) in enumerate(names):
-            w = _to_hf(host[i] if p[0] == "layers" else host, kind)
+            w = to_hf(host[i] if p[0] == "layers" else host, kind)
             if permute and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
                 w = llama_cpp_permute(w, config.num_heads if "attn_q" in gguf_name else config.num_kv_heads)
             _add_tensor(writer, gguf_name, w, out_dtype)

@@ -21,13 +21,7 @@ from typing import Any
 import numpy as np
 
 from jaxgrpo.models.config import ModelConfig, ModelConfigError, RopeScaling
-from jaxgrpo.models.convert import (
-    CheckpointError,
-    Params,
-    _assemble,
-    _check_shape,
-    _check_unexpected,
-)
+from jaxgrpo.models.layout import CheckpointError, Params, assemble, check_shape, check_unexpected
 
 GGUF_QUANT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
 
@@ -176,7 +170,7 @@ def load_gguf(path: pathlib.Path, dtype: str, param_dtype: str, shardings: Any) 
         raise CheckpointError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from e
     config = gguf_config(reader, dtype).replace(param_dtype=param_dtype)
     index = _gguf_tensor_index(reader)
-    _check_unexpected(config, set(index), 1, ("rope_freqs.weight",), path.name)
+    check_unexpected(config, set(index), 1, ("rope_freqs.weight",), path.name)
 
     def read(_hf_name: str, gguf_name: str, expected: tuple[int, ...]) -> np.ndarray:
         if gguf_name not in index:
@@ -186,11 +180,11 @@ def load_gguf(path: pathlib.Path, dtype: str, param_dtype: str, shardings: Any) 
             )
         t = reader.tensors[index[gguf_name]]
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        _check_shape(gguf_name, shape, expected, path.name)
+        check_shape(gguf_name, shape, expected, path.name)
         w = _gguf_array(reader, index[gguf_name])
         if config.architecture == "llama" and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
             n = config.num_heads if gguf_name.endswith("attn_q.weight") else config.num_kv_heads
             w = _unpermute(w, n)
         return w
 
-    return config, _assemble(config, read, shardings)
+    return config, assemble(config, read, shardings)
