@@ -31,5 +31,6 @@ def test_degeneracy_notebook_executes(monkeypatch, tmp_path):
     outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "runs: regimes" in outputs and "| regime | estimator |" in outputs
     assert "| G | arm | seeds | held-out accuracy |" in outputs and "| base model |" in outputs
-    for name in ("reward_curves", "collapse_split", "jensen", "real", "real_grid"):
+    assert "too hard: level 3" in outputs and "| arm | seeds | steps with every group degenerate |" in outputs
+    for name in ("reward_curves", "collapse_split", "jensen", "real", "real_grid", "real_retention"):
         assert (tmp_path / f"degeneracy_{name}.png").stat().st_size > 10_000, name
