@@ -11,7 +11,7 @@
   run's final policy is evaluated (the reference for the arms); writes ``<out>/base_heldout.json``.
 * ``matched-g4-a`` ... ``matched-g4-c``, ``matched-g8-a`` ... ``matched-g8-c``: the training runs on the matched
   level (`parts`: two arms x the seeds each), each part a list of (arm, seed) runs (``--arms A B`` runs only those
-  arms of it); ``all`` runs the six in turn. ``hard-g4`` (grpo, resample and sign on the too-hard level, for
+  arms of it); ``all`` runs the six in turn. ``hard-g4`` (the six arms at G = 4 on the too-hard level, for
   capability retention) is a seventh part;
 * ``base-retain``: the base model's accuracy on the runs' retention sets (``<out>/base_retain.json``);
 * ``summary``: aggregates every finished run into ``<out>/grid_summary.json`` and ``<out>/grid_curves.csv``.
@@ -37,7 +37,7 @@ G = 4, P = 2 at G = 8). The ``--pilot`` plan (files under ``<out>/pilot/``: ~3.5
 it. Measured on the finished runs (``result.json``: ``step_s_median``, ``total_wall_s``): 125-138 steps of 3.0-3.9 s
 on a quiet machine, 6-9 s beside other jobs, so one run (compilation, two retention evaluations and the held-out
 evaluation included) takes 7-14 min quiet and up to 23 min under load; a part (2 arms x 3 seeds) ~1 h quiet. The 6
-matched parts take ~6 h and ``hard-g4`` (9 runs) ~1.5 h: **more than the 3-hour budget**. The knobs are the step
+matched parts take ~6 h and ``hard-g4`` (18 runs) ~3 h: **more than the 3-hour budget**. The knobs are the step
 count (``--steps``) and the seeds (``--seeds``); P is at its minimum for G = 8. On the H100 of BENCHMARKS.md §9
 a 30-step bfloat16 run of this shape (16 rows x 12 tokens) took ~45 s, compilation included.
 """
@@ -99,7 +99,7 @@ class Grid:
     eval_prompts: int = EVAL_PROMPTS
     eval_samples: int = EVAL_SAMPLES
     arms: tuple[str, ...] = tuple(ARMS)
-    hard_arms: tuple[str, ...] = ("grpo", "grpo_resample", "sign")
+    hard_arms: tuple[str, ...] = tuple(ARMS)
 
 
 # The budget's tokens per completion: the maximum, so keep/mask arms make at least `steps` steps (the pilot measured a

@@ -85,6 +85,9 @@ class RolloutConfig:
 class AlgoConfig:
     estimator: Estimator = "grpo"
     estimator_args: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. {k: 4} for pass_at_k
+    # mask: degenerate groups leave the loss and its denominators. With an estimator that gives them A = 0 (grpo,
+    # dr_grpo, rloo) and kl_coef 0 that only rescales the step's gradient, which optim.max_grad_norm undoes whenever
+    # it clips (docs/degeneracy.md §2b)
     degenerate_groups: DegenerateMode = "keep"
     degenerate_atol: float = 1e-6
     degenerate_rtol: float = 1e-6
