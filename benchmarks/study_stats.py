@@ -7,6 +7,7 @@ step-down correction, Student-t intervals and the seeds a two-sample comparison 
   Numerical Recipes 6.4, ``betacf``) — exact to ~1e-12, for non-integer ``nu`` too (Welch's degrees of freedom).
 * Welch (1947): ``t = (mean_a - mean_b) / sqrt(s_a^2/n_a + s_b^2/n_b)``, ``nu`` by Welch–Satterthwaite
   ``(s_a^2/n_a + s_b^2/n_b)^2 / ((s_a^2/n_a)^2/(n_a-1) + (s_b^2/n_b)^2/(n_b-1))``; two-sided p.
+* One-sample t: ``t = (mean - mu) / (s / sqrt(n))`` with ``n - 1`` df (paired differences, drops).
 * Exact permutation test: every one of the ``C(n_a + n_b, n_a)`` relabelings, statistic ``|mean_a - mean_b|``,
   ``p = #{perm: stat >= observed} / C`` (the observed labeling counts, so ``p >= 1/C``).
 * Holm (1979): with ``p_(1) <= ... <= p_(m)``, ``adj_(i) = max_{j <= i} min(1, (m - j + 1) p_(j))``.
@@ -102,6 +103,17 @@ def welch(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
     df = (va + vb) ** 2 / (va**2 / (len(x) - 1) + vb**2 / (len(y) - 1))
     t = diff / math.sqrt(va + vb)
     return {"t": t, "df": float(df), "p": t_two_sided_p(t, float(df)), "diff": diff}
+
+
+def one_sample(x: Sequence[float], mu: float = 0.0) -> dict[str, float]:
+    """One-sample t-test of mean(x) != mu: ``t = (mean - mu) / (s / sqrt(n))``, ``n - 1`` df, two-sided ``p``."""
+    a = _arr(x, "one_sample")
+    mean, se = float(a.mean()), float(a.std(ddof=1) / math.sqrt(len(a)))
+    if se == 0.0:
+        return {"t": math.copysign(math.inf, mean - mu) if mean != mu else 0.0, "df": float(len(a) - 1),
+                "p": 0.0 if mean != mu else 1.0, "mean": mean - mu}  # fmt: skip
+    t = (mean - mu) / se
+    return {"t": t, "df": float(len(a) - 1), "p": t_two_sided_p(t, len(a) - 1), "mean": mean - mu}
 
 
 def permutation_p(a: Sequence[float], b: Sequence[float], max_perms: int = 2_000_000) -> float:

@@ -60,6 +60,15 @@ def test_welch_against_scipy(st):
     assert (r["t"], r["p"]) == pytest.approx((ref.statistic, ref.pvalue), rel=1e-9)
 
 
+def test_one_sample_by_hand(st):
+    # x = 1, 2, 6: mean 3, s^2 = 7, se = sqrt(7/3); df = 2 closed form
+    r = st.one_sample([1, 2, 6])
+    t = 3 / math.sqrt(7 / 3)
+    assert (r["t"], r["df"], r["mean"]) == pytest.approx((t, 2.0, 3.0))
+    assert r["p"] == pytest.approx(1 - t / math.sqrt(2 + t * t))
+    assert st.one_sample([1, 2, 6], mu=3)["p"] == pytest.approx(1.0)
+
+
 def test_permutation_by_enumeration(st):
     # 20 relabelings of 6 values into 3 + 3; only {1,2,3} | {4,5,6} and its mirror reach |diff| = 3
     assert st.permutation_p([1, 2, 3], [4, 5, 6]) == pytest.approx(2 / 20)
