@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]  # this checkout's jaxgrpo, whatever else is installed
 import degeneracy_real2_analysis as analysis  # noqa: E402
 
 OUT = HERE / "results" / "degeneracy" / "real2"
