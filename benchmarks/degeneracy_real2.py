@@ -5,7 +5,8 @@ PREREGISTRATION.md``, ``claims.json``), powered, free of the clipping confound. 
 
 ``python benchmarks/degeneracy_real2.py --part PART [--out DIR] [--work DIR] [--cache-dir DIR]``, PART in order:
 
-1. ``audit``: the first edition's figures recomputed from its files -> ``first_edition_audit.json`` (no model).
+1. ``audit``: the first edition's figures recomputed from its files -> ``first_edition_audit.json``; ``power``: the
+   seeds each pre-registered claim needs (`degeneracy_real2_analysis.power_plan`) -> ``power.json`` (no model).
 2. ``warmup``: the shared format warm-up: one GRPO run on level `Design.warmup_level` (pair-train), the first
    edition's settings, exported to ``<work>/warmup/final`` (weights, not committed) -> ``warmup.json``. Every arm
    starts from these weights, so the levels below differ by skill, not by output format (the base model is cut at 12
@@ -315,7 +316,7 @@ def pilot(design: Design, out: pathlib.Path, work: pathlib.Path, arms: list[str]
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--part", required=True,
-                   help="audit | warmup | levels | pilot | design | <cond>[-seed<k>] | analyze")
+                   help="audit | power | warmup | levels | pilot | design | <cond>[-seed<k>] | analyze")
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--work", default=str(WORK), help="where the warm-up weights live (not committed)")
     p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS), help="pilot / grid: only these arms")
@@ -331,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
               "warmup": lambda: warmup(Design(), out, work), "levels": lambda: levels(Design(), out, work),
               "pilot": lambda: pilot(Design(), out, work, args.arms),
               "design": lambda: _write_json(out / "design.json", analysis.resolve_design(out, CLIP_FACTOR)),
+              "power": lambda: _write_json(out / "power.json", analysis.power_json(out)),
               "analyze": lambda: _write_json(out / "verdicts.json", analysis.verdicts(out))}  # fmt: skip
     if args.part in simple:
         simple[args.part]()

@@ -26,6 +26,7 @@ import study_stats as st
 HERE = pathlib.Path(__file__).resolve().parent
 FIRST = HERE / "results" / "degeneracy" / "real"
 ALPHA, ESCAPE_MARGIN = 0.05, 0.2
+ONE_SAMPLE = ("retention_drop", "train_jensen_gap")  # per-seed differences, tested against 0
 COND_LEVEL = {"m4": "matched", "m8": "matched", "hard": "hard", "lora": "matched"}  # the runner's CONDITIONS
 FIRST_CONDITIONS = {"matched-g4": ("matched-g4-a", "matched-g4-b", "matched-g4-c"),
                     "matched-g8": ("matched-g8-a", "matched-g8-b", "matched-g8-c"), "hard-g4": ("hard-g4",)}
@@ -104,18 +105,46 @@ def resolve_design(out: pathlib.Path, clip_factor: float) -> dict[str, Any]:
             "pilot": {k: {"lr": r["lr"], "reward_last_half": r["reward_last_half"]} for k, r in chosen.items()}}
 
 
-def power_table(audit: dict[str, Any], effects: dict[str, float], alpha: float = ALPHA,
-                family: int = 1) -> dict[str, Any]:
-    """Seeds per arm to detect each effect with power 0.8, from the first edition's pooled between-seed SD per
-    condition (at alpha / family, Holm's first step, and at alpha, its last)."""
-    out = {}
-    for cond, a in audit.items():
-        sds = [np.std(v["accuracy"], ddof=1) for v in a["arms"].values()]
-        sd = float(math.sqrt(np.mean(np.square(sds))))
-        out[cond] = {"pooled_sd": sd, "seeds": {
-            str(d): {"holm_first": st.seeds_needed(d, sd, alpha / family), "holm_last": st.seeds_needed(d, sd, alpha)}
-            for d in effects.values()}}  # fmt: skip
+def plan_sds(audit: dict[str, Any], root: pathlib.Path = FIRST) -> dict[str, dict[str, Any]]:
+    """The planning SD of each metric's per-seed values, with its source (PREREGISTRATION.md)."""
+    acc = max(float(math.sqrt(np.mean([np.var(v["accuracy"], ddof=1) for v in audit[c]["arms"].values()])))
+              for c in ("matched-g4", "matched-g8"))  # fmt: skip
+    gaps = []
+    for result in sorted((root / "matched-g4-a" / "grpo").glob("seed*/result.json")):
+        recs = [json.loads(x) for x in (result.parent / "metrics.jsonl").read_text().splitlines()]
+        gaps.append(np.mean([r["degeneracy/collapse_rate"] - r["degeneracy/iid_rate"] for r in recs
+                             if "degeneracy/iid_rate" in r]))  # fmt: skip
+    return {
+        "accuracy": {"sd": acc, "source": "first edition, matched level: the larger of the G = 4 and G = 8 pooled "
+                     "between-seed SDs of held-out accuracy (both at the 0.9-1.0 ceiling, so likely low)"},
+        "escape": {"sd": 0.5, "source": "a yes/no outcome's largest SD (p = 0.5)"},
+        "retention_drop": {"sd": 0.05, "source": "assumed: eval noise of ~28 problems x 16 samples at ~0.85 "
+                           "(binomial 0.017) plus between-seed spread; no first-edition set started >= 0.8"},
+        "train_jensen_gap": {"sd": float(np.std(gaps, ddof=1)), "source": "first edition, matched level, GRPO at "
+                             "G = 4: between-seed SD of the per-run mean of collapse_rate - iid_rate"},
+    }  # fmt: skip
+
+
+def power_plan(claims: list[dict[str, Any]], sds: dict[str, dict[str, Any]], alpha: float = ALPHA) -> list[dict]:
+    """Per claim: the seeds needed for its expected effect at power 0.8 (at alpha / family, Holm's first step, and
+    at alpha, its last) and the smallest effect its pre-registered seeds detect at alpha / family."""
+    family = {c["cond"]: sum(x["cond"] == c["cond"] for x in claims) for c in claims}
+    out = []
+    for c in claims:
+        sd, m = sds[c["metric"]]["sd"], family[c["cond"]]
+        k = 1 if c["metric"] in ONE_SAMPLE else 2
+        out.append({"id": c["id"], "cond": c["cond"], "family": m, "effect": c["effect"], "sd": sd,
+                    "seeds_holm_first": st.seeds_needed(c["effect"], sd, alpha / m, samples=k),
+                    "seeds_holm_last": st.seeds_needed(c["effect"], sd, alpha, samples=k),
+                    "seeds": c["seeds"], "detectable_at_seeds": st.detectable(c["seeds"], sd, alpha / m, samples=k)})
     return out
+
+
+def power_json(out: pathlib.Path) -> dict[str, Any]:
+    """power.json: the planning SDs (from the first edition's files) and every claim's `power_plan` row."""
+    sds = plan_sds(audit_first_edition())
+    return {"alpha": ALPHA, "power": 0.8, "plan_sds": sds,
+            "claims": power_plan(json.loads((out / "claims.json").read_text()), sds)}
 
 
 def load_runs(out: pathlib.Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
@@ -139,10 +168,11 @@ def _values(claim: dict[str, Any], runs: dict[str, list[dict[str, Any]]], base: 
         esc = lambda arm: [float(r["heldout"]["accuracy"] >= base[claim["cond"]] + ESCAPE_MARGIN)  # noqa: E731
                            for r in runs.get(arm, [])]
         return esc(claim["a"]), esc(claim["b"])
-    if metric == "retention_drop":  # a = "start", b = arm: per seed, the warmed-up model's retention minus the run's
-        return [base["retain"] - r["retention"]["accuracy"] for r in runs.get(claim["b"], [])], None
-    if metric == "train_jensen_gap":  # a = "measured", b = arm
-        return [r["jensen_gap_train"] for r in runs.get(claim["b"], [])], None
+    arm = claim["a"].split("@")[0].split(":")[0]
+    if metric == "retention_drop":  # "<arm>@start" > "<arm>@end": the warmed-up model's retention minus the run's
+        return [base["retain"] - r["retention"]["accuracy"] for r in runs.get(arm, [])], None
+    if metric == "train_jensen_gap":  # "<arm>:measured" > "<arm>:iid": per run, mean over steps
+        return [r["jensen_gap_train"] for r in runs.get(arm, [])], None
     raise ValueError(f"claims.json: unknown metric {metric!r}")
 
 

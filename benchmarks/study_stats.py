@@ -13,7 +13,8 @@ step-down correction, Student-t intervals and the seeds a two-sample comparison 
 * Holm (1979): with ``p_(1) <= ... <= p_(m)``, ``adj_(i) = max_{j <= i} min(1, (m - j + 1) p_(j))``.
 * Seeds per arm (two-sample t, equal n, common SD ``s``, difference ``d``): the smallest ``n`` with
   ``n >= 2 s^2 (t_{1 - alpha/2, 2n-2} + t_{power, 2n-2})^2 / d^2`` (the usual t-quantile version of the normal
-  formula; Cohen 1988 ch. 2), ``alpha`` the per-test level after Holm's first step (``alpha_family / m``).
+  formula; Cohen 1988 ch. 2), ``alpha`` the per-test level after Holm's first step (``alpha_family / m``); one-sample
+  (per-seed differences): ``n >= s^2 (t_{1 - alpha/2, n-1} + t_{power, n-1})^2 / d^2``.
 """
 
 from __future__ import annotations
@@ -149,14 +150,26 @@ def t_interval(x: Sequence[float], level: float = 0.95) -> tuple[float, float]:
     return float(a.mean() - half), float(a.mean() + half)
 
 
-def seeds_needed(diff: float, sd: float, alpha: float = 0.05, power: float = 0.8, max_n: int = 1000) -> int:
-    """Seeds per arm for a two-sided two-sample t-test at level `alpha` to detect `diff` with `power` when both arms
-    have between-seed SD `sd` (module docstring)."""
-    if diff <= 0 or sd < 0 or not 0 < alpha < 1 or not 0 < power < 1:
-        raise ValueError(f"seeds_needed: need diff > 0, sd >= 0, alpha and power in (0, 1); got "
-                         f"diff={diff}, sd={sd}, alpha={alpha}, power={power}")  # fmt: skip
+def seeds_needed(diff: float, sd: float, alpha: float = 0.05, power: float = 0.8, max_n: int = 1000,
+                 samples: int = 2) -> int:
+    """Seeds per arm for a two-sided t-test at level `alpha` to detect `diff` with `power` when the per-seed values
+    have SD `sd`: two-sample (``samples=2``, equal n, df 2n - 2) or one-sample (``samples=1``, df n - 1, ``n >=
+    s^2 (t + t)^2 / d^2``) (module docstring)."""
+    if diff <= 0 or sd < 0 or not 0 < alpha < 1 or not 0 < power < 1 or samples not in (1, 2):
+        raise ValueError(f"seeds_needed: need diff > 0, sd >= 0, alpha and power in (0, 1), samples 1 or 2; got "
+                         f"diff={diff}, sd={sd}, alpha={alpha}, power={power}, samples={samples}")  # fmt: skip
     for n in range(2, max_n + 1):
-        df = 2 * n - 2
-        if n >= 2 * sd**2 * (t_quantile(1 - alpha / 2, df) + t_quantile(power, df)) ** 2 / diff**2:
+        if n >= samples * sd**2 * _t_sum(n, alpha, power, samples) ** 2 / diff**2:
             return n
     return max_n
+
+
+def _t_sum(n: int, alpha: float, power: float, samples: int) -> float:
+    df = samples * n - samples
+    return t_quantile(1 - alpha / 2, df) + t_quantile(power, df)
+
+
+def detectable(n: int, sd: float, alpha: float = 0.05, power: float = 0.8, samples: int = 2) -> float:
+    """The smallest difference `seeds_needed` would call detectable with `n` seeds:
+    ``sqrt(samples / n) * s * (t_{1-alpha/2, df} + t_{power, df})``."""
+    return math.sqrt(samples / n) * sd * _t_sum(n, alpha, power, samples)

@@ -91,3 +91,7 @@ def test_seeds_needed_matches_cohen(st):
     # Cohen (1988) Table 2.4.1, two-tailed alpha 0.05, power 0.80: d = 1.0 -> 17 per group, d = 0.5 -> 64
     assert st.seeds_needed(1.0, 1.0) == 17 and st.seeds_needed(0.5, 1.0) == 64
     assert st.seeds_needed(0.1, 0.05, alpha=0.01) > st.seeds_needed(0.1, 0.05, alpha=0.05)
+    # one-sample, d = 1: n >= (t_{0.975, n-1} + t_{0.8, n-1})^2 first holds at n = 10 (t's 2.262 + 0.883 = 3.145 at
+    # df 9: 9.9 <= 10; at n = 9, df 8: 2.306 + 0.889 = 3.195 -> 10.2 > 9)
+    assert st.seeds_needed(1.0, 1.0, samples=1) == 10
+    assert st.detectable(17, 1.0) <= 1.0 < st.detectable(16, 1.0)  # the inverse of seeds_needed
