@@ -67,10 +67,10 @@ def audit_first_edition(root: pathlib.Path = FIRST) -> dict[str, Any]:
 
 
 def pick_levels(accuracy: dict[int, float], test_size: dict[int, int]) -> dict[str, Any]:
-    """The second edition's levels from the warmed-up model's pair-test accuracy: matched = a level with >= 200 test
+    """The second edition's levels from the warmed-up model's pair-test accuracy: matched = a level with >= 256 test
     problems and accuracy in [0.2, 0.6], the closest to 0.4; hard = such a level with accuracy in (0, 0.1], the
     highest (escape must be possible); retain = the level (not matched or hard) with accuracy >= 0.8, the highest."""
-    big = [k for k in accuracy if test_size[k] >= 200]
+    big = [k for k in accuracy if test_size[k] >= 256]
     matched = [k for k in big if 0.2 <= accuracy[k] <= 0.6]
     hard = [k for k in big if 0 < accuracy[k] <= 0.1]
     pick = {"matched": min(matched, key=lambda k: abs(accuracy[k] - 0.4)) if matched else None,

@@ -178,9 +178,11 @@ def test_second_edition_train_stats_by_hand(dr2):
 
 
 def test_pick_levels_rule(dr2):
-    pick = dr2.analysis.pick_levels({1: 0.92, 2: 0.85, 3: 0.55, 4: 0.31, 5: 0.04, 6: 0.0},
+    pick = dr2.analysis.pick_levels({1: 0.92, 2: 0.85, 3: 0.55, 4: 0.31, 5: 0.08, 6: 0.04},
                                     {1: 28, 2: 21, 3: 286, 4: 2732, 5: 249, 6: 262})  # fmt: skip
-    assert (pick["matched"], pick["hard"], pick["retain"]) == (4, 5, 1)  # |0.31 - 0.4| < |0.55 - 0.4|; 6 never solved
+    assert (pick["matched"], pick["hard"], pick["retain"]) == (4, 6, 1)  # |0.31 - 0.4| < |0.55 - 0.4|; 5: < 256
+    pick = dr2.analysis.pick_levels({3: 0.3, 6: 0.0}, {3: 286, 6: 262})
+    assert (pick["matched"], pick["hard"]) == (3, None)  # never solved: escape impossible
     pick = dr2.analysis.pick_levels({1: 0.5, 3: 0.7}, {1: 28, 3: 286})  # level 1 is too small to be matched
     assert (pick["matched"], pick["hard"], pick["retain"]) == (None, None, None)
 
