@@ -248,3 +248,24 @@ def test_first_edition_audit_backs_the_quoted_figures(dr2):
             assert audit[cond]["arms"][arm]["clip_frac_nonzero"] == [1.0, 1.0, 1.0]
         clipped = audit[cond]["arms"]["sign"]["clip_frac"] + audit[cond]["arms"]["avspo"]["clip_frac"]
         assert 0.21 <= min(clipped) and max(clipped) <= 0.91  # README: 21-90% of sign's and AVSPO's steps
+
+
+def test_second_edition_run_one_records_config_seed_commit(dr2, tmp_path, monkeypatch):
+    design = dr2.Design(**DESIGN_KW)
+    spec = dr2.RunSpec("m8", "grpo_resample", 5)
+    budget = design.steps * design.rows * dr2.MAX_NEW_TOKENS
+    recs = [{"step": 0, "retain/held/accuracy": 0.9}] + [
+        {"step": s, "time/train_s": 1.0, "grad_norm": g, "reward/mean": 0.5, "degeneracy/collapse_rate": 0.5,
+         "degeneracy/iid_rate": 0.4, "tokens/sampled_total": budget * s // 2} for s, g in ((1, 0.0), (2, 40.0))]
+    recs[-1]["retain/held/accuracy"] = 0.8
+    monkeypatch.setattr(dr2, "_train", lambda cfg, run_dir: recs)
+    evals = []
+    monkeypatch.setattr(dr2, "evaluate_level", lambda cfg, run_dir, level, prompts, samples, group, key: evals.append(
+        (level, prompts, samples, group)) or {"accuracy": 0.5 if level == 4 else 0.85})
+    res = dr2.run_one(spec, design, tmp_path, tmp_path / "work")
+    assert evals == [(4, 256, 8, 8), (1, 256, 16, 4)]  # held-out: 256 problems x 8; retention: the held skill
+    assert (res["seed"], res["level"], res["group"], res["sampled_tokens"]) == (5, 4, 8, budget)
+    assert res["config"]["algo"]["degenerate_groups"] == "resample" and res["config"]["seed"] == 5
+    assert len(res["commit"]) >= 40 and (res["clip_frac"], res["zero_grad_frac"]) == (0.5, 0.5)  # 40 > 25
+    assert res["retain_trainer"] == {"0": 0.9, "2": 0.8}
+    assert json.loads((tmp_path / "m8" / "grpo_resample" / "seed5" / "result.json").read_text()) == res
