@@ -222,7 +222,8 @@ def _train(cfg: Any, run_dir: pathlib.Path) -> list[dict[str, Any]]:
     trainer_lib.run(cfg, run_dir)
     records = metrics_log.read_metrics(run_dir)
     last = [r for r in records if "time/train_s" in r][-1:] or [{"step": 0, "tokens/sampled_total": 0}]
-    if not (last[0]["step"] >= cfg.train.steps or last[0]["tokens/sampled_total"] >= cfg.train.max_sampled_tokens):
+    budget = cfg.train.max_sampled_tokens
+    if not (last[0]["step"] >= cfg.train.steps or (budget is not None and last[0]["tokens/sampled_total"] >= budget)):
         sys.exit(f"interrupted at step {last[0]['step']} of {run_dir}; rerun the part to resume it")
     return records
 
@@ -299,6 +300,8 @@ def pilot(design: Design, out: pathlib.Path, work: pathlib.Path, arms: list[str]
     from jaxgrpo import config as config_lib
 
     pick = json.loads((out / "levels.json").read_text())["pick"]
+    if pick.get("matched") is None:
+        sys.exit(f"error: {out / 'levels.json'} picked no matched level: the pilot needs one (see its pick rule)")
     for arm, rank, grid in [(a, 0, LR_GRID) for a in arms] + [(a, 64, LORA_LR_GRID) for a in CONDITIONS["lora"].arms
                                                                if a in arms]:
         for lr in grid:
