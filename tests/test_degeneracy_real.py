@@ -1,8 +1,11 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""The real-model study's runner (benchmarks/degeneracy_real.py) without the model: every run's config is valid and
-the arms of a part share one token budget and one P x G; ``--arms`` runs a subset of a part; a finished run (its
-result.json) is skipped; results are written atomically; the summary's mean and Student-t interval against hand
-values."""
+"""The real-model study's runners without the model. First edition (benchmarks/degeneracy_real.py): every run's
+config is valid and the arms of a part share one token budget and one P x G; ``--arms`` runs a subset of a part; a
+finished run (its result.json) is skipped; results are written atomically; the summary's mean and Student-t interval
+against hand values. Second edition (benchmarks/degeneracy_real2.py and its analysis): the grid's configs (Dr. GRPO's
+own aggregation, the LoRA cell, pair splits, one budget, no two arms alike), parts and errors, per-run training
+statistics, the level and design rules, verdicts against hand-computed tests (pending until the seeds exist), and the
+first edition's audit against the figures the README quotes."""
 
 from __future__ import annotations
 
@@ -105,3 +108,164 @@ def test_run_one_reads_the_steps_past_the_step_0_retention_record(dr, tmp_path, 
     monkeypatch.setattr(dr, "heldout_eval", lambda *a, **k: {"accuracy": 0.5})
     result = dr.run_one(spec, dr.PILOT, tmp_path)
     assert (result["steps"], result["sampled_tokens"], result["step_s_median"]) == (2, budget, 4.0)  # median(3, 5)
+
+
+# ---- the second edition (benchmarks/degeneracy_real2.py, degeneracy_real2_analysis.py) ----
+
+@pytest.fixture(scope="module")
+def dr2():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import degeneracy_real2
+
+    return degeneracy_real2
+
+
+DESIGN_KW = dict(matched=4, hard=6, retain=1, max_grad_norm=25.0,
+                 lr={"grpo": 1e-5, "dr_grpo": 3e-5, "sign": 3e-6, "grpo_mask": 1e-5, "grpo_resample": 1e-5,
+                     "avspo": 1e-5, "sign@lora": 1e-4, "dr_grpo@lora": 3e-4})  # fmt: skip
+
+
+def test_second_edition_grid_configs(dr2, tmp_path):
+    design = dr2.Design(**DESIGN_KW)
+    grid = dr2.parts(design)
+    assert sum(c.seeds * len(c.arms) for c in dr2.CONDITIONS.values()) == sum(len(v) for v in grid.values())
+    assert {c: dr2.CONDITIONS[c].seeds for c in ("m4", "m8", "hard", "lora")} == {"m4": 8, "m8": 8, "hard": 10,
+                                                                                  "lora": 8}  # the issue's minimum
+    for specs in grid.values():
+        cfgs = {s.arm: dr2.run_config(s, design, tmp_path) for s in specs}  # validated by the config loader
+        cond = dr2.CONDITIONS[specs[0].cond]
+        for arm, cfg in cfgs.items():
+            assert cfg.rollout.prompts_per_step * cfg.rollout.group_size == design.rows
+            assert cfg.rollout.group_size == cond.group and cfg.lora.rank == cond.lora_rank
+            assert cfg.train.max_sampled_tokens == design.steps * design.rows * dr2.MAX_NEW_TOKENS
+            assert cfg.data.split == "pair-train" and cfg.data.difficulty == {"matched": 4, "hard": 6}[cond.level]
+            assert cfg.optim.max_grad_norm == 25.0
+            assert cfg.optim.learning_rate == design.lr[dr2.lr_key(arm, cond.lora_rank)]
+            assert cfg.model.name_or_path == str(tmp_path / "warmup" / "final")
+            (held,) = cfg.train.retain.values()
+            assert (held["difficulty"], held["split"]) == (1, "pair-test") and cfg.train.retain_every > 2 * design.steps
+            # Dr. GRPO with its own aggregation (sum over tokens / (S x max_tokens)), every other arm token-mean
+            assert cfg.algo.aggregation == ("seq-mean-token-sum-norm" if arm == "dr_grpo" else "token-mean")
+        algos = [(c.algo, c.optim) for c in cfgs.values()]
+        assert len({repr(a) for a in algos}) == len(algos)  # no two arms are one configuration
+
+
+def test_second_edition_parts_and_errors(dr2, tmp_path, monkeypatch, capsys):
+    with pytest.raises(SystemExit, match="design.json is missing: run --part warmup, levels, pilot, design"):
+        dr2.main(["--part", "m4-seed0", "--out", str(tmp_path)])
+    dr2._write_json(tmp_path / "design.json", {"design": DESIGN_KW})
+    ran = []
+    monkeypatch.setattr(dr2, "run_one", lambda spec, design, out, work: ran.append((spec.cond, spec.arm, spec.seed)))
+    assert dr2.main(["--part", "lora-seed3", "--out", str(tmp_path)]) == 0
+    assert ran == [("lora", "sign", 3), ("lora", "dr_grpo", 3)]
+    ran.clear()
+    assert dr2.main(["--part", "hard", "--arms", "grpo", "--out", str(tmp_path)]) == 0
+    assert ran == [("hard", "grpo", k) for k in range(10)]
+    assert dr2.main(["--part", "m4-seed8", "--out", str(tmp_path)]) == 2  # m4 has seeds 0..7
+    assert "unknown part 'm4-seed8'" in capsys.readouterr().err
+
+
+def test_second_edition_train_stats_by_hand(dr2):
+    recs = [{"step": 0, "retain/held/accuracy": 0.9}] + [
+        {"step": s, "time/train_s": 1.0, "grad_norm": g, "reward/mean": r, "degeneracy/collapse_rate": c,
+         "degeneracy/iid_rate": i}
+        for s, g, r, c, i in ((1, 0.0, 0.0, 1.0, 0.9), (2, 3.0, 0.5, 0.5, 0.5), (3, 30.0, 1.0, 0.25, 0.0),
+                              (4, 5.0, 0.5, 0.75, 0.5))]  # fmt: skip
+    s = dr2.train_stats(recs, 10.0)
+    assert (s["steps"], s["zero_grad_frac"], s["clip_frac"]) == (4, 0.25, 0.25)
+    assert s["jensen_gap_train"] == pytest.approx((0.1 + 0.0 + 0.25 + 0.25) / 4)
+    assert (s["reward_mean"], s["reward_last_half"]) == (0.5, 0.75) and s["grad_norm_pcts"]["50"] == 4.0
+
+
+def test_pick_levels_rule(dr2):
+    pick = dr2.analysis.pick_levels({1: 0.92, 2: 0.85, 3: 0.55, 4: 0.31, 5: 0.08, 6: 0.04},
+                                    {1: 28, 2: 21, 3: 286, 4: 2732, 5: 249, 6: 262})  # fmt: skip
+    assert (pick["matched"], pick["hard"], pick["retain"]) == (4, 6, 1)  # |0.31 - 0.4| < |0.55 - 0.4|; 5: < 256
+    pick = dr2.analysis.pick_levels({3: 0.3, 6: 0.0}, {3: 286, 6: 262})
+    assert (pick["matched"], pick["hard"]) == (3, None)  # never solved: escape impossible
+    pick = dr2.analysis.pick_levels({1: 0.5, 3: 0.7}, {1: 28, 3: 286})  # level 1 is too small to be matched
+    assert (pick["matched"], pick["hard"], pick["retain"]) == (None, None, None)
+
+
+def test_resolve_design_from_pilot_files(dr2, tmp_path):
+    dr2._write_json(tmp_path / "levels.json", {"pick": {"matched": 4, "hard": 5, "retain": 1}})
+    for arm, lr, reward, p99 in (("grpo", 1e-5, 0.4, 8.0), ("grpo", 3e-5, 0.6, 20.0), ("sign", 3e-6, 0.5, 3.0),
+                                 ("sign", 1e-5, 0.5, 90.0), ("sign@lora", 1e-4, 0.2, 1.0)):  # fmt: skip
+        dr2._write_json(tmp_path / "pilot" / arm / f"lr{lr:g}" / "pilot.json",
+                        {"lr": lr, "reward_last_half": reward, "grad_norm_pcts": {"99": p99}})
+    out = dr2.analysis.resolve_design(tmp_path, 2.0)
+    # grpo: the higher reward (3e-5); sign: a tie goes to the smaller lr (3e-6), so its 90.0 is not a chosen run
+    assert out["design"]["lr"] == {"grpo": 3e-5, "sign": 3e-6, "sign@lora": 1e-4}
+    assert out["design"]["max_grad_norm"] == 40.0 and (out["design"]["matched"], out["design"]["hard"]) == (4, 5)
+    dr2._write_json(tmp_path / "levels.json", {"pick": {"matched": 4, "hard": None, "retain": 1}})
+    with pytest.raises(SystemExit, match="picked no hard level"):
+        dr2.analysis.resolve_design(tmp_path, 2.0)
+
+
+def _result(cond, arm, seed, acc, retention=0.9, gap=0.05):
+    return {"cond": cond, "arm": arm, "seed": seed, "heldout": {"accuracy": acc}, "retention": {"accuracy": retention},
+            "jensen_gap_train": gap}
+
+
+def test_verdicts_pending_then_holm_within_condition(dr2, tmp_path):
+    claims = [{"id": "x", "cond": "m4", "a": "sign", "b": "grpo", "claim": "a>b", "metric": "accuracy", "seeds": 3},
+              {"id": "y", "cond": "m4", "a": "grpo_mask", "b": "grpo", "claim": "a>b", "metric": "accuracy",
+               "seeds": 3},
+              {"id": "z", "cond": "m4", "a": "grpo@start", "b": "grpo@end", "claim": "a>b",
+               "metric": "retention_drop", "seeds": 3}]  # fmt: skip
+    dr2._write_json(tmp_path / "claims.json", claims)
+    dr2._write_json(tmp_path / "levels.json", {"levels": {"1": {"accuracy": 0.9}, "4": {"accuracy": 0.3}},
+                                               "pick": {"matched": 4, "hard": None, "retain": 1}})  # fmt: skip
+    runs = {"sign": (0.9, 0.92, 0.94), "grpo": (0.5, 0.52, 0.54), "grpo_mask": (0.54, 0.5, 0.53)}
+    for arm, accs in runs.items():
+        for seed, acc in enumerate(accs[:2]):
+            dr2._write_json(tmp_path / "m4" / arm / f"seed{seed}" / "result.json",
+                            _result("m4", arm, seed, acc, retention=0.9 - 0.1 * seed))
+    v = dr2.analysis.verdicts(tmp_path)["claims"]
+    assert [r["significant"] for r in v] == [None, None, None] and [r["n"] for r in v] == [2, 2, 2]
+    for arm, accs in runs.items():
+        dr2._write_json(tmp_path / "m4" / arm / "seed2" / "result.json", _result("m4", arm, 2, accs[2], 0.7))
+    v = {r["id"]: r for r in dr2.analysis.verdicts(tmp_path)["claims"]}
+    # x: Welch with equal spreads (s = 0.02 each), t = 0.4 / sqrt(2 * 0.0004 / 3), df = 4
+    t = 0.4 / (2 * 0.0004 / 3) ** 0.5
+    ref = dr2.analysis.st.t_two_sided_p(t, 4.0)
+    assert v["x"]["p"] == pytest.approx(ref) and v["x"]["diff"] == pytest.approx(0.4)
+    # z: drops 0.0, 0.1, 0.2 from the warmed-up 0.9: mean 0.1, s = 0.1, t = sqrt(3), df 2 closed form
+    assert v["z"]["p"] == pytest.approx(1 - 3**0.5 / (2 + 3) ** 0.5)
+    ps = [v[k]["p"] for k in "xyz"]
+    assert [v[k]["p_holm"] for k in "xyz"] == pytest.approx(dr2.analysis.st.holm(ps))
+    assert v["x"]["significant"] is True and v["y"]["significant"] is False and v["z"]["significant"] is False
+
+
+def test_first_edition_audit_backs_the_quoted_figures(dr2):
+    audit = dr2.analysis.audit_first_edition()
+    assert audit["matched-g4"]["min_p_holm"] == pytest.approx(0.155, abs=5e-4)  # README: smallest adjusted p 0.155
+    assert min(a["min_p_holm"] for a in audit.values()) == audit["matched-g4"]["min_p_holm"]
+    zero = audit["matched-g4"]["arms"]["grpo"]["zero_grad_frac"] + audit["matched-g8"]["arms"]["grpo"]["zero_grad_frac"]
+    assert 0.60 < min(zero) and max(zero) < 0.72  # README: 60-72% of GRPO's steps with an exactly zero gradient
+    for cond in ("matched-g4", "matched-g8"):
+        for arm in ("grpo", "grpo_mask", "grpo_resample"):
+            assert audit[cond]["arms"][arm]["clip_frac_nonzero"] == [1.0, 1.0, 1.0]
+        clipped = audit[cond]["arms"]["sign"]["clip_frac"] + audit[cond]["arms"]["avspo"]["clip_frac"]
+        assert 0.21 <= min(clipped) and max(clipped) <= 0.91  # README: 21-90% of sign's and AVSPO's steps
+
+
+def test_second_edition_run_one_records_config_seed_commit(dr2, tmp_path, monkeypatch):
+    design = dr2.Design(**DESIGN_KW)
+    spec = dr2.RunSpec("m8", "grpo_resample", 5)
+    budget = design.steps * design.rows * dr2.MAX_NEW_TOKENS
+    recs = [{"step": 0, "retain/held/accuracy": 0.9}] + [
+        {"step": s, "time/train_s": 1.0, "grad_norm": g, "reward/mean": 0.5, "degeneracy/collapse_rate": 0.5,
+         "degeneracy/iid_rate": 0.4, "tokens/sampled_total": budget * s // 2} for s, g in ((1, 0.0), (2, 40.0))]
+    recs[-1]["retain/held/accuracy"] = 0.8
+    monkeypatch.setattr(dr2, "_train", lambda cfg, run_dir: recs)
+    evals = []
+    monkeypatch.setattr(dr2, "evaluate_level", lambda cfg, run_dir, level, prompts, samples, group, key: evals.append(
+        (level, prompts, samples, group)) or {"accuracy": 0.5 if level == 4 else 0.85})
+    res = dr2.run_one(spec, design, tmp_path, tmp_path / "work")
+    assert evals == [(4, 256, 8, 8), (1, 256, 16, 4)]  # held-out: 256 problems x 8; retention: the held skill
+    assert (res["seed"], res["level"], res["group"], res["sampled_tokens"]) == (5, 4, 8, budget)
+    assert res["config"]["algo"]["degenerate_groups"] == "resample" and res["config"]["seed"] == 5
+    assert len(res["commit"]) >= 40 and (res["clip_frac"], res["zero_grad_frac"]) == (0.5, 0.5)  # 40 > 25
+    assert res["retain_trainer"] == {"0": 0.9, "2": 0.8}
+    assert json.loads((tmp_path / "m8" / "grpo_resample" / "seed5" / "result.json").read_text()) == res

@@ -19,7 +19,8 @@ def test_degeneracy_notebook_executes(monkeypatch, tmp_path):
     for f in ("synthetic/base.json", "synthetic/runs.csv", "synthetic/curves.csv", "synthetic/jensen_tiny.json",
               "jensen.json",
               "real/curves.csv", "real/summary.json", "real/base_success.json", "real/base_heldout.json",
-              "real/base_retain.json", "real/grid_summary.json", "real/grid_curves.csv"):
+              "real/base_retain.json", "real/grid_summary.json", "real/grid_curves.csv",
+              "real2/claims.json", "real2/power.json", "real2/first_edition_audit.json"):
         assert (RESULTS / f).is_file(), f"committed result {f} is missing"
     monkeypatch.setenv("DEGENERACY_RESULTS", str(RESULTS))
     monkeypatch.setenv("DEGENERACY_FIGS", str(tmp_path))  # exercise the PNG export without touching docs/
@@ -32,5 +33,7 @@ def test_degeneracy_notebook_executes(monkeypatch, tmp_path):
     assert "runs: regimes" in outputs and "| regime | estimator |" in outputs
     assert "| G | arm | seeds | held-out accuracy |" in outputs and "| base model |" in outputs
     assert "too hard: level 3" in outputs and "| arm | seeds | steps with every group degenerate |" in outputs
+    assert "| claim | cond | a > b |" in outputs and "| H1-lora-sign-dr_grpo |" in outputs  # second edition
+    assert "| H5-m8-grpo | m8 | grpo:measured > grpo:iid | train_jensen_gap |" in outputs
     for name in ("reward_curves", "collapse_split", "jensen", "real", "real_grid", "real_retention"):
         assert (tmp_path / f"degeneracy_{name}.png").stat().st_size > 10_000, name

@@ -13,7 +13,9 @@ from jaxgrpo import rewards
 from jaxgrpo import word_arithmetic as wa
 
 OPERANDS = {1: (range(10), range(10), "+"), 2: (range(2, 10), range(2, 10), "*"),
-            3: (range(10, 100), range(1, 10), "+"), 4: (range(10, 100), range(10, 100), "+")}  # fmt: skip
+            3: (range(10, 100), range(1, 10), "+"), 4: (range(10, 100), range(10, 100), "+"),
+            5: (range(10, 100), range(1, 10), "-"), 6: (range(10, 100), range(1, 10), "*")}  # fmt: skip
+ANSWER = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
 
 
 @pytest.mark.parametrize("level", sorted(wa.WORDS_LEVELS))
@@ -26,19 +28,33 @@ def test_splits_partition_the_level(level):
 
 
 @pytest.mark.parametrize("level", sorted(wa.WORDS_LEVELS))
-def test_examples_are_correct_distinct_and_deterministic(level):
-    n = len(wa.problems(level, "test"))
-    ex = wa.word_arithmetic(n, level, 3, "test")
-    assert ex == wa.word_arithmetic(n, level, 3, "test")
-    assert ex != wa.word_arithmetic(n, level, 4, "test")  # another seed, another order
+def test_pair_splits_hold_out_unordered_pairs(level):
+    ra, rb, _ = OPERANDS[level]
+    every = {(a, b) for a in ra for b in rb}
+    train, test = set(wa.problems(level, "pair-train")), set(wa.problems(level, "pair-test"))
+    assert train | test == every and not train & test
+    unordered = lambda split: {frozenset(p) for p in split}  # noqa: E731
+    assert not unordered(train) & unordered(test)  # no {a, b} on both sides: b + a is never a trained twin of a + b
+    if level >= 3:
+        assert len(test) >= 200 and 0.25 < len(test) / len(every) < 0.42  # about a third held out
+    if level == 1:  # the commuted twins exist here: every test pair's twin is a test problem too
+        assert all((b, a) in test for a, b in test)
+
+
+@pytest.mark.parametrize("level,split", [(lv, sp) for lv in sorted(wa.WORDS_LEVELS) for sp in ("test", "pair-test")])
+def test_examples_are_correct_distinct_and_deterministic(level, split):
+    n = len(wa.problems(level, split))
+    ex = wa.word_arithmetic(n, level, 3, split)
+    assert ex == wa.word_arithmetic(n, level, 3, split)
+    assert ex != wa.word_arithmetic(n, level, 4, split)  # another seed, another order
     assert len({e.prompt for e in ex}) == n  # no repeats until the split is used up
     _, _, op = OPERANDS[level]
     for e in ex:
         a, b = e.meta["a"], e.meta["b"]
         assert e.prompt == f"What is {a} {op} {b}? Reply with just the number."
-        assert int(e.answer) == (a + b if op == "+" else a * b)
-        assert (a, b) in set(wa.problems(level, "test"))
-    more = wa.word_arithmetic(n + 3, level, 3, "test")  # past the split's size: a second permutation
+        assert int(e.answer) == ANSWER[op](a, b)
+        assert (a, b) in set(wa.problems(level, split))
+    more = wa.word_arithmetic(n + 3, level, 3, split)  # past the split's size: a second permutation
     assert more[:n] == ex and {e.prompt for e in more[n:]} <= {e.prompt for e in ex}
 
 
@@ -51,7 +67,10 @@ def test_load_dataset_hook_and_config_errors():
     assert len(data_lib.load_dataset(cfg.data, 0)) == 5
     with pytest.raises(config_lib.ConfigError, match=r"data.difficulty must be a data.source=words level in \[1, 2"):
         config_lib.load_config(None, ["data.source=words", "data.difficulty=0", "data.rewards={gsm8k_lenient: 1}"])
-    with pytest.raises(config_lib.ConfigError, match="data.split must be one of train, test for data.source=words"):
+    cfg = config_lib.load_config(None, ["data.source=words", "data.difficulty=5", "data.split=pair-test",
+                                        "data.rewards={gsm8k_lenient: 1.0}"])  # fmt: skip
+    assert data_lib.load_dataset(cfg.data, 0) == wa.word_arithmetic(len(wa.problems(5, "pair-test")), 5, 0, "pair-test")
+    with pytest.raises(config_lib.ConfigError, match="data.split must be one of train, test, pair-train, pair-test"):
         config_lib.load_config(None, ["data.source=words", "data.split=validation", "data.rewards={gsm8k_lenient: 1}"])
     with pytest.raises(config_lib.ConfigError, match=r"rewards for words: gsm8k_lenient"):
         config_lib.load_config(None, ["data.source=words", "data.rewards={arithmetic: 1.0}"])

@@ -1,0 +1,218 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""The degeneracy study's second edition, analysis side (numpy only, no model): the first edition's audit, the level
+and design picks, the power calculation and the pre-registered verdicts, all read from the committed files.
+
+Verdicts (``verdicts.json``): each claim of ``claims.json`` is tested on its metric per seed,
+``a > b`` claims by Welch's two-sided test of the two arms' per-seed values (``accuracy``: held-out accuracy;
+``escape``: 1 if the run's held-out accuracy is at least ``ESCAPE_MARGIN`` above the warmed-up model's, else 0, by the
+exact permutation test), ``start > end`` retention claims and ``measured > iid`` degeneracy claims by the one-sample
+t-test of the per-seed differences. Holm's correction runs over all claims of a condition (the family). A verdict is
+``true`` when the adjusted p is < ``ALPHA`` and the difference has the claimed sign, ``false`` otherwise, and stays
+``null`` ("pending") until every arm of the claim has the pre-registered number of seeds. Tests in
+benchmarks/study_stats.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import pathlib
+from typing import Any
+
+import numpy as np
+import study_stats as st
+
+HERE = pathlib.Path(__file__).resolve().parent
+FIRST = HERE / "results" / "degeneracy" / "real"
+ALPHA, ESCAPE_MARGIN = 0.05, 0.2
+ONE_SAMPLE = ("retention_drop", "train_jensen_gap")  # per-seed differences, tested against 0
+COND_LEVEL = {"m4": "matched", "m8": "matched", "hard": "hard", "lora": "matched"}  # the runner's CONDITIONS
+FIRST_CONDITIONS = {"matched-g4": ("matched-g4-a", "matched-g4-b", "matched-g4-c"),
+                    "matched-g8": ("matched-g8-a", "matched-g8-b", "matched-g8-c"), "hard-g4": ("hard-g4",)}
+
+
+def _first_runs(root: pathlib.Path, parts: tuple[str, ...]) -> dict[str, list[tuple[dict, list[dict]]]]:
+    out: dict[str, list[tuple[dict, list[dict]]]] = {}
+    for part in parts:
+        for result in sorted((root / part).glob("*/seed*/result.json")):
+            recs = [json.loads(line) for line in (result.parent / "metrics.jsonl").read_text().splitlines()]
+            out.setdefault(result.parent.parent.name, []).append((json.loads(result.read_text()), recs))
+    return out
+
+
+def audit_first_edition(root: pathlib.Path = FIRST) -> dict[str, Any]:
+    """Per condition: every pairwise Welch test of held-out accuracy with Holm's adjustment over the condition's 15
+    pairs; per arm the fraction of steps with an exactly zero gradient and of steps (and of nonzero-gradient steps)
+    clipped at the first edition's ``max_grad_norm = 1``, per seed; same-seed GRPO vs grpo + mask differences."""
+    out: dict[str, Any] = {}
+    for cond, parts in FIRST_CONDITIONS.items():
+        runs = _first_runs(root, parts)
+        acc = {arm: [r["heldout"]["accuracy"] for r, _ in v] for arm, v in runs.items()}
+        pairs = list(itertools.combinations(sorted(acc), 2))
+        raw = [st.welch(acc[a], acc[b])["p"] for a, b in pairs]
+        adj = st.holm(raw)
+        arms = {}
+        for arm, v in runs.items():
+            g = [np.asarray([x["grad_norm"] for x in recs if "grad_norm" in x]) for _, recs in v]
+            arms[arm] = {"accuracy": acc[arm], "zero_grad_frac": [float(np.mean(x == 0)) for x in g],
+                         "clip_frac": [float(np.mean(x > 1.0)) for x in g],
+                         "clip_frac_nonzero": [float(np.mean(x[x > 0] > 1.0)) for x in g],
+                         "grad_norm_median_nonzero": float(np.median(np.concatenate([x[x > 0] for x in g])))}
+        same_seed = [abs(a - b) for a, b in zip(acc.get("grpo", []), acc.get("grpo_mask", []))]
+        out[cond] = {"pairs": [{"a": a, "b": b, "p": p, "p_holm": q} for (a, b), p, q in zip(pairs, raw, adj)],
+                     "min_p_holm": min(adj), "min_p": min(raw), "arms": arms,
+                     "grpo_vs_mask_same_seed_abs_diff": same_seed}  # fmt: skip
+    return out
+
+
+def pick_levels(accuracy: dict[int, float], test_size: dict[int, int]) -> dict[str, Any]:
+    """The second edition's levels from the warmed-up model's pair-test accuracy: matched = a level with >= 256 test
+    problems and accuracy in [0.2, 0.6], the closest to 0.4; hard = such a level with accuracy in (0, 0.1], the
+    highest (escape must be possible); retain = the level (not matched or hard) with accuracy >= 0.8, the highest."""
+    big = [k for k in accuracy if test_size[k] >= 256]
+    matched = [k for k in big if 0.2 <= accuracy[k] <= 0.6]
+    hard = [k for k in big if 0 < accuracy[k] <= 0.1]
+    pick = {"matched": min(matched, key=lambda k: abs(accuracy[k] - 0.4)) if matched else None,
+            "hard": max(hard, key=lambda k: accuracy[k]) if hard else None}
+    held = [k for k in accuracy if accuracy[k] >= 0.8 and k not in pick.values()]
+    pick["retain"] = max(held, key=lambda k: accuracy[k]) if held else None
+    pick["rule"] = pick_levels.__doc__.split(": ", 1)[1].replace("\n    ", " ")
+    return pick
+
+
+def resolve_design(out: pathlib.Path, clip_factor: float) -> dict[str, Any]:
+    """design.json: the levels (levels.json) and, from the pilot runs, the lr per arm (highest mean reward over the
+    pilot's last half, ties to the smaller lr) and the clip threshold (`clip_factor` x the largest 99th-percentile
+    gradient norm among the chosen runs). Errors name what is missing."""
+    levels = json.loads((out / "levels.json").read_text())["pick"]
+    missing = [k for k in ("matched", "hard", "retain") if levels.get(k) is None]
+    if missing:
+        raise SystemExit(f"error: levels.json picked no {', '.join(missing)} level; add a level or change the rule")
+    chosen: dict[str, dict[str, Any]] = {}
+    for path in sorted((out / "pilot").glob("*/lr*/pilot.json")):
+        run = json.loads(path.read_text())
+        key = path.parent.parent.name
+        best = chosen.get(key)
+        if best is None or (run["reward_last_half"], -run["lr"]) > (best["reward_last_half"], -best["lr"]):
+            chosen[key] = run
+    if not chosen:
+        raise SystemExit(f"error: no pilot runs under {out / 'pilot'}; run --part pilot first")
+    p99 = max(r["grad_norm_pcts"]["99"] for r in chosen.values())
+    design = {"matched": levels["matched"], "hard": levels["hard"], "retain": levels["retain"],
+              "lr": {k: r["lr"] for k, r in chosen.items()}, "max_grad_norm": float(clip_factor * p99)}
+    return {"design": design, "pilot_p99_grad_norm": p99,
+            "pilot": {k: {"lr": r["lr"], "reward_last_half": r["reward_last_half"]} for k, r in chosen.items()}}
+
+
+def plan_sds(audit: dict[str, Any], root: pathlib.Path = FIRST) -> dict[str, dict[str, Any]]:
+    """The planning SD of each metric's per-seed values, with its source (PREREGISTRATION.md)."""
+    acc = max(float(math.sqrt(np.mean([np.var(v["accuracy"], ddof=1) for v in audit[c]["arms"].values()])))
+              for c in ("matched-g4", "matched-g8"))  # fmt: skip
+    gaps = []
+    for result in sorted((root / "matched-g4-a" / "grpo").glob("seed*/result.json")):
+        recs = [json.loads(x) for x in (result.parent / "metrics.jsonl").read_text().splitlines()]
+        gaps.append(np.mean([r["degeneracy/collapse_rate"] - r["degeneracy/iid_rate"] for r in recs
+                             if "degeneracy/iid_rate" in r]))  # fmt: skip
+    return {
+        "accuracy": {"sd": acc, "source": "first edition, matched level: the larger of the G = 4 and G = 8 pooled "
+                     "between-seed SDs of held-out accuracy (both at the 0.9-1.0 ceiling, so likely low)"},
+        "escape": {"sd": 0.5, "source": "a yes/no outcome's largest SD (p = 0.5)"},
+        "retention_drop": {"sd": 0.05, "source": "assumed: eval noise of ~28 problems x 16 samples at ~0.85 "
+                           "(binomial 0.017) plus between-seed spread; no first-edition set started >= 0.8"},
+        "train_jensen_gap": {"sd": float(np.std(gaps, ddof=1)), "source": "first edition, matched level, GRPO at "
+                             "G = 4: between-seed SD of the per-run mean of collapse_rate - iid_rate"},
+    }  # fmt: skip
+
+
+def power_plan(claims: list[dict[str, Any]], sds: dict[str, dict[str, Any]], alpha: float = ALPHA) -> list[dict]:
+    """Per claim: the seeds needed for its expected effect at power 0.8 (at alpha / family, Holm's first step, and
+    at alpha, its last) and the smallest effect its pre-registered seeds detect at alpha / family."""
+    family = {c["cond"]: sum(x["cond"] == c["cond"] for x in claims) for c in claims}
+    out = []
+    for c in claims:
+        sd, m = sds[c["metric"]]["sd"], family[c["cond"]]
+        k = 1 if c["metric"] in ONE_SAMPLE else 2
+        out.append({"id": c["id"], "cond": c["cond"], "family": m, "effect": c["effect"], "sd": sd,
+                    "seeds_holm_first": st.seeds_needed(c["effect"], sd, alpha / m, samples=k),
+                    "seeds_holm_last": st.seeds_needed(c["effect"], sd, alpha, samples=k),
+                    "seeds": c["seeds"], "detectable_at_seeds": st.detectable(c["seeds"], sd, alpha / m, samples=k)})
+    return out
+
+
+def power_json(out: pathlib.Path) -> dict[str, Any]:
+    """power.json: the planning SDs (from the first edition's files) and every claim's `power_plan` row."""
+    sds = plan_sds(audit_first_edition())
+    return {"alpha": ALPHA, "power": 0.8, "plan_sds": sds,
+            "claims": power_plan(json.loads((out / "claims.json").read_text()), sds)}
+
+
+def load_runs(out: pathlib.Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """cond -> arm -> finished results (sorted by seed)."""
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for path in sorted(out.glob("*/*/seed*/result.json")):
+        r = json.loads(path.read_text())
+        runs.setdefault(r["cond"], {}).setdefault(r["arm"], []).append(r)
+    for arms in runs.values():
+        for v in arms.values():
+            v.sort(key=lambda r: r["seed"])
+    return runs
+
+
+def _values(claim: dict[str, Any], runs: dict[str, list[dict[str, Any]]], base: float | None) -> tuple:
+    metric = claim["metric"]
+    if metric == "accuracy":
+        return [r["heldout"]["accuracy"] for r in runs.get(claim["a"], [])], \
+               [r["heldout"]["accuracy"] for r in runs.get(claim["b"], [])]
+    if metric == "escape":
+        esc = lambda arm: [float(r["heldout"]["accuracy"] >= base[claim["cond"]] + ESCAPE_MARGIN)  # noqa: E731
+                           for r in runs.get(arm, [])]
+        return esc(claim["a"]), esc(claim["b"])
+    arm = claim["a"].split("@")[0].split(":")[0]
+    if metric == "retention_drop":  # "<arm>@start" > "<arm>@end": the warmed-up model's retention minus the run's
+        return [base["retain"] - r["retention"]["accuracy"] for r in runs.get(arm, [])], None
+    if metric == "train_jensen_gap":  # "<arm>:measured" > "<arm>:iid": per run, mean over steps
+        return [r["jensen_gap_train"] for r in runs.get(arm, [])], None
+    raise ValueError(f"claims.json: unknown metric {metric!r}")
+
+
+def verdicts(out: pathlib.Path) -> dict[str, Any]:
+    """Every claim's test, Holm-adjusted within its condition; null verdicts until the claim's seeds exist."""
+    claims = json.loads((out / "claims.json").read_text())
+    runs = load_runs(out)
+    base = _base_accuracy(out)
+    rows = []
+    for c in claims:
+        a, b = _values(c, runs.get(c["cond"], {}), base)
+        n = min(len(a), len(b)) if b is not None else len(a)
+        row = {**c, "n": n, "diff": None, "p": None, "p_holm": None, "significant": None}
+        if n >= c["seeds"]:
+            if b is None:
+                res = st.one_sample(a)
+                row.update(diff=res["mean"], p=res["p"])
+            elif c["metric"] == "escape":
+                row.update(diff=float(np.mean(a) - np.mean(b)), p=st.permutation_p(a, b))
+            else:
+                res = st.welch(a, b)
+                row.update(diff=res["diff"], p=res["p"])
+        rows.append(row)
+    for cond in {r["cond"] for r in rows}:
+        fam = [r for r in rows if r["cond"] == cond]
+        if all(r["p"] is not None for r in fam):  # the family is adjusted once every claim in it has its seeds
+            for r, q in zip(fam, st.holm([r["p"] for r in fam])):
+                r["p_holm"], r["significant"] = q, bool(q < ALPHA and r["diff"] > 0)
+    return {"alpha": ALPHA, "claims": rows}
+
+
+def _base_accuracy(out: pathlib.Path) -> dict[str, float]:
+    """cond -> the warmed-up model's accuracy on the condition's level, and "retain" -> on the held skill's level
+    (levels.json): the escape threshold and the retention start point."""
+    path = out / "levels.json"
+    if not path.exists():
+        return {}
+    lv = json.loads(path.read_text())
+    pick = lv.get("pick") or {}
+    out_ = {c: lv["levels"][str(pick[name])]["accuracy"] for c, name in COND_LEVEL.items() if pick.get(name)}
+    if pick.get("retain"):
+        out_["retain"] = lv["levels"][str(pick["retain"])]["accuracy"]
+    return out_
