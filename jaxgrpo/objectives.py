@@ -50,7 +50,7 @@ import numpy as np
 Array = jax.Array
 
 __all__ = ["Objective", "OBJECTIVES", "cispo_weight", "entropy_selection", "token_covariance", "clip_cov_selection",
-           "kl_cov_selection", "overlong_penalty", "validate_objective"]
+           "kl_cov_selection", "overlong_penalty", "overlong_metrics", "validate_objective"]
 
 Objective = Literal["ppo", "cispo", "clip_cov", "kl_cov"]
 OBJECTIVES: tuple[str, ...] = typing.get_args(Objective)
@@ -172,3 +172,17 @@ def overlong_penalty(lengths: np.ndarray | Array, max_len: int, buffer: int) -> 
     free = max_len - buffer
     pen = np.where(y <= free, 0.0, np.where(y <= max_len, (free - y) / buffer, -1.0))
     return pen.astype(np.float32)
+
+
+def overlong_metrics(lengths: np.ndarray, truncated: np.ndarray, valid: np.ndarray, max_len: int, filtered: bool,
+                     buffer: int | None) -> dict[str, float]:
+    """Host metrics of a rollout's overlong shaping: ``overlong/filtered_frac`` (valid samples left out of the loss as
+    truncated; with ``filtered``) and ``overlong/penalty_mean`` (mean punishment added to the rewards; with
+    ``buffer``). ``lengths``, ``truncated``: per sample; ``valid``: any shape holding the same samples."""
+    out = {}
+    if filtered:
+        v = np.asarray(valid, bool).reshape(-1)
+        out["overlong/filtered_frac"] = float((np.asarray(truncated, bool).reshape(-1) & v).sum() / max(v.sum(), 1))
+    if buffer is not None:
+        out["overlong/penalty_mean"] = float(overlong_penalty(lengths, max_len, buffer).mean())
+    return out
