@@ -344,7 +344,9 @@ def _objective_terms(
         return jnp.where(detach, jax.lax.stop_gradient(ppo), ppo), detach
     penal = obj.kl_cov_selection(cov, valid, kl_cov_ratio, axis_name)
     surrogate = -ratio * adv
-    return jnp.where(penal, surrogate + kl_cov_coef * jnp.abs(log_ratio), surrogate), penal
+    # |x| with gradient sign(x), 0 at x = 0 (as PyTorch's abs; jnp.abs's is 1 there)
+    abs_log_ratio = log_ratio * jax.lax.stop_gradient(jnp.sign(log_ratio))
+    return jnp.where(penal, surrogate + kl_cov_coef * abs_log_ratio, surrogate), penal
 
 
 def resolve_sampler_correction(mode: SamplerCorrection, compute_dtype: str) -> SamplerCorrection:

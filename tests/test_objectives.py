@@ -90,6 +90,10 @@ class ObjectiveTest(chex.TestCase):
         np.testing.assert_allclose(grad, [[-e[0, 0], -e[0, 1]], [e[1, 0], e[1, 1] + 1.0]] / np.float32(4),
                                    rtol=1e-5)
         self.assertAlmostEqual(float(met["loss/cov_selected_frac"]), 1 / 4, places=6)
+        # at logp = old_logp the penalty has no gradient (|x|' = sign(0) = 0, as verl's torch.abs)
+        _, _, grad0 = _value_and_grad(self.variant, logp, jnp.asarray(logp, jnp.float32), adv, mask,
+                                      objective="kl_cov", kl_cov_ratio=0.25)
+        np.testing.assert_allclose(grad0, [[-1, -1], [1, 1]] / np.float32(4), rtol=1e-6)
         # k = 0.5: the top two, (1,1) and (0,0); beta = 2
         loss, _, grad = _value_and_grad(self.variant, logp, jnp.asarray(logp - d, jnp.float32), adv, mask,
                                         objective="kl_cov", kl_cov_ratio=0.5, kl_cov_coef=2.0)
