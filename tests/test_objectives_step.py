@@ -140,3 +140,20 @@ def test_default_demo_trains_with_each_switch(tmp_path, switch):
     if switch == "overlong":
         assert all(-1 <= rec["overlong/penalty_mean"] <= 0 for rec in history)
         assert all(0 <= rec["overlong/filtered_frac"] < 1 for rec in history), history
+
+
+@pytest.mark.parametrize("override,match", [
+    ("algo.objective=dapo", "algo.objective"),
+    ("algo.entropy_top_frac=0", "algo.entropy_top_frac must be in"),
+    ("algo.overlong_buffer=2", "algo.overlong_buffer must be in \\[1, rollout.max_new_tokens=1\\]"),
+    ("algo.clip_cov_lb=6", "algo.clip_cov_lb must be < algo.clip_cov_ub=5.0"),
+    ("algo.kl_cov_ratio=0", "algo.kl_cov_ratio must be in"),
+])
+def test_bad_objective_config_is_a_clean_error(override, match):
+    from jaxgrpo import config as config_lib
+
+    with pytest.raises(config_lib.ConfigError, match=match):
+        config_lib.load_config("default", [override])
+    extra = ["algo.objective=cispo", "algo.dual_clip=3"]
+    with pytest.raises(config_lib.ConfigError, match="algo.dual_clip must be null with algo.objective=cispo"):
+        config_lib.load_config("default", extra)
