@@ -123,7 +123,8 @@ def abstract_batch(cfg: Config, mesh: Mesh, prompt_width: int) -> ts.Batch:
     ref = sds((B, Tc), jnp.float32) if cfg.algo.kl_coef > 0 else None
     return ts.Batch(tokens=sds((B, prompt_width + Tc), jnp.int32), prompt_mask=sds((B, prompt_width), bool),
                     completion_mask=sds((B, Tc), bool), rewards=sds((P, G), jnp.float32), valid=sds((P, G), bool),
-                    old_logprobs=sds((B, Tc), jnp.float32), ref_logprobs=ref)  # fmt: skip
+                    old_logprobs=sds((B, Tc), jnp.float32), ref_logprobs=ref,
+                    truncated=sds((B,), bool) if cfg.algo.overlong_filter else None)  # fmt: skip
 
 
 def compile_train_step(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]) -> dict[str, float]:

@@ -53,6 +53,7 @@ class Batch:
     old_logprobs: jax.Array
     ref_logprobs: jax.Array | None = None
     projections: dict[str, jax.Array] | None = None
+    truncated: jax.Array | None = None  # [B] bool: no EOS within max_new_tokens; required by algo.overlong_filter
 
 
 def check_batch(batch: Batch, algo: AlgoConfig, perf: PerfConfig, num_shards: int) -> tuple[int, int]:
@@ -83,6 +84,10 @@ def check_batch(batch: Batch, algo: AlgoConfig, perf: PerfConfig, num_shards: in
             raise ValueError(f"batch.ref_logprobs has shape {batch.ref_logprobs.shape}, expected {(B, Tc)}")
     elif batch.ref_logprobs is not None:
         raise ValueError("batch.ref_logprobs given but algo.kl_coef == 0: skip the reference forward and pass None")
+    if algo.overlong_filter and (batch.truncated is None or batch.truncated.shape != (B,)):
+        got = None if batch.truncated is None else batch.truncated.shape
+        raise ValueError(f"algo.overlong_filter needs batch.truncated [B={B}] bool (sampling.Completions.truncated); "
+                         f"got {got}")
     splits = algo.num_minibatches * algo.grad_accum_steps
     if Pn % (splits * num_shards):
         raise ValueError(

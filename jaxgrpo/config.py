@@ -256,6 +256,26 @@ def _at_least(cfg: Config, minimum: int, *keys: str) -> None:
         _require(value >= minimum, dotted, value, f">= {minimum}")
 
 
+def _validate_objective(cfg: Config) -> None:
+    """algo.objective's hyper-parameters, algo.entropy_top_frac and DAPO's overlong shaping (jaxgrpo.objectives)."""
+    a = cfg.algo
+    _require(a.entropy_top_frac is None or 0 < a.entropy_top_frac <= 1, "algo.entropy_top_frac", a.entropy_top_frac,
+             "in (0, 1] (0.2 in the paper) or null (off)")
+    _require(0 < a.clip_cov_ratio <= 1, "algo.clip_cov_ratio", a.clip_cov_ratio, "in (0, 1] (2e-4 in the paper)")
+    _require(a.clip_cov_lb < a.clip_cov_ub, "algo.clip_cov_lb", a.clip_cov_lb, f"< algo.clip_cov_ub={a.clip_cov_ub}")
+    _require(0 < a.kl_cov_ratio <= 1, "algo.kl_cov_ratio", a.kl_cov_ratio, "in (0, 1] (2e-3 in the paper)")
+    _require(a.kl_cov_coef >= 0, "algo.kl_cov_coef", a.kl_cov_coef, ">= 0 (1 in the paper)")
+    _require(a.cispo_clip_low is None or 0 <= a.cispo_clip_low < 1, "algo.cispo_clip_low", a.cispo_clip_low,
+             "in [0, 1) or null (no lower bound)")
+    _require(a.cispo_clip_high is None or a.cispo_clip_high >= 0, "algo.cispo_clip_high", a.cispo_clip_high,
+             ">= 0 or null (= algo.clip_high)")
+    _require(a.dual_clip is None or a.objective in ("ppo", "clip_cov"), "algo.dual_clip", a.dual_clip,
+             f"null with algo.objective={a.objective} (dual-clip caps the clipped PPO loss only)")
+    m = cfg.rollout.max_new_tokens
+    _require(a.overlong_buffer is None or 1 <= a.overlong_buffer <= m, "algo.overlong_buffer", a.overlong_buffer,
+             f"in [1, rollout.max_new_tokens={m}] (tokens of the soft punishment interval) or null (off)")
+
+
 def validate(cfg: Config) -> None:
     """Raises ConfigError for an out-of-range or inconsistent value (types are checked while loading)."""
     for (section, key), choices in CHOICES.items():
@@ -340,6 +360,7 @@ def validate(cfg: Config) -> None:
     _require(cfg.perf.attention_chunk >= 1, "perf.attention_chunk", cfg.perf.attention_chunk, ">= 1")
     _require(a.sampler_correction_cap > 1, "algo.sampler_correction_cap", a.sampler_correction_cap, "> 1 (e.g. 2.0)")
     _require(cfg.perf.logprob_chunk >= 0, "perf.logprob_chunk", cfg.perf.logprob_chunk, ">= 0 (0 = automatic)")
+    _validate_objective(cfg)
 
     _require(o.learning_rate > 0, "optim.learning_rate", o.learning_rate, "> 0")
     _require(0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio", o.min_lr_ratio, "in [0, 1]")

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from jaxgrpo.advantages import Estimator
 from jaxgrpo.degeneracy import DegenerateMode
-from jaxgrpo.losses import Aggregation, KLEstimator, RatioLevel, SamplerCorrection
+from jaxgrpo.losses import Aggregation, KLEstimator, Objective, RatioLevel, SamplerCorrection
 from jaxgrpo.models.attention import AttentionKind
 from jaxgrpo.models.config import LORA_TARGETS, LoraTarget
 from jaxgrpo.models.gguf_export import GgufDtype
@@ -106,6 +106,18 @@ class AlgoConfig:
     # seq_mask; auto = token_tis where model.dtype is not float32, none otherwise
     sampler_correction: SamplerCorrection = "auto"
     sampler_correction_cap: float = 2.0  # C: importance weights truncated at C, or tokens kept within [1/C, C]
+    # the policy objective (jaxgrpo.objectives, docs/objectives.md): ppo | cispo | clip_cov | kl_cov
+    objective: Objective = "ppo"
+    cispo_clip_low: float | None = None  # CISPO weight floor 1 - this; null = no lower bound (MiniMax-M1)
+    cispo_clip_high: float | None = None  # CISPO weight cap 1 + this; null = clip_high
+    clip_cov_ratio: float = 2e-4  # Clip-Cov: fraction of tokens detached (Cui et al. 2025)
+    clip_cov_lb: float = 1.0  # Clip-Cov: covariance interval (lb, ub) of the candidates
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 2e-3  # KL-Cov: fraction of tokens (top by covariance) penalised
+    kl_cov_coef: float = 1.0  # KL-Cov: beta of the |logp - old_logp| penalty
+    entropy_top_frac: float | None = None  # policy gradient on the top fraction of tokens by entropy; null = all
+    overlong_filter: bool = False  # DAPO: truncated completions (no EOS) leave the loss and its denominators
+    overlong_buffer: int | None = None  # DAPO soft overlong punishment interval L_cache in tokens; null = off
     # dynamic sampling (degenerate_groups=resample)
     resample_max_rounds: int = 4
     # reward failures: "error" stops the run naming the function and example; "invalidate" drops that sample

@@ -35,6 +35,15 @@ Numerical safety: log-ratios are clamped to [-20, 20] before ``exp`` (a ratio be
 outside any trust region), so the loss and its gradient stay finite for extreme or garbage log-probabilities;
 padding positions are zeroed before any arithmetic.
 
+``objective`` (formulas and sources in `jaxgrpo.objectives`, docs/objectives.md): ``"ppo"`` is the clipped loss
+above; ``"cispo"`` replaces it with ``-sg(clip(rho, 1 - cispo_clip_low, 1 + cispo_clip_high)) A logp`` (MiniMax-M1);
+``"clip_cov"`` is the PPO loss with the gradient of a random ``clip_cov_ratio`` fraction of the tokens whose
+covariance lies in (``clip_cov_lb``, ``clip_cov_ub``) detached (Cui et al. 2025; needs ``key``); ``"kl_cov"`` is the
+unclipped ``-rho A`` plus ``kl_cov_coef * |logp - old_logp|`` on the top ``kl_cov_ratio`` fraction by covariance.
+``entropy_top_frac=rho`` (with ``entropy``) keeps the policy-gradient term of the ``ceil(rho N)`` highest-entropy
+tokens only (Wang et al. 2025); the others leave the policy term's mask and so its denominators (the KL term keeps
+every token).
+
 With ``axis_name`` (inside ``shard_map``, sequences sharded along that named axis) the numerators and the global
 normalisers (token counts, sequence counts) are psum-ed, so every shard returns the loss and metrics of the whole
 batch. Differentiate it inside ``shard_map`` (``check_vma=True``, the default): the transpose of psum then gives each
@@ -50,11 +59,14 @@ from typing import Literal
 import jax
 import jax.numpy as jnp
 
+from jaxgrpo import objectives as obj
+from jaxgrpo.objectives import OBJECTIVES, Objective
+
 Array = jax.Array
 
 __all__ = ["policy_loss", "kl_divergence", "sampler_correction", "resolve_sampler_correction", "Aggregation",
            "AGGREGATIONS", "RatioLevel", "RATIO_LEVELS", "KLEstimator", "KL_ESTIMATORS", "SamplerCorrection",
-           "SAMPLER_CORRECTIONS"]
+           "SAMPLER_CORRECTIONS", "Objective", "OBJECTIVES"]
 
 # The choices of `policy_loss` (and the config's algo.aggregation / ratio_level / kl_estimator); module docstring.
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
@@ -138,6 +150,17 @@ def policy_loss(
     kl_estimator: KLEstimator = "k3",
     axis_name: str | None = None,
     is_weights: Array | None = None,
+    objective: Objective = "ppo",
+    entropy: Array | None = None,
+    entropy_top_frac: float | None = None,
+    cispo_clip_low: float | None = None,
+    cispo_clip_high: float | None = None,
+    clip_cov_ratio: float = 2e-4,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+    kl_cov_ratio: float = 2e-3,
+    kl_cov_coef: float = 1.0,
+    key: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """Clipped policy-gradient loss and its metrics (formulas in the module docstring).
 
@@ -156,6 +179,11 @@ def policy_loss(
       axis_name: psum the numerators and normalisers over this named axis (inside shard_map).
       is_weights: ``[..., T]`` constants multiplying each token's policy-gradient term (not the KL term): the
         sampler-mismatch correction of `sampler_correction`; None = 1.
+      objective: one of :data:`OBJECTIVES` (module docstring); its hyper-parameters (paper defaults):
+        ``cispo_clip_low`` (None = no lower bound), ``cispo_clip_high`` (None = clip_high); ``clip_cov_ratio``,
+        ``clip_cov_lb``, ``clip_cov_ub`` and ``key`` (a PRNG key, the same on every shard) for clip_cov;
+        ``kl_cov_ratio``, ``kl_cov_coef`` for kl_cov.
+      entropy, entropy_top_frac: ``[..., T]`` per-token entropies (constants) and rho in (0, 1], or None (off).
 
     Returns:
       ``(loss, metrics)``: loss a float32 scalar; metrics float32 scalars over valid tokens:
@@ -163,7 +191,8 @@ def policy_loss(
       (A > 0 and ratio > 1 + clip_high), ``clip/dual_frac`` (A < 0 and ratio > c), ``ratio/mean``, ``ratio/max``,
       ``ratio/min`` (the ratio used: per token, or the sequence ratio for GSPO), ``approx_kl_old`` (k3 estimate of
       KL(pi_old || pi) from the old samples: mean of (rho - 1) - log rho), ``tokens`` (valid tokens), ``sequences``
-      (sequences with a valid token).
+      (sequences with a valid token); and, when on, ``loss/cispo_clipped_frac`` (cispo: weight clipped),
+      ``loss/cov_selected_frac`` (clip_cov: detached; kl_cov: penalised), ``loss/entropy_selected_frac``.
     """
     if clip_high is None:
         clip_high = clip_low
@@ -181,6 +210,14 @@ def policy_loss(
         raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}; got {kl_estimator!r}")
     if not kl_coef >= 0.0:
         raise ValueError(f"kl_coef must be >= 0; got {kl_coef!r}")
+    obj.validate_objective(objective, entropy_top_frac, clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio,
+                           kl_cov_coef, cispo_clip_low, cispo_clip_high)
+    if dual_clip is not None and objective in ("cispo", "kl_cov"):
+        raise ValueError(f"dual_clip applies to the clipped PPO loss only; set it to None for objective={objective!r}")
+    if objective == "clip_cov" and key is None:
+        raise ValueError("objective='clip_cov' draws a random subset of tokens: pass key=jax.random.key(...)")
+    if entropy_top_frac is not None and entropy is None:
+        raise ValueError("entropy_top_frac needs entropy (the per-token entropies [..., T]); pass it or set None")
     if kl_coef > 0 and ref_logp is None:
         raise ValueError(
             "kl_coef > 0 needs ref_logp (the reference policy's log-probabilities); pass it or set kl_coef=0"
@@ -190,7 +227,7 @@ def policy_loss(
     if logp.ndim < 1:
         raise ValueError(f"logp must be [..., T]; got a scalar (shape {logp.shape})")
     shape = logp.shape
-    for name, arr in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp)):
+    for name, arr in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp), ("entropy", entropy)):
         if arr is not None and jnp.shape(arr) != shape:
             raise ValueError(f"{name} must have logp's shape {shape}; got {jnp.shape(arr)}")
     advantages = jnp.asarray(advantages, jnp.float32)
@@ -224,13 +261,26 @@ def policy_loss(
     per_token = jnp.maximum(-ratio * advantages, -clipped * advantages)
     if dual_clip is not None:
         per_token = jnp.where(advantages < 0, jnp.minimum(per_token, -dual_clip * advantages), per_token)
+    extra: dict[str, Array] = {}
+    if objective != "ppo":
+        per_token, sel = _objective_terms(
+            objective, per_token, ratio, clipped, logp, log_ratio, advantages, valid, axis_name, key,
+            cispo_clip_low, clip_high if cispo_clip_high is None else cispo_clip_high,
+            clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio, kl_cov_coef)  # fmt: skip
+        extra["loss/cispo_clipped_frac" if objective == "cispo" else "loss/cov_selected_frac"] = sel
     if is_weights is not None:
         if jnp.shape(is_weights) != shape:
             raise ValueError(f"is_weights must have logp's shape {shape}; got {jnp.shape(is_weights)}")
         per_token = per_token * jax.lax.stop_gradient(jnp.asarray(is_weights, jnp.float32))
     per_token = jnp.where(valid, per_token, 0.0)
 
-    pg = _aggregate(per_token, maskf, aggregation, float(max_tokens), axis_name)
+    pg_maskf = maskf
+    if entropy_top_frac is not None:
+        chosen = obj.entropy_selection(jnp.where(valid, jnp.asarray(entropy, jnp.float32), 0.0), valid,
+                                       entropy_top_frac, axis_name)
+        pg_maskf = chosen.astype(jnp.float32)
+        extra["loss/entropy_selected_frac"] = chosen
+    pg = _aggregate(per_token, pg_maskf, aggregation, float(max_tokens), axis_name)
     if ref_logp is not None:
         ref = jnp.where(valid, jnp.asarray(ref_logp, jnp.float32), 0.0)
         kl = _aggregate(kl_divergence(logp, ref, kl_estimator), maskf, aggregation, float(max_tokens), axis_name)
@@ -270,8 +320,33 @@ def policy_loss(
         "tokens": tokens,
         "sequences": _psum(jnp.sum(jnp.sum(maskf, axis=-1) > 0).astype(jnp.float32), axis_name),
     }
+    metrics.update({k: token_mean(v.astype(jnp.float32)) for k, v in extra.items()})
     metrics = {k: jax.lax.stop_gradient(jnp.asarray(v, jnp.float32)) for k, v in metrics.items()}
     return loss.astype(jnp.float32), metrics
+
+
+def _objective_terms(
+    objective: str, ppo: Array, ratio: Array, clipped: Array, logp: Array, log_ratio: Array, adv: Array,
+    valid: Array, axis_name: str | None, key: Array | None, cispo_low: float | None, cispo_high: float,
+    clip_cov_ratio: float, clip_cov_lb: float, clip_cov_ub: float, kl_cov_ratio: float, kl_cov_coef: float,
+) -> tuple[Array, Array]:
+    """Per-token loss of a non-PPO objective (``ppo``: the clipped PPO per-token loss) and its selection mask for
+    the metrics (cispo: tokens whose weight is clipped; clip_cov / kl_cov: the detached / penalised tokens)."""
+    adv = jnp.broadcast_to(adv, logp.shape)
+    if objective == "cispo":
+        weight = obj.cispo_weight(ratio, cispo_low, cispo_high)
+        return -weight * adv * logp, valid & (jax.lax.stop_gradient(ratio) != weight)
+    cov = obj.token_covariance(logp, adv, valid, axis_name)
+    if objective == "clip_cov":
+        ppo_clipped = (-clipped * adv) > (-ratio * adv)  # the clip branch is active: PPO already stops the gradient
+        detach = obj.clip_cov_selection(cov, valid, jax.lax.stop_gradient(ppo_clipped), clip_cov_ratio, clip_cov_lb,
+                                        clip_cov_ub, key, axis_name)
+        return jnp.where(detach, jax.lax.stop_gradient(ppo), ppo), detach
+    penal = obj.kl_cov_selection(cov, valid, kl_cov_ratio, axis_name)
+    surrogate = -ratio * adv
+    # |x| with gradient sign(x), 0 at x = 0 (as PyTorch's abs; jnp.abs's is 1 there)
+    abs_log_ratio = log_ratio * jax.lax.stop_gradient(jnp.sign(log_ratio))
+    return jnp.where(penal, surrogate + kl_cov_coef * abs_log_ratio, surrogate), penal
 
 
 def resolve_sampler_correction(mode: SamplerCorrection, compute_dtype: str) -> SamplerCorrection:

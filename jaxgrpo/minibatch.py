@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgrpo import advantages as advantages_lib
-from jaxgrpo import degeneracy, losses, models
+from jaxgrpo import degeneracy, losses, models, objectives
 from jaxgrpo import sharding as sharding_lib
 from jaxgrpo.batch import Batch, check_batch
 from jaxgrpo.config import AlgoConfig, PerfConfig
@@ -44,6 +44,12 @@ def _validate(algo: AlgoConfig, perf: PerfConfig, temperature: float, mesh: Mesh
         raise ValueError(f"perf.logprob_chunk must be >= 0 (0 = automatic), got {perf.logprob_chunk}")
     if algo.kl_coef < 0:
         raise ValueError(f"algo.kl_coef must be >= 0, got {algo.kl_coef}")
+    try:
+        objectives.validate_objective(algo.objective, algo.entropy_top_frac, algo.clip_cov_ratio, algo.clip_cov_lb,
+                                      algo.clip_cov_ub, algo.kl_cov_ratio, algo.kl_cov_coef, algo.cispo_clip_low,
+                                      algo.cispo_clip_high)  # fmt: skip
+    except ValueError as e:
+        raise ValueError(f"algo.{e}") from None
     if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
         raise ValueError(f"temperature must be a finite number > 0 (the rollout temperature), got {temperature!r}")
     if mesh is not None and tuple(mesh.axis_names) != sharding_lib.MESH_AXES:
@@ -107,7 +113,7 @@ class StepParts:
         algo, S = self.algo, self.splits
         Pn, G = batch.rewards.shape
 
-        def local(rewards, valid, completion_mask):
+        def local(rewards, valid, completion_mask, *truncated):
             p_local = rewards.shape[0]
             adv_PG = advantages_lib.compute(algo.estimator, rewards, valid, axis_name=self.axis_name, **self.est_args)
             diag = degeneracy.diagnostics(
@@ -120,6 +126,8 @@ class StepParts:
             keep_B = jnp.ones((p_local * G,), bool)
             if self.drop_degenerate:
                 keep_B = jnp.repeat(~degenerate_P, G)
+            if truncated:  # DAPO overlong filtering: truncated completions leave the loss and its denominators
+                keep_B = keep_B & ~truncated[0]
             loss_mask = token_mask & keep_B[:, None]
             # Global normalizers of every split (micro-batch): loss tokens and sequences with >= 1 loss token.
             split_B = jnp.repeat(jnp.arange(p_local) % S, G)
@@ -131,10 +139,10 @@ class StepParts:
             return adv_PG.astype(jnp.float32), token_mask, loss_mask, tok_S, seq_S, dropped, diag
 
         rows = PartitionSpec(BATCH_AXES)
-        fn = self._shard_map(local, in_specs=(rows, rows, rows), out_specs=(rows, rows, rows, *[PartitionSpec()] * 4))
-        adv, token_mask, loss_mask, tok_S, seq_S, dropped, diag = fn(
-            batch.rewards.astype(jnp.float32), batch.valid.astype(bool), batch.completion_mask.astype(bool)
-        )
+        args = [batch.rewards.astype(jnp.float32), batch.valid.astype(bool), batch.completion_mask.astype(bool)]
+        args += [batch.truncated.astype(bool)] if algo.overlong_filter else []
+        fn = self._shard_map(local, in_specs=(rows,) * len(args), out_specs=(rows, rows, rows, *[PartitionSpec()] * 4))
+        adv, token_mask, loss_mask, tok_S, seq_S, dropped, diag = fn(*args)
         return dict(
             advantages=adv, token_mask=token_mask, loss_mask=loss_mask, tok=tok_S, seq=seq_S, dropped=dropped, diag=diag
         )
@@ -176,6 +184,7 @@ class StepParts:
         group_size: int,
         packed_width: int = 0,
         projections: dict[str, jax.Array] | None = None,
+        key: jax.Array | None = None,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         algo = self.algo
         logp, entropy = self.logprobs(params, mb, group_size, packed_width, projections, self.perf.remat)
@@ -191,7 +200,13 @@ class StepParts:
         else:
             is_w, keep, ratio_old = jnp.ones(logp.shape, jnp.float32), jnp.ones(logp.shape, bool), sampler_old
 
-        def local(logp, old, adv, mask, is_w, *ref):
+        use_ent, use_key = algo.entropy_top_frac is not None, algo.objective == "clip_cov"
+
+        def local(logp, old, adv, mask, is_w, *extra):
+            extra = list(extra)  # the optional trailing arguments, in order
+            ref = extra.pop(0) if use_kl else None
+            ent = extra.pop(0) if use_ent else None
+            k = extra.pop(0) if use_key else None
             return losses.policy_loss(
                 logp,
                 old,
@@ -203,17 +218,22 @@ class StepParts:
                 ratio_level=algo.ratio_level,
                 aggregation=algo.aggregation,
                 max_tokens=max_tokens,
-                ref_logp=ref[0] if use_kl else None,
+                ref_logp=ref,
                 kl_coef=algo.kl_coef,
                 kl_estimator=algo.kl_estimator,
                 axis_name=self.axis_name,
                 is_weights=is_w,
+                **self.objective_kw(ent, k),
             )
 
         args = [logp, ratio_old, mb["advantages"], mb["loss_mask"], is_w] + ([mb["ref_logprobs"]] if use_kl else [])
+        args += [self._constrain_rows(entropy)] if use_ent else []  # the learner's own entropies (constants)
         rows = PartitionSpec(BATCH_AXES)
         scalar = PartitionSpec()
-        loss, pm = self._shard_map(local, in_specs=tuple(rows for _ in args), out_specs=(scalar, scalar))(*args)
+        specs = [rows] * len(args)
+        if use_key:  # Clip-Cov's random subset: one replicated key per micro-batch
+            args, specs = args + [jax.random.key(0) if key is None else key], specs + [scalar]
+        loss, pm = self._shard_map(local, in_specs=tuple(specs), out_specs=(scalar, scalar))(*args)
         num, den = (mb["seq"], mb["seq_total"]) if self.seq_normalized else (mb["tok"], mb["tok_total"])
         w = num / jnp.maximum(den, 1.0)  # this micro-batch's share of the minibatch normalizer
         tok_share = mb["tok"] / jnp.maximum(mb["tok_total"], 1.0)
@@ -233,6 +253,14 @@ class StepParts:
         stats = jax.lax.stop_gradient(stats)
         pm = {k: jnp.asarray(v, jnp.float32) for k, v in pm.items()}
         return loss * w, dict(policy=pm, w=w, tok=mb["tok"], tok_share=tok_share, stats=stats)
+
+    def objective_kw(self, entropy: jax.Array | None, key: jax.Array | None) -> dict[str, Any]:
+        """`losses.policy_loss`'s objective keywords from the algo config."""
+        a = self.algo
+        return dict(objective=a.objective, entropy=entropy, entropy_top_frac=a.entropy_top_frac,
+                    cispo_clip_low=a.cispo_clip_low, cispo_clip_high=a.cispo_clip_high, clip_cov_ratio=a.clip_cov_ratio,
+                    clip_cov_lb=a.clip_cov_lb, clip_cov_ub=a.clip_cov_ub, kl_cov_ratio=a.kl_cov_ratio,
+                    kl_cov_coef=a.kl_cov_coef, key=key)  # fmt: skip
 
     @staticmethod
     def _combine(pms: dict[str, jax.Array], w: jax.Array, tok: jax.Array, tok_share: jax.Array) -> dict:
@@ -264,26 +292,34 @@ class StepParts:
         group_size: int,
         packed_width: int = 0,
         projections: dict[str, jax.Array] | None = None,
+        key: jax.Array | None = None,
     ) -> tuple[jax.Array, Params, dict]:
+        """``key``: the randomness of this update's loss (Clip-Cov), split over its micro-batches; None = key(0)."""
         # the gradient of the trainable part only (a LoRA run's adapters; the frozen base is a constant here)
         train = lora.trainable(params)
         grad_fn = jax.value_and_grad(
-            lambda t, mb: self.micro_loss(lora.with_trainable(params, t), mb, group_size, packed_width, projections),
+            lambda t, mb, k: self.micro_loss(lora.with_trainable(params, t), mb, group_size, packed_width,
+                                             projections, k),
             has_aux=True,
         )
+        if self.algo.objective != "clip_cov":
+            key = None
+        elif key is None:
+            key = jax.random.key(0)
         if self.ga == 1:
             first = jax.tree.map(lambda x: x[0], mbs)
-            (loss, aux), grads = grad_fn(train, first)
+            (loss, aux), grads = grad_fn(train, first, key)
             aux = jax.tree.map(lambda x: x[None], aux)
         else:
 
-            def body(acc, mb):
-                (loss, aux), g = grad_fn(train, mb)
+            def body(acc, mb_k):
+                (loss, aux), g = grad_fn(train, *mb_k)
                 acc = jax.tree.map(lambda a, b: a + b.astype(a.dtype), acc, g)
                 return acc, (loss, aux)
 
             zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), train)
-            grads, (loss, aux) = jax.lax.scan(body, zeros, mbs)
+            keys = None if key is None else jax.random.split(key, self.ga)
+            grads, (loss, aux) = jax.lax.scan(body, zeros, (mbs, keys))
             grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, train)
             loss = jnp.sum(loss)
         metrics = self._combine(aux["policy"], aux["w"], aux["tok"], aux["tok_share"])

@@ -219,8 +219,9 @@ def make_train_step(
             params, opt_state = carry
             mbs = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, u % step.nm, keepdims=False), split)
             # batch.projections (checked: one update per rollout) hold for these params: the ones that sampled
+            key = jax.random.fold_in(state.rng, u) if algo.objective == "clip_cov" else None  # Clip-Cov's subset
             loss, grads, aux = step.minibatch_grad(
-                params, mbs, batch.rewards.shape[1], packed_prompt_width, batch.projections
+                params, mbs, batch.rewards.shape[1], packed_prompt_width, batch.projections, key
             )
             grad_norm = optax.global_norm(grads)
             train = lora.trainable(params)  # a LoRA run updates its adapters only; the base passes through

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 
-from jaxgrpo import build, degeneracy, diversity, metrics_log, models, padding, rewards, sampling, sharding
+from jaxgrpo import build, degeneracy, diversity, metrics_log, models, objectives, padding, rewards, sampling, sharding
 from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
@@ -217,6 +217,9 @@ class Trainer:
         texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
         row_examples = [e for e in examples for _ in range(r.group_size)]
         rw, valid, _ = self.scorer(texts, row_examples, ids)
+        if self.cfg.algo.overlong_buffer is not None:  # DAPO's soft overlong punishment, in tokens
+            rw = rw + objectives.overlong_penalty(np.asarray(mask).sum(-1), r.max_new_tokens,
+                                                  self.cfg.algo.overlong_buffer)
         shape = (len(indices), r.group_size)
         return Rollout(prompt_ids, examples, comp, texts, rw.reshape(shape), valid.reshape(shape), projections)
 
@@ -258,6 +261,8 @@ class Trainer:
         # longest), so padding stays small and the step compiles once per width bucket, not once per batch.
         width = padding.train_prompt_width([len(p) for p in roll.prompt_ids], cap=self.prompt_width)
         batch = make_batch(roll, width, self.pad_id)
+        if self.cfg.algo.overlong_filter:  # DAPO overlong filtering: truncated completions leave the loss
+            batch = batch.replace(truncated=jnp.asarray(np.asarray(roll.completions.truncated), bool))
         if self.mesh is not None:
             batch = ts.global_batch(process_share(batch, len(roll.prompt_ids)), self.mesh)
         if self.cfg.algo.kl_coef > 0:
@@ -273,6 +278,9 @@ class Trainer:
         metrics.update(extra)
         metrics["completion/len_mean"] = float(lengths.mean())
         metrics["completion/truncated_frac"] = float(np.asarray(comp.truncated).mean())
+        metrics.update(objectives.overlong_metrics(lengths, np.asarray(comp.truncated), roll.valid,
+                                                   self.cfg.rollout.max_new_tokens, self.cfg.algo.overlong_filter,
+                                                   self.cfg.algo.overlong_buffer))
         metrics.update(diversity.diversity_metrics(comp.tokens, comp.mask, comp.entropy, self.cfg.rollout.group_size))
         metrics.update(self.scorer.take_stats())  # reward/timeouts, reward/invalid_frac, time/reward_s
         metrics["time/sample_s"] = t1 - t0
