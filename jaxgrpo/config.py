@@ -382,16 +382,9 @@ def validate(cfg: Config) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m jaxgrpo.train",
-        description="GRPO post-training. Without --config it runs the packaged default.yaml (an offline demo).",
-        epilog=f"overrides: section.key=value with section one of {', '.join(SECTIONS)}, or seed=N; "
-        "e.g. algo.estimator=sign train.steps=50 algo.estimator_args.k=4 algo.clip_high=null",
-    )
-    p.add_argument("--config", default=None, help="YAML file or packaged config name (default: default)")
-    p.add_argument("--run-dir", default=None, help="run directory; re-running with it resumes (default: runs/...)")
-    p.add_argument("overrides", nargs="*", metavar="section.key=value")
-    return p
+    from jaxgrpo.train import build_parser  # import-light: defined there so that --help never imports JAX
+
+    return build_parser()
 
 
 def parse_cli(argv: Sequence[str]) -> tuple[str, str | None, list[str]]:
