@@ -256,6 +256,14 @@ def _at_least(cfg: Config, minimum: int, *keys: str) -> None:
         _require(value >= minimum, dotted, value, f">= {minimum}")
 
 
+def _divisible_fix(prompts: int, parts: int, accum: int) -> str:
+    """The values that make `prompts` a multiple of `parts`: the next multiple, or the largest grad_accum_steps."""
+    fix = f"set rollout.prompts_per_step={-(-prompts // parts) * parts}"
+    rest = parts // accum
+    fits = [g for g in range(accum - 1, 0, -1) if prompts % (rest * g) == 0]
+    return fix + (f" or algo.grad_accum_steps={fits[0]}" if fits else "")
+
+
 def validate(cfg: Config) -> None:
     """Raises ConfigError for an out-of-range or inconsistent value (types are checked while loading)."""
     for (section, key), choices in CHOICES.items():
@@ -361,7 +369,7 @@ def validate(cfg: Config) -> None:
             f"rollout.prompts_per_step={r.prompts_per_step} must be a multiple of algo.num_minibatches × "
             f"algo.grad_accum_steps × mesh.data × mesh.fsdp = {a.num_minibatches} × {a.grad_accum_steps} × "
             f"{cfg.mesh.data} × {cfg.mesh.fsdp} = {parts} (the train step splits the rollout into parts of whole "
-            "groups on every batch shard)"
+            f"groups on every batch shard): {_divisible_fix(r.prompts_per_step, parts, a.grad_accum_steps)}"
         )
     topo = cfg.mesh.topology
     _require(topo is None or re.fullmatch(r"v\d+[a-z]*:\d+(x\d+)+", topo) is not None, "mesh.topology", topo,
