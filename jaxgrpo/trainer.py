@@ -223,13 +223,21 @@ class Trainer:
 
     def export_final(self) -> None:
         """``<run_dir>/final``: HF weights (adapters merged) and tokenizer; with LoRA also ``<run_dir>/final_adapter``,
-        a PEFT adapter directory for the base model."""
-        if self.lora:
+        a PEFT adapter directory whose base is `build.peft_base` or, for a base transformers cannot load by name,
+        ``<run_dir>/final_base`` (exported here)."""
+        if self.lora:  # the adapter names a base AutoPeftModel loads: a Hub id, a directory, or final_base/
+            base = build.peft_base(self.cfg)
+            if base is None:  # tiny, GGUF: the base exists only as this run loaded it
+                base_dir = self.run_dir / "final_base"
+                models.save_pretrained(self.model_config.replace(lora=None),
+                                       jax.device_get(lora.split(self.state.params)[0]), base_dir)
+                build.save_tokenizer(self.tokenizer, base_dir)
+                base = str(base_dir.absolute())
             lora.save_peft(self.model_config, lora.trainable(self.state.params), self.run_dir / "final_adapter",
-                           base_name_or_path=self.cfg.model.name_or_path)
+                           base_name_or_path=base)
         mcfg, params = lora.merged(self.model_config, self.state.params)
         models.save_pretrained(mcfg, jax.device_get(params), self.run_dir / "final")
-        self.tokenizer.save_pretrained(self.run_dir / "final")
+        build.save_tokenizer(self.tokenizer, self.run_dir / "final")
 
     def export_gguf(self) -> pathlib.Path:
         """``<run_dir>/final.gguf`` for llama.cpp / ollama (adapters merged), in ``checkpoint.export_gguf_dtype``; its

@@ -305,3 +305,37 @@ def test_help_imports_no_jax():
     imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
     assert "jaxgrpo" in imported and not {m for m in imported if m == "jax" or m.startswith("jax.")}
     assert list(train_cli.SECTION_NAMES) == list(config_lib.SECTIONS)
+
+
+@pytest.mark.slow
+def test_exports_travel(tmp_path):
+    """A 1-step LoRA run's exports: files with the user's umask (not safetensors' 0600), a tokenizer_config.json
+    class that transformers 4.x and 5.x both have, loaded here by the installed transformers (same ids as the run's
+    tokenizer), and a PEFT adapter whose base AutoPeftModel resolves by itself, giving the merged export's logits."""
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    import json
+
+    import transformers
+
+    old = os.umask(0o027)
+    try:
+        run = tmp_path / "run"
+        trainer.run(config_lib.load_config("default", [*SMALL[:8], "train.steps=1", "checkpoint.every=0",
+                                                       "checkpoint.export_final=true", "lora.rank=4"]), run)
+    finally:
+        os.umask(old)
+    for f in ("final/model.safetensors", "final/tokenizer.json", "final_adapter/adapter_model.safetensors",
+              "final_base/model.safetensors"):
+        assert (run / f).stat().st_mode & 0o777 == 0o640, f
+    assert json.loads((run / "final" / "tokenizer_config.json").read_text())["tokenizer_class"] == \
+        "PreTrainedTokenizerFast"
+    tok = transformers.AutoTokenizer.from_pretrained(run / "final")
+    assert tok("12+3=15").input_ids == build.load_tokenizer("builtin:arithmetic")("12+3=15").input_ids
+    base = json.loads((run / "final_adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert base == str((run / "final_base").absolute())
+    tokens = torch.tensor([[1, 5, 7, 9, 11]])
+    with torch.no_grad():
+        adapted = peft.AutoPeftModelForCausalLM.from_pretrained(run / "final_adapter")(tokens).logits
+        merged = transformers.AutoModelForCausalLM.from_pretrained(run / "final")(tokens).logits
+    np.testing.assert_allclose(adapted.numpy(), merged.numpy(), rtol=1e-4, atol=1e-4)

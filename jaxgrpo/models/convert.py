@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import pathlib
 from typing import Any
 
@@ -105,6 +106,15 @@ def _load_hf(directory: pathlib.Path, dtype: str, param_dtype: str, shardings: A
 
 
 # --------------------------------------------------------------------------------------------------- save
+def user_mode(*paths: PathLike) -> None:
+    """Gives files the mode the user's umask asks for (``0o666 & ~umask``), as ``open`` would: safetensors creates
+    its files 0600, which other users and tools (a serving process, a copy job) then cannot read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for p in paths:
+        os.chmod(p, 0o666 & ~umask)
+
+
 def save_pretrained(
     config: ModelConfig,
     params: Params,
@@ -151,11 +161,13 @@ def save_pretrained(
     meta = {"format": "pt"}
     if len(shards) == 1:
         save_file(shards[0], str(directory / "model.safetensors"), metadata=meta)
+        user_mode(directory / "model.safetensors")
     else:
         weight_map = {}
         for j, shard in enumerate(shards):
             name = f"model-{j + 1:05d}-of-{len(shards):05d}.safetensors"
             save_file(shard, str(directory / name), metadata=meta)
+            user_mode(directory / name)
             weight_map.update(dict.fromkeys(shard, name))
         total = sum(t.nbytes for s in shards for t in s.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
