@@ -377,8 +377,8 @@ def validate(cfg: Config) -> None:
     _require(cfg.checkpoint.every >= 0, "checkpoint.every", cfg.checkpoint.every, ">= 0 (0 = only on exit)")
     _require(cfg.log.sample_every >= 0, "log.sample_every", cfg.log.sample_every, ">= 0 (0 = never)")
     if cfg.log.wandb and importlib.util.find_spec("wandb") is None:
-        raise ConfigError("log.wandb=true needs the wandb package: pip install 'jaxgrpo[wandb]' "
-                          "(or set log.wandb=false)")
+        raise ConfigError("log.wandb=true needs the wandb package: pip install wandb (in the jaxgrpo clone: "
+                          "pip install -e '.[wandb]'), or set log.wandb=false")
     if cfg.checkpoint.export_gguf and (cfg.model.tokenizer == "builtin:arithmetic" or (
             cfg.model.name_or_path == "tiny" and cfg.model.tokenizer is None)):
         raise ConfigError("checkpoint.export_gguf=true needs a byte-level BPE tokenizer (llama.cpp has no vocabulary "
