@@ -339,3 +339,15 @@ def test_exports_travel(tmp_path):
         adapted = peft.AutoPeftModelForCausalLM.from_pretrained(run / "final_adapter")(tokens).logits
         merged = transformers.AutoModelForCausalLM.from_pretrained(run / "final")(tokens).logits
     np.testing.assert_allclose(adapted.numpy(), merged.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_packaged_configs_state_their_divisibility_rule():
+    """A packaged config whose train step splits the prompts (grad_accum_steps × data × fsdp > 1) says so in a
+    comment, naming the product, so that an override of rollout.prompts_per_step is no surprise."""
+    for path in sorted(config_lib.PACKAGED_CONFIGS.glob("*.yaml")):
+        cfg, text = config_lib.load_config(str(path)), path.read_text()
+        a, m = cfg.algo, cfg.mesh
+        parts = a.num_minibatches * a.grad_accum_steps * m.data * m.fsdp
+        if parts > 1:
+            assert "Hidden constraint: rollout.prompts_per_step must be a multiple of" in text, path.name
+            assert f"({a.grad_accum_steps} here" in text or f"= {parts} " in text, path.name
