@@ -198,9 +198,10 @@ PORTABLE_TOKENIZER_CLASSES = {"TokenizersBackend": "PreTrainedTokenizerFast"}
 
 
 def save_tokenizer(tokenizer: Tokenizer, directory: str | os.PathLike) -> None:
-    """``tokenizer.save_pretrained(directory)`` in a form the last transformers 4.x and 5.x both load: the
-    `PORTABLE_TOKENIZER_CLASSES` name in ``tokenizer_config.json``, the chat template inside it too (4.x before
-    ``chat_template.jinja`` read it only there); files get the user's umask."""
+    """``tokenizer.save_pretrained(directory)`` in a form the last transformers 4.x (4.57) and 5.x both load: the
+    `PORTABLE_TOKENIZER_CLASSES` name in ``tokenizer_config.json``, extra special tokens under
+    ``additional_special_tokens``, the chat template inside it too (4.x before ``chat_template.jinja`` read it only
+    there); files get the user's umask."""
     import json
 
     from jaxgrpo.models.convert import user_mode
@@ -210,6 +211,8 @@ def save_tokenizer(tokenizer: Tokenizer, directory: str | os.PathLike) -> None:
     path = directory / "tokenizer_config.json"
     cfg = json.loads(path.read_text())
     cfg["tokenizer_class"] = PORTABLE_TOKENIZER_CLASSES.get(cfg.get("tokenizer_class"), cfg.get("tokenizer_class"))
+    if isinstance(cfg.get("extra_special_tokens"), list):  # 5.x's list; 4.x wants a name -> token mapping there
+        cfg["additional_special_tokens"] = cfg.pop("extra_special_tokens")  # the key both versions read as a list
     if getattr(tokenizer, "chat_template", None) and "chat_template" not in cfg:
         cfg["chat_template"] = tokenizer.chat_template
     path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")

@@ -330,8 +330,9 @@ def test_exports_travel(tmp_path):
         assert (run / f).stat().st_mode & 0o777 == 0o640, f
     assert json.loads((run / "final" / "tokenizer_config.json").read_text())["tokenizer_class"] == \
         "PreTrainedTokenizerFast"
-    tok = transformers.AutoTokenizer.from_pretrained(run / "final")
-    assert tok("12+3=15").input_ids == build.load_tokenizer("builtin:arithmetic")("12+3=15").input_ids
+    tok, ours = transformers.AutoTokenizer.from_pretrained(run / "final"), build.load_tokenizer("builtin:arithmetic")
+    text = "<|system|>12+3=15<eos>"
+    assert tok(text).input_ids == ours(text).input_ids and tok.all_special_tokens == ours.all_special_tokens
     base = json.loads((run / "final_adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
     assert base == str((run / "final_base").absolute())
     tokens = torch.tensor([[1, 5, 7, 9, 11]])
