@@ -333,6 +333,15 @@ def test_exports_travel(tmp_path):
     tok, ours = transformers.AutoTokenizer.from_pretrained(run / "final"), build.load_tokenizer("builtin:arithmetic")
     text = "<|system|>12+3=15<eos>"
     assert tok(text).input_ids == ours(text).input_ids and tok.all_special_tokens == ours.all_special_tokens
+    other = os.environ.get("JAXGRPO_OTHER_TRANSFORMERS_PYTHON")  # e.g. a venv with transformers<5 (.ci/run)
+    if other:  # the same ids and special tokens from the other major version of transformers
+        code = ("import sys, transformers as t; k = t.AutoTokenizer.from_pretrained(sys.argv[1]); "
+                "t.AutoConfig.from_pretrained(sys.argv[1]); print(t.__version__, k(sys.argv[2]).input_ids, "
+                "k.all_special_tokens)")
+        out = subprocess.run([other, "-c", code, str(run / "final"), text], capture_output=True, text=True,
+                             check=True).stdout.split(" ", 1)
+        assert out[0].split(".")[0] != transformers.__version__.split(".")[0], out
+        assert out[1].strip() == f"{ours(text).input_ids} {ours.all_special_tokens}"
     base = json.loads((run / "final_adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
     assert base == str((run / "final_base").absolute())
     tokens = torch.tensor([[1, 5, 7, 9, 11]])
