@@ -50,16 +50,22 @@ def small(*extra: str) -> config_lib.Config:
     return config_lib.load_config("default", [*SMALL, *extra])
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """An uninterrupted 2-step run with a checkpoint after each step: the run every damaged copy must get back to."""
+@pytest.fixture(scope="module", autouse=True)
+def flaky_module(tmp_path_factory):
+    """Makes `faults_flaky` importable (the reward of every config here)."""
     root = tmp_path_factory.mktemp("faults")
     (root / "faults_flaky.py").write_text(FLAKY)
     sys.path.insert(0, str(root))
-    run = root / "reference"
-    trainer.run(small("train.steps=2", "checkpoint.every=1"), run)
-    yield run
+    yield root
     sys.path.remove(str(root))
+
+
+@pytest.fixture(scope="module")
+def reference(flaky_module):
+    """An uninterrupted 2-step run with a checkpoint after each step: the run every damaged copy must get back to."""
+    run = flaky_module / "reference"
+    trainer.run(small("train.steps=2", "checkpoint.every=1"), run)
+    return run
 
 
 def data_files(step_dir: pathlib.Path) -> list[pathlib.Path]:
@@ -361,3 +367,15 @@ def test_packaged_configs_state_their_divisibility_rule():
         if parts > 1:
             assert "Hidden constraint: rollout.prompts_per_step must be a multiple of" in text, path.name
             assert f"({a.grad_accum_steps} here" in text or f"= {parts} " in text, path.name
+
+
+def test_cli_errors_are_one_line(monkeypatch, capsys, tmp_path):
+    """CheckpointError and RewardError from the run reach the user as one `error:` line with exit status 2."""
+    for err in (ckpt_lib.CheckpointError("no checkpoint under x restores: step 2: ValueError: bad"),
+                trainer.rewards.RewardError("reward 'f' raised ZeroDivisionError; step 3 is checkpointed")):
+        def fail(cfg, run_dir, allow_config_change=False, err=err):
+            raise err
+
+        monkeypatch.setattr(trainer, "run", fail)
+        assert train_cli.main(["--run-dir", str(tmp_path / "r")]) == 2
+        assert capsys.readouterr().err.splitlines()[-1] == f"error: {err}"
