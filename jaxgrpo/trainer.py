@@ -104,6 +104,9 @@ class Trainer:
                 self.lock.acquire()
             self._start(examples)
         except BaseException:
+            for part in ("ckpt", "scorer"):  # what `_start` got to before it failed
+                if hasattr(self, part):
+                    getattr(self, part).close()
             self.lock.release()
             if created and jax.process_index() == 0:
                 run_dir_lib.remove_if_empty(self.run_dir)
@@ -161,12 +164,7 @@ class Trainer:
         self.ckpt = ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(self.run_dir), keep=cfg.checkpoint.keep,
                                                save_interval=cfg.checkpoint.every)
         self.sampled_tokens = 0  # completion tokens sampled so far, every resampling round included
-        try:
-            self.start_step = self.restore()
-        except BaseException:
-            self.scorer.close()
-            self.ckpt.close()
-            raise
+        self.start_step = self.restore()
         run_dir_lib.record_changes(self.run_dir, self.start_step, self.config_changes)
         (self.run_dir / "config.yaml").write_text(config_lib.to_yaml(self.cfg))
         self.report_perf()
