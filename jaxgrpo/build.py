@@ -22,6 +22,7 @@ import transformers
 from jaxgrpo import models
 from jaxgrpo.config import Config
 from jaxgrpo.errors import ConfigError
+from jaxgrpo.files import user_mode
 from jaxgrpo.gguf_tokenizer import gguf_tokenizer
 from jaxgrpo.tokenizer import arithmetic_tokenizer
 
@@ -203,8 +204,6 @@ def save_tokenizer(tokenizer: Tokenizer, directory: str | os.PathLike) -> None:
     ``additional_special_tokens``, the chat template inside it too (4.x before ``chat_template.jinja`` read it only
     there); files get the user's umask."""
     import json
-
-    from jaxgrpo.models.convert import user_mode
 
     directory = pathlib.Path(directory)
     tokenizer.save_pretrained(directory)

@@ -35,6 +35,7 @@ import yaml
 
 from jaxgrpo import advantages, coerce, retain
 from jaxgrpo import rewards as rewards_lib
+from jaxgrpo.cli import build_parser
 from jaxgrpo.config_sections import (
     SCHEDULES,
     AlgoConfig,
@@ -390,8 +391,6 @@ def validate(cfg: Config) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from jaxgrpo.train import build_parser  # import-light: defined there so that --help never imports JAX
-
     return build_parser()
 
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import pathlib
 from typing import Any
 
 import jax
 import numpy as np
 
+from jaxgrpo.files import user_mode
 from jaxgrpo.models.config import ModelConfig, ModelConfigError, from_hf_config, to_hf_config
 from jaxgrpo.models.gguf_import import load_gguf
 from jaxgrpo.models.layout import (
@@ -106,15 +106,6 @@ def _load_hf(directory: pathlib.Path, dtype: str, param_dtype: str, shardings: A
 
 
 # --------------------------------------------------------------------------------------------------- save
-def user_mode(*paths: PathLike) -> None:
-    """Gives files the mode the user's umask asks for (``0o666 & ~umask``), as ``open`` would: safetensors creates
-    its files 0600, which other users and tools (a serving process, a copy job) then cannot read."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for p in paths:
-        os.chmod(p, 0o666 & ~umask)
-
-
 def save_pretrained(
     config: ModelConfig,
     params: Params,
