@@ -86,6 +86,9 @@ class RunLock:
             os.close(self._fd)  # closing the descriptor drops the flock
             self._fd = None
 
+    def __del__(self) -> None:  # a trainer dropped without close() does not keep its directory locked
+        self.release()
+
     def __enter__(self) -> RunLock:
         return self.acquire()
 
