@@ -3,8 +3,10 @@
 
 One uninterrupted run of the CLI (``python -m jaxgrpo.train``, the default demo shrunk to seconds per step) is the
 reference. The faulted run is started in the same way again and again: each attempt is killed with SIGKILL at a random
-time (uniform over ``[--kill-min, --kill-max]`` × the reference's wall time; every ``--sigterm-every``-th attempt gets
-SIGTERM instead and must exit 143), and after a kill, with probability ``--corrupt-prob`` and when at least two complete
+time (with probability ``--early-prob`` during start-up, uniform over the first ``--kill-min``..``--kill-max`` × the
+reference's wall time; otherwise a uniform 0..``--kill-window`` seconds after the attempt logged its first step, so that
+every such attempt makes progress; every ``--sigterm-every``-th attempt gets SIGTERM instead and must exit 143 (or
+-15 when it lands before the training loop installs its handler)), and after a kill, with probability ``--corrupt-prob`` and when at least two complete
 checkpoints exist, the newest checkpoint is damaged in one of the four ways of issue 34 (data files truncated or
 overwritten, ``state/_METADATA`` emptied, ``extra/metadata`` deleted). After ``--kills`` attempts the run is left to
 finish. Then:
@@ -78,6 +80,32 @@ def damage(step_dir: pathlib.Path, kind: str, rng: random.Random) -> None:
         (step_dir / "extra" / "metadata").unlink()
 
 
+def logged_steps(run_dir: pathlib.Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+def wait_for_kill(proc: subprocess.Popen, run_dir: pathlib.Path, rng: random.Random, args: argparse.Namespace,
+                  ref_wall: float) -> None:
+    """Returns when the attempt should be killed (see the module docstring) or has ended by itself."""
+    if rng.random() < args.early_prob:
+        try:
+            proc.wait(timeout=rng.uniform(args.kill_min, args.kill_max) * ref_wall)
+        except subprocess.TimeoutExpired:
+            pass
+        return
+    before = logged_steps(run_dir)  # the attempt truncates lines past its checkpoint first: wait for a new record
+    while proc.poll() is None:
+        now = logged_steps(run_dir)
+        if now != before and now > 0:
+            break
+        time.sleep(0.2)
+    try:
+        proc.wait(timeout=rng.uniform(0, args.kill_window))
+    except subprocess.TimeoutExpired:
+        pass
+
+
 def deterministic(rec: dict) -> dict:
     return {k: v for k, v in rec.items() if not k.startswith(("time/", "throughput/"))}
 
@@ -110,8 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--every", type=int, default=2, help="checkpoint.every")
     p.add_argument("--kills", type=int, default=8, help="faulted attempts before the run is left to finish")
-    p.add_argument("--kill-min", type=float, default=0.25, help="earliest kill, × the reference's wall time")
-    p.add_argument("--kill-max", type=float, default=0.9, help="latest kill, × the reference's wall time")
+    p.add_argument("--early-prob", type=float, default=0.25, help="probability of a kill during start-up")
+    p.add_argument("--kill-min", type=float, default=0.05, help="earliest start-up kill, × the reference's wall time")
+    p.add_argument("--kill-max", type=float, default=0.3, help="latest start-up kill, × the reference's wall time")
+    p.add_argument("--kill-window", type=float, default=20.0, help="seconds after an attempt's first logged step")
+    p.add_argument("--reuse-reference", action="store_true",
+                   help="keep a finished reference run in --work-dir (its wall time from reference_wall_s.txt)")
     p.add_argument("--sigterm-every", type=int, default=4, help="every k-th attempt gets SIGTERM (0 = never)")
     p.add_argument("--corrupt-prob", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
@@ -121,12 +153,18 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     work = pathlib.Path(args.work_dir or tempfile.mkdtemp(prefix="jaxgrpo-faults-"))
     ref_dir, run_dir = work / "reference", work / "faulted"
-    for d in (ref_dir, run_dir):
-        shutil.rmtree(d, ignore_errors=True)
+    wall_file = work / "reference_wall_s.txt"
+    reuse = args.reuse_reference and wall_file.is_file() and (ref_dir / "final" / "model.safetensors").is_file()
+    shutil.rmtree(run_dir, ignore_errors=True)
     t0 = time.time()
-    subprocess.run(command(ref_dir, args.steps, args.every), env=env(), check=True, capture_output=True)
-    ref_wall = time.time() - t0
-    print(f"reference: {args.steps} steps in {ref_wall:.1f} s", flush=True)
+    if reuse:
+        ref_wall = float(wall_file.read_text())
+    else:
+        shutil.rmtree(ref_dir, ignore_errors=True)
+        subprocess.run(command(ref_dir, args.steps, args.every), env=env(), check=True, capture_output=True)
+        ref_wall = time.time() - t0
+        wall_file.write_text(f"{ref_wall:.1f}\n")
+    print(f"reference: {args.steps} steps in {ref_wall:.1f} s{' (reused)' if reuse else ''}", flush=True)
 
     log: list[dict] = []
     damaged: dict[str, int] = dict.fromkeys(KINDS, 0)
@@ -137,11 +175,9 @@ def main(argv: list[str] | None = None) -> int:
                                 stderr=subprocess.PIPE, text=True)
         sig = None
         if not final:
-            delay = rng.uniform(args.kill_min, args.kill_max) * ref_wall
             sig = signal.SIGTERM if args.sigterm_every and (attempt + 1) % args.sigterm_every == 0 else signal.SIGKILL
-            try:
-                proc.wait(timeout=delay)
-            except subprocess.TimeoutExpired:
+            wait_for_kill(proc, run_dir, rng, args, ref_wall)
+            if proc.poll() is None:
                 proc.send_signal(sig)
         rc = proc.wait()
         err = proc.stderr.read()
