@@ -7,8 +7,9 @@ time (with probability ``--early-prob`` during start-up, uniform over the first 
 reference's wall time; otherwise a uniform 0..``--kill-window`` seconds after the attempt logged its first step, so that
 every such attempt makes progress; every ``--sigterm-every``-th attempt gets SIGTERM instead and must exit 143 (or
 -15 when it lands before the training loop installs its handler)), and after a kill, with probability
-``--corrupt-prob`` and when at least two complete checkpoints exist, the newest checkpoint is damaged in one of the four ways of issue 34 (data files truncated or
-overwritten, ``state/_METADATA`` emptied, ``extra/metadata`` deleted). After ``--kills`` attempts the run is left to
+``--corrupt-prob`` and when at least two complete checkpoints exist, the newest checkpoint is damaged in one of the
+four ways of issue 34 (data files truncated or overwritten, ``state/_METADATA`` emptied, ``extra/metadata``
+deleted). After ``--kills`` attempts the run is left to
 finish. Then:
 
 * ``metrics.jsonl`` holds steps 1..N exactly once each, in order, and every deterministic metric (all but timings)
