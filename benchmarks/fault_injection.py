@@ -95,11 +95,12 @@ def wait_for_kill(proc: subprocess.Popen, run_dir: pathlib.Path, rng: random.Ran
         except subprocess.TimeoutExpired:
             pass
         return
-    before = logged_steps(run_dir)  # the attempt truncates lines past its checkpoint first: wait for a new record
+    low = logged_steps(run_dir)  # the attempt first truncates the lines past its checkpoint: wait for a new record
     while proc.poll() is None:
         now = logged_steps(run_dir)
-        if now != before and now > 0:
+        if now > low:
             break
+        low = min(low, now)
         time.sleep(0.2)
     try:
         proc.wait(timeout=rng.uniform(0, args.kill_window))
