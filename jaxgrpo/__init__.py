@@ -4,7 +4,15 @@
 Research code imports the functional core directly: ``from jaxgrpo import advantages, degeneracy, losses``.
 """
 
-from jaxgrpo import advantages, degeneracy, losses
+import importlib
+from typing import Any
 
 __all__ = ["advantages", "degeneracy", "losses"]
+
+
+def __getattr__(name: str) -> Any:
+    """``jaxgrpo.advantages`` etc. on first use: importing the package itself starts no JAX (a fast ``--help``)."""
+    if name in __all__:
+        return importlib.import_module(f"jaxgrpo.{name}")
+    raise AttributeError(f"module 'jaxgrpo' has no attribute {name!r}")
 __version__ = "0.1.0"

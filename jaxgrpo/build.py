@@ -22,6 +22,7 @@ import transformers
 from jaxgrpo import models
 from jaxgrpo.config import Config
 from jaxgrpo.errors import ConfigError
+from jaxgrpo.files import user_mode
 from jaxgrpo.gguf_tokenizer import gguf_tokenizer
 from jaxgrpo.tokenizer import arithmetic_tokenizer
 
@@ -190,3 +191,40 @@ def check_lora_base(extra: dict[str, Any], fingerprint: list[float] | None, cfg:
         raise ConfigError(
             f"the checkpoint's LoRA adapters were trained on base model {saved['name_or_path']!r}, but the base "
             f"loaded from model.name_or_path={cfg.model.name_or_path!r} has other weights; use the original base")
+
+
+# transformers 5 saves a plain fast tokenizer as "TokenizersBackend", a class transformers 4.x does not have; both
+# load "PreTrainedTokenizerFast" (5.x aliases it to TokenizersBackend).
+PORTABLE_TOKENIZER_CLASSES = {"TokenizersBackend": "PreTrainedTokenizerFast"}
+
+
+def save_tokenizer(tokenizer: Tokenizer, directory: str | os.PathLike) -> None:
+    """``tokenizer.save_pretrained(directory)`` in a form the last transformers 4.x (4.57) and 5.x both load: the
+    `PORTABLE_TOKENIZER_CLASSES` name in ``tokenizer_config.json``, extra special tokens under
+    ``additional_special_tokens``, the chat template inside it too (4.x before ``chat_template.jinja`` read it only
+    there); files get the user's umask."""
+    import json
+
+    directory = pathlib.Path(directory)
+    tokenizer.save_pretrained(directory)
+    path = directory / "tokenizer_config.json"
+    cfg = json.loads(path.read_text())
+    cfg["tokenizer_class"] = PORTABLE_TOKENIZER_CLASSES.get(cfg.get("tokenizer_class"), cfg.get("tokenizer_class"))
+    if isinstance(cfg.get("extra_special_tokens"), list):  # 5.x's list; 4.x wants a name -> token mapping there
+        cfg["additional_special_tokens"] = cfg.pop("extra_special_tokens")  # the key both versions read as a list
+    if getattr(tokenizer, "chat_template", None) and "chat_template" not in cfg:
+        cfg["chat_template"] = tokenizer.chat_template
+    path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+    user_mode(*(p for p in directory.iterdir() if p.is_file()))
+
+
+def peft_base(cfg: Config) -> str | None:
+    """What a PEFT adapter's ``base_model_name_or_path`` can name for ``model.name_or_path`` so that
+    ``AutoPeftModel`` finds it: a Hub id as is, an HF directory as its absolute path; None for a base that
+    transformers cannot load by name (``tiny``, ``smollm2``, a ``.gguf`` file), whose weights must be exported."""
+    name = cfg.model.name_or_path
+    if name in ("tiny", "smollm2") or name.endswith(".gguf"):
+        return None
+    if os.path.isdir(name):
+        return str(pathlib.Path(name).absolute())
+    return name if is_hub_id(name) else None

@@ -17,10 +17,18 @@ PRNG keys. Typed keys (``jax.random.key``) and raw ``uint32`` keys (``jax.random
 stores a typed key as its ``jax.random.key_data`` plus the implementation name and re-wraps it
 (``jax.random.wrap_key_data``) when the restore target holds a typed key.
 
+Walking back. A step that is listed but does not restore (a truncated or overwritten array file, an empty
+``state/_METADATA``, a deleted ``extra/metadata``, arrays of other shapes) must not brick the run:
+``restore_newest(attempt)`` tries the steps newest first and, once an older one restores, renames each newer failed
+step to ``<s>.unrestorable`` (never deleted; orbax does not list it), saying so in one line each. When none restores it
+moves nothing and raises one `CheckpointError` naming every step and why.
+
 Preemption. ``install_signal_handlers()`` returns a ``PreemptionFlag`` that SIGTERM/SIGINT set instead of killing the
-process; the loop polls it after each step, saves with ``force=True`` and exits cleanly. A second SIGINT (Ctrl-C
-twice) raises ``KeyboardInterrupt`` at once. With several processes (``jax.process_count() > 1``) all of them must
-save the same step: ``PreemptionFlag.any_process()`` agrees on the flag across processes.
+process; the loop polls it after each step, saves with ``force=True`` and stops with `Preempted`, whose exit status
+is the shell's ``128 + signal`` (143 for SIGTERM, 130 for SIGINT), so a scheduler never mistakes a preempted run for a
+finished one. A second SIGINT (Ctrl-C twice) raises ``KeyboardInterrupt`` at once. With several processes
+(``jax.process_count() > 1``) all of them must save the same step: ``PreemptionFlag.any_process()`` agrees on the flag
+across processes.
 """
 
 from __future__ import annotations
@@ -30,20 +38,23 @@ import os
 import pathlib
 import shutil
 import signal
+import sys
 import threading
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxgrpo.errors import CheckpointError
+from jaxgrpo.errors import CheckpointError, ConfigError
 
+T = TypeVar("T")
 STATE_ITEM = "state"
 EXTRA_ITEM = "extra"
 # orbax's marker for a step directory that is still being written (orbax.checkpoint._src.path.atomicity_types).
 TMP_MARKER = ".orbax-checkpoint-tmp"
+UNRESTORABLE = ".unrestorable"  # suffix of a step directory moved aside because it did not restore
 
 
 CHECKPOINT_SUBDIR = "checkpoints"
@@ -278,6 +289,52 @@ class CheckpointManager:
         out = self._manager.restore(step, args=ocp.args.Composite(**{EXTRA_ITEM: ocp.args.JsonRestore()}))
         return dict(out[EXTRA_ITEM] or {})
 
+    def restore_newest(self, attempt: Callable[[int], T], say: Callable[[str], None] | None = None
+                       ) -> tuple[int, T] | None:
+        """``(step, attempt(step))`` for the newest step whose `attempt` (a restore) succeeds, or None when there is no
+        checkpoint. Each newer step that failed is then moved aside (`move_aside`) with one line to `say` (default:
+        stderr) naming it and why. A `ConfigError` from `attempt` (the run's config does not fit) is raised as is;
+        when no step restores, nothing is moved and one CheckpointError lists every step and its failure."""
+        say = say or _say
+        self.wait()
+        failed: list[tuple[int, str]] = []
+        for step in reversed(self.all_steps()):
+            try:
+                result = attempt(step)
+            except ConfigError:
+                raise
+            except Exception as e:  # noqa: BLE001 -- orbax/tensorstore/json raise many types for a damaged step
+                failed.append((step, one_line(e)))
+                continue
+            for bad, why in failed:
+                moved = self.move_aside(bad)
+                say(f"jaxgrpo: checkpoint step {bad} does not restore ({why}); moved it aside to {moved.name}, "
+                    f"restoring step {step}")
+            return step, result
+        if not failed:
+            return None
+        raise CheckpointError(
+            f"no checkpoint under {self.directory} restores: "
+            + "; ".join(f"step {s}: {why}" for s, why in failed)
+            + "; use a new --run-dir, or fix the config if it changed since these were written")
+
+    def move_aside(self, step: int) -> pathlib.Path:
+        """Renames step `step`'s directory to ``<step>.unrestorable`` (``.unrestorable-2`` ... if taken), which orbax
+        no longer lists; returns the new path. Nothing is deleted."""
+        src = self.directory / str(step)
+        dst, n = src.with_name(f"{step}{UNRESTORABLE}"), 1
+        while dst.exists():
+            n += 1
+            dst = src.with_name(f"{step}{UNRESTORABLE}-{n}")
+        if jax.process_index() == 0:
+            src.rename(dst)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"jaxgrpo-move-aside-{step}")
+        self._manager.reload()
+        return dst
+
     def wait(self) -> None:
         """Blocks until the last (asynchronous) save is complete and renamed into place."""
         self._manager.wait_until_finished()
@@ -291,6 +348,17 @@ class CheckpointManager:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def one_line(e: BaseException, limit: int = 240) -> str:
+    """``Type: first line of the message``, cut to `limit` characters: an exception as one line of a report."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    text = f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def incomplete_checkpoints(directory: str | os.PathLike) -> list[pathlib.Path]:
@@ -355,3 +423,15 @@ def install_signal_handlers(signals: Iterable[int] = (signal.SIGTERM, signal.SIG
     for signum in signals:
         flag._previous[signum] = signal.signal(signum, flag._handle)
     return flag
+
+
+class Preempted(Exception):
+    """A run stopped by a signal after checkpointing `step`; `exit_code` is the shell's ``128 + signum``."""
+
+    def __init__(self, signum: int, step: int, run_dir: str | os.PathLike):
+        self.signum, self.step, self.run_dir = int(signum), int(step), pathlib.Path(run_dir)
+        self.exit_code = 128 + self.signum
+        name = signal.Signals(self.signum).name
+        super().__init__(f"stopped by {name} after step {step} (checkpoint saved); resume with: python -m "
+                         f"jaxgrpo.train --config {self.run_dir / 'config.yaml'} --run-dir {self.run_dir}")
+

@@ -35,6 +35,7 @@ import yaml
 
 from jaxgrpo import advantages, coerce, retain
 from jaxgrpo import rewards as rewards_lib
+from jaxgrpo.cli import build_parser
 from jaxgrpo.config_sections import (
     SCHEDULES,
     AlgoConfig,
@@ -276,6 +277,14 @@ def _validate_objective(cfg: Config) -> None:
              f"in [1, rollout.max_new_tokens={m}] (tokens of the soft punishment interval) or null (off)")
 
 
+def _divisible_fix(prompts: int, parts: int, accum: int) -> str:
+    """The values that make `prompts` a multiple of `parts`: the next multiple, or the largest grad_accum_steps."""
+    fix = f"set rollout.prompts_per_step={-(-prompts // parts) * parts}"
+    rest = parts // accum
+    fits = [g for g in range(accum - 1, 0, -1) if prompts % (rest * g) == 0]
+    return fix + (f" or algo.grad_accum_steps={fits[0]}" if fits else "")
+
+
 def validate(cfg: Config) -> None:
     """Raises ConfigError for an out-of-range or inconsistent value (types are checked while loading)."""
     for (section, key), choices in CHOICES.items():
@@ -382,7 +391,7 @@ def validate(cfg: Config) -> None:
             f"rollout.prompts_per_step={r.prompts_per_step} must be a multiple of algo.num_minibatches × "
             f"algo.grad_accum_steps × mesh.data × mesh.fsdp = {a.num_minibatches} × {a.grad_accum_steps} × "
             f"{cfg.mesh.data} × {cfg.mesh.fsdp} = {parts} (the train step splits the rollout into parts of whole "
-            "groups on every batch shard)"
+            f"groups on every batch shard): {_divisible_fix(r.prompts_per_step, parts, a.grad_accum_steps)}"
         )
     topo = cfg.mesh.topology
     _require(topo is None or re.fullmatch(r"v\d+[a-z]*:\d+(x\d+)+", topo) is not None, "mesh.topology", topo,
@@ -390,8 +399,8 @@ def validate(cfg: Config) -> None:
     _require(cfg.checkpoint.every >= 0, "checkpoint.every", cfg.checkpoint.every, ">= 0 (0 = only on exit)")
     _require(cfg.log.sample_every >= 0, "log.sample_every", cfg.log.sample_every, ">= 0 (0 = never)")
     if cfg.log.wandb and importlib.util.find_spec("wandb") is None:
-        raise ConfigError("log.wandb=true needs the wandb package: pip install 'jaxgrpo[wandb]' "
-                          "(or set log.wandb=false)")
+        raise ConfigError("log.wandb=true needs the wandb package: pip install wandb (in the jaxgrpo clone: "
+                          "pip install -e '.[wandb]'), or set log.wandb=false")
     if cfg.checkpoint.export_gguf and (cfg.model.tokenizer == "builtin:arithmetic" or (
             cfg.model.name_or_path == "tiny" and cfg.model.tokenizer is None)):
         raise ConfigError("checkpoint.export_gguf=true needs a byte-level BPE tokenizer (llama.cpp has no vocabulary "
@@ -403,16 +412,7 @@ def validate(cfg: Config) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m jaxgrpo.train",
-        description="GRPO post-training. Without --config it runs the packaged default.yaml (an offline demo).",
-        epilog=f"overrides: section.key=value with section one of {', '.join(SECTIONS)}, or seed=N; "
-        "e.g. algo.estimator=sign train.steps=50 algo.estimator_args.k=4 algo.clip_high=null",
-    )
-    p.add_argument("--config", default=None, help="YAML file or packaged config name (default: default)")
-    p.add_argument("--run-dir", default=None, help="run directory; re-running with it resumes (default: runs/...)")
-    p.add_argument("overrides", nargs="*", metavar="section.key=value")
-    return p
+    return build_parser()
 
 
 def parse_cli(argv: Sequence[str]) -> tuple[str, str | None, list[str]]:

@@ -373,10 +373,26 @@ def load_policy_for_eval(cfg: Config, run_dir: str | os.PathLike | None, step: i
         directory = ckpt_lib.run_checkpoint_dir(run_dir)
         if not directory.is_dir():
             raise CheckpointError(f"{directory} does not exist: is {run_dir} a jaxgrpo run directory?")
+        fingerprint = models.lora.base_fingerprint(params)
         with ckpt_lib.CheckpointManager(directory, keep=10**6, save_interval=0) as mgr:
-            step = mgr.latest_step() if step is None else step
-            build.check_lora_base(mgr.read_extra(step), models.lora.base_fingerprint(params), cfg, directory)
-            trained = mgr.restore_subtree(step, "params", models.lora.trainable(params))
+
+            def attempt(s: int) -> Any:
+                build.check_lora_base(mgr.read_extra(s), fingerprint, cfg, directory)
+                return mgr.restore_subtree(s, "params", models.lora.trainable(params))
+
+            if step is None:  # the newest that restores; newer ones that do not are moved aside, as in training
+                found = mgr.restore_newest(attempt)
+                if found is None:
+                    raise CheckpointError(f"no complete checkpoint under {directory}")
+                step, trained = found
+            else:
+                try:
+                    trained = attempt(step)
+                except (ConfigError, CheckpointError):
+                    raise
+                except Exception as e:  # noqa: BLE001 -- a damaged step: orbax/tensorstore/json errors
+                    raise CheckpointError(f"checkpoint step {step} under {directory} does not restore "
+                                          f"({ckpt_lib.one_line(e)}); pick another with --checkpoint") from e
             params = models.lora.with_trainable(params, trained)
     return EvalPolicy(model_config, params, tokenizer, mesh, step)
 

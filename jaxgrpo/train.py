@@ -1,8 +1,15 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""`python -m jaxgrpo.train [--config FILE] [--run-dir DIR] [section.key=value ...]`: the GRPO trainer.
+"""`python -m jaxgrpo.train [--config FILE] [--run-dir DIR] [--allow-config-change] [section.key=value ...]`.
 
 With no arguments it runs `configs/default.yaml`, an offline demo that trains a small model of our Llama family
-from scratch on a synthetic arithmetic task. Re-running with the same `--run-dir` resumes from its latest checkpoint.
+from scratch on a synthetic arithmetic task. Re-running with the same `--run-dir` resumes from its newest checkpoint
+that restores, under the run's own config (a change other than the step budget or logging needs
+``--allow-config-change``, and is recorded in the run directory).
+
+Exit status: 0 when the run is complete; 2 for a bad config, data, checkpoint or reward (one ``error:`` line, no
+traceback; a reward failure checkpoints first); 143 after SIGTERM and 130 after SIGINT (the step in flight is
+checkpointed; one line says where it stopped and how to resume). This module imports no JAX at the top level, so
+``--help`` and the malloc re-execution below cost no JAX start-up.
 
 On Linux with glibc >= 2.35, when JAX will run on the CPU, the command re-executes itself once with glibc malloc
 tunables (`malloc_env`; glibc reads them only at startup), chosen by ``JAXGRPO_MALLOC``. This is a CPU-only
@@ -28,12 +35,15 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import signal
 import sys
 import time
 from collections.abc import Mapping
 
-from jaxgrpo import config as config_lib
-from jaxgrpo.errors import RewardError
+from jaxgrpo.cli import SECTION_NAMES, build_parser
+from jaxgrpo.errors import CheckpointError, ConfigError, RewardError, cli_error
+
+__all__ = ["SECTION_NAMES", "build_parser", "cpu_backend", "main", "malloc_env"]
 
 MALLOC_MODES = ("keep", "hugepages", "default")  # the first is the default
 _THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
@@ -100,23 +110,35 @@ def malloc_env(
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_intermixed_args(list(argv))  # --help exits here, before any JAX import
+    from jaxgrpo import config as config_lib
+
     try:
         config_path, run_dir, overrides = config_lib.parse_cli(argv)
         cfg = config_lib.load_config(config_path, overrides)
-    except config_lib.ConfigError as e:
-        return config_lib.cli_error(str(e))
+        if run_dir is not None and os.path.exists(run_dir) and not os.path.isdir(run_dir):
+            raise ConfigError(f"--run-dir {run_dir} is a file, not a directory; pass a directory (new or a run's)")
+    except ConfigError as e:
+        return cli_error(str(e))
     if run_dir is None:
         run_dir = f"runs/{config_lib.config_name(config_path)}-{time.strftime('%Y%m%d-%H%M%S')}"
-    from jaxgrpo import trainer  # after config validation: a bad key fails fast, before JAX starts
+    from jaxgrpo import checkpoint, trainer  # after config validation: a bad key fails fast, before JAX starts
 
     print(f"jaxgrpo: run directory {run_dir}", file=sys.stderr)
     if os.environ.get("GLIBC_TUNABLES"):
         print(f"jaxgrpo: GLIBC_TUNABLES={os.environ['GLIBC_TUNABLES']} (JAXGRPO_MALLOC: {', '.join(MALLOC_MODES)})",
               file=sys.stderr)  # fmt: skip
     try:
-        trainer.run(cfg, run_dir)
-    except (config_lib.ConfigError, RewardError) as e:
-        return config_lib.cli_error(str(e))
+        trainer.run(cfg, run_dir, allow_config_change=args.allow_config_change)
+    except checkpoint.Preempted as e:
+        print(f"jaxgrpo: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:  # Ctrl-C twice: out at once, without the step's checkpoint
+        print(f"jaxgrpo: interrupted (second SIGINT) before checkpointing; re-run with --run-dir {run_dir} to resume "
+              "from its last checkpoint", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except (ConfigError, RewardError, CheckpointError) as e:
+        return cli_error(str(e))
     return 0
 
 
@@ -124,7 +146,7 @@ if __name__ == "__main__":
     try:
         _env = malloc_env(os.environ)
     except ValueError as e:
-        sys.exit(config_lib.cli_error(str(e)))
+        sys.exit(cli_error(str(e)))
     if _env is not None:  # glibc reads its tunables at startup: run again with them (same PID, command line, cwd)
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], _env)
     sys.exit(main())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
+import signal
 import sys
 import time
 from typing import Any
@@ -26,6 +27,7 @@ from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
 from jaxgrpo import eval as eval_lib
 from jaxgrpo import retain as retain_lib
+from jaxgrpo import run_dir as run_dir_lib
 from jaxgrpo import train_step as ts
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.models import lora
@@ -73,18 +75,46 @@ def make_batch(rollout: Rollout, prompt_width: int, pad_id: int) -> ts.Batch:
 class Trainer:
     """Holds what the loop needs between steps; `step()` performs one RL step and returns its metrics."""
 
-    def __init__(self, cfg: config_lib.Config, run_dir: str | os.PathLike):
+    def __init__(self, cfg: config_lib.Config, run_dir: str | os.PathLike, *, allow_config_change: bool = False):
+        """Checks everything that needs no model first (run directory, data, a resume's config, the run lock), then
+        loads the model and restores the newest checkpoint that restores. A failed start leaves no empty run
+        directory behind and releases the lock."""
         if not cfg.rollout.temperature > 0:
             raise config_lib.ConfigError(
                 f"rollout.temperature={cfg.rollout.temperature}: training needs sampled rollouts (> 0); greedy "
                 "decoding makes every group's G completions identical, hence every group degenerate")
         self.cfg = cfg
-        self.run_dir = pathlib.Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.run_dir = run_dir_lib.check_path(run_dir)
+        examples = data_lib.load_dataset(cfg.data, cfg.seed)
+        check_prompt_count(cfg, len(examples))
+        self.eval_examples: list[data_lib.Example] | None = None
+        if cfg.train.eval_every:  # the held-out split is read now, not at the first evaluation
+            self.eval_examples = data_lib.load_dataset(
+                dataclasses.replace(cfg.data, split="test", num_examples=cfg.train.eval_examples), cfg.seed)
+        self.retain_sets = retain_lib.resolve(cfg)
+        self.config_changes = run_dir_lib.check_resume_config(cfg, self.run_dir, allow_config_change)
         self.key = jax.random.key(cfg.seed)
-        m = cfg.mesh
-        if m.distributed:
+        if cfg.mesh.distributed:
             sharding.initialize_distributed()
+        created = not self.run_dir.exists()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.lock = run_dir_lib.RunLock(self.run_dir)
+        try:
+            if jax.process_index() == 0:
+                self.lock.acquire()
+            self._start(examples)
+        except BaseException:
+            for part in ("ckpt", "scorer"):  # what `_start` got to before it failed
+                if hasattr(self, part):
+                    getattr(self, part).close()
+            self.lock.release()
+            if created and jax.process_index() == 0:
+                run_dir_lib.remove_if_empty(self.run_dir)
+            raise
+
+    def _start(self, examples: list[data_lib.Example]) -> None:
+        """The model, tokenizer, train step and checkpoint manager; resumes from the newest restorable checkpoint."""
+        cfg, m = self.cfg, self.cfg.mesh
         self.mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor) if m.data * m.fsdp * m.tensor > 1 else None
         self.model_config, params, self.tokenizer = build.build_policy(cfg, build.policy_key(cfg))
         self.model_config, params = build.add_lora(cfg, self.model_config, params, jax.random.fold_in(self.key, 3))
@@ -97,7 +127,6 @@ class Trainer:
             compute_dtype=self.model_config.dtype)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
 
-        examples = data_lib.load_dataset(cfg.data, cfg.seed)
         self.encoded = data_lib.encode_prompts(self.tokenizer, examples, cfg.data)
         longest = max(len(x) for x in self.encoded)
         if longest + cfg.rollout.max_new_tokens > self.model_config.max_position_embeddings:
@@ -107,8 +136,6 @@ class Trainer:
                 "data.max_prompt_tokens or rollout.max_new_tokens")
         self.prompt_width = padding.train_prompt_width([longest])
         self.examples = examples
-        self.eval_examples: list[data_lib.Example] | None = None
-        self.retain_sets = retain_lib.resolve(cfg)
         self.retain_examples: dict[str, list[data_lib.Example]] = {}
         self.iterator = data_lib.PromptIterator(list(range(len(examples))), cfg.rollout.prompts_per_step, cfg.seed,
                                                 cfg.data.shuffle)
@@ -136,19 +163,37 @@ class Trainer:
         self.state = self.init_fn(params, jax.random.fold_in(self.key, 2 * 10**9))
         self.ckpt = ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(self.run_dir), keep=cfg.checkpoint.keep,
                                                save_interval=cfg.checkpoint.every)
-        self.start_step = 0
         self.sampled_tokens = 0  # completion tokens sampled so far, every resampling round included
-        self.base_fingerprint = lora.base_fingerprint(self.state.params)
-        latest = self.ckpt.latest_step()
-        if latest is not None:
-            build.check_lora_base(self.ckpt.read_extra(latest), self.base_fingerprint, cfg, self.run_dir)
-            saved, extra = self.ckpt.restore(latest, self.saved_state())
-            self.state = saved.replace(params=lora.with_trainable(self.state.params, saved.params))
-            self.iterator.restore(extra["iterator"])
-            self.sampled_tokens = int(extra.get("sampled_tokens", 0))
-            self.start_step = latest
-        (self.run_dir / "config.yaml").write_text(config_lib.to_yaml(cfg))
+        self.start_step = self.restore()
+        run_dir_lib.record_changes(self.run_dir, self.start_step, self.config_changes)
+        (self.run_dir / "config.yaml").write_text(config_lib.to_yaml(self.cfg))
         self.report_perf()
+
+    def close(self) -> None:
+        """Waits for pending saves, stops the reward workers and releases the run lock."""
+        try:
+            self.ckpt.close()
+            self.scorer.close()
+        finally:
+            self.lock.release()
+
+    def restore(self) -> int:
+        """Restores the newest checkpoint that restores (newer ones that fail are moved aside,
+        `CheckpointManager.restore_newest`); returns its step, 0 when there is none."""
+        self.base_fingerprint = lora.base_fingerprint(self.state.params)
+
+        def attempt(step: int) -> tuple[ts.TrainState, dict[str, Any]]:
+            build.check_lora_base(self.ckpt.read_extra(step), self.base_fingerprint, self.cfg, self.run_dir)
+            return self.ckpt.restore(step, self.saved_state())
+
+        found = self.ckpt.restore_newest(attempt)
+        if found is None:
+            return 0
+        step, (saved, extra) = found
+        self.state = saved.replace(params=lora.with_trainable(self.state.params, saved.params))
+        self.iterator.restore(extra["iterator"])
+        self.sampled_tokens = int(extra.get("sampled_tokens", 0))
+        return step
 
     @property
     def reuse_projections(self) -> bool:
@@ -176,13 +221,21 @@ class Trainer:
 
     def export_final(self) -> None:
         """``<run_dir>/final``: HF weights (adapters merged) and tokenizer; with LoRA also ``<run_dir>/final_adapter``,
-        a PEFT adapter directory for the base model."""
-        if self.lora:
+        a PEFT adapter directory whose base is `build.peft_base` or, for a base transformers cannot load by name,
+        ``<run_dir>/final_base`` (exported here)."""
+        if self.lora:  # the adapter names a base AutoPeftModel loads: a Hub id, a directory, or final_base/
+            base = build.peft_base(self.cfg)
+            if base is None:  # tiny, GGUF: the base exists only as this run loaded it
+                base_dir = self.run_dir / "final_base"
+                models.save_pretrained(self.model_config.replace(lora=None),
+                                       jax.device_get(lora.split(self.state.params)[0]), base_dir)
+                build.save_tokenizer(self.tokenizer, base_dir)
+                base = str(base_dir.absolute())
             lora.save_peft(self.model_config, lora.trainable(self.state.params), self.run_dir / "final_adapter",
-                           base_name_or_path=self.cfg.model.name_or_path)
+                           base_name_or_path=base)
         mcfg, params = lora.merged(self.model_config, self.state.params)
         models.save_pretrained(mcfg, jax.device_get(params), self.run_dir / "final")
-        self.tokenizer.save_pretrained(self.run_dir / "final")
+        build.save_tokenizer(self.tokenizer, self.run_dir / "final")
 
     def export_gguf(self) -> pathlib.Path:
         """``<run_dir>/final.gguf`` for llama.cpp / ollama (adapters merged), in ``checkpoint.export_gguf_dtype``; its
@@ -380,21 +433,60 @@ def merge_groups(pool: list[Rollout], picks: list[tuple[int, int]]) -> Rollout:
     )
 
 
+def check_prompt_count(cfg: config_lib.Config, num_examples: int) -> None:
+    """ConfigError when the data set holds fewer prompts than one step takes (`rollout.prompts_per_step`): a step
+    would repeat prompts; names the largest valid value to set. With dynamic sampling, a note (stderr) when the
+    rounds of one step can exhaust the data set (later rounds then draw prompts again)."""
+    p, a = cfg.rollout.prompts_per_step, cfg.algo
+    if num_examples < p:
+        parts = a.num_minibatches * a.grad_accum_steps * cfg.mesh.data * cfg.mesh.fsdp
+        fit = num_examples // parts * parts
+        fix = f"set rollout.prompts_per_step={fit}" if fit else f"use a data set of at least {parts} prompts"
+        raise config_lib.ConfigError(
+            f"the data set has {num_examples} prompts but rollout.prompts_per_step={p}: every step would repeat "
+            f"prompts; {fix} (a multiple of {parts}, see algo.grad_accum_steps) or add data (data.num_examples)")
+    if a.degenerate_groups == "resample" and num_examples < p * a.resample_max_rounds and jax.process_index() == 0:
+        print(f"jaxgrpo: the data set has {num_examples} prompts, fewer than rollout.prompts_per_step × "
+              f"algo.resample_max_rounds = {p * a.resample_max_rounds}: a step's later resampling rounds may draw "
+              "prompts it already drew", file=sys.stderr)
+
+
 def sampled_tokens(rollouts: list[Rollout]) -> float:
     """Completion tokens sampled in these rollouts (every round of a step, discarded groups included)."""
     return float(sum(np.asarray(r.completions.mask).sum() for r in rollouts))
 
 
-def run(cfg: config_lib.Config, run_dir: str | os.PathLike) -> list[dict[str, float]]:
+def run(cfg: config_lib.Config, run_dir: str | os.PathLike, *, allow_config_change: bool = False
+        ) -> list[dict[str, float]]:
     """Trains to `cfg.train.steps` (or until `cfg.train.max_sampled_tokens` completion tokens were sampled, counting
-    every resampling round), resuming from `run_dir` if it holds a checkpoint; returns this call's metrics."""
-    trainer = Trainer(cfg, run_dir)
+    every resampling round), resuming from `run_dir` if it holds a checkpoint; returns this call's metrics.
+
+    SIGTERM/SIGINT: the step in flight finishes, is checkpointed, and `checkpoint.Preempted` is raised (its
+    ``exit_code`` is 143/130). A fatal `RewardError` first checkpoints the last completed step (the prompt iterator
+    put back to its start), so the resumed run retries the failed step. `allow_config_change`: see `Trainer`."""
+    trainer = Trainer(cfg, run_dir, allow_config_change=allow_config_change)
     stop = ckpt_lib.install_signal_handlers()
-    logger = metrics_log.MetricsLogger(trainer.run_dir, tensorboard=cfg.log.tensorboard,
-                                       progress_total=cfg.train.steps if cfg.log.progress else None,
-                                       resume_step=trainer.start_step, wandb=cfg.log.wandb,
-                                       wandb_project=cfg.log.wandb_project, wandb_entity=cfg.log.wandb_entity,
-                                       wandb_config=config_lib.to_dict(cfg))
+    try:
+        logger = metrics_log.MetricsLogger(trainer.run_dir, tensorboard=cfg.log.tensorboard,
+                                           progress_total=cfg.train.steps if cfg.log.progress else None,
+                                           resume_step=trainer.start_step, wandb=cfg.log.wandb,
+                                           wandb_project=cfg.log.wandb_project, wandb_entity=cfg.log.wandb_entity,
+                                           wandb_config=config_lib.to_dict(cfg))
+    except BaseException:
+        stop.uninstall()
+        trainer.close()
+        raise
+    try:
+        return _loop(trainer, logger, stop)
+    finally:
+        stop.uninstall()
+        logger.close()
+        trainer.close()
+
+
+def _loop(trainer: Trainer, logger: metrics_log.MetricsLogger, stop: ckpt_lib.PreemptionFlag
+          ) -> list[dict[str, float]]:
+    cfg = trainer.cfg
     history = []
     step = trainer.start_step
     budget = cfg.train.max_sampled_tokens
@@ -402,36 +494,47 @@ def run(cfg: config_lib.Config, run_dir: str | os.PathLike) -> list[dict[str, fl
     def finished() -> bool:
         return step >= cfg.train.steps or (budget is not None and trainer.sampled_tokens >= budget)
 
+    def save() -> None:
+        trainer.ckpt.save(step, trainer.saved_state(), trainer.checkpoint_extra(), force=True)
+
     if step == 0 and trainer.retain_sets and cfg.train.retain_every:
         logger.log(0, trainer.retain(0))  # step 0: the starting point of every retain/* curve, before any update
-    try:
-        while not finished():
+    preempted = False
+    while not finished():
+        position, state = trainer.iterator.state(), trainer.state
+        try:
             metrics = trainer.step(step)
-            step += 1
-            trainer.sampled_tokens += int(metrics["tokens/sampled"])
-            metrics["tokens/sampled_total"] = float(trainer.sampled_tokens)
-            if finished() and trainer.retain_sets and cfg.train.retain_every and step % cfg.train.retain_every:
-                metrics.update(trainer.retain(step))  # the end of the run, whatever retain_every: what the run kept
-            history.append(metrics)
-            if step % cfg.log.every == 0:
-                logger.log(step, metrics)
-            if cfg.log.sample_every and step % cfg.log.sample_every == 0:
-                logger.log_samples(step, *trainer.last_samples)
-            preempted = stop.any_process()  # a collective on pods: every host stops at the same step
-            if preempted or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
-                trainer.ckpt.save(step, trainer.saved_state(), trainer.checkpoint_extra(), force=True)
-            if preempted:
-                break
-        done = finished()
-        if done and cfg.checkpoint.every and step % cfg.checkpoint.every:
-            trainer.ckpt.save(step, trainer.saved_state(), trainer.checkpoint_extra(), force=True)
-        trainer.ckpt.wait()
-        if done and cfg.checkpoint.export_final:
-            trainer.export_final()
-        if done and cfg.checkpoint.export_gguf:
-            trainer.export_gguf()
-    finally:
-        logger.close()
-        trainer.ckpt.close()
-        trainer.scorer.close()
+        except rewards.RewardError as e:
+            if trainer.state is not state:  # failed after the update: nothing consistent to save
+                raise
+            trainer.iterator.restore(position)  # the resumed run draws this step's prompts again
+            save()
+            trainer.ckpt.wait()
+            raise rewards.RewardError(f"{e}; step {step} is checkpointed: fix the reward and re-run with --run-dir "
+                                      f"{trainer.run_dir} to resume") from e
+        step += 1
+        trainer.sampled_tokens += int(metrics["tokens/sampled"])
+        metrics["tokens/sampled_total"] = float(trainer.sampled_tokens)
+        if finished() and trainer.retain_sets and cfg.train.retain_every and step % cfg.train.retain_every:
+            metrics.update(trainer.retain(step))  # the end of the run, whatever retain_every: what the run kept
+        history.append(metrics)
+        if step % cfg.log.every == 0:
+            logger.log(step, metrics)
+        if cfg.log.sample_every and step % cfg.log.sample_every == 0:
+            logger.log_samples(step, *trainer.last_samples)
+        preempted = stop.any_process()  # a collective on pods: every host stops at the same step
+        if preempted or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
+            save()
+        if preempted:
+            break
+    done = finished()
+    if done and cfg.checkpoint.every and step % cfg.checkpoint.every:
+        save()
+    trainer.ckpt.wait()
+    if done and cfg.checkpoint.export_final:
+        trainer.export_final()
+    if done and cfg.checkpoint.export_gguf:
+        trainer.export_gguf()
+    if preempted and not done:
+        raise ckpt_lib.Preempted(stop.signal or signal.SIGTERM, step, trainer.run_dir)
     return history

@@ -61,9 +61,9 @@ def test_resume_on_another_base_is_refused_and_eval_reads_the_adapters(tmp_path)
                                    err_msg=jax.tree_util.keystr(path))  # fmt: skip
     # seed=1 initialises another tiny base model
     with pytest.raises(config_lib.ConfigError, match="trained on base model"):
-        trainer.Trainer(config_lib.load_config("default", [*LORA, "seed=1"]), run)
+        trainer.Trainer(config_lib.load_config("default", [*LORA, "seed=1"]), run, allow_config_change=True)
     with pytest.raises(config_lib.ConfigError, match="holds LoRA adapters but this run has lora.rank=0"):
-        trainer.Trainer(config_lib.load_config("default", [*SMALL]), run)
+        trainer.Trainer(config_lib.load_config("default", [*SMALL]), run, allow_config_change=True)
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxgrpo.files import user_mode
 from jaxgrpo.models.config import ModelConfig, ModelConfigError, from_hf_config, to_hf_config
 from jaxgrpo.models.gguf_import import load_gguf
 from jaxgrpo.models.layout import (
@@ -151,11 +152,13 @@ def save_pretrained(
     meta = {"format": "pt"}
     if len(shards) == 1:
         save_file(shards[0], str(directory / "model.safetensors"), metadata=meta)
+        user_mode(directory / "model.safetensors")
     else:
         weight_map = {}
         for j, shard in enumerate(shards):
             name = f"model-{j + 1:05d}-of-{len(shards):05d}.safetensors"
             save_file(shard, str(directory / name), metadata=meta)
+            user_mode(directory / name)
             weight_map.update(dict.fromkeys(shard, name))
         total = sum(t.nbytes for s in shards for t in s.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}

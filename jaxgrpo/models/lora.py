@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxgrpo.files import user_mode
 from jaxgrpo.models.config import ModelConfig
 
 Params = dict[str, Any]
@@ -184,6 +185,7 @@ def save_peft(config: ModelConfig, adapters: Params, directory: str | pathlib.Pa
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
+    user_mode(directory / "adapter_model.safetensors")  # safetensors writes 0600
     (directory / "adapter_config.json").write_text(json.dumps(peft_config(config, base_name_or_path), indent=2))
 
 
