@@ -14,19 +14,17 @@
 import pathlib
 
 import chex
+import gguf
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
+import transformers
+from gguf import GGMLQuantizationType as Q
+from model_helpers import rel_err
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-gguf = pytest.importorskip("gguf")
-
-from gguf import GGMLQuantizationType as Q  # noqa: E402
-from model_helpers import rel_err  # noqa: E402
-
-from jaxgrpo.models import (  # noqa: E402
+from jaxgrpo.models import (
     CheckpointError,
     ModelConfigError,
     RopeScaling,

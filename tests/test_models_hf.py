@@ -15,14 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
+import transformers
+from model_helpers import pad_rows, random_params, rel_err
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from model_helpers import pad_rows, random_params, rel_err  # noqa: E402
-
-from jaxgrpo import sharding  # noqa: E402
-from jaxgrpo.models import (  # noqa: E402
+from jaxgrpo import sharding
+from jaxgrpo.models import (
     CheckpointError,
     ModelConfig,
     ModelConfigError,
@@ -31,7 +29,7 @@ from jaxgrpo.models import (  # noqa: E402
     load_pretrained,
     save_pretrained,
 )
-from jaxgrpo.models.layers import rope_inv_freq  # noqa: E402
+from jaxgrpo.models.layers import rope_inv_freq
 
 V = 128
 COMMON = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
