@@ -57,6 +57,15 @@ def smollm2_gguf() -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2(smollm2_gguf):
+    """``(config, params)`` of the real SmolLM2-135M-Instruct (float32), loaded once per session; tests must not
+    modify or donate the params."""
+    from jaxgrpo.models import load_pretrained
+
+    return load_pretrained(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
 def gsm8k_dir() -> pathlib.Path:
     if not (GSM8K_DIR / "train.jsonl").exists():
         pytest.fail(f"GSM8K jsonl not found under {GSM8K_DIR}; the tests expect ../shared/data/gsm8k beside the repo")

@@ -242,8 +242,8 @@ def test_errors(tmp_path):
 
 # ------------------------------------------------------------------------------------------- real SmolLM2
 @pytest.mark.slow
-def test_smollm2_export_round_trip(smollm2_gguf, tmp_path):
-    cfg, params = load_pretrained(smollm2_gguf)
+def test_smollm2_export_round_trip(smollm2_gguf, smollm2, tmp_path):
+    cfg, params = smollm2
     path = save_gguf(cfg, params, tmp_path / "smollm2.gguf", smollm2_gguf, dtype="float32")
     cfg2, params2 = load_pretrained(path)
     assert cfg2 == cfg

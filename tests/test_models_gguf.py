@@ -208,11 +208,6 @@ def test_gguf_errors(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- real SmolLM2
-@pytest.fixture(scope="session")
-def smollm2(smollm2_gguf):
-    return load_pretrained(smollm2_gguf)
-
-
 @pytest.mark.slow
 def test_smollm2_config_matches_published(smollm2):
     cfg, params = smollm2
