@@ -54,7 +54,13 @@ first, build the global mesh, and turn each process's rows into global arrays wi
 update count: all ``μ × num_minibatches`` updates of one step use ``schedule(step)``; warmup is linear from
 ``lr / W`` at step 0 to ``lr`` at step ``W − 1``, then constant or cosine down to ``min_lr_ratio · lr`` at
 ``total_steps`` (SGDR cosine, Loshchilov & Hutter 2017). AdamW (Loshchilov & Hutter 2019) decays every weight
-except norms and biases.
+except norms and biases. The schedule's numbers (learning rate, warmup, ``total_steps``, ``min_lr_ratio``) reach the
+compiled step as a runtime argument (`jaxgrpo.optim.schedule_hparams`), so they are not constants of the program.
+
+**One program per static configuration.** `make_train_step` memoizes the jitted step (and ``init_fn``) on what the
+program depends on: the model config, the algo, perf and mesh, the temperature and the optimizer's static fields
+(schedule kind, AdamW's ``b1``, ``b2``, ``eps``, weight decay, clipping norm). Two trainers that differ only in the
+learning rate, warmup or number of steps share one jitted function, so jax compiles its step once.
 
 **Metrics** (float32 scalars): every `degeneracy.diagnostics` key; ``loss``, ``pg_loss``, ``kl`` and the
 `policy_loss` statistics (clip fractions, ratio statistics, ``approx_kl_old``) averaged over the step's optimizer
@@ -81,7 +87,9 @@ float32 adapters at ``layers.lora``; the gradient, the optimizer state and the u
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import jax
@@ -91,18 +99,18 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgrpo import models
+from jaxgrpo import optim as optim_lib
 from jaxgrpo import sharding as sharding_lib
 from jaxgrpo.batch import Batch, TrainState, check_batch, global_batch
 from jaxgrpo.config import AlgoConfig, OptimConfig, PerfConfig
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.minibatch import StepParts, first_minibatch_gradient
 from jaxgrpo.models import lora
-from jaxgrpo.optim import make_optimizer
 from jaxgrpo.perf import packed_prompt_width, resolve_perf
 
 # The train step's public surface, wherever each part lives.
 __all__ = ["Batch", "TrainState", "abstract_state", "compute_logprobs", "global_batch", "make_train_step",
-           "packed_prompt_width", "policy_gradient", "resolve_perf", "state_shardings"]  # fmt: skip
+           "packed_prompt_width", "policy_gradient", "resolve_perf", "state_shardings", "StepFn"]  # fmt: skip
 
 Params = Any
 
@@ -149,8 +157,8 @@ def abstract_state(
 ) -> TrainState:
     """The `TrainState` ``make_train_step``'s ``init_fn`` would build, as ``jax.ShapeDtypeStruct`` leaves with their
     shardings on ``mesh`` (nothing allocated): the input to ahead-of-time compilation (`jaxgrpo.aot`)."""
-    updates = int(algo.num_iterations) * int(algo.num_minibatches)
-    tx, _ = make_optimizer(optim, total_steps, updates_per_step=updates)
+    optim_lib.schedule_hparams(optim, total_steps)  # the same checks as make_train_step
+    tx = optim_lib.make_direction(optim)
     shardings = state_shardings(model_config, mesh, tx)
     params = jax.eval_shape(lambda: models.init_params(model_config, jax.random.key(0)))
     state = TrainState(params=params, opt_state=jax.eval_shape(tx.init, lora.trainable(params)),
@@ -163,6 +171,51 @@ def _replicated(x: np.ndarray, mesh: Mesh) -> jax.Array:
     return jax.make_array_from_callback(x.shape, NamedSharding(mesh, PartitionSpec()), lambda idx: x[idx])
 
 
+def _freeze(x: Any) -> Hashable:
+    """A hashable, exact key for a config value: dataclasses by their fields, dicts by sorted items, lists as tuples."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return (type(x).__qualname__, *((f.name, _freeze(getattr(x, f.name))) for f in dataclasses.fields(x)))
+    if isinstance(x, dict):
+        return ("dict", *sorted((repr(k), _freeze(v)) for k, v in x.items()))
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, *(_freeze(v) for v in x))
+    hash(x)
+    return x
+
+
+def _static_optim(optim: OptimConfig) -> Hashable:
+    """The optimizer fields the compiled step depends on: all but the schedule's runtime numbers."""
+    return tuple((f.name, _freeze(getattr(optim, f.name))) for f in dataclasses.fields(optim)
+                 if f.name not in optim_lib.SCHEDULE_HPARAMS)  # fmt: skip
+
+
+_PROGRAMS: OrderedDict[Hashable, tuple[Callable, Callable]] = OrderedDict()
+_PROGRAMS_KEPT = 32  # least recently used programs beyond this are dropped (with their compiled executables)
+
+
+class StepFn:
+    """``step_fn(state, batch, packed_prompt_width=0) -> (state, metrics)``: the memoized jitted step bound to one
+    run's schedule numbers (a runtime argument, placed on the mesh at the first call). ``lower`` lowers it for
+    ahead-of-time compilation (no device needed); ``jitted`` is the shared `jax.jit` function."""
+
+    def __init__(self, jitted: Callable, hparams: np.ndarray, mesh: Mesh | None):
+        self.jitted, self.hparams, self.mesh = jitted, hparams, mesh
+        self._placed: jax.Array | None = None
+
+    def __call__(self, state: TrainState, batch: Batch, packed_prompt_width: int = 0) -> tuple[TrainState, dict]:
+        if self._placed is None:
+            self._placed = _replicated(self.hparams, self.mesh) if self.mesh else jnp.asarray(self.hparams)
+        return self.jitted(state, batch, self._placed, packed_prompt_width=packed_prompt_width)
+
+    def lower(self, state: TrainState, batch: Batch, packed_prompt_width: int = 0) -> Any:
+        sh = NamedSharding(self.mesh, PartitionSpec()) if self.mesh is not None else None
+        hp = jax.ShapeDtypeStruct(self.hparams.shape, self.hparams.dtype, sharding=sh)
+        return self.jitted.lower(state, batch, hp, packed_prompt_width=packed_prompt_width)
+
+    def _cache_size(self) -> int:
+        return self.jitted._cache_size()
+
+
 def make_train_step(
     model_config: models.ModelConfig,
     algo: AlgoConfig,
@@ -172,7 +225,7 @@ def make_train_step(
     mesh: Mesh | None = None,
     temperature: float = 1.0,
     total_steps: int,
-) -> tuple[Callable[[Params, jax.Array], TrainState], Callable[[TrainState, Batch], tuple[TrainState, dict]]]:
+) -> tuple[Callable[[Params, jax.Array], TrainState], StepFn]:
     """Build ``(init_fn(params, key) -> TrainState, step_fn(state, batch) -> (state, metrics))``.
 
     ``step_fn`` is a `jax.jit` function (state donated: do not reuse the input state). ``temperature`` is the
@@ -184,10 +237,33 @@ def make_train_step(
     With ``mesh``, ``init_fn`` places params/optimizer state by their logical axes and the batch must come from
     `global_batch` (or be placed with `jaxgrpo.sharding.batch_sharding`). ``init_fn`` takes ownership of the
     params it is given: the first step donates them (pass a copy to keep using the originals).
+    The jitted program is memoized on its static arguments (module docstring): calls that differ only in the
+    learning rate, warmup, ``min_lr_ratio`` or ``total_steps`` share it.
     """
+    hparams = optim_lib.schedule_hparams(optim, total_steps)
+    key = (_freeze(model_config), _freeze(algo), _static_optim(optim), _freeze(perf), mesh, float(temperature))
+    if key in _PROGRAMS:
+        _PROGRAMS.move_to_end(key)
+    else:
+        _PROGRAMS[key] = _build_program(model_config, algo, optim, perf, mesh, temperature)
+        while len(_PROGRAMS) > _PROGRAMS_KEPT:
+            _PROGRAMS.popitem(last=False)
+    init_fn, jitted = _PROGRAMS[key]
+    return init_fn, StepFn(jitted, hparams, mesh)
+
+
+def _build_program(
+    model_config: models.ModelConfig,
+    algo: AlgoConfig,
+    optim: OptimConfig,
+    perf: PerfConfig | None,
+    mesh: Mesh | None,
+    temperature: float,
+) -> tuple[Callable[[Params, jax.Array], TrainState], Callable]:
+    """``(init_fn, jitted step(state, batch, schedule_hparams, packed_prompt_width=0))`` for `make_train_step`."""
     step = StepParts(model_config, algo, mesh, temperature, perf)
     updates = int(algo.num_iterations) * step.nm
-    tx, schedule = make_optimizer(optim, total_steps, updates_per_step=updates)
+    tx = optim_lib.make_direction(optim)
     state_sh = state_shardings(model_config, mesh, tx) if mesh is not None else None
 
     def init_fn(params: Params, key: jax.Array) -> TrainState:
@@ -207,13 +283,14 @@ def make_train_step(
         return TrainState(params=params, opt_state=opt_state, step=count, rng=key)
 
     def train_step(
-        state: TrainState, batch: Batch, packed_prompt_width: int = 0
+        state: TrainState, batch: Batch, hparams: jax.Array, packed_prompt_width: int = 0
     ) -> tuple[TrainState, dict[str, jax.Array]]:
         check_batch(batch, algo, step.perf, step.num_shards)
         prep = step.prepare(batch)
         split = step.split_batch(batch, prep)
         G = batch.rewards.shape[1]
         split = step.correct_sampler(state.params, split, G, packed_prompt_width, batch.projections)
+        lr = optim_lib.schedule_value(optim.schedule, hparams, state.step)  # one rate for all updates of the step
 
         def update(carry, u):
             params, opt_state = carry
@@ -225,8 +302,9 @@ def make_train_step(
             )
             grad_norm = optax.global_norm(grads)
             train = lora.trainable(params)  # a LoRA run updates its adapters only; the base passes through
-            upd, opt_state = tx.update(grads, opt_state, train)
-            params = lora.with_trainable(params, optax.apply_updates(train, upd))
+            direction, opt_state = tx.update(grads, opt_state, train)
+            train = optax.apply_updates(train, optim_lib.apply_learning_rate(direction, lr))
+            params = lora.with_trainable(params, train)
             return (params, opt_state), dict(loss=loss, grad_norm=grad_norm, **aux)
 
         (params, opt_state), hist = jax.lax.scan(
@@ -244,7 +322,7 @@ def make_train_step(
             {
                 "loss": jnp.mean(hist["loss"]),
                 "grad_norm": jnp.mean(hist["grad_norm"]),
-                "lr": schedule(state.step),
+                "lr": lr,
                 "entropy": jnp.sum(s["entropy_sum"] * first_pass) / n_first,
                 "mismatch/abs_diff_mean": s["abs_diff_sum"][0] / n0,
                 "mismatch/abs_diff_max": s["abs_diff_max"][0],

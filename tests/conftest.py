@@ -1,7 +1,15 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""Test setup: 8 fake CPU devices (set before JAX initialises), float32 matmuls at full precision, offline."""
+"""Test setup: 8 fake CPU devices (set before JAX initialises), float32 matmuls at full precision, offline; a
+persistent compilation cache; and a session that FAILS on any skip outside `ALLOWED_SKIPS`.
+
+The compilation cache (jax's own, keyed on the HLO, the compile options and the jaxlib version, so a hit is the program
+a fresh compile would produce): ``JAX_COMPILATION_CACHE_DIR`` when set (`.ci/run` exports one for its whole run),
+else a per-user directory under the system temporary directory. It is set through environment variables so the CLIs
+that tests launch in subprocesses use it too.
+"""
 
 import os
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
@@ -11,6 +19,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"jaxgrpo-tests-jax-cache-{os.getuid()}")
+)
+# every trainer step and most model programs compile in more than this on a 2-core CPU; smaller ones are not worth a
+# disk round trip
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pathlib  # noqa: E402
 
@@ -18,6 +33,11 @@ import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+# the environment variables above are read when jax is imported; set them again in case something imported jax first
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update(
+    "jax_persistent_cache_min_compile_time_secs", float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"])
+)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -37,7 +57,62 @@ def smollm2_gguf() -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2(smollm2_gguf):
+    """``(config, params)`` of the real SmolLM2-135M-Instruct (float32), loaded once per session; tests must not
+    modify or donate the params."""
+    from jaxgrpo.models import load_pretrained
+
+    return load_pretrained(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
 def gsm8k_dir() -> pathlib.Path:
     if not (GSM8K_DIR / "train.jsonl").exists():
         pytest.fail(f"GSM8K jsonl not found under {GSM8K_DIR}; the tests expect ../shared/data/gsm8k beside the repo")
     return GSM8K_DIR
+
+
+# The only skips a run may contain, each with why it is allowed: (test node id prefix, reason). Any other skip — a
+# required test dependency that fails to import, a fixture that skips — fails the session.
+ALLOWED_SKIPS: dict[str, str] = {
+    "tests/test_compile.py::test_tpu_topology_compiles_train_step_and_rollout": (
+        "needs libtpu, an optional extra (jaxgrpo[tpu]); .ci/run installs it and sets JAXGRPO_REQUIRE_LIBTPU=1, "
+        "which makes this skip a failure"
+    ),
+}
+REQUIRE_LIBTPU = os.environ.get("JAXGRPO_REQUIRE_LIBTPU", "") not in ("", "0")
+_disallowed_skips: list[str] = []
+
+
+def skip_allowed(nodeid: str) -> bool:
+    """Whether a skip of test ``nodeid`` is on the allow-list (the libtpu one only when libtpu is not required)."""
+    for prefix in ALLOWED_SKIPS:
+        if nodeid.startswith(prefix):
+            return not (REQUIRE_LIBTPU and "libtpu" in ALLOWED_SKIPS[prefix])
+    return False
+
+
+def _record_skip(report: pytest.TestReport | pytest.CollectReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail") and not skip_allowed(report.nodeid):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _disallowed_skips.append(f"{report.nodeid or '<collection>'}: {reason}")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _record_skip(report)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    _record_skip(report)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _disallowed_skips and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int) -> None:
+    if _disallowed_skips:
+        terminalreporter.section("skips outside the allow-list (tests/conftest.py ALLOWED_SKIPS): the run FAILS")
+        for line in _disallowed_skips:
+            terminalreporter.line(line)

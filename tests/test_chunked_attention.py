@@ -97,6 +97,31 @@ def test_train_step_with_chunked_attention_equals_dense(prefix_sharing):
     assert float(jnp.abs(jax.tree.leaves(g0)[0]).max()) > 0
 
 
+def test_train_step_with_chunked_attention_under_a_mesh_equals_dense_on_one_device():
+    """Chunked attention inside the step with the batch and params sharded over data=2 x fsdp=2: the dense,
+    single-device loss and gradient."""
+    from test_train_step import TEMP, make_batch_np, tiny_config, to_batch
+
+    from jaxgrpo import models, sharding
+    from jaxgrpo import train_step as ts
+    from jaxgrpo.config import AlgoConfig, PerfConfig
+
+    config = tiny_config()
+    params = models.init_params(config, jax.random.key(0))
+    batch = to_batch(config, params, make_batch_np(3, 4, 3), noise=0.2)
+    algo = AlgoConfig()
+    dense = PerfConfig(prefix_sharing=False, attention="dense")
+    l0, g0, _ = ts.policy_gradient(config, algo, params, batch, perf=dense, temperature=TEMP)
+    mesh = sharding.make_mesh(2, 2, 1, devices=jax.devices()[:4])
+    chunked_perf = PerfConfig(prefix_sharing=False, attention="chunked", attention_chunk=3)
+    sharded = sharding.shard_params(jax.tree.map(jnp.copy, params), config, mesh)
+    l1, g1, _ = ts.policy_gradient(config, algo, sharded, ts.global_batch(batch, mesh), perf=chunked_perf,
+                                   temperature=TEMP, mesh=mesh)  # fmt: skip
+    np.testing.assert_allclose(l1, l0, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
+        assert rel_err(a, b) < 1e-5
+
+
 def test_fused_kernel_equals_plain_attention():
     """`attention.causal` and `attention.shared_prefix` with kind "cudnn" (its masks, GQA head layout, repeated prefix
     and zeroed key-less queries) through the XLA implementation of `jax.nn.dot_product_attention`."""

@@ -25,19 +25,16 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+import torch
+import transformers
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader
+from model_helpers import rel_err
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-gguf = pytest.importorskip("gguf")
-
-from gguf import GGMLQuantizationType as Q  # noqa: E402
-from gguf import GGUFReader  # noqa: E402
-from model_helpers import rel_err  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
-
-from jaxgrpo import config as config_lib  # noqa: E402
-from jaxgrpo import trainer  # noqa: E402
-from jaxgrpo.models import (  # noqa: E402
+from jaxgrpo import config as config_lib
+from jaxgrpo import trainer
+from jaxgrpo.models import (
     CheckpointError,
     ModelConfig,
     ModelConfigError,
@@ -48,7 +45,7 @@ from jaxgrpo.models import (  # noqa: E402
     save_gguf,
     save_pretrained,
 )
-from jaxgrpo.tokenizer import arithmetic_tokenizer  # noqa: E402
+from jaxgrpo.tokenizer import arithmetic_tokenizer
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -245,8 +242,8 @@ def test_errors(tmp_path):
 
 # ------------------------------------------------------------------------------------------- real SmolLM2
 @pytest.mark.slow
-def test_smollm2_export_round_trip(smollm2_gguf, tmp_path):
-    cfg, params = load_pretrained(smollm2_gguf)
+def test_smollm2_export_round_trip(smollm2_gguf, smollm2, tmp_path):
+    cfg, params = smollm2
     path = save_gguf(cfg, params, tmp_path / "smollm2.gguf", smollm2_gguf, dtype="float32")
     cfg2, params2 = load_pretrained(path)
     assert cfg2 == cfg

@@ -16,15 +16,14 @@ import pathlib
 import subprocess
 import sys
 
+import gguf
 import numpy as np
 import pytest
+import torch  # noqa: F401  (required: transformers converts the GGUF tokenizer with it)
 
-gguf = pytest.importorskip("gguf")
-pytest.importorskip("torch")
-
-from jaxgrpo.errors import ConfigError  # noqa: E402
-from jaxgrpo.gguf_tokenizer import byte_alphabet, gguf_tokenizer  # noqa: E402
-from jaxgrpo.models import load_tokenizer as transformers_gguf_tokenizer  # noqa: E402
+from jaxgrpo.errors import ConfigError
+from jaxgrpo.gguf_tokenizer import byte_alphabet, gguf_tokenizer
+from jaxgrpo.models import load_tokenizer as transformers_gguf_tokenizer
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",

@@ -13,16 +13,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
+import transformers
+from model_helpers import rel_err
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from model_helpers import rel_err  # noqa: E402
-
-from jaxgrpo import build, models  # noqa: E402
-from jaxgrpo.config import load_config  # noqa: E402
-from jaxgrpo.errors import ConfigError  # noqa: E402
-from jaxgrpo.tokenizer import arithmetic_tokenizer  # noqa: E402
+from jaxgrpo import build, models
+from jaxgrpo.config import load_config
+from jaxgrpo.errors import ConfigError
+from jaxgrpo.tokenizer import arithmetic_tokenizer
 
 MAIN, V2 = "a" * 40, "b" * 40  # commit hashes of the two snapshots
 

@@ -178,8 +178,8 @@ def test_projection_reuse_with_adapters_gives_the_same_gradient():
 
 # ----------------------------------------------------------------------------------------------- PEFT export
 def test_peft_applies_the_exported_adapter_to_the_transformers_model(tmp_path):
-    torch = pytest.importorskip("torch")
-    peft = pytest.importorskip("peft")
+    import peft
+    import torch
     import transformers
 
     config = BASE.replace(lora=models.LoraSpec(rank=4, alpha=8.0, targets=("q", "k", "v", "o", "gate", "up", "down")))

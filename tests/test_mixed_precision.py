@@ -68,9 +68,9 @@ def test_bf16_compute_update_moves_float32_masters_like_float32():
 
 
 @pytest.mark.slow
-def test_smollm2_bf16_compute_logprobs_close_to_float32(smollm2_gguf):
+def test_smollm2_bf16_compute_logprobs_close_to_float32(smollm2_gguf, smollm2):
     """The real model: bfloat16 compute over float32 masters vs all-float32, per-token log-probs of a sentence."""
-    c32, p32 = models.load_pretrained(smollm2_gguf, dtype="float32")
+    c32, p32 = smollm2  # float32, the load's default
     c16, p16 = models.load_pretrained(smollm2_gguf, dtype="bfloat16")
     assert c16.param_dtype == "float32" and jax.tree.leaves(p16)[0].dtype == jnp.float32
     tokens = jnp.asarray([[1, 504, 3458, 282, 4649, 314, 260, 4520, 30, 378, 3458, 282, 4649, 1437, 314, 2000]])

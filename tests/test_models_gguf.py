@@ -14,19 +14,17 @@
 import pathlib
 
 import chex
+import gguf
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import torch
+import transformers
+from gguf import GGMLQuantizationType as Q
+from model_helpers import rel_err
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-gguf = pytest.importorskip("gguf")
-
-from gguf import GGMLQuantizationType as Q  # noqa: E402
-from model_helpers import rel_err  # noqa: E402
-
-from jaxgrpo.models import (  # noqa: E402
+from jaxgrpo.models import (
     CheckpointError,
     ModelConfigError,
     RopeScaling,
@@ -210,11 +208,6 @@ def test_gguf_errors(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------- real SmolLM2
-@pytest.fixture(scope="session")
-def smollm2(smollm2_gguf):
-    return load_pretrained(smollm2_gguf)
-
-
 @pytest.mark.slow
 def test_smollm2_config_matches_published(smollm2):
     cfg, params = smollm2

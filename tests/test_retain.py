@@ -1,14 +1,17 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""Capability retention (``train.retain``): the trainer's ``retain/<set>/accuracy`` equals `jaxgrpo.eval.evaluate` run
-on the same prompts, parameters (the step's checkpoint, and at step 0 the initial policy) and key, every
-``retain_every`` steps and at the run's last step; bad entries are clean config errors. The same tiny run checks the
-per-step ``diversity/*`` metrics."""
+"""Capability retention (``train.retain``) and periodic evaluation (``train.eval_every``): the trainer's
+``retain/<set>/accuracy`` and ``eval/*`` metrics recomputed by hand from the completions its sampler returned (decoded,
+scored by the reward function, counted per prompt), at the parameters of the step's checkpoint (step 0: the initial
+policy), every ``retain_every`` / ``eval_every`` steps (retention also at the run's last step); bad entries are clean
+config errors. The same tiny run checks the per-step ``diversity/*`` metrics."""
 
 from __future__ import annotations
 
 import math
 
+import chex
 import jax
+import numpy as np
 import pytest
 
 from jaxgrpo import build, metrics_log, trainer
@@ -16,6 +19,7 @@ from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
 from jaxgrpo import eval as eval_lib
 from jaxgrpo import retain as retain_lib
+from jaxgrpo import rewards as rewards_lib
 
 RUN = ["train.steps=3", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=2",
        "checkpoint.every=2", "checkpoint.export_final=false", "log.progress=false", "log.tensorboard=false",
@@ -24,33 +28,92 @@ RUN = ["train.steps=3", "rollout.prompts_per_step=4", "rollout.group_size=4", "r
        "sums: {difficulty: 2, split: test, num_examples: 5, reward: arithmetic_lenient}}"]  # fmt: skip
 
 
+def _spy_on_evaluations(monkeypatch) -> list[dict]:
+    """Every `eval.evaluate` call the trainer makes, with the examples, reward, sample count, a host copy of the
+    params it was given and the completions its sampler returned (the metrics themselves are recomputed from these
+    by the test, not taken from `evaluate`)."""
+    calls: list[dict] = []
+    real_evaluate, real_generate = eval_lib.evaluate, eval_lib.sampling.generate
+    active = [False]
+
+    def evaluate(model_config, params, tokenizer, examples, reward_fn, **kw):
+        calls.append(dict(examples=list(examples), reward=reward_fn, n=kw["num_samples"], tokenizer=tokenizer,
+                          params=jax.tree.map(np.asarray, params), samples=[]))  # fmt: skip
+        active[0] = True
+        try:
+            return real_evaluate(model_config, params, tokenizer, examples, reward_fn, **kw)
+        finally:
+            active[0] = False
+
+    def generate(*args, **kw):
+        out = real_generate(*args, **kw)
+        if active[0]:
+            calls[-1]["samples"].append((np.asarray(out.tokens), np.asarray(out.mask)))
+        return out
+
+    monkeypatch.setattr(eval_lib, "evaluate", evaluate)
+    monkeypatch.setattr(eval_lib.sampling, "generate", generate)
+    return calls
+
+
+def _successes(call: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Rewards ``[P, n]`` of a recorded call, each completion decoded and scored by the reward function itself, and
+    the per-prompt success counts ``c`` (success: reward >= 0.5)."""
+    tokens = np.concatenate([t for t, _ in call["samples"]])
+    mask = np.concatenate([m for _, m in call["samples"]])
+    texts = call["tokenizer"].batch_decode([t[m].tolist() for t, m in zip(tokens, mask)], skip_special_tokens=True)
+    fn = rewards_lib.resolve(call["reward"])[1]
+    n = call["n"]
+    r = np.array([float(fn(t, call["examples"][i // n])) for i, t in enumerate(texts)]).reshape(-1, n)
+    assert r.shape[0] == len(call["examples"])
+    return r, (r >= 0.5).sum(axis=1)
+
+
 @pytest.mark.slow
-def test_retain_accuracy_equals_eval_on_the_same_set_and_params(tmp_path):
-    cfg = config_lib.load_config("default", RUN)
+def test_retain_and_eval_metrics_recomputed_from_the_sampled_completions(tmp_path, monkeypatch):
+    """``retain/<set>/accuracy`` = mean over the set's prompts of c/n, and (``train.eval_every``) ``eval/pass@1`` =
+    mean c/n, ``eval/pass@G`` = the fraction of prompts with c > 0 (n = G), ``eval/mean_reward`` and
+    ``eval/degeneracy_measured`` = the fraction of prompts with c in {0, n}: recomputed by hand from the completions
+    the sampler returned, decoded and scored by the reward function; each evaluated at the params of its step's
+    checkpoint (step 0: the initial policy)."""
+    calls = _spy_on_evaluations(monkeypatch)
+    cfg = config_lib.load_config("default", [*RUN, "train.eval_every=2", "train.eval_examples=6"])
     run_dir = tmp_path / "run"
     trainer.run(cfg, run_dir)
     recs = metrics_log.read_metrics(run_dir)
     assert [r["step"] for r in recs] == [0, 1, 2, 3]
     base, recs = recs[0], recs[1:]  # step 0: the retention sets before any update, and nothing else
     assert sorted(base) == ["retain/copy/accuracy", "retain/sums/accuracy", "step"]
-    # then every 2 steps, and at the last step (3) though 3 is not a multiple of 2
+    # then every 2 steps, and at the last step (3) though 3 is not a multiple of 2; eval every 2 steps only
     assert [any(k.startswith("retain/") for k in r) for r in recs] == [False, True, True]
+    assert [any(k.startswith("eval/") for k in r) for r in recs] == [False, True, False]
+    assert (run_dir / "eval" / "step2" / "eval.json").exists()
     sets = retain_lib.resolve(cfg)
     assert [(s.name, s.reward) for s in sets] == [("copy", "arithmetic"), ("sums", "arithmetic_lenient")]
-    for step in (2, 3):
-        policy = eval_lib.load_policy_for_eval(cfg, run_dir, step)  # the params when the sets were evaluated
-        for i, rs in enumerate(sets):
+    # the trainer's evaluations in order: retention at step 0; eval then retention at step 2; retention at step 3
+    order = [(0, "copy"), (0, "sums"), (2, "eval"), (2, "copy"), (2, "sums"), (3, "copy"), (3, "sums")]
+    assert len(calls) == len(order)
+    rec_of = {0: base, 2: recs[1], 3: recs[2]}
+    initial = build.build_policy(cfg, build.policy_key(cfg))[1]
+    for (step, what), call in zip(order, calls):
+        assert call["n"] == cfg.rollout.group_size
+        r, c = _successes(call)
+        n, rec = call["n"], rec_of[step]
+        if what == "eval":
+            assert len(call["examples"]) == cfg.train.eval_examples
+            assert rec["eval/pass@1"] == pytest.approx(np.mean(c / n), abs=1e-12)
+            assert rec[f"eval/pass@{n}"] == pytest.approx(np.mean(c > 0), abs=1e-12)
+            assert rec["eval/mean_reward"] == pytest.approx(r.mean(), rel=1e-6)
+            assert rec["eval/degeneracy_measured"] == pytest.approx(np.mean((c == 0) | (c == n)), abs=1e-12)
+        else:
+            rs = next(s for s in sets if s.name == what)
             examples = data_lib.load_dataset(rs.data, cfg.seed)
-            assert len(examples) == rs.data.num_examples
-            ref = eval_lib.evaluate(policy.model_config, policy.params, policy.tokenizer, examples, rs.reward,
-                                    num_samples=4, group_sizes=[], max_new_tokens=2, data_config=rs.data,
-                                    key=jax.random.fold_in(jax.random.fold_in(jax.random.key(cfg.seed), step), 2 + i))
-            assert recs[step - 1][f"retain/{rs.name}/accuracy"] == pytest.approx(ref["mean_success_rate"], abs=1e-12)
-        start = eval_lib.evaluate(policy.model_config, build.build_policy(cfg, build.policy_key(cfg))[1],
-                                  policy.tokenizer, examples, rs.reward, num_samples=4, group_sizes=[],
-                                  max_new_tokens=2, data_config=rs.data,
-                                  key=jax.random.fold_in(jax.random.fold_in(jax.random.key(cfg.seed), 0), 2 + i))
-        assert base[f"retain/{rs.name}/accuracy"] == pytest.approx(start["mean_success_rate"], abs=1e-12)
+            assert [e.prompt for e in call["examples"]] == [e.prompt for e in examples]
+            assert len(examples) == rs.data.num_examples and call["reward"] == rs.reward
+            assert rec[f"retain/{what}/accuracy"] == pytest.approx(np.mean(c / n), abs=1e-12)
+        # the params evaluated: the step's checkpoint, and at step 0 the initial policy
+        want = initial if step == 0 else eval_lib.load_policy_for_eval(cfg, run_dir, step).params
+        chex.assert_trees_all_close(call["params"], jax.tree.map(np.asarray, want), rtol=0, atol=0)
     # the step's diversity metrics (jaxgrpo.diversity)
     for rec in recs:
         assert 1 / 4 <= rec["diversity/distinct_frac"] <= 1.0

@@ -199,7 +199,7 @@ def test_combine_mixes_conventions():
 
 
 def test_trl_accuracy_reward_through_the_conversational_adapter():
-    trl_rewards = pytest.importorskip("trl.rewards")
+    from trl import rewards as trl_rewards
     accuracy = rewards.conversational(trl_rewards.accuracy_reward)
     assert rewards.is_batched(accuracy)
     texts = ["The answer is \\boxed{\\frac{1}{3}}", "The answer is \\boxed{\\frac{1}{2}}", "\\boxed{2}", "\\boxed{2}"]

@@ -56,13 +56,26 @@ def test_parallel_equals_serial_in_order():
 
 
 def test_workers_run_calls_concurrently():
-    pool = RewardPool(workers=4, timeout=30.0)
-    t0 = time.perf_counter()
-    results = pool.run([lambda i=i: time.sleep(0.3) or i for i in range(8)])
-    elapsed = time.perf_counter() - t0
+    # every call waits at a 4-party barrier: the 8 calls finish only if the 4 workers run them 4 at a time (one at a
+    # time, the first call would wait out the barrier's timeout and fail with BrokenBarrierError)
+    barrier = threading.Barrier(4, timeout=30)
+    lock, running, peak = threading.Lock(), [0], [0]
+
+    def call(i: int) -> int:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        barrier.wait()
+        with lock:
+            running[0] -= 1
+        return i
+
+    pool = RewardPool(workers=4, timeout=60.0)
+    results = pool.run([lambda i=i: call(i) for i in range(8)])
     pool.close()
+    assert [r.error for r in results] == [None] * 8
     assert [r.value for r in results] == list(range(8))
-    assert elapsed < 1.5, f"8 calls of 0.3 s on 4 workers took {elapsed:.2f} s (serial: 2.4 s)"
+    assert peak[0] == 4
 
 
 def test_pool_reports_exceptions_and_checks_arguments():
@@ -99,11 +112,8 @@ def test_hanging_call_is_cut_off_and_scoring_goes_on():
     texts = ["1", "hang", "2", "hang", "1", "1"]
     examples = [ex("1", i) for i in range(6)]
     try:
-        t0 = time.perf_counter()
         with pytest.warns(RuntimeWarning, match="'hang_on_marked' ran past data.reward_timeout=0.5s on sample 1"):
             r, valid, timed_out = scorer(texts, examples)
-        elapsed = time.perf_counter() - t0
-        assert elapsed < 5.0, f"scoring took {elapsed:.1f} s with two 0.5 s timeouts"
         np.testing.assert_array_equal(timed_out, [False, True, False, True, False, False])
         np.testing.assert_array_equal(valid, [True, False, True, False, True, True])
         np.testing.assert_array_equal(r, [2.0, 0.0, 1.0, 0.0, 2.0, 2.0])

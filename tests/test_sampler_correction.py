@@ -65,10 +65,13 @@ def _reference_loss(config, params, batch, algo):
     mask = np.asarray(batch.completion_mask) & np.asarray(batch.valid).reshape(-1)[:, None]
     old, _ = reference_logprobs(config, params, batch.tokens, batch.prompt_mask, batch.completion_mask)
     log_rho = np.where(mask, np.asarray(old) - np.asarray(batch.old_logprobs), 0.0)
-    if algo.sampler_correction == "token_tis":
-        w, keep = np.minimum(np.exp(log_rho), algo.sampler_correction_cap), mask
-    else:  # token_mask
-        w, keep = np.ones_like(log_rho), mask & (np.abs(log_rho) <= math.log(algo.sampler_correction_cap))
+    mode, cap = algo.sampler_correction, algo.sampler_correction_cap
+    if mode.startswith("seq"):  # one ratio per sequence: the product over its tokens, on each of them
+        log_rho = np.broadcast_to(np.clip(log_rho.sum(axis=1, keepdims=True), -20, 20), log_rho.shape)
+    if mode.endswith("tis"):
+        w, keep = np.where(mask, np.minimum(np.exp(log_rho), cap), 1.0), mask
+    else:  # token_mask, seq_mask
+        w, keep = np.ones_like(log_rho), mask & (np.abs(log_rho) <= math.log(cap))
 
     def loss_fn(p):
         logp, _ = reference_logprobs(config, p, batch.tokens, batch.prompt_mask, batch.completion_mask)
@@ -77,7 +80,7 @@ def _reference_loss(config, params, batch, algo):
     return jax.jit(jax.value_and_grad(loss_fn))(params), keep
 
 
-@pytest.mark.parametrize("mode", ["token_tis", "token_mask"])
+@pytest.mark.parametrize("mode", ["token_tis", "token_mask", "seq_tis", "seq_mask"])
 def test_train_step_correction_equals_reference(mode):
     config = tiny_config()
     params = models.init_params(config, jax.random.key(0))
@@ -89,11 +92,30 @@ def test_train_step_correction_equals_reference(mode):
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
-    if mode == "token_mask":
+    if mode.endswith("mask"):
         assert 0 < keep.sum() < np.asarray(batch.completion_mask).sum()  # the mask did drop tokens
     # without the correction the loss differs (the check that it can fail)
     plain, _, _ = ts.policy_gradient(config, AlgoConfig(sampler_correction="none"), params, batch, temperature=TEMP)
     assert abs(float(plain) - float(ref_loss)) > 1e-4
+
+
+def test_correction_under_a_mesh_equals_one_device():
+    """token_tis with the batch sharded by groups over data=2 x fsdp=2 (the ratios, weights and normalizers psum'ed
+    in shard_map) gives the single-device loss and gradient."""
+    from jaxgrpo import sharding
+
+    config = tiny_config()
+    params = models.init_params(config, jax.random.key(0))
+    batch = to_batch(config, params, make_batch_np(4, 4, 4), noise=1.0)
+    algo = AlgoConfig(sampler_correction="token_tis", sampler_correction_cap=1.5)
+    loss, grads, _ = ts.policy_gradient(config, algo, params, batch, temperature=TEMP)
+    mesh = sharding.make_mesh(2, 2, 1, devices=jax.devices()[:4])
+    sharded = sharding.shard_params(jax.tree.map(jnp.copy, params), config, mesh)
+    loss_m, grads_m, _ = ts.policy_gradient(config, algo, sharded, ts.global_batch(batch, mesh), temperature=TEMP,
+                                            mesh=mesh)  # fmt: skip
+    np.testing.assert_allclose(loss_m, loss, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(grads_m), jax.tree.leaves(grads)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
 
 
 def test_step_metrics_report_the_mismatch():

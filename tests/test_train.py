@@ -180,20 +180,29 @@ def _env() -> dict:
     return env
 
 
+KILL_STEPS = ["train.steps=6", "checkpoint.every=2"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """The uninterrupted 6-step CLI run both kill/resume tests compare against (run once per module)."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    ref = subprocess.run(_train_cmd(tmp / "ref", *KILL_STEPS), check=True, env=_env(), cwd=tmp, capture_output=True)
+    return ref, metrics_log.read_metrics(tmp / "ref")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["sigkill", "sigterm"])
-def test_killed_run_resumes_to_the_uninterrupted_metrics(tmp_path, how):
+def test_killed_run_resumes_to_the_uninterrupted_metrics(tmp_path, how, uninterrupted_run):
     """Kill a run after its step-2 checkpoint (SIGKILL: no chance to save; SIGTERM: preemption, it saves and
     exits), re-run with the same --run-dir: the later steps' metrics equal those of an uninterrupted run."""
-    steps = ["train.steps=6", "checkpoint.every=2"]
-    ref_dir = tmp_path / "ref"
-    ref = subprocess.run(_train_cmd(ref_dir, *steps), check=True, env=_env(), cwd=tmp_path, capture_output=True)
+    steps = KILL_STEPS
+    ref, reference = uninterrupted_run
     # the CLI re-executed itself with the default (keep) malloc tunables where they apply (jaxgrpo.train docstring):
     # the resumed run below runs under them too
     want = train_cli.malloc_env(_env())
     assert want is None or f"GLIBC_TUNABLES={want['GLIBC_TUNABLES']} ".encode() in ref.stderr
     assert (b"glibc.malloc.mmap_max=0" in ref.stderr) == (want is not None)
-    reference = metrics_log.read_metrics(ref_dir)
     assert len(reference) == 6
 
     run_dir = tmp_path / "killed"

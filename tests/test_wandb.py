@@ -15,14 +15,11 @@ import time
 
 import jax.numpy as jnp
 import pytest
+from wandb.proto import wandb_internal_pb2
 
-wandb = pytest.importorskip("wandb")
-
-from wandb.proto import wandb_internal_pb2  # noqa: E402
-
-from jaxgrpo import config as config_lib  # noqa: E402
-from jaxgrpo import metrics_log as ml  # noqa: E402
-from jaxgrpo import trainer  # noqa: E402
+from jaxgrpo import config as config_lib
+from jaxgrpo import metrics_log as ml
+from jaxgrpo import trainer
 
 BLOCK = 32768
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
