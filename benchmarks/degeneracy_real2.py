@@ -163,6 +163,9 @@ def run_config(spec: RunSpec, design: Design, work: pathlib.Path) -> Any:
 
     cond = CONDITIONS[spec.cond]
     level = getattr(design, cond.level)
+    if level is None:
+        sys.exit(f"error: design.json has no {cond.level} level for condition {spec.cond!r}: no level met the "
+                 "pick rule (levels.json); add a harder level to jaxgrpo/word_arithmetic.py and rerun --part levels")
     raw = base_config(design, str(work / "warmup" / "final"), level, cond.group, spec.seed)
     raw["algo"] = dict(ARMS[spec.arm])
     raw["optim"] = {"learning_rate": design.lr[lr_key(spec.arm, cond.lora_rank)],

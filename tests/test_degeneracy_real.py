@@ -198,7 +198,11 @@ def test_resolve_design_from_pilot_files(dr2, tmp_path):
     assert out["design"]["lr"] == {"grpo": 3e-5, "sign": 3e-6, "sign@lora": 1e-4}
     assert out["design"]["max_grad_norm"] == 40.0 and (out["design"]["matched"], out["design"]["hard"]) == (4, 5)
     dr2._write_json(tmp_path / "levels.json", {"pick": {"matched": 4, "hard": None, "retain": 1}})
-    with pytest.raises(SystemExit, match="picked no hard level"):
+    design = dr2.Design(**dr2.analysis.resolve_design(tmp_path, 2.0)["design"])  # only "hard" has to wait
+    with pytest.raises(SystemExit, match="no hard level for condition 'hard'"):
+        dr2.run_config(dr2.RunSpec("hard", "grpo", 0), design, tmp_path)
+    dr2._write_json(tmp_path / "levels.json", {"pick": {"matched": None, "hard": 5, "retain": 1}})
+    with pytest.raises(SystemExit, match="picked no matched level"):
         dr2.analysis.resolve_design(tmp_path, 2.0)
 
 
