@@ -12,7 +12,8 @@ PREREGISTRATION.md``, ``claims.json``), powered, free of the clipping confound. 
    starts from these weights, so the levels below differ by skill, not by output format (the base model is cut at 12
    tokens on 68-81% of samples).
 3. ``levels``: the warmed-up model on every level's pair-test split (`LEVEL_PROMPTS` x `LEVEL_SAMPLES`) ->
-   ``levels.json``, with the pick rule of `pick_levels`.
+   ``levels.json`` (written level by level; a rerun measures only the missing levels), with the pick rule of
+   `pick_levels`.
 4. ``pilot``: each arm at each learning rate of `LR_GRID` (`LORA_LR_GRID` for the LoRA arms), one seed, `pilot_steps`
    steps on the matched level with clipping off -> ``pilot/<arm>/lr<lr>/``; then ``design``: the lr per arm (highest
    mean reward over the last half of the pilot, ties to the smaller lr) and the clip threshold (`CLIP_FACTOR` x the
@@ -162,6 +163,9 @@ def run_config(spec: RunSpec, design: Design, work: pathlib.Path) -> Any:
 
     cond = CONDITIONS[spec.cond]
     level = getattr(design, cond.level)
+    if level is None:
+        sys.exit(f"error: design.json has no {cond.level} level for condition {spec.cond!r}: no level met the "
+                 "pick rule (levels.json); add a harder level to jaxgrpo/word_arithmetic.py and rerun --part levels")
     raw = base_config(design, str(work / "warmup" / "final"), level, cond.group, spec.seed)
     raw["algo"] = dict(ARMS[spec.arm])
     raw["optim"] = {"learning_rate": design.lr[lr_key(spec.arm, cond.lora_rank)],
@@ -281,16 +285,19 @@ def warmup(design: Design, out: pathlib.Path, work: pathlib.Path) -> dict[str, A
 def levels(design: Design, out: pathlib.Path, work: pathlib.Path) -> dict[str, Any]:
     """The warmed-up model on every level's pair-test split, and the levels picked from it (module docstring)."""
     from jaxgrpo import config as config_lib
-    from jaxgrpo.word_arithmetic import WORDS_LEVELS
+    from jaxgrpo.word_arithmetic import WORDS_LEVELS, default_size
 
     cfg = config_lib.from_dict(base_config(design, str(work / "warmup" / "final"), 1, 4, 0))
-    res = {"commit": git_commit(), "levels": {}}
+    path = out / "levels.json"  # resumable: levels measured by a stopped call are kept
+    res = json.loads(path.read_text()) if path.exists() else {"commit": git_commit(), "levels": {}}
     for level in sorted(WORDS_LEVELS):
+        if str(level) in res["levels"]:
+            continue
         res["levels"][str(level)] = evaluate_level(cfg, None, level, LEVEL_PROMPTS, LEVEL_SAMPLES, 8, level)
         _write_json(out / "levels.json", res)  # level by level: a stopped part keeps what it measured
         print(f"level {level}: {res['levels'][str(level)]['accuracy']:.3f}", file=sys.stderr)
     res["pick"] = analysis.pick_levels({int(k): v["accuracy"] for k, v in res["levels"].items()},
-                                       {int(k): v["prompts"] for k, v in res["levels"].items()})  # fmt: skip
+                                       {int(k): default_size(int(k), "pair-test") for k in res["levels"]})
     _write_json(out / "levels.json", res)
     return res
 

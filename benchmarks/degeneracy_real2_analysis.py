@@ -84,9 +84,10 @@ def pick_levels(accuracy: dict[int, float], test_size: dict[int, int]) -> dict[s
 def resolve_design(out: pathlib.Path, clip_factor: float) -> dict[str, Any]:
     """design.json: the levels (levels.json) and, from the pilot runs, the lr per arm (highest mean reward over the
     pilot's last half, ties to the smaller lr) and the clip threshold (`clip_factor` x the largest 99th-percentile
-    gradient norm among the chosen runs). Errors name what is missing."""
+    gradient norm among the chosen runs). Errors name what is missing; without a too-hard level only the ``hard``
+    condition cannot run (`degeneracy_real2.run_config` says so)."""
     levels = json.loads((out / "levels.json").read_text())["pick"]
-    missing = [k for k in ("matched", "hard", "retain") if levels.get(k) is None]
+    missing = [k for k in ("matched", "retain") if levels.get(k) is None]  # no hard level: only "hard" waits
     if missing:
         raise SystemExit(f"error: levels.json picked no {', '.join(missing)} level; add a level or change the rule")
     chosen: dict[str, dict[str, Any]] = {}

@@ -198,7 +198,11 @@ def test_resolve_design_from_pilot_files(dr2, tmp_path):
     assert out["design"]["lr"] == {"grpo": 3e-5, "sign": 3e-6, "sign@lora": 1e-4}
     assert out["design"]["max_grad_norm"] == 40.0 and (out["design"]["matched"], out["design"]["hard"]) == (4, 5)
     dr2._write_json(tmp_path / "levels.json", {"pick": {"matched": 4, "hard": None, "retain": 1}})
-    with pytest.raises(SystemExit, match="picked no hard level"):
+    design = dr2.Design(**dr2.analysis.resolve_design(tmp_path, 2.0)["design"])  # only "hard" has to wait
+    with pytest.raises(SystemExit, match="no hard level for condition 'hard'"):
+        dr2.run_config(dr2.RunSpec("hard", "grpo", 0), design, tmp_path)
+    dr2._write_json(tmp_path / "levels.json", {"pick": {"matched": None, "hard": 5, "retain": 1}})
+    with pytest.raises(SystemExit, match="picked no matched level"):
         dr2.analysis.resolve_design(tmp_path, 2.0)
 
 
@@ -269,3 +273,16 @@ def test_second_edition_run_one_records_config_seed_commit(dr2, tmp_path, monkey
     assert len(res["commit"]) >= 40 and (res["clip_frac"], res["zero_grad_frac"]) == (0.5, 0.5)  # 40 > 25
     assert res["retain_trainer"] == {"0": 0.9, "2": 0.8}
     assert json.loads((tmp_path / "m8" / "grpo_resample" / "seed5" / "result.json").read_text()) == res
+
+
+def test_second_edition_levels_resume_and_pick(dr2, tmp_path, monkeypatch):
+    measured = []
+    acc = {1: 0.94, 2: 0.53, 3: 0.33, 4: 0.12, 5: 0.2, 6: 0.03}
+    monkeypatch.setattr(dr2, "evaluate_level", lambda cfg, run_dir, level, *a: measured.append(level) or {
+        "accuracy": acc[level], "prompts": {1: 28, 2: 21, 3: 64, 4: 64, 5: 64, 6: 64}[level]})
+    dr2._write_json(tmp_path / "levels.json", {"commit": "x", "levels": {"1": {"accuracy": 0.94, "prompts": 28},
+                                                                           "2": {"accuracy": 0.53, "prompts": 21}}})
+    res = dr2.levels(dr2.Design(), tmp_path, tmp_path / "work")
+    assert measured == [3, 4, 5, 6]  # levels 1 and 2 were in the file already
+    # the pick reads each split's size (286, 2732, 249, 262 at levels 3-6), not the evaluated count (64)
+    assert (res["pick"]["matched"], res["pick"]["hard"], res["pick"]["retain"]) == (3, 6, 1)
