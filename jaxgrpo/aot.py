@@ -103,6 +103,47 @@ def topology_devices(topology: str | None, count: int | None = None) -> list[Any
                           "(`pip install jaxgrpo[tpu]`) and name a slice such as v5e:4x8 or v4:2x2x2") from e
 
 
+GPU_TARGETS = {"h100": "h100_sxm.txtpb", "h200": "h200_sxm.txtpb"}  # XLA GPU target descriptions (openxla/xla's
+# h100_sxm.txtpb, trimmed; the H200's differs in memory size and bandwidth only)
+
+
+def gpu_devices(chip: str, count: int = 1) -> list[Any]:
+    """Compile-only devices of ``count`` NVIDIA GPUs of kind ``chip`` (``"h100"``, ``"h200"``) on a host without one:
+    XLA:GPU compiles against the chip's target description through the CUDA PJRT plugin (no GPU, no driver; ptxas
+    assembles the kernels). Nothing runs on them and no autotuning happens: GEMMs are cuBLAS calls (Triton GEMM
+    fusion is turned off, it needs autotuning), so the optimized HLO's copies, transposes, pads and kernel list are
+    real and its times are not."""
+    import importlib.util
+    import os
+    import shutil
+
+    if chip not in GPU_TARGETS:
+        raise ConfigError(f"--chip {chip!r} has no GPU target description; valid choices: {', '.join(GPU_TARGETS)}")
+    missing = []
+    if importlib.util.find_spec("jax_plugins.xla_cuda13") is None:
+        missing.append(f'the CUDA plugin (pip install "jax[cuda13-local]=={jax.__version__}")')
+    if shutil.which("ptxas") is None:
+        missing.append("ptxas of CUDA 13 on PATH (e.g. pip install nvidia-cuda-nvcc, or a CUDA toolkit's bin/)")
+    if missing:
+        raise ConfigError(f"cannot compile for {chip} on this host: missing {' and '.join(missing)}")
+    if "xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_triton_gemm=false"
+    from jax.experimental import topologies
+
+    target = (pathlib.Path(__file__).parent / "gpu_targets" / GPU_TARGETS[chip]).read_text()
+    return list(topologies.get_topology_desc(platform="cuda", target_config=target, topology=f"1x1x{count}").devices)
+
+
+def has_cudnn() -> bool:
+    """Whether cuDNN's library is installed (its fused attention cannot compile without it, even for no device)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("nvidia.cudnn") is not None
+    except ModuleNotFoundError:  # no nvidia namespace package at all
+        return False
+
+
 def chip_of(devices: list[Any]) -> tuple[str, Chip | None]:
     kind = str(devices[0].device_kind).lower().replace(" ", "")
     for name in ("v5e", "v5lite", "v5p", "v6e", "v6lite", "v4", "h100", "h200"):
@@ -199,11 +240,13 @@ def _sampler_mode(cfg: Config, mcfg: models.ModelConfig, mesh: Mesh, record: boo
     return mode, shards
 
 
-def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]) -> dict[str, dict[str, float]]:
+def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], texts: dict[str, str] | None = None
+                    ) -> dict[str, dict[str, float]]:  # fmt: skip
     """Compile the sampler's prefill and decode loop (`jaxgrpo.sampling`) for ``devices`` on abstract compute-dtype
     weights, for ``rollout.prompts_per_step`` prompts of ``data.max_prompt_tokens`` tokens each (padded as
     `sampling.generate` pads them); `program_figures` of each (``decode`` absent when ``max_new_tokens == 1``), and
-    ``weights``: the per-chip bytes of the compute-dtype weights the programs read."""
+    ``weights``: the per-chip bytes of the compute-dtype weights the programs read. ``texts``, when given, receives
+    each program's optimized HLO text (``compiled.as_text()``) under the same names."""
     from jaxgrpo import sampling
 
     m, r = cfg.mesh, cfg.rollout
@@ -229,12 +272,86 @@ def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]) -
     f32 = scalar(jnp.float32)
     lowered = sampling._prefill.lower(mcfg, mode, packing, params, *prompts, key, f32, f32)
     prefill = lowered.compile()
+    texts = {} if texts is None else texts
+    texts["prefill"] = prefill.as_text()
     out = dict(weights=dict(total=per_chip_bytes(params)), prefill=program_figures(prefill))
     if r.max_new_tokens > 1:  # the prefill's outputs, with the shardings it gives them, feed the decode loop
         carried = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), lowered.out_info,
                                prefill.output_shardings)  # fmt: skip
-        out["decode"] = program_figures(sampling._decode.lower(mcfg, mode, params, *carried, f32, f32).compile())
+        decode = sampling._decode.lower(mcfg, mode, params, *carried, f32, f32).compile()
+        texts["decode"] = decode.as_text()
+        out["decode"] = program_figures(decode)
     return out
+
+
+def decode_ideal_bytes(cfg: Config, mcfg: models.ModelConfig, num_chips: int = 1) -> dict[str, float]:
+    """The bytes one token step of the decode loop must read per chip, at the mean step of a full-length rollout
+    (the roofline ideal): every compute-dtype weight once (of the embedding table, only the rows looked up, unless it
+    is also the LM head), each prompt's shared prefix keys and values once (``P`` prompts of the padded width), and
+    each row's own decode keys and values at the mean step (``M / 2`` slots). Rows and caches spread evenly over the
+    chips; weights counted whole per chip (replicated: an FSDP/tensor split lowers both sides alike)."""
+    c, r = mcfg, cfg.rollout
+    item = jnp.dtype(c.dtype).itemsize
+    weights = models.count_params(c.replace(lora=None)) * item
+    rows = r.prompts_per_step * r.group_size
+    if not c.tie_word_embeddings:
+        weights -= (c.vocab_size - rows) * c.hidden_size * item
+    kv = 2 * c.num_layers * c.num_kv_heads * c.head_dim * item  # bytes per cached token
+    prefix = kv * r.prompts_per_step * padding.prompt_bucket(cfg.data.max_prompt_tokens)
+    own = kv * rows * r.max_new_tokens / 2
+    out = dict(weights=float(weights), prefix_kv=prefix / num_chips, decode_kv=own / num_chips)
+    out["total"] = sum(out.values())
+    return out
+
+
+def decode_step_report(text: str, ideal: dict[str, float], vocab: int, min_bytes: int) -> dict[str, Any]:
+    """Bytes moved per token step by the compiled decode program's loop body (`jaxgrpo.hlo.loop_report` of its
+    optimized HLO ``text``) against ``ideal`` (`decode_ideal_bytes`): kernels per step, the ratio, the heaviest
+    kernels, and every copy/transpose/pad/concatenation/dynamic-slice copy of at least ``min_bytes`` and every sort
+    over the full vocabulary inside the loop."""
+    from jaxgrpo import hlo
+
+    loop = hlo.loop_report(text, min_bytes=min_bytes, vocab=vocab)
+    moved = float(loop.bytes_per_iteration)
+    return dict(bytes_per_step=moved, ideal_bytes_per_step=ideal["total"], ratio=moved / ideal["total"],
+                launches_per_step=loop.launches_per_iteration, unknown_trip_counts=loop.unknown_trip_counts,
+                findings=loop.findings, top=loop.top(8))  # fmt: skip
+
+
+def format_decode_report(rep: dict[str, Any], top: int = 5) -> list[str]:
+    """`decode_step_report` as printable lines."""
+    mib = 2**20
+    lines = [f"  decode step: {rep['bytes_per_step'] / mib:.1f} MiB moved per token step vs "
+             f"{rep['ideal_bytes_per_step'] / mib:.1f} MiB ideal ({rep['ratio']:.2f}x), "
+             f"{rep['launches_per_step']} kernels per step"]  # fmt: skip
+    if rep["unknown_trip_counts"]:
+        lines.append(f"    ({rep['unknown_trip_counts']} inner loops of unknown trip count counted once)")
+    for k in rep["top"][:top]:
+        lines.append(f"    {k.count:>3d} x {k.kind[:40]:<40s} {(k.read + k.write) * k.count / mib:9.1f} MiB  {k.shape}")
+    found = rep["findings"]
+    lines.append(f"  inside the loop: {len(found)} copies/transposes/pads/slice copies of a weight-sized buffer or "
+                 "sorts of the vocabulary" + (":" if found else ""))  # fmt: skip
+    for f in found:
+        lines.append(f"    {f.op:<13s} {f.bytes / mib:8.2f} MiB  {f.shape}  ({f.source or f.where})")
+    return lines
+
+
+def dump_hlo(directory: str, texts: dict[str, str]) -> None:
+    """Write each program's optimized HLO text to ``directory/<name>.hlo.txt``."""
+    out = pathlib.Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in texts.items():
+        (out / f"{name}.hlo.txt").write_text(text)
+
+
+def smallest_moved_buffer(mcfg: models.ModelConfig, cfg: Config) -> int:
+    """The smallest weight matrix or per-layer cache slab of the decode (a copy of any of them is worth reporting):
+    one layer's ``k`` projection (``D x K x H``) or one layer's own-key cache for the rows (``N x K x H x M``)."""
+    c, r = mcfg, cfg.rollout
+    item = jnp.dtype(c.dtype).itemsize
+    rows = r.prompts_per_step * r.group_size
+    return int(min(c.hidden_size * c.num_kv_heads * c.head_dim, rows * c.num_kv_heads * c.head_dim * r.max_new_tokens)
+               * item)  # fmt: skip
 
 
 def rollout_cache_bytes(mcfg: models.ModelConfig, cfg: Config) -> float:
