@@ -111,10 +111,9 @@ def gpu_devices(chip: str, count: int = 1) -> list[Any]:
     """Compile-only devices of ``count`` NVIDIA GPUs of kind ``chip`` (``"h100"``, ``"h200"``) on a host without one:
     XLA:GPU compiles against the chip's target description through the CUDA PJRT plugin (no GPU, no driver; ptxas
     assembles the kernels). Nothing runs on them and no autotuning happens: GEMMs are cuBLAS calls (Triton GEMM
-    fusion is turned off, it needs autotuning), so the optimized HLO's copies, transposes, pads and kernel list are
-    real and its times are not."""
+    fusion is turned off by `compiler_options`, it needs autotuning), so the optimized HLO's copies, transposes, pads
+    and kernel list are real and its times are not."""
     import importlib.util
-    import os
     import shutil
 
     if chip not in GPU_TARGETS:
@@ -126,12 +125,16 @@ def gpu_devices(chip: str, count: int = 1) -> list[Any]:
         missing.append("ptxas of CUDA 13 on PATH (e.g. pip install nvidia-cuda-nvcc, or a CUDA toolkit's bin/)")
     if missing:
         raise ConfigError(f"cannot compile for {chip} on this host: missing {' and '.join(missing)}")
-    if "xla_gpu_enable_triton_gemm" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_triton_gemm=false"
     from jax.experimental import topologies
 
     target = (pathlib.Path(__file__).parent / "gpu_targets" / GPU_TARGETS[chip]).read_text()
     return list(topologies.get_topology_desc(platform="cuda", target_config=target, topology=f"1x1x{count}").devices)
+
+
+def compiler_options(devices: list[Any]) -> dict[str, Any] | None:
+    """XLA options for compiling to ``devices``: for GPUs, Triton GEMM fusion off (its tiles are chosen by autotuning,
+    which needs a GPU; GEMMs are then cuBLAS calls, as `gpu_devices` says)."""
+    return {"xla_gpu_enable_triton_gemm": False} if devices[0].platform in ("gpu", "cuda") else None
 
 
 def has_cudnn() -> bool:
@@ -181,7 +184,8 @@ def compile_train_step(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]
     packed = ts.packed_prompt_width([cfg.data.max_prompt_tokens] * cfg.rollout.prompts_per_step, width, cfg.algo,
                                     perf, mesh)  # fmt: skip
     state = ts.abstract_state(mcfg, cfg.algo, cfg.optim, mesh, cfg.train.steps)
-    compiled = step_fn.lower(state, abstract_batch(cfg, mesh, width), packed_prompt_width=packed).compile()
+    lowered = step_fn.lower(state, abstract_batch(cfg, mesh, width), packed_prompt_width=packed)
+    compiled = lowered.compile(compiler_options=compiler_options(devices))
     parts = cfg.algo.num_minibatches * cfg.algo.grad_accum_steps * shards  # one packed row each
     flops = train_step_flops(cfg, mcfg, width, parts * packed if perf.prefix_sharing else 0) / len(devices)
     return dict(weights=per_chip_bytes(state.params), optimizer=per_chip_bytes(state.opt_state), batch_shards=shards,
@@ -271,14 +275,14 @@ def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], t
     key = scalar(jax.eval_shape(lambda: jax.random.key(0)).dtype)
     f32 = scalar(jnp.float32)
     lowered = sampling._prefill.lower(mcfg, mode, packing, params, *prompts, key, f32, f32)
-    prefill = lowered.compile()
+    prefill = lowered.compile(compiler_options=compiler_options(devices))
     texts = {} if texts is None else texts
     texts["prefill"] = prefill.as_text()
     out = dict(weights=dict(total=per_chip_bytes(params)), prefill=program_figures(prefill))
     if r.max_new_tokens > 1:  # the prefill's outputs, with the shardings it gives them, feed the decode loop
         carried = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), lowered.out_info,
                                prefill.output_shardings)  # fmt: skip
-        decode = sampling._decode.lower(mcfg, mode, params, *carried, f32, f32).compile()
+        decode = sampling._decode.lower(mcfg, mode, params, *carried, f32, f32).compile(compiler_options(devices))
         texts["decode"] = decode.as_text()
         out["decode"] = program_figures(decode)
     return out

@@ -10,8 +10,9 @@ after the method of ``shared/gpu-aot/hlo_bytes.py``:
     dynamic-update-slice (a top-level one, or a fusion whose root is one) writes its update only;
   * bytes read = each operand's size, except a fusion parameter used only through dynamic-slice/gather ops (the slices
     are read) and the buffer a dynamic-update-slice updates in place (not read);
-  * a nested ``while`` counts ``trip count x`` its body (``known_trip_count`` of its backend config, else 1 and
-    flagged), a ``conditional`` its most expensive branch (the worst case of one iteration).
+  * a nested ``while`` counts ``trip count x`` its body (``known_trip_count`` of its backend config, or its condition's
+    ``counter < constant``; else 1, and flagged), a ``conditional`` its most expensive branch (the worst case of one
+    iteration).
 
 ``loop_report(text)`` gives this for the entry computation's heaviest while loop: the decode program's token loop,
 whose per-iteration bytes are the bytes moved per token step (all layers, LM head and draw included).
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import math
 import re
 
@@ -223,15 +223,19 @@ def _findings(comps: dict[str, list[Instr]], ins: Instr, min_bytes: int, vocab: 
     return out
 
 
-def _trip_count(ins: Instr) -> int | None:
-    m = re.search(r"backend_config=(\{.*\})", ins.line)
+def _trip_count(comps: dict[str, list[Instr]], ins: Instr) -> int | None:
+    """A while loop's trip count: XLA's ``known_trip_count`` (GPU backend config), else a condition that is one
+    ``counter < constant`` comparison (a ``lax.scan`` or ``fori_loop`` from 0 by 1, as TPU HLO leaves it)."""
+    m = re.search(r'known_trip_count"?\s*:\s*\{\s*"n"\s*:\s*"?(\d+)', ins.line)
     if m:
-        try:
-            return int(json.loads(m.group(1))["known_trip_count"]["n"])
-        except (ValueError, KeyError, TypeError):
-            pass
-    m = re.search(r'known_trip_count[^0-9]*(\d+)', ins.line)
-    return int(m.group(1)) if m else None
+        return int(m.group(1))
+    cond = comps.get((_called(ins, "condition") or [""])[0], [])
+    root = next((i for i in cond if i.root), None)
+    if root is None or root.op != "compare" or "direction=LT" not in root.line:
+        return None
+    consts = {i.name: i for i in cond if i.op == "constant" and i.shape.startswith("s32[]")}
+    bound = consts.get(root.operands[1]) if len(root.operands) == 2 else None
+    return int(re.search(r"constant\((-?\d+)\)", bound.line).group(1)) if bound else None
 
 
 def body_report(comps: dict[str, list[Instr]], body: str, *, min_bytes: int = 1 << 20, vocab: int | None = None,
@@ -244,7 +248,7 @@ def body_report(comps: dict[str, list[Instr]], body: str, *, min_bytes: int = 1 
         if ins.op in _FREE:
             continue
         if ins.op == "while":
-            trips = _trip_count(ins)
+            trips = _trip_count(comps, ins)
             unknown += trips is None
             sub = body_report(comps, _called(ins, "body")[0], min_bytes=min_bytes, vocab=vocab,
                               count=count * (trips or 1))  # fmt: skip
