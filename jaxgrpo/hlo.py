@@ -281,3 +281,16 @@ def loop_report(text: str, *, min_bytes: int = 1 << 20, vocab: int | None = None
         raise ValueError("the HLO module's entry computation has no while loop")
     reports = [body_report(comps, _called(w, "body")[0], min_bytes=min_bytes, vocab=vocab) for w in loops]
     return max(reports, key=lambda r: r.bytes_per_iteration)
+
+
+def sorts(text: str, min_last_dim: int = 0) -> list[Finding]:
+    """Every sort instruction of the module (fused or not, in any computation) whose last dimension is at least
+    ``min_last_dim``: e.g. a full-vocabulary sort of a token draw."""
+    out = []
+    for name, comp in parse(text).items():
+        for i in comp if name != "__entry__" else []:  # the entry is also listed under its own name
+            dims = _ARRAY.search(i.shape) if i.op == "sort" else None
+            last = [int(d) for d in dims.group(2).split(",") if d] if dims else []
+            if dims and (last[-1] if last else 1) >= min_last_dim:
+                out.append(Finding("sort", i.shape[:80], _largest_array(i.shape), name, _source(i)))
+    return out
