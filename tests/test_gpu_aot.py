@@ -11,7 +11,6 @@ import importlib.util
 import shutil
 
 import jax
-import jax.numpy as jnp
 import pytest
 
 from jaxgrpo import aot, hlo
@@ -21,7 +20,7 @@ from jaxgrpo.errors import ConfigError
 
 HAVE_CUDA = importlib.util.find_spec("jax_plugins.xla_cuda13") is not None and shutil.which("ptxas") is not None
 needs_cuda = pytest.mark.skipif(not HAVE_CUDA, reason=f'no CUDA plugin or ptxas: pip install "jax[cuda13-local]=='
-                                f'{jax.__version__}" and put CUDA 13\'s ptxas on PATH to compile for an H100')  # fmt: skip
+                                f'{jax.__version__}" and put CUDA 13\'s ptxas on PATH to compile for an H100')
 
 # An outer loop (the "token loop") whose body: adds to its counter, dynamic-slices one [256, 128] bf16 layer out of
 # four inside a fusion, multiplies it in a cuBLAS call with a workspace, updates one column of an f32[8, 1024] buffer
@@ -112,7 +111,7 @@ ENTRY %main (s0: (s32[], bf16[4,256,128], bf16[8,256], f32[8,1024], f32[8,1], bf
   %big = (s32[], bf16[4,256,128]{2,1,0}, bf16[8,256]{1,0}, f32[8,1024]{1,0}, f32[8,1]{1,0}, bf16[256,128]{1,0}, s32[8,1024]{1,0}) while(%s0), condition=%outer_cond, body=%outer_body, backend_config={"known_trip_count":{"n":"10"}}
   ROOT %r = (s32[], bf16[256,128]{1,0}) tuple(%small)
 }
-"""
+"""  # noqa: E501
 
 
 def test_loop_bytes_of_a_hand_written_module():
