@@ -107,22 +107,32 @@ GPU_TARGETS = {"h100": "h100_sxm.txtpb", "h200": "h200_sxm.txtpb"}  # XLA GPU ta
 # h100_sxm.txtpb, trimmed; the H200's differs in memory size and bandwidth only)
 
 
+def gpu_compiler_missing() -> list[str]:
+    """What this host lacks to compile for an NVIDIA GPU (empty when nothing): the CUDA PJRT plugin, ptxas."""
+    import importlib.util
+    import shutil
+
+    missing = []
+    try:
+        plugin = importlib.util.find_spec("jax_plugins.xla_cuda13") is not None
+    except ModuleNotFoundError:  # no jax_plugins namespace package at all
+        plugin = False
+    if not plugin:
+        missing.append(f'the CUDA plugin (pip install "jax[cuda13-local]=={jax.__version__}")')
+    if shutil.which("ptxas") is None:
+        missing.append("ptxas of CUDA 13 on PATH (e.g. pip install nvidia-cuda-nvcc, or a CUDA toolkit's bin/)")
+    return missing
+
+
 def gpu_devices(chip: str, count: int = 1) -> list[Any]:
     """Compile-only devices of ``count`` NVIDIA GPUs of kind ``chip`` (``"h100"``, ``"h200"``) on a host without one:
     XLA:GPU compiles against the chip's target description through the CUDA PJRT plugin (no GPU, no driver; ptxas
     assembles the kernels). Nothing runs on them and no autotuning happens: GEMMs are cuBLAS calls (Triton GEMM
     fusion is turned off by `compiler_options`, it needs autotuning), so the optimized HLO's copies, transposes, pads
     and kernel list are real and its times are not."""
-    import importlib.util
-    import shutil
-
     if chip not in GPU_TARGETS:
         raise ConfigError(f"--chip {chip!r} has no GPU target description; valid choices: {', '.join(GPU_TARGETS)}")
-    missing = []
-    if importlib.util.find_spec("jax_plugins.xla_cuda13") is None:
-        missing.append(f'the CUDA plugin (pip install "jax[cuda13-local]=={jax.__version__}")')
-    if shutil.which("ptxas") is None:
-        missing.append("ptxas of CUDA 13 on PATH (e.g. pip install nvidia-cuda-nvcc, or a CUDA toolkit's bin/)")
+    missing = gpu_compiler_missing()
     if missing:
         raise ConfigError(f"cannot compile for {chip} on this host: missing {' and '.join(missing)}")
     from jax.experimental import topologies

@@ -18,9 +18,8 @@ from jaxgrpo import compile as compile_cli
 from jaxgrpo import config as config_lib
 from jaxgrpo.errors import ConfigError
 
-HAVE_CUDA = importlib.util.find_spec("jax_plugins.xla_cuda13") is not None and shutil.which("ptxas") is not None
-needs_cuda = pytest.mark.skipif(not HAVE_CUDA, reason=f'no CUDA plugin or ptxas: pip install "jax[cuda13-local]=='
-                                f'{jax.__version__}" and put CUDA 13\'s ptxas on PATH to compile for an H100')
+MISSING = aot.gpu_compiler_missing()
+needs_cuda = pytest.mark.skipif(bool(MISSING), reason=f"cannot compile for an H100: missing {' and '.join(MISSING)}")
 
 # An outer loop (the "token loop") whose body: adds to its counter, dynamic-slices one [256, 128] bf16 layer out of
 # four inside a fusion, multiplies it in a cuBLAS call with a workspace, updates one column of an f32[8, 1024] buffer
