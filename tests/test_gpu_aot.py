@@ -11,6 +11,7 @@ import importlib.util
 import shutil
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from jaxgrpo import aot, hlo
@@ -203,3 +204,22 @@ def test_qwen_decode_near_the_roofline(qwen_decode):
     _, _, _, rep = qwen_decode
     assert rep["ratio"] <= 1.5, rep["ratio"]
     assert rep["findings"] == [], [(f.op, f.shape, f.bytes) for f in rep["findings"]]
+
+
+@needs_cuda
+def test_h100_token_draw_with_top_p_sorts_no_vocabulary():
+    """The Qwen vocabulary's draw for 256 rows with top_p < 1, compiled for an H100: no sort of ``[rows, vocab]``
+    (XLA:GPU turns a top-k of more than 16 into one), while the CPU compile of the same draw keeps its stable sort."""
+    from jaxgrpo.token_sampling import sample_from_logits
+
+    mesh = jax.sharding.Mesh(aot.gpu_devices("h100")[:1], ("x",))
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    logits = jax.ShapeDtypeStruct((256, 151936), jnp.float32, sharding=rep)
+    keys = jax.ShapeDtypeStruct((256,), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=rep)
+    draw = jax.jit(lambda k, z: sample_from_logits(k, z, 1.0, top_p=0.95))
+    text = draw.lower(keys, logits).compile({"xla_gpu_enable_triton_gemm": False}).as_text()
+    assert hlo.sorts(text, 151936) == []
+    assert "TopK" in text  # the 16 candidates: XLA:GPU's top-k kernel
+    cpu = jax.jit(lambda k, z: sample_from_logits(k, z, 1.0, top_p=0.95)).lower(
+        jax.ShapeDtypeStruct((8,), keys.dtype), jax.ShapeDtypeStruct((8, 4096), jnp.float32)).compile()  # fmt: skip
+    assert hlo.sorts(cpu.as_text(), 4096) != []  # the same check finds the CPU path's fallback sort
