@@ -223,3 +223,26 @@ def test_h100_token_draw_with_top_p_sorts_no_vocabulary():
     cpu = jax.jit(lambda k, z: sample_from_logits(k, z, 1.0, top_p=0.95)).lower(
         jax.ShapeDtypeStruct((8,), keys.dtype), jax.ShapeDtypeStruct((8, 4096), jnp.float32)).compile()  # fmt: skip
     assert hlo.sorts(cpu.as_text(), 4096) != []  # the same check finds the CPU path's fallback sort
+
+
+@needs_cuda
+def test_pallas_decode_attention_lowers_for_an_h100():
+    """`pallas_attention.decode_attend_shared_prefix` at the Qwen2.5-0.5B rollout's shapes (32 prompts x 8 rows, 2 kv
+    heads x 7, head 64, 384 prefix and 512 decode slots, bf16) compiles to Triton kernels for an H100; with values
+    stored [.., S, H] no kernel copies or transposes a cache (only the queries are regrouped)."""
+    from jaxgrpo.models import pallas_attention
+
+    mesh = jax.sharding.Mesh(aot.gpu_devices("h100")[:1], ("x",))
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    s = lambda shape, dt=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dt, sharding=rep)  # noqa: E731
+    P, G, K, R, H, Tp, M = 32, 8, 2, 7, 64, 384, 512
+    args = (s((P * G, 1, K, R, H)), s((P, K, Tp, H)), s((P, K, Tp, H)), s((P, Tp), jnp.bool_), s((P * G, K, M, H)),
+            s((P * G, K, M, H)), s((P * G, 1, M), jnp.bool_))  # fmt: skip
+    fn = jax.jit(lambda *a: pallas_attention.decode_attend_shared_prefix(*a, values_key_minor=False))
+    text = fn.lower(*args).compile({"xla_gpu_enable_triton_gemm": False}).as_text()
+    comps = hlo.parse(text)
+    kernels = hlo.body_report(comps, "__entry__").kernels
+    assert sum(k.kind == "custom-call:__gpu$xla.gpu.triton" for k in kernels) == 2  # prefix part and own part
+    cache = P * G * K * M * H * 2  # one decode cache (k or v), bf16
+    moved = [k for k in kernels if "triton" not in k.kind and max(k.read, k.write) >= cache // 8]
+    assert moved == [], moved
