@@ -68,9 +68,8 @@ class RunStats:
 class _Run:
     """Host state of one driver run (slots -> prompts, pending queue, harvested groups)."""
 
-    def __init__(self, config, params, prompts, sp: SamplingParams, key, slots, block, prompt_buckets):
-        self.config, self.params, self.prompts, self.sp, self.key = config, params, prompts, sp, key
-        width = padding.prompt_bucket(max(len(p) for p in prompts), prompt_buckets)
+    def __init__(self, config, params, prompts, sp: SamplingParams, key, slots, block, width):
+        self.config, self.params, self.prompts, self.sp, self.key = config, params, list(prompts), sp, key
         self.spec = engine.make_spec(config, sp, slots, width, block)
         self.weights = engine.prepare_weights(config, params)
         self.caches, self.state = engine.init(config, self.spec)
@@ -81,7 +80,13 @@ class _Run:
         self.groups: dict[int, Group] = {}
         self.stats = RunStats()
 
-    def admit(self, free: Sequence[int]) -> None:
+    def admit(self, free: Sequence[int], more) -> None:
+        while more is not None and len(self.prompts) - self.next < len(free):
+            batch = more()
+            if not batch:
+                break
+            self.sp.check(self.config.vocab_size, self.config.max_position_embeddings, batch)
+            self.prompts += list(batch)
         ids = list(range(self.next, min(self.next + len(free), len(self.prompts))))
         if not ids:
             return
@@ -142,22 +147,29 @@ def run(
     block: int = DEFAULT_BLOCK,
     prompt_buckets: Sequence[int] | None = None,
     on_group: Callable[[int, Group], bool] | None = None,
+    more: Callable[[], Sequence[Sequence[int]] | None] | None = None,
+    prompt_width: int | None = None,
 ) -> tuple[dict[int, Group], RunStats]:
     """Sample ``sp.num_samples`` completions for each prompt with ``slots`` group slots (None: one per prompt, padded
     to a power of two: static mode). ``params``: compute-dtype params (`models.compute_params`). Returns the
-    completed groups by prompt index (all of them unless ``on_group`` stopped the run) and the run's stats."""
+    completed groups by prompt index (all of them unless ``on_group`` stopped the run) and the run's stats.
+
+    ``more()``: called when a slot is free and no prompt is pending; returns further prompts (numbered after the
+    ones before) or None when there are none. ``prompt_width``: the prefix cache's width, at least the longest prompt
+    ``more`` can return (default: the bucket of the longest of ``prompts``)."""
     sp.check(config.vocab_size, config.max_position_embeddings, prompts)
     if block < 1 or (slots is not None and slots < 1):
         raise ValueError(f"decode block ({block}) and slots ({slots}) must be >= 1")
     slots = padding.batch_bucket(len(prompts)) if slots is None else int(slots)
-    r = _Run(config, params, prompts, sp, key, slots, int(block), prompt_buckets)
-    r.admit(list(range(slots)))
+    width = padding.prompt_bucket(max([len(p) for p in prompts] + [prompt_width or 1]), prompt_buckets)
+    r = _Run(config, params, prompts, sp, key, slots, int(block), width)
+    r.admit(list(range(slots)), more)
     while True:
         freed, stop = r.harvest(np.asarray(r.state.done), on_group)
         if stop:
             break
-        if freed and r.next < len(prompts):
-            r.admit(freed)
+        if freed:
+            r.admit(freed, more)
         if not (r.slot_prompt >= 0).any():
             break
         r.decode()
