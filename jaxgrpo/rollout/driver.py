@@ -149,6 +149,7 @@ def run(
     on_group: Callable[[int, Group], bool] | None = None,
     more: Callable[[], Sequence[Sequence[int]] | None] | None = None,
     prompt_width: int | None = None,
+    max_blocks: int | None = None,
 ) -> tuple[dict[int, Group], RunStats]:
     """Sample ``sp.num_samples`` completions for each prompt with ``slots`` group slots (None: one per prompt, padded
     to a power of two: static mode). ``params``: compute-dtype params (`models.compute_params`). Returns the
@@ -156,7 +157,8 @@ def run(
 
     ``more()``: called when a slot is free and no prompt is pending; returns further prompts (numbered after the
     ones before) or None when there are none. ``prompt_width``: the prefix cache's width, at least the longest prompt
-    ``more`` can return (default: the bucket of the longest of ``prompts``)."""
+    ``more`` can return (default: the bucket of the longest of ``prompts``). ``max_blocks``: stop after this many
+    decode blocks (groups in flight are dropped; e.g. a warm-up that only compiles)."""
     sp.check(config.vocab_size, config.max_position_embeddings, prompts)
     if block < 1 or (slots is not None and slots < 1):
         raise ValueError(f"decode block ({block}) and slots ({slots}) must be >= 1")
@@ -170,7 +172,7 @@ def run(
             break
         if freed:
             r.admit(freed, more)
-        if not (r.slot_prompt >= 0).any():
+        if not (r.slot_prompt >= 0).any() or (max_blocks is not None and r.stats.decode_steps >= max_blocks * block):
             break
         r.decode()
     active = int(r.state.active_steps)
