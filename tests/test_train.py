@@ -40,7 +40,9 @@ REQUIRED_METRICS = [
 
 # Metrics that are a deterministic function of (config, seed, step): everything but wall-clock timings.
 def deterministic(rec: dict) -> dict:
-    return {k: v for k, v in rec.items() if not k.startswith(("time/", "throughput/"))}
+    # rollout/: the engine's scheduling counters (absent on the previous sampler's path, which perf.reuse_projections
+    # and a mesh take) and its tokens/s
+    return {k: v for k, v in rec.items() if not k.startswith(("time/", "throughput/", "rollout/"))}
 
 
 def small_config(*extra: str) -> config_lib.Config:
