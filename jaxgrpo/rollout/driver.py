@@ -94,7 +94,9 @@ class _Run:
         a = padding.batch_bucket(len(ids))
         prompts = [self.prompts[i] for i in ids]
         tok, mask = engine.left_pad(prompts, self.spec.prompt_width, a)
-        packed = padding.sampler_packed_width([int(m.sum()) for m in mask], 1)
+        # the first admission runs packed end to end (no work on padding; static mode's only prefill); later ones,
+        # a few prompts each, run padded: one compilation per admission size, not per (size, packed width)
+        packed = padding.sampler_packed_width([int(m.sum()) for m in mask], 1) if self.next == len(ids) else 0
         slot_ids = np.full(a, self.spec.slots, np.int32)
         slot_ids[: len(ids)] = free[: len(ids)]
         pid = np.zeros(a, np.int32)
