@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from jaxgrpo import padding
 from jaxgrpo.models import attention
-from jaxgrpo.models.attention import KVCache
+from jaxgrpo.models.attention import _NEG, KVCache
 from jaxgrpo.models.config import ModelConfig
 from jaxgrpo.models.layers import (
     Stream,
@@ -227,6 +227,35 @@ def _fused_layer(config: ModelConfig, w: Params, x_BTD: jax.Array, rope, attend)
     return x_BTD + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w["down"])
 
 
+def attend_decode(q_BKRH: jax.Array, kp_PKSH: jax.Array, vp_PKHS: jax.Array, prefix_mask_PS: jax.Array,
+                  ko_BKMH: jax.Array, vo_BKHM: jax.Array, mask_BM: jax.Array) -> jax.Array:
+    """One query per row: `attention.attend_shared_prefix` with ``T = 1``, laid out for decode. The own-key products
+    take the rows and kv heads as batch axes in the caches' own order (``[B, K, M, H]`` and ``[B, K, H, M]``, each
+    contracting its minor axis), so no cache is transposed; only the small score and output tensors are. One softmax
+    over both key sets (joint max, masked scores ``-1e30``, a row with no visible key gets 0)."""
+    B, K, R, H = q_BKRH.shape
+    P = prefix_mask_PS.shape[0]
+    G = B // P
+    scale = H**-0.5
+    sp = jnp.einsum("pgkrh,pksh->pkgrs", q_BKRH.reshape(P, G, K, R, H), kp_PKSH,
+                    preferred_element_type=jnp.float32) * scale  # fmt: skip
+    so = jnp.einsum("bkrh,bkmh->bkrm", q_BKRH, ko_BKMH, preferred_element_type=jnp.float32) * scale
+    mp = prefix_mask_PS.astype(bool)[:, None, None, None, :]
+    mo = mask_BM.astype(bool)[:, None, None, :]
+    sp, so = jnp.where(mp, sp, _NEG), jnp.where(mo, so, _NEG)
+    mp_BKR = jnp.max(sp, axis=-1).transpose(0, 2, 1, 3).reshape(B, K, R)
+    m_BKR = jnp.maximum(mp_BKR, jnp.max(so, axis=-1))
+    m_PKGR = m_BKR.reshape(P, G, K, R).transpose(0, 2, 1, 3)
+    ep, eo = jnp.exp(sp - m_PKGR[..., None]), jnp.exp(so - m_BKR[..., None])
+    total = jnp.sum(ep, axis=-1).transpose(0, 2, 1, 3).reshape(B, K, R) + jnp.sum(eo, axis=-1)
+    visible = jnp.any(mp, axis=-1).reshape(P, 1, 1, 1) | jnp.any(mo, axis=-1).reshape(P, G, 1, 1)
+    inv_BKR = jnp.where(visible.reshape(B, 1, 1), 1.0 / total, 0.0)
+    inv_PKGR = inv_BKR.reshape(P, G, K, R).transpose(0, 2, 1, 3)
+    out_p = jnp.einsum("pkgrs,pkhs->pkgrh", (ep * inv_PKGR[..., None]).astype(vp_PKHS.dtype), vp_PKHS)
+    out_o = jnp.einsum("bkrm,bkhm->bkrh", (eo * inv_BKR[..., None]).astype(vo_BKHM.dtype), vo_BKHM)
+    return out_p.transpose(0, 2, 1, 3, 4).reshape(B, K, R, H) + out_o
+
+
 def decode_step(
     config: ModelConfig,
     weights: DecodeWeights,
@@ -235,30 +264,29 @@ def decode_step(
     prefix: list[KVCache],
     prefix_mask: jax.Array,
     cache: list[KVCache],
-    slot_B: jax.Array,
+    slot: jax.Array,
+    mask_BM: jax.Array,
 ) -> tuple[jax.Array, list[KVCache]]:
-    """One token per row with per-row write slots: row ``b`` (of ``B = S * G``, slot-major: row ``b`` reads prefix
-    slot ``b // G``) feeds ``tokens_B[b]`` at RoPE position ``positions_B[b]``, writes its key/value at decode slot
-    ``slot_B[b]`` of its own cache and attends to its prompt's prefix (``prefix`` per layer ``k [S, K, Tp, H]``,
-    ``v [S, K, H, Tp]``, masked by ``prefix_mask [S, Tp]``) and its decode slots ``0 .. slot_B[b]`` (``cache`` per
-    layer ``k [B, K, M, H]``, ``v [B, K, H, M]``). Returns the final-normed hidden state ``[B, D]`` and the cache
-    (donate it when jitting: each layer's write is an in-place scatter)."""
-    B = tokens_B.shape[0]
-    M = cache[0].k.shape[2]
+    """One token per row: row ``b`` (of ``B = S * G``, slot-major: row ``b`` reads prefix slot ``b // G``) feeds
+    ``tokens_B[b]`` at RoPE position ``positions_B[b]``, writes its key/value at decode slot ``slot`` (one slot for
+    every row: an in-place `lax.dynamic_update_slice`) and attends to its prompt's prefix (``prefix`` per layer
+    ``k [S, K, Tp, H]``, ``v [S, K, H, Tp]``, masked by ``prefix_mask [S, Tp]``) and to its decode slots where
+    ``mask_BM`` (which must include ``slot``; ``cache`` per layer ``k [B, K, M, H]``, ``v [B, K, H, M]``). Keys carry
+    their RoPE position, so the order of the slots does not matter: the engine writes them as a ring. Returns the
+    final-normed hidden state ``[B, D]`` and the cache (donate it when jitting)."""
     x = embed(config, weights, tokens_B[:, None])
     rope = rope_tables(config, positions_B[:, None])
-    rows = jnp.arange(B)
-    mask_BTM = (jnp.arange(M, dtype=jnp.int32)[None, :] <= slot_B[:, None])[:, None, :]
+    zero = jnp.zeros((), jnp.int32)
     new_cache = []
     for w, (kp, vp), (ck, cv) in zip(weights["layers"], prefix, cache):
 
         def attend(q, k, v, ck=ck, cv=cv, kp=kp, vp=vp):
-            ck = ck.at[rows, :, slot_B, :].set(k[:, 0].astype(ck.dtype), mode="drop")
-            cv = cv.at[rows, :, :, slot_B].set(v[:, 0].astype(cv.dtype), mode="drop")
+            ck = jax.lax.dynamic_update_slice(ck, k.transpose(0, 2, 1, 3).astype(ck.dtype), (zero, zero, slot, zero))
+            cv = jax.lax.dynamic_update_slice(cv, v.transpose(0, 2, 3, 1).astype(cv.dtype), (zero, zero, zero, slot))
             new_cache.append(KVCache(ck, cv))
-            a = attention.attend_shared_prefix(q, kp.astype(q.dtype), vp.astype(q.dtype), prefix_mask,
-                                               ck.astype(q.dtype), cv.astype(q.dtype), mask_BTM)  # fmt: skip
-            return a, None
+            a = attend_decode(q[:, 0], kp.astype(q.dtype), vp.astype(q.dtype), prefix_mask, ck.astype(q.dtype),
+                              cv.astype(q.dtype), mask_BM)  # fmt: skip
+            return a[:, None], None
 
         if "lora" in w:
             x, _, _ = decoder_layer(config, w, x, rope, attend, explicit=False)

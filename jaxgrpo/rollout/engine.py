@@ -77,7 +77,8 @@ class DecodeState:
     """Per-row decode state, ``B`` rows (slot-major). ``step``: tokens generated so far; ``last``: the last of them;
     ``done``: finished (EOS, ``M`` tokens, or an empty slot); ``eos``: ended with an EOS id; ``length``: the prompt's
     length; ``row_key``: the row's PRNG key; ``tokens``/``logprobs``/``entropy``/``mask`` ``[B, M]`` the outputs;
-    ``active_steps``: row-steps run on unfinished rows (for the slot utilization)."""
+    ``active_steps``: row-steps run on unfinished rows (for the slot utilization); ``clock``: decode steps run;
+    ``start``: the clock at the row's admission (the ring slot of its first decode key)."""
 
     step: jax.Array
     last: jax.Array
@@ -90,6 +91,8 @@ class DecodeState:
     entropy: jax.Array
     mask: jax.Array
     active_steps: jax.Array
+    clock: jax.Array
+    start: jax.Array
 
 
 @flax.struct.dataclass
@@ -112,7 +115,8 @@ def init(config: models.ModelConfig, spec: Spec) -> tuple[Caches, DecodeState]:
     state = DecodeState(zeros(B, jnp.int32), zeros(B, jnp.int32), jnp.ones(B, bool), zeros(B, bool),
                         jnp.ones(B, jnp.int32), jax.random.split(jax.random.key(0), B), zeros((B, M), jnp.int32),
                         zeros((B, M), jnp.float32), zeros((B, M), jnp.float32),
-                        jnp.zeros((B, M), bool), jnp.zeros((), jnp.int32))  # fmt: skip
+                        jnp.zeros((B, M), bool), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
+                        zeros(B, jnp.int32))  # fmt: skip
     return caches, state
 
 
@@ -156,7 +160,7 @@ def prefill(config, spec: Spec, packed_width: int, params, weights: DecodeWeight
     lengths = jnp.repeat(jnp.sum(mask_AxT, axis=-1, dtype=jnp.int32), G)
     upd = dict(step=jnp.ones_like(tok), last=tok, done=eos | (M <= 1), eos=eos, length=lengths, row_key=row_key,
                tokens=col0(tok, jnp.int32), logprobs=col0(logp, jnp.float32), entropy=col0(ent, jnp.float32),
-               mask=col0(True, bool))  # fmt: skip
+               mask=col0(True, bool), start=jnp.full(A * G, state.clock))  # fmt: skip
     state = state.replace(**{k: getattr(state, k).at[rows].set(v, mode="drop") for k, v in upd.items()})
     return Caches(prefix, prefix_mask, caches.decode), state
 
@@ -165,9 +169,13 @@ def _decode_one(config, spec: Spec, weights, caches: Caches, st: DecodeState, te
     """One token step for every row (finished rows run masked: their outputs are not written)."""
     B, M = spec.rows, spec.max_new_tokens
     active = ~st.done
-    slot = jnp.clip(st.step - 1, 0, spec.cache_width - 1)
+    # the decode cache is a ring written at one slot per step for every row (clock mod Mc); a row admitted at clock
+    # c0 has written slots c0 .. clock (mod Mc), at most M - 1 < Mc of them, so it never overwrites its own keys
+    mc = spec.cache_width
+    age_B = st.clock - st.start
+    mask_BM = jnp.mod(jnp.arange(mc, dtype=jnp.int32)[None, :] - st.start[:, None], mc) <= age_B[:, None]
     hidden, cache = decode_step(config, weights, st.last, st.length + st.step - 1, caches.prefix,
-                                caches.prefix_mask, caches.decode, slot)  # fmt: skip
+                                caches.prefix_mask, caches.decode, jnp.mod(st.clock, mc), mask_BM)  # fmt: skip
     keys = jax.vmap(jax.random.fold_in)(st.row_key, st.step.astype(jnp.uint32))
     tok, logp, ent = _sample(spec, keys, _logits(weights, hidden), temperature, top_p)
     rows = jnp.arange(B)
@@ -178,7 +186,7 @@ def _decode_one(config, spec: Spec, weights, caches: Caches, st: DecodeState, te
     st = st.replace(step=step, last=jnp.where(active, tok, st.last), done=st.done | eos | (step >= M),
                     eos=st.eos | eos, tokens=put(st.tokens, tok), logprobs=put(st.logprobs, logp),
                     entropy=put(st.entropy, ent), mask=put(st.mask, True),
-                    active_steps=st.active_steps + jnp.sum(active, dtype=jnp.int32))  # fmt: skip
+                    active_steps=st.active_steps + jnp.sum(active, dtype=jnp.int32), clock=st.clock + 1)  # fmt: skip
     return Caches(caches.prefix, caches.prefix_mask, cache), st
 
 
