@@ -260,13 +260,17 @@ def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], t
     weights, for ``rollout.prompts_per_step`` prompts of ``data.max_prompt_tokens`` tokens each (padded as
     `sampling.generate` pads them); `program_figures` of each (``decode`` absent when ``max_new_tokens == 1``), and
     ``weights``: the per-chip bytes of the compute-dtype weights the programs read. ``texts``, when given, receives
-    each program's optimized HLO text (``compiled.as_text()``) under the same names."""
+    each program's optimized HLO text (``compiled.as_text()``) under the same names. On one device without
+    projection reuse these are the rollout engine's public programs (`compile_engine`), which the trainer runs
+    there; with a mesh or projection reuse, the sampler's, which it runs then."""
     from jaxgrpo import sampling
 
     m, r = cfg.mesh, cfg.rollout
     mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
     perf, _ = resolve_perf(cfg.algo, cfg.perf, num_shards=len(devices), platform=devices[0].platform,
                            compute_dtype=mcfg.dtype)
+    if len(devices) == 1 and not perf.reuse_projections and r.max_new_tokens > 1:  # what the engine runs
+        return compile_engine(cfg, mcfg, devices, texts)
     mode, shards = _sampler_mode(cfg, mcfg, mesh, record=perf.reuse_projections)
     num_prompts = padding.batch_bucket(r.prompts_per_step, shards)
     width = padding.prompt_bucket(cfg.data.max_prompt_tokens)
@@ -348,6 +352,45 @@ def format_decode_report(rep: dict[str, Any], top: int = 5) -> list[str]:
     for f in found:
         lines.append(f"    {f.op:<13s} {f.bytes / mib:8.2f} MiB  {f.shape}  ({f.source or f.where})")
     return lines
+
+
+def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], texts: dict[str, str] | None = None
+                   ) -> dict[str, dict[str, float]]:  # fmt: skip
+    """Compile the rollout engine's public programs (`jaxgrpo.rollout.engine`: ``prepare_weights``, ``prefill`` of
+    ``rollout.slots`` prompts, ``decode_block`` of ``rollout.decode_block`` steps) for one device on abstract
+    compute-dtype weights, for prompts of ``data.max_prompt_tokens``; `program_figures` of each, and the optimized HLO
+    texts into ``texts`` (``decode``: the block, whose loop body is one token step)."""
+    from jaxgrpo.rollout import engine
+    from jaxgrpo.rollout.params import SamplingParams
+
+    r = cfg.rollout
+    mesh = sharding.make_mesh(1, 1, 1, devices=devices[:1])
+    put = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(  # noqa: E731
+        mesh, PartitionSpec())), tree)  # fmt: skip
+    params = put(jax.eval_shape(lambda: models.compute_params(mcfg, models.init_params(mcfg, jax.random.key(0)))))
+    sp = SamplingParams(max_new_tokens=r.max_new_tokens, num_samples=r.group_size, temperature=r.temperature,
+                        top_p=r.top_p, top_k=r.top_k, eos_token_ids=tuple(mcfg.eos_token_ids))  # fmt: skip
+    slots = r.slots or r.prompts_per_step
+    width = padding.prompt_bucket(cfg.data.max_prompt_tokens)
+    spec = engine.make_spec(mcfg, sp, slots, width, r.decode_block)
+    options = compiler_options(devices)
+    weights = put(jax.eval_shape(lambda p: engine.prepare_weights(mcfg, p), params))
+    caches, state = put(jax.eval_shape(lambda: engine.init(mcfg, spec)))
+    scalar = lambda dt: jax.ShapeDtypeStruct((), dt, sharding=NamedSharding(mesh, PartitionSpec()))  # noqa: E731
+    f32 = scalar(jnp.float32)
+    rows = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(mesh, PartitionSpec()))  # noqa: E731
+    prompts = (rows((slots, width), jnp.int32), rows((slots, width), jnp.bool_), rows((slots,), jnp.int32),
+               rows((slots,), jnp.int32), scalar(jax.eval_shape(lambda: jax.random.key(0)).dtype))  # fmt: skip
+    texts = {} if texts is None else texts
+    out = dict(weights=dict(total=per_chip_bytes(weights)))
+    packed = padding.sampler_packed_width([cfg.data.max_prompt_tokens] * slots, 1)
+    prefill = engine.prefill.lower(mcfg, spec, packed, params, weights, caches, state, *prompts, f32, f32)
+    programs = dict(prefill=prefill, decode=engine.decode_block.lower(mcfg, spec, weights, caches, state, f32, f32))
+    for name, lowered in programs.items():
+        compiled = lowered.compile(options)
+        texts[name] = compiled.as_text()
+        out[name] = program_figures(compiled)
+    return out
 
 
 def dump_hlo(directory: str, texts: dict[str, str]) -> None:
