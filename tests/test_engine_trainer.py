@@ -21,23 +21,24 @@ def test_streamed_resampling_stops_at_p_informative_groups(tmp_path, monkeypatch
         roll = real_score(indices, comp, projections)
         roll.rewards[:] = 0.0
         roll.rewards[0, 0] = float(len(scored) % 3 == 0)
-        scored.append((list(indices), np.asarray(comp.tokens).copy()))
+        scored.append((list(indices), np.asarray(comp.tokens).copy(), int(np.asarray(comp.mask).sum())))
         return roll
 
     monkeypatch.setattr(tr, "score", score)
     roll, extra = tr.rollout(0)
-    # M = 2 and no early EOS matters: the 2 slots finish together, groups complete in admission order, two at a time;
+    # M = 2 < decode_block: both slots' groups end within the block after their admission, so groups complete in
+    # admission order, two at a time;
     # the 8th informative group is number 21, so 22 groups were admitted (rounds of 8 prompts: 3 drawn)
     assert len(scored) == 22
     assert extra["resample/rounds"] == 3.0
     assert extra["resample/discarded_groups"] == 22 - 8
     assert extra["resample/degenerate_frac"] == (22 - 8) / 22
     assert extra["resample/informative_frac"] == 1.0
-    assert extra["tokens/sampled"] == float(sum(np.count_nonzero(t >= 0) for _, t in scored)) == 22 * 4 * 2
+    assert extra["tokens/sampled"] == float(sum(n for _, _, n in scored))  # every completed group's tokens
     assert roll.rewards.shape == (8, 4) and (roll.rewards[:, 0] == 1).all()
     picked = [scored[c] for c in range(0, 22, 3)]
-    assert roll.prompt_ids == [tr.encoded[ix[0]] for ix, _ in picked]
-    np.testing.assert_array_equal(np.asarray(roll.completions.tokens), np.concatenate([t for _, t in picked]))
+    assert roll.prompt_ids == [tr.encoded[ix[0]] for ix, _, _ in picked]
+    np.testing.assert_array_equal(np.asarray(roll.completions.tokens), np.concatenate([t for _, t, _ in picked]))
     for k in ("rollout/slot_utilization", "rollout/decode_steps", "rollout/prefill_tokens_per_s",
               "rollout/decode_tokens_per_s"):  # fmt: skip
         assert extra[k] > 0

@@ -199,7 +199,7 @@ def test_qwen_decode_report_fields(qwen_decode):
 @needs_cuda
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason="the engine's decode block moves 3.2x its ideal (float32 logits re-read by the "
-                   "draw, query heads padded 7 -> 8, the whole ring attended; BENCHMARKS §10)")  # fmt: skip
+                   "draw, query heads padded 7 -> 8, the whole ring attended; BENCHMARKS §11)")  # fmt: skip
 def test_qwen_decode_near_the_roofline(qwen_decode):
     _, _, _, rep = qwen_decode
     assert rep["ratio"] <= 1.5, rep["ratio"]

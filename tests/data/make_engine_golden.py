@@ -2,10 +2,14 @@
 """Regenerate tests/data/engine_golden.npz with jaxgrpo.sampling.generate at main commit 0ac6937 (the sampler before
 the rollout engine): `git checkout 0ac6937 && python tests/data/make_engine_golden.py` from the repository root."""
 import sys
+
 sys.path.insert(0, "tests")
-import jax, numpy as np
+import jax
+import numpy as np
 from test_sampling import PROMPTS, tiny_model
+
 from jaxgrpo import sampling
+
 CASES = {
     "plain": dict(num_samples=3, max_new_tokens=8, temperature=1.0, key=7),
     "topk_topp": dict(num_samples=4, max_new_tokens=6, temperature=0.8, top_k=5, top_p=0.8, key=3),
@@ -15,7 +19,8 @@ CASES = {
 config, params = tiny_model()
 out = {}
 for name, kw in CASES.items():
-    kw = dict(kw); key = jax.random.key(kw.pop("key"))
+    kw = dict(kw)
+    key = jax.random.key(kw.pop("key"))
     c = sampling.generate(config, params, PROMPTS, key=key, **kw)
     out[f"{name}/tokens"] = np.asarray(c.tokens).astype(np.int8)
     out[f"{name}/logprobs"] = np.asarray(c.logprobs)
