@@ -11,7 +11,7 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     packages=find_packages(include=["jaxgrpo", "jaxgrpo.*"]),
-    package_data={"jaxgrpo": ["configs/*.yaml"]},
+    package_data={"jaxgrpo": ["configs/*.yaml", "gpu_targets/*.txtpb"]},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.6",
@@ -41,6 +41,9 @@ setup(
         # GPUs; cuda12 for older drivers
         "cuda": ["jax[cuda13]>=0.7"],
         "cuda12": ["jax[cuda12]"],
+        # compile for an H100/H200 on a host without a GPU (`python -m jaxgrpo.compile --platform cuda`): the CUDA
+        # plugin at jax's own version without the NVIDIA libraries; ptxas (CUDA 13) must be on PATH
+        "gpu-aot": ["jax[cuda13-local]"],
         "wandb": ["wandb>=0.17"],  # log.wandb
         # torch is pinned to the CPU build the CI machines carry; tests use it as an independent reference only.
         "test": [

@@ -103,6 +103,60 @@ def topology_devices(topology: str | None, count: int | None = None) -> list[Any
                           "(`pip install jaxgrpo[tpu]`) and name a slice such as v5e:4x8 or v4:2x2x2") from e
 
 
+GPU_TARGETS = {"h100": "h100_sxm.txtpb", "h200": "h200_sxm.txtpb"}  # XLA GPU target descriptions (openxla/xla's
+# h100_sxm.txtpb, trimmed; the H200's differs in memory size and bandwidth only)
+
+
+def gpu_compiler_missing() -> list[str]:
+    """What this host lacks to compile for an NVIDIA GPU (empty when nothing): the CUDA PJRT plugin, ptxas."""
+    import importlib.util
+    import shutil
+
+    missing = []
+    try:
+        plugin = importlib.util.find_spec("jax_plugins.xla_cuda13") is not None
+    except ModuleNotFoundError:  # no jax_plugins namespace package at all
+        plugin = False
+    if not plugin:
+        missing.append(f'the CUDA plugin (pip install "jax[cuda13-local]=={jax.__version__}")')
+    if shutil.which("ptxas") is None:
+        missing.append("ptxas of CUDA 13 on PATH (e.g. pip install nvidia-cuda-nvcc, or a CUDA toolkit's bin/)")
+    return missing
+
+
+def gpu_devices(chip: str, count: int = 1) -> list[Any]:
+    """Compile-only devices of ``count`` NVIDIA GPUs of kind ``chip`` (``"h100"``, ``"h200"``) on a host without one:
+    XLA:GPU compiles against the chip's target description through the CUDA PJRT plugin (no GPU, no driver; ptxas
+    assembles the kernels). Nothing runs on them and no autotuning happens: GEMMs are cuBLAS calls (Triton GEMM
+    fusion is turned off by `compiler_options`, it needs autotuning), so the optimized HLO's copies, transposes, pads
+    and kernel list are real and its times are not."""
+    if chip not in GPU_TARGETS:
+        raise ConfigError(f"--chip {chip!r} has no GPU target description; valid choices: {', '.join(GPU_TARGETS)}")
+    missing = gpu_compiler_missing()
+    if missing:
+        raise ConfigError(f"cannot compile for {chip} on this host: missing {' and '.join(missing)}")
+    from jax.experimental import topologies
+
+    target = (pathlib.Path(__file__).parent / "gpu_targets" / GPU_TARGETS[chip]).read_text()
+    return list(topologies.get_topology_desc(platform="cuda", target_config=target, topology=f"1x1x{count}").devices)
+
+
+def compiler_options(devices: list[Any]) -> dict[str, Any] | None:
+    """XLA options for compiling to ``devices``: for GPUs, Triton GEMM fusion off (its tiles are chosen by autotuning,
+    which needs a GPU; GEMMs are then cuBLAS calls, as `gpu_devices` says)."""
+    return {"xla_gpu_enable_triton_gemm": False} if devices[0].platform in ("gpu", "cuda") else None
+
+
+def has_cudnn() -> bool:
+    """Whether cuDNN's library is installed (its fused attention cannot compile without it, even for no device)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("nvidia.cudnn") is not None
+    except ModuleNotFoundError:  # no nvidia namespace package at all
+        return False
+
+
 def chip_of(devices: list[Any]) -> tuple[str, Chip | None]:
     kind = str(devices[0].device_kind).lower().replace(" ", "")
     for name in ("v5e", "v5lite", "v5p", "v6e", "v6lite", "v4", "h100", "h200"):
@@ -141,7 +195,8 @@ def compile_train_step(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]
     packed = ts.packed_prompt_width([cfg.data.max_prompt_tokens] * cfg.rollout.prompts_per_step, width, cfg.algo,
                                     perf, mesh)  # fmt: skip
     state = ts.abstract_state(mcfg, cfg.algo, cfg.optim, mesh, cfg.train.steps)
-    compiled = step_fn.lower(state, abstract_batch(cfg, mesh, width), packed_prompt_width=packed).compile()
+    lowered = step_fn.lower(state, abstract_batch(cfg, mesh, width), packed_prompt_width=packed)
+    compiled = lowered.compile(compiler_options=compiler_options(devices))
     parts = cfg.algo.num_minibatches * cfg.algo.grad_accum_steps * shards  # one packed row each
     flops = train_step_flops(cfg, mcfg, width, parts * packed if perf.prefix_sharing else 0) / len(devices)
     return dict(weights=per_chip_bytes(state.params), optimizer=per_chip_bytes(state.opt_state), batch_shards=shards,
@@ -200,17 +255,23 @@ def _sampler_mode(cfg: Config, mcfg: models.ModelConfig, mesh: Mesh, record: boo
     return mode, shards
 
 
-def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]) -> dict[str, dict[str, float]]:
+def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], texts: dict[str, str] | None = None
+                    ) -> dict[str, dict[str, float]]:  # fmt: skip
     """Compile the sampler's prefill and decode loop (`jaxgrpo.sampling`) for ``devices`` on abstract compute-dtype
     weights, for ``rollout.prompts_per_step`` prompts of ``data.max_prompt_tokens`` tokens each (padded as
     `sampling.generate` pads them); `program_figures` of each (``decode`` absent when ``max_new_tokens == 1``), and
-    ``weights``: the per-chip bytes of the compute-dtype weights the programs read."""
+    ``weights``: the per-chip bytes of the compute-dtype weights the programs read. ``texts``, when given, receives
+    each program's optimized HLO text (``compiled.as_text()``) under the same names. On one device without
+    projection reuse these are the rollout engine's public programs (`compile_engine`), which the trainer runs
+    there; with a mesh or projection reuse, the sampler's, which it runs then."""
     from jaxgrpo import sampling
 
     m, r = cfg.mesh, cfg.rollout
     mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
     perf, _ = resolve_perf(cfg.algo, cfg.perf, num_shards=len(devices), platform=devices[0].platform,
                            compute_dtype=mcfg.dtype)
+    if len(devices) == 1 and not perf.reuse_projections and r.max_new_tokens > 1:  # what the engine runs
+        return compile_engine(cfg, mcfg, devices, texts)
     mode, shards = _sampler_mode(cfg, mcfg, mesh, record=perf.reuse_projections)
     num_prompts = padding.batch_bucket(r.prompts_per_step, shards)
     width = padding.prompt_bucket(cfg.data.max_prompt_tokens)
@@ -229,13 +290,126 @@ def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]) -
     key = scalar(jax.eval_shape(lambda: jax.random.key(0)).dtype)
     f32 = scalar(jnp.float32)
     lowered = sampling._prefill.lower(mcfg, mode, packing, params, *prompts, key, f32, f32)
-    prefill = lowered.compile()
+    prefill = lowered.compile(compiler_options=compiler_options(devices))
+    texts = {} if texts is None else texts
+    texts["prefill"] = prefill.as_text()
     out = dict(weights=dict(total=per_chip_bytes(params)), prefill=program_figures(prefill))
     if r.max_new_tokens > 1:  # the prefill's outputs, with the shardings it gives them, feed the decode loop
         carried = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), lowered.out_info,
                                prefill.output_shardings)  # fmt: skip
-        out["decode"] = program_figures(sampling._decode.lower(mcfg, mode, params, *carried, f32, f32).compile())
+        decode = sampling._decode.lower(mcfg, mode, params, *carried, f32, f32).compile(compiler_options(devices))
+        texts["decode"] = decode.as_text()
+        out["decode"] = program_figures(decode)
     return out
+
+
+def decode_ideal_bytes(cfg: Config, mcfg: models.ModelConfig, num_chips: int = 1) -> dict[str, float]:
+    """The bytes one token step of the decode loop must read per chip, at the mean step of a full-length rollout
+    (the roofline ideal): every compute-dtype weight once (of the embedding table, only the rows looked up, unless it
+    is also the LM head), each prompt's shared prefix keys and values once (``P`` prompts of the padded width), and
+    each row's own decode keys and values at the mean step (``M / 2`` slots). Rows and caches spread evenly over the
+    chips; weights counted whole per chip (replicated: an FSDP/tensor split lowers both sides alike)."""
+    c, r = mcfg, cfg.rollout
+    item = jnp.dtype(c.dtype).itemsize
+    weights = models.count_params(c.replace(lora=None)) * item
+    rows = r.prompts_per_step * r.group_size
+    if not c.tie_word_embeddings:
+        weights -= (c.vocab_size - rows) * c.hidden_size * item
+    kv = 2 * c.num_layers * c.num_kv_heads * c.head_dim * item  # bytes per cached token
+    prefix = kv * r.prompts_per_step * padding.prompt_bucket(cfg.data.max_prompt_tokens)
+    own = kv * rows * r.max_new_tokens / 2
+    out = dict(weights=float(weights), prefix_kv=prefix / num_chips, decode_kv=own / num_chips)
+    out["total"] = sum(out.values())
+    return out
+
+
+def decode_step_report(text: str, ideal: dict[str, float], vocab: int, min_bytes: int) -> dict[str, Any]:
+    """Bytes moved per token step by the compiled decode program's loop body (`jaxgrpo.hlo.loop_report` of its
+    optimized HLO ``text``) against ``ideal`` (`decode_ideal_bytes`): kernels per step, the ratio, the heaviest
+    kernels, and every copy/transpose/pad/concatenation/dynamic-slice copy of at least ``min_bytes`` and every sort
+    over the full vocabulary inside the loop."""
+    from jaxgrpo import hlo
+
+    loop = hlo.loop_report(text, min_bytes=min_bytes, vocab=vocab)
+    moved = float(loop.bytes_per_iteration)
+    return dict(bytes_per_step=moved, ideal_bytes_per_step=ideal["total"], ratio=moved / ideal["total"],
+                launches_per_step=loop.launches_per_iteration, unknown_trip_counts=loop.unknown_trip_counts,
+                findings=loop.findings, top=loop.top(8))  # fmt: skip
+
+
+def format_decode_report(rep: dict[str, Any], top: int = 5) -> list[str]:
+    """`decode_step_report` as printable lines."""
+    mib = 2**20
+    lines = [f"  decode step: {rep['bytes_per_step'] / mib:.1f} MiB moved per token step vs "
+             f"{rep['ideal_bytes_per_step'] / mib:.1f} MiB ideal ({rep['ratio']:.2f}x), "
+             f"{rep['launches_per_step']} kernels per step"]  # fmt: skip
+    if rep["unknown_trip_counts"]:
+        lines.append(f"    ({rep['unknown_trip_counts']} inner loops of unknown trip count counted once)")
+    for k in rep["top"][:top]:
+        lines.append(f"    {k.count:>3d} x {k.kind[:40]:<40s} {(k.read + k.write) * k.count / mib:9.1f} MiB  {k.shape}")
+    found = rep["findings"]
+    lines.append(f"  inside the loop: {len(found)} copies/transposes/pads/slice copies of a weight-sized buffer or "
+                 "sorts of the vocabulary" + (":" if found else ""))  # fmt: skip
+    for f in found:
+        lines.append(f"    {f.op:<13s} {f.bytes / mib:8.2f} MiB  {f.shape}  ({f.source or f.where})")
+    return lines
+
+
+def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], texts: dict[str, str] | None = None
+                   ) -> dict[str, dict[str, float]]:  # fmt: skip
+    """Compile the rollout engine's public programs (`jaxgrpo.rollout.engine`: ``prepare_weights``, ``prefill`` of
+    ``rollout.slots`` prompts, ``decode_block`` of ``rollout.decode_block`` steps) for one device on abstract
+    compute-dtype weights, for prompts of ``data.max_prompt_tokens``; `program_figures` of each, and the optimized HLO
+    texts into ``texts`` (``decode``: the block, whose loop body is one token step)."""
+    from jaxgrpo.rollout import engine
+    from jaxgrpo.rollout.params import SamplingParams
+
+    r = cfg.rollout
+    mesh = sharding.make_mesh(1, 1, 1, devices=devices[:1])
+    put = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(  # noqa: E731
+        mesh, PartitionSpec())), tree)  # fmt: skip
+    params = put(jax.eval_shape(lambda: models.compute_params(mcfg, models.init_params(mcfg, jax.random.key(0)))))
+    sp = SamplingParams(max_new_tokens=r.max_new_tokens, num_samples=r.group_size, temperature=r.temperature,
+                        top_p=r.top_p, top_k=r.top_k, eos_token_ids=tuple(mcfg.eos_token_ids))  # fmt: skip
+    slots = r.slots or r.prompts_per_step
+    width = padding.prompt_bucket(cfg.data.max_prompt_tokens)
+    spec = engine.make_spec(mcfg, sp, slots, width, r.decode_block)
+    options = compiler_options(devices)
+    weights = put(jax.eval_shape(lambda p: engine.prepare_weights(mcfg, p), params))
+    caches, state = put(jax.eval_shape(lambda: engine.init(mcfg, spec)))
+    scalar = lambda dt: jax.ShapeDtypeStruct((), dt, sharding=NamedSharding(mesh, PartitionSpec()))  # noqa: E731
+    f32 = scalar(jnp.float32)
+    rows = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(mesh, PartitionSpec()))  # noqa: E731
+    prompts = (rows((slots, width), jnp.int32), rows((slots, width), jnp.bool_), rows((slots,), jnp.int32),
+               rows((slots,), jnp.int32), scalar(jax.eval_shape(lambda: jax.random.key(0)).dtype))  # fmt: skip
+    texts = {} if texts is None else texts
+    out = dict(weights=dict(total=per_chip_bytes(weights)))
+    packed = padding.sampler_packed_width([cfg.data.max_prompt_tokens] * slots, 1)
+    prefill = engine.prefill.lower(mcfg, spec, packed, params, weights, caches, state, *prompts, f32, f32)
+    programs = dict(prefill=prefill, decode=engine.decode_block.lower(mcfg, spec, weights, caches, state, f32, f32))
+    for name, lowered in programs.items():
+        compiled = lowered.compile(options)
+        texts[name] = compiled.as_text()
+        out[name] = program_figures(compiled)
+    return out
+
+
+def dump_hlo(directory: str, texts: dict[str, str]) -> None:
+    """Write each program's optimized HLO text to ``directory/<name>.hlo.txt``."""
+    out = pathlib.Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in texts.items():
+        (out / f"{name}.hlo.txt").write_text(text)
+
+
+def smallest_moved_buffer(mcfg: models.ModelConfig, cfg: Config) -> int:
+    """The smallest weight matrix or per-layer cache slab of the decode (a copy of any of them is worth reporting):
+    one layer's ``k`` projection (``D x K x H``) or one layer's own-key cache for the rows (``N x K x H x M``)."""
+    c, r = mcfg, cfg.rollout
+    item = jnp.dtype(c.dtype).itemsize
+    rows = r.prompts_per_step * r.group_size
+    return int(min(c.hidden_size * c.num_kv_heads * c.head_dim, rows * c.num_kv_heads * c.head_dim * r.max_new_tokens)
+               * item)  # fmt: skip
 
 
 def rollout_cache_bytes(mcfg: models.ModelConfig, cfg: Config) -> float:

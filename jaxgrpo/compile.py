@@ -1,12 +1,17 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""`python -m jaxgrpo.compile --config FILE [--topology v5e:4x8] [section.key=value ...]`: does a config fit?
+"""`python -m jaxgrpo.compile --config FILE [--topology v5e:4x8 | --platform cuda --chip h100] [--dump-hlo DIR]
+[section.key=value ...]`: does a config fit, and how close is its decode to the memory roofline?
 
 Compiles the config's train step and its rollout (the sampler's prefill and decode loop) ahead of time for a TPU slice
-(``--topology``, else the config's ``mesh.topology``; compile-only devices, needs libtpu: ``pip install jaxgrpo[tpu]``)
-or for the local devices, and prints per chip: weights, optimizer state, each program's temporaries and total against
-the chip's memory, FLOPs per step and a roofline step time (`jaxgrpo.aot`). Exits 1 when the train step, the prefill
-or the decode loop does not fit (a rollout whose KV caches cannot fit even spread over every chip is refused before
-anything compiles), 2 on a bad config.
+(``--topology``, else the config's ``mesh.topology``; compile-only devices, needs libtpu: ``pip install jaxgrpo[tpu]``),
+for NVIDIA GPUs without one (``--platform cuda --chip h100|h200``: `aot.gpu_devices`, needs ``pip install
+"jax[cuda13-local]==<jax version>"`` and ptxas) or for the local devices, and prints per chip: weights, optimizer
+state, each program's temporaries and total against the chip's memory, FLOPs per step and a roofline step time
+(`jaxgrpo.aot`); then the decode loop's bytes moved per token step against the ideal (weights once + the KV attended,
+`aot.decode_ideal_bytes`), its kernels per step and the copies/transposes/pads/sorts inside it (`jaxgrpo.hlo`).
+``--dump-hlo DIR`` writes each program's optimized HLO (``DIR/decode.hlo.txt``, ``DIR/prefill.hlo.txt``). Exits 1
+when the train step, the prefill or the decode loop does not fit (a rollout whose KV caches cannot fit even spread
+over every chip is refused before anything compiles), 2 on a bad config or a missing compiler.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", default=config_lib.DEFAULT_CONFIG, help="YAML file or packaged config name")
     ap.add_argument("--topology", default=None, help="TPU slice, e.g. v5e:4x8 (default: the config's mesh.topology, "
                                                       "else the local devices)")  # fmt: skip
+    ap.add_argument("--platform", choices=("tpu", "cuda"), default=None,
+                    help="cuda: compile for --chip (h100, h200) without a GPU; tpu: for --topology (the default when "
+                         "a topology is named)")  # fmt: skip
+    ap.add_argument("--dump-hlo", default=None, metavar="DIR", help="write the optimized HLO of each program here")
     ap.add_argument("--chip", default=None,
                     help="judge the totals against this chip's memory and speed instead of the target's (e.g. a TPU "
                          "compile standing in for h100)")  # fmt: skip
@@ -35,10 +44,16 @@ def main(argv: list[str] | None = None) -> int:
 
         m = cfg.mesh
         topology = args.topology or m.topology
-        devices = aot.topology_devices(topology, m.data * m.fsdp * m.tensor)
+        if args.platform == "cuda":
+            devices = aot.gpu_devices(args.chip or "h100", m.data * m.fsdp * m.tensor)
+            if cfg.perf.attention in ("auto", "cudnn") and not aot.has_cudnn():  # its library builds the kernel
+                cfg = config_lib.load_config(args.config, [*args.overrides, "perf.attention=chunked"])
+                print("cuDNN is not installed: the train step compiles with perf.attention=chunked")
+        else:
+            devices = aot.topology_devices(topology, m.data * m.fsdp * m.tensor)
         mcfg = aot.model_config(cfg)
         chip_name, chip = aot.chip_of(devices)
-        if args.chip:
+        if args.chip and args.platform != "cuda":
             if args.chip not in aot.CHIPS:
                 raise ConfigError(f"--chip {args.chip!r} is not known; valid choices: {', '.join(aot.CHIPS)}")
             chip_name, chip = f"{chip_name} judged as {args.chip}", aot.CHIPS[args.chip]
@@ -63,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         step = aot.compile_train_step(cfg, mcfg, devices)
         program = "rollout"
-        rollout = aot.compile_rollout(cfg, mcfg, devices)
+        texts: dict[str, str] = {}
+        rollout = aot.compile_rollout(cfg, mcfg, devices, texts)
     except ConfigError as e:
         return cli_error(str(e))
     except Exception as e:  # XLA refuses to compile a program that cannot fit the chip: report it as "does not fit"
@@ -89,6 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     flops = step["counted_flops"]
     seconds = aot.roofline_seconds(flops, step["bytes_accessed"], chip)
     print(f"  train step: {flops / 1e12:.2f} TFLOP per chip (counted from the shapes), roofline {seconds:.3f} s")
+    if "decode" in texts:
+        ideal = aot.decode_ideal_bytes(cfg, mcfg, len(devices))
+        report = aot.decode_step_report(texts["decode"], ideal, mcfg.vocab_size, aot.smallest_moved_buffer(mcfg, cfg))
+        print("\n".join(aot.format_decode_report(report)))
+    if args.dump_hlo:
+        aot.dump_hlo(args.dump_hlo, texts)
     over = [name for name, total in totals.items() if not aot.fits(total, chip)]
     print("fits" if not over else f"DOES NOT FIT in {hbm} per chip: {', '.join(over)}")
     return 0 if not over else 1

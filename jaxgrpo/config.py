@@ -356,6 +356,8 @@ def validate(cfg: Config) -> None:
     _require(r.temperature >= 0, "rollout.temperature", r.temperature, ">= 0 (0 = greedy)")
     _require(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "in (0, 1]")
     _require(r.top_k >= 0, "rollout.top_k", r.top_k, ">= 0 (0 = off)")
+    _require(r.slots >= 0, "rollout.slots", r.slots, ">= 0 (0 = prompts_per_step)")
+    _require(r.decode_block >= 1, "rollout.decode_block", r.decode_block, ">= 1")
 
     _at_least(cfg, 0, "algo.degenerate_atol", "algo.degenerate_rtol", "algo.kl_coef", "optim.warmup_steps",
               "optim.weight_decay", "seed")

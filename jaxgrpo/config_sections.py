@@ -79,6 +79,12 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    # static: all P groups decode as one batch until the longest row ends; continuous: `slots` group slots, each
+    # refilled with the next prompt as soon as its G rows have finished (jaxgrpo.rollout.driver). With slots = P and
+    # degenerate_groups != resample both decode the same batch.
+    engine: Literal["static", "continuous"] = "continuous"
+    slots: int = 0  # group slots of the continuous engine; 0 = prompts_per_step
+    decode_block: int = 8  # decode steps per jitted block (the host tests for the end once per block)
 
 
 @dataclasses.dataclass(frozen=True)

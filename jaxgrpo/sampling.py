@@ -5,8 +5,14 @@
 (token-id lists) into ``Completions`` of shape ``[len(prompts) * G, M]`` in prompt-major order (rows
 ``p*G .. p*G+G-1`` belong to prompt ``p``).
 
-How it runs
------------
+Without a mesh and without ``record_projections``, ``generate`` is a thin call of the rollout engine in static mode
+(`jaxgrpo.rollout.driver.run` with one group slot per prompt: `jaxgrpo.rollout.engine`'s jitted prefill and donated
+k-step decode blocks, per-layer caches, the stop test once per block); same keys, same tokens, same log-probs as the
+path below (tests/test_engine.py checks it against a golden file of that path). With a mesh or ``record_projections``
+the path below runs.
+
+How it runs (with a mesh or ``record_projections``)
+---------------------------------------------------
 1. Host side (`jaxgrpo.padding`): each prompt is left-padded to a static width ``Tp`` (`padding.prompt_bucket`: four
    buckets per octave, so at most 25% padding and O(log length) buckets -- or the smallest of the caller's
    ``prompt_buckets`` that fits) and the number of prompts ``P`` is padded to a power of two (and to a multiple of
@@ -23,9 +29,11 @@ How it runs
    True up to and including the EOS token; later tokens are 0 and their logprobs 0.
 
 Sampling distribution: `jaxgrpo.token_sampling` (temperature, top-k, top-p, inversion sampling; the reported
-log-prob is under the distribution actually sampled from, as the trainer's old-policy log-prob). The entropy of that
-same distribution at every sampled position (after temperature, top-k and top-p) comes out of the decode loop too
-(``Completions.entropy``), from the probabilities the draw computes anyway: no extra forward.
+log-prob is under the distribution actually sampled from: the tempered logits restricted to the top-k / top-p set and
+renormalised, as the trainer's old-policy log-prob; a learner log-prob of the full softmax against it leaks
+``log(kept mass)`` into the importance ratio whenever top_p < 1 or top_k > 0, see `jaxgrpo.rollout.record`).
+The entropy of that same distribution at every sampled position (after temperature, top-k and top-p) comes out
+of the decode loop too (``Completions.entropy``), from the probabilities the draw computes anyway: no extra forward.
 
 Randomness: row ``r`` (= ``p*G + g``) at step ``i`` uses ``fold_in(fold_in(key, r), i)``, so a row's samples
 depend only on the key, its row index and the step -- not on the batch padding, the bucket or the sharding. The
@@ -54,13 +62,15 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgrpo import models, padding
+from jaxgrpo.rollout import driver
+from jaxgrpo.rollout.params import SamplingParams
+from jaxgrpo.rollout.record import Completions
 from jaxgrpo.sharding import BATCH_AXES
 from jaxgrpo.token_sampling import sample_from_logits, truncated_logits
 
@@ -71,30 +81,6 @@ __all__ = [
     "truncated_logits",
 ]
 
-
-
-@flax.struct.dataclass
-class Completions:
-    """Sampled completions, ``N = len(prompts) * num_samples`` rows in prompt-major order.
-
-    tokens: ``[N, M]`` int32, 0 after the end of a row.  logprobs: ``[N, M]`` float32 log-probabilities of the
-    sampled tokens under the sampling distribution (0 where ``mask`` is False).  mask: ``[N, M]`` bool, True up to
-    and including the EOS token.  lengths: ``[N]`` int32 = ``mask.sum(-1)``.  truncated: ``[N]`` bool, True when the
-    row ended without emitting an EOS id (it hit ``max_new_tokens``; always True when ``eos_token_ids`` is empty).
-    entropy: ``[N, M]`` float32 entropy (nats) of the sampling distribution each token was drawn from (0 where
-    ``mask`` is False; greedy: of the untempered model distribution, like the log-probs).
-    projections: None, or (``generate(record_projections=True)``, ``M > 1``) for each dense projection name of
-    `models.transformer.PROJECTIONS`, ``[L, N, M-1, out]``: its output at the decode step that fed completion token
-    ``j`` (``j < M-1``), for the train step to reuse (see `train_step.Batch.projections`).
-    """
-
-    tokens: jax.Array
-    logprobs: jax.Array
-    mask: jax.Array
-    lengths: jax.Array
-    truncated: jax.Array
-    entropy: jax.Array | None = None
-    projections: dict[str, jax.Array] | None = None
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -344,6 +330,10 @@ def generate(
     _validate(config, prompts, num_samples, max_new_tokens, temperature, top_p, top_k, eos_token_ids, prompt_buckets)
     g, m = int(num_samples), int(max_new_tokens)
     num_prompts = len(prompts)
+    if mesh is None and not record_projections:  # the engine, static mode: one slot per prompt (padded to 2^n)
+        sp = SamplingParams(m, g, temperature, top_p, int(top_k), eos_token_ids)
+        groups, _ = driver.run(config, params, prompts, sp, key, prompt_buckets=prompt_buckets)
+        return jax.tree.map(jnp.asarray, driver.completions(groups, range(num_prompts)))
     axes = _batch_axes(mesh)
     shards = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
     pad_prompts = padding.batch_bucket(num_prompts, shards)

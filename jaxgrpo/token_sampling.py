@@ -9,7 +9,8 @@ Sampling distribution (per row, per step), with raw float32 logits ``l`` over th
     token is always kept) -- the "nucleus" of Holtzman et al. 2020, "The Curious Case of Neural Text
     Degeneration", Sec. 3.1; applied after top-k on the renormalised top-k mass, the same order as HF
     transformers' TemperatureLogitsWarper -> TopKLogitsWarper -> TopPLogitsWarper. Without top-k the nucleus is
-    looked for among the 256 largest logits and a full sort runs only when that is not enough (same set);
+    looked for among the largest logits, and when they are not enough an exact fallback runs (a full sort on CPU,
+    a sort-free search of the threshold on accelerators: `_nucleus_mask_search`; the same set);
   * sample ``x ~ q = softmax(z restricted to the kept set)`` by inversion (the inverse-CDF method; e.g. Devroye
     1986, "Non-Uniform Random Variate Generation", Sec. II.2): one ``u ~ U[0, 1)`` per row and step, ``x`` = the
     first candidate slot ``j`` (in slot order) with ``sum_{i<=j} q_i > u * sum_i q_i``. The cumulative sums are
@@ -33,9 +34,13 @@ import jax
 import jax.numpy as jnp
 
 # Nucleus sampling without top-k first looks for the nucleus among this many most likely tokens (exact when their
-# mass reaches top_p; otherwise a full-vocabulary sort runs). (a full sort of a large vocabulary is slow on
-# XLA:CPU)
+# mass reaches top_p; otherwise the exact fallback runs): on CPU 256 (a full sort of a large vocabulary is slow on
+# XLA:CPU), on accelerators 16 (XLA:GPU's sort-free top-k kernel takes k <= 16).
 TOP_P_CANDIDATES = 256
+TOP_P_CANDIDATES_ACCELERATOR = 16
+# the sort-free threshold search: thresholds per pass + 1, and passes (16 ways narrow 2^32 keys to one in 8 passes)
+_SEARCH_WAYS = 16
+_SEARCH_PASSES = 8
 
 
 def _first_argmax(x: jax.Array) -> jax.Array:
@@ -52,13 +57,56 @@ def _keep_prefix(q_sorted: jax.Array, top_p: jax.Array) -> jax.Array:
     return (mass_before < top_p).at[..., 0].set(True)
 
 
+def _sortable_key(z: jax.Array) -> jax.Array:
+    """float32 -> uint32 with the same order (sign set: all bits flipped, else the sign bit set; -0 taken as +0)."""
+    bits = jax.lax.bitcast_convert_type(z + 0.0, jnp.uint32)
+    return jnp.where(bits >= jnp.uint32(1 << 31), ~bits, bits | jnp.uint32(1 << 31))
+
+
+def _mass_above(q: jax.Array, key: jax.Array, t_NxJ: jax.Array) -> jax.Array:
+    """``sum_i q_i [key_i > t_j]`` per row and threshold: ``[N, J]`` (one read of ``q`` and ``key``)."""
+    return jnp.sum(jnp.where(key[:, None, :] > t_NxJ[:, :, None], q[:, None, :], 0.0), axis=-1)
+
+
+def _nucleus_mask_search(z: jax.Array, lse: jax.Array, top_p: jax.Array) -> jax.Array:
+    """The nucleus of ``softmax(z)`` without sorting: a search for its threshold on the order-preserving integer key
+    of ``z`` (`_sortable_key`). With ``M(t) = sum_i q_i [key_i > t]`` non-increasing, the smallest ``t`` with
+    ``M(t) < top_p`` is the key ``k0`` of the last kept value: every token above it has mass before it < top_p and
+    every token below it has >= top_p. `_SEARCH_WAYS` - 1 thresholds per pass narrow ``(lo, hi]`` (invariant
+    ``M(lo) >= top_p > M(hi)``) to one key in `_SEARCH_PASSES` passes over the vocabulary. Tokens tied at ``k0`` are
+    kept in id order while ``M(k0) + rank * q(k0) < top_p`` (rank: tied tokens of lower id), the sorted rule's ties."""
+    q = jnp.exp(z - lse)
+    key = _sortable_key(z)
+    lo, hi = jnp.min(key, axis=-1) - jnp.uint32(1), jnp.max(key, axis=-1)
+    ways = jnp.arange(1, _SEARCH_WAYS, dtype=jnp.uint32)
+    for _ in range(_SEARCH_PASSES):
+        step = jnp.maximum((hi - lo) // _SEARCH_WAYS, 1)
+        t = jnp.minimum(lo[:, None] + step[:, None] * ways, hi[:, None])
+        mass = _mass_above(q, key, t)
+        lo = jnp.max(jnp.where(mass >= top_p, t, lo[:, None]), axis=-1)
+        hi = jnp.min(jnp.where(mass < top_p, t, hi[:, None]), axis=-1)
+    above = _mass_above(q, key, hi[:, None])[:, 0]
+    tied = key == hi[:, None]
+    q0 = jnp.max(jnp.where(tied, q, 0.0), axis=-1)
+
+    def by_rank():  # exact tie order; a cumulative count over the vocabulary, so only when some row has a tie
+        rank = jnp.cumsum(tied, axis=-1, dtype=jnp.int32) - 1
+        return (key > hi[:, None]) | (tied & (above[:, None] + rank * q0[:, None] < top_p))
+
+    no_ties = jnp.all(jnp.sum(tied, axis=-1) <= 1)
+    return jax.lax.cond(no_ties, lambda: key >= hi[:, None], by_rank)
+
+
 def _nucleus_mask(z: jax.Array, top_p: jax.Array) -> jax.Array:
     """Boolean ``[N, V]`` mask of the nucleus of ``softmax(z)`` (ties in z: lower token id first).
 
-    Fast path: the nucleus is searched among the ``TOP_P_CANDIDATES`` largest logits (``lax.top_k``); it is exact
-    whenever their total mass reaches ``top_p`` in every row (the next token then has mass-before >= top_p). If
-    some row's nucleus is wider, a ``lax.cond`` takes the exact full-vocabulary stable sort instead. Both paths give
-    the same set, so the sample does not depend on which one ran (the noise is indexed by token id, see below).
+    Fast path: the nucleus is searched among the largest logits (``lax.top_k``; `TOP_P_CANDIDATES` on CPU,
+    `TOP_P_CANDIDATES_ACCELERATOR` elsewhere, where XLA:GPU's top-k kernel takes at most 16 and a larger ``k`` compiles
+    to a full sort of ``[rows, vocab]``); it is exact whenever their total mass reaches ``top_p`` in every row (the
+    next token then has mass-before >= top_p). If some row's nucleus is wider, a ``lax.cond`` takes the exact
+    fallback: a stable full-vocabulary sort on CPU, the sort-free threshold search `_nucleus_mask_search` elsewhere.
+    Every path gives the same set, so the sample does not depend on which one ran (the noise is indexed by token id,
+    see below).
     """
     n, vocab = z.shape
     lse = jax.nn.logsumexp(z, axis=-1, keepdims=True)
@@ -72,10 +120,15 @@ def _nucleus_mask(z: jax.Array, top_p: jax.Array) -> jax.Array:
         ids = jnp.argsort(-z, axis=-1, stable=True).astype(jnp.int32)
         return nucleus(jnp.take_along_axis(z, ids, axis=-1), ids)
 
-    cand = min(vocab, TOP_P_CANDIDATES)
-    z_c, ids_c = jax.lax.top_k(z, cand)  # descending, ties: lower index first
-    covered = jnp.all(jnp.sum(jnp.exp(z_c - lse), axis=-1) >= top_p)
-    return jax.lax.cond(covered, lambda: nucleus(z_c, ids_c), full_sort)
+    def candidates_then(cand: int, fallback):
+        z_c, ids_c = jax.lax.top_k(z, min(vocab, cand))  # descending, ties: lower index first
+        covered = jnp.all(jnp.sum(jnp.exp(z_c - lse), axis=-1) >= top_p)
+        return jax.lax.cond(covered, lambda: nucleus(z_c, ids_c), fallback)
+
+    return jax.lax.platform_dependent(
+        cpu=lambda: candidates_then(TOP_P_CANDIDATES, full_sort),
+        default=lambda: candidates_then(TOP_P_CANDIDATES_ACCELERATOR, lambda: _nucleus_mask_search(z, lse, top_p)),
+    )
 
 
 def truncated_logits(

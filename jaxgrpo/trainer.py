@@ -31,6 +31,8 @@ from jaxgrpo import run_dir as run_dir_lib
 from jaxgrpo import train_step as ts
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.models import lora
+from jaxgrpo.rollout import driver as rollout_driver
+from jaxgrpo.rollout.params import SamplingParams
 
 PERF_FILE = "perf.yaml"  # in the run directory: the perf switches as applied, and why any requested one is off
 
@@ -255,36 +257,63 @@ class Trainer:
 
     # -- one RL step -------------------------------------------------------------------------------------------
     def sample(self, indices: list[int], key: jax.Array) -> Rollout:
+        """One round: a group for each prompt of ``indices`` (the engine; the legacy sampler with a mesh or projection
+        reuse)."""
         r = self.cfg.rollout
         prompt_ids = [self.encoded[i] for i in indices]
-        examples = [self.examples[i] for i in indices]
-        comp = sampling.generate(  # the sampler reads compute-dtype weights, cast once per rollout
-            self.model_config, models.compute_params(self.model_config, self.state.params), prompt_ids,
-            num_samples=r.group_size,
-            max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-            eos_token_ids=self.eos_token_ids, key=key, mesh=self.mesh, record_projections=self.perf.reuse_projections)
-        projections, comp = comp.projections, comp.replace(projections=None)  # the record stays on the device
-        comp = jax.tree.map(to_host, comp)
-        tokens, mask = comp.tokens, comp.mask
-        ids = [t[m].tolist() for t, m in zip(tokens, mask)]
+        if not self.use_engine:
+            comp = sampling.generate(  # the sampler reads compute-dtype weights, cast once per rollout
+                self.model_config, models.compute_params(self.model_config, self.state.params), prompt_ids,
+                num_samples=r.group_size, max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                top_k=r.top_k, eos_token_ids=self.eos_token_ids, key=key, mesh=self.mesh,
+                record_projections=self.perf.reuse_projections)
+            projections, comp = comp.projections, comp.replace(projections=None)  # the record stays on the device
+            return self.score(indices, jax.tree.map(to_host, comp), projections)
+        groups, stats = self.drive(prompt_ids, key)
+        self.rollout_stats = stats.metrics()
+        return self.score(indices, rollout_driver.completions(groups, range(len(indices))))
+
+    @property
+    def use_engine(self) -> bool:
+        return self.mesh is None and not self.perf.reuse_projections
+
+    def drive(self, prompt_ids: list[list[int]], key: jax.Array, **kw: Any):
+        """The group driver (`jaxgrpo.rollout.driver`) over the current policy."""
+        r = self.cfg.rollout
+        sp = SamplingParams(r.max_new_tokens, r.group_size, r.temperature, r.top_p, r.top_k, self.eos_token_ids)
+        slots = None if r.engine == "static" else (r.slots or r.prompts_per_step)
+        return rollout_driver.run(self.model_config, models.compute_params(self.model_config, self.state.params),
+                                  prompt_ids, sp, key, slots=slots, block=r.decode_block,
+                                  prompt_width=self.prompt_width, **kw)  # fmt: skip
+
+    def score(self, indices: list[int], comp: sampling.Completions, projections: Any = None) -> Rollout:
+        """Rewards of host-side completions (prompt-major, G rows per prompt of ``indices``)."""
+        g = self.cfg.rollout.group_size
+        ids = [t[m].tolist() for t, m in zip(np.asarray(comp.tokens), np.asarray(comp.mask))]
         texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
-        row_examples = [e for e in examples for _ in range(r.group_size)]
-        rw, valid, _ = self.scorer(texts, row_examples, ids)
+        examples = [self.examples[i] for i in indices]
+        rw, valid, _ = self.scorer(texts, [e for e in examples for _ in range(g)], ids)
         if self.cfg.algo.overlong_buffer is not None:  # DAPO's soft overlong punishment, in tokens
-            rw = rw + objectives.overlong_penalty(np.asarray(mask).sum(-1), r.max_new_tokens,
+            rw = rw + objectives.overlong_penalty(np.asarray(comp.mask).sum(-1), self.cfg.rollout.max_new_tokens,
                                                   self.cfg.algo.overlong_buffer)
-        shape = (len(indices), r.group_size)
-        return Rollout(prompt_ids, examples, comp, texts, rw.reshape(shape), valid.reshape(shape), projections)
+        shape = (len(indices), g)
+        return Rollout([self.encoded[i] for i in indices], examples, comp, texts, rw.reshape(shape),
+                       valid.reshape(shape), projections)
 
     def rollout(self, step: int) -> tuple[Rollout, dict[str, float]]:
-        """Samples P groups; with degenerate_groups=resample, draws further rounds of P prompts until P informative
-        groups are held or `algo.resample_max_rounds` rounds are spent (DAPO's dynamic sampling, Yu et al. 2025,
-        arXiv:2503.14476). A shortfall is filled with degenerate groups in sampling order (the step masks them)."""
+        """Samples P groups; with degenerate_groups=resample, keeps drawing prompts until P informative groups are
+        held or `algo.resample_max_rounds` rounds of P prompts are spent (DAPO's dynamic sampling, Yu et al. 2025,
+        arXiv:2503.14476; with the engine at the group level: each group is scored as it completes and the next
+        prompt takes its slot). A shortfall is filled with degenerate groups (the step masks them)."""
         key = jax.random.fold_in(jax.random.fold_in(self.key, step), 0)
-        first = self.sample(self.iterator.next_batch(), key)
         a = self.cfg.algo
+        self.rollout_stats = {}
         if a.degenerate_groups != "resample":
-            return first, {"tokens/sampled": sampled_tokens([first])}
+            first = self.sample(self.iterator.next_batch(), key)
+            return first, {"tokens/sampled": sampled_tokens([first]), **self.rollout_stats}
+        if self.use_engine:
+            return self.stream_resample(key)
+        first = self.sample(self.iterator.next_batch(), key)
         want = len(first.prompt_ids)
         pool, informative, degenerate = [first], [], []
         while True:
@@ -298,13 +327,40 @@ class Trainer:
             pool.append(self.sample(self.iterator.next_batch(), jax.random.fold_in(key, len(pool))))
         kept = (informative + degenerate)[:want]
         sampled = sum(len(r.prompt_ids) for r in pool)
-        return merge_groups(pool, kept), {
-            "tokens/sampled": sampled_tokens(pool),
-            "resample/rounds": float(len(pool)),
-            "resample/discarded_groups": float(sampled - want),
-            "resample/degenerate_frac": len(degenerate) / sampled,
-            "resample/informative_frac": min(len(informative), want) / want,
-        }
+        return merge_groups(pool, kept), resample_metrics(len(pool), sampled, want, len(informative), len(degenerate),
+                                                          sampled_tokens(pool))  # fmt: skip
+
+    def stream_resample(self, key: jax.Array) -> tuple[Rollout, dict[str, float]]:
+        """Dynamic sampling at the group level: rounds of P prompts are drawn as slots free up; each completed group
+        is scored at once; the run stops when P informative groups are done (groups in flight are dropped)."""
+        a = self.cfg.algo
+        rounds = [self.iterator.next_batch()]
+        want = len(rounds[0])
+        done: list[tuple[int, Rollout, bool]] = []  # (prompt number, its one-group rollout, degenerate)
+
+        def more():
+            if len(rounds) >= a.resample_max_rounds:
+                return None
+            rounds.append(self.iterator.next_batch())
+            return [self.encoded[i] for i in rounds[-1]]
+
+        def on_group(p: int, grp) -> bool:
+            comp = sampling.Completions(grp.tokens, grp.logprobs, grp.mask, grp.mask.sum(-1, dtype=np.int32),
+                                        ~grp.eos, grp.entropy)  # fmt: skip
+            one = self.score([rounds[p // want][p % want]], comp)
+            deg = bool(np.asarray(degeneracy.degenerate_mask(one.rewards, one.valid, atol=a.degenerate_atol,
+                                                             rtol=a.degenerate_rtol))[0])  # fmt: skip
+            done.append((p, one, deg))
+            return sum(not d for _, _, d in done) >= want
+
+        _, stats = self.drive([self.encoded[i] for i in rounds[0]], key, on_group=on_group, more=more)
+        self.rollout_stats = stats.metrics()
+        informative = [one for _, one, d in done if not d]
+        degenerate = [one for _, one, d in done if d]
+        pool = informative + degenerate
+        kept = merge_groups(pool, [(i, 0) for i in range(min(want, len(pool)))])
+        return kept, {**resample_metrics(len(rounds), stats.admitted, want, len(informative), len(degenerate),
+                                         sampled_tokens(pool)), **self.rollout_stats}  # fmt: skip
 
     def step(self, step: int) -> dict[str, float]:
         t0 = time.perf_counter()
@@ -449,6 +505,18 @@ def check_prompt_count(cfg: config_lib.Config, num_examples: int) -> None:
         print(f"jaxgrpo: the data set has {num_examples} prompts, fewer than rollout.prompts_per_step × "
               f"algo.resample_max_rounds = {p * a.resample_max_rounds}: a step's later resampling rounds may draw "
               "prompts it already drew", file=sys.stderr)
+
+
+def resample_metrics(rounds: int, sampled: int, want: int, informative: int, degenerate: int,
+                     tokens: float) -> dict[str, float]:  # fmt: skip
+    """Dynamic sampling's metrics: rounds of P prompts drawn, groups sampled but not trained on, the fractions."""
+    return {
+        "tokens/sampled": tokens,
+        "resample/rounds": float(rounds),
+        "resample/discarded_groups": float(sampled - want),
+        "resample/degenerate_frac": degenerate / max(sampled, 1),
+        "resample/informative_frac": min(informative, want) / want,
+    }
 
 
 def sampled_tokens(rollouts: list[Rollout]) -> float:

@@ -19,6 +19,7 @@ import scipy.stats
 from multihost import run_two_processes
 
 from jaxgrpo import models, padding, sampling, sharding, token_sampling
+from jaxgrpo.rollout import engine
 
 # ----------------------------------------------------------------------------------------------------------------------
 # helpers
@@ -288,12 +289,12 @@ def test_eos_mask_lengths_truncated(tiny):
 
 
 def test_jit_cache_is_bounded_over_varying_prompts(tiny):
-    """Prefill compiles once per (prompt bucket, packed-width bucket, batch bucket), decode once per (prompt bucket,
-    batch bucket): 14 calls (10 different prompt-length pairs, then 1-4 prompts) compile a handful of programs, and
-    calling again with new prompts of the same buckets compiles nothing."""
+    """The engine's prefill compiles once per (prompt bucket, packed-width bucket, batch bucket), its decode block
+    once per (prompt bucket, batch bucket): 14 calls (10 different prompt-length pairs, then 1-4 prompts) compile a
+    handful of programs, and calling again with new prompts of the same buckets compiles nothing."""
     config, params = tiny
     config = dataclasses.replace(config, max_position_embeddings=config.max_position_embeddings + 1)  # fresh jit key
-    prefill0, decode0 = sampling._prefill._cache_size(), sampling._decode._cache_size()
+    prefill0, decode0 = engine.prefill._cache_size(), engine.decode_block._cache_size()
     rng = np.random.default_rng(0)
     calls = [(length, max(1, length // 2)) for length in range(1, 21, 2)] + [(3,) * n for n in (1, 2, 3, 4)]
     prefill_keys, decode_keys = set(), set()
@@ -306,13 +307,13 @@ def test_jit_cache_is_bounded_over_varying_prompts(tiny):
         prefill_keys.add((tp, padding.prompt_bucket(sum(lengths) + pb - len(lengths)), pb))
         decode_keys.add((tp, pb))
     assert len(prefill_keys) <= 6 and len(decode_keys) <= 4  # 14 calls, few buckets
-    assert sampling._prefill._cache_size() - prefill0 == len(prefill_keys)
-    assert sampling._decode._cache_size() - decode0 == len(decode_keys)
+    assert engine.prefill._cache_size() - prefill0 == len(prefill_keys)
+    assert engine.decode_block._cache_size() - decode0 == len(decode_keys)
     for lengths in calls:  # new prompts, same buckets: nothing recompiles
         prompts = [list(rng.integers(1, 60, size=n)) for n in lengths]
         sampling.generate(config, params, prompts, max_new_tokens=3, key=jax.random.key(1))
-    assert sampling._prefill._cache_size() - prefill0 == len(prefill_keys)
-    assert sampling._decode._cache_size() - decode0 == len(decode_keys)
+    assert engine.prefill._cache_size() - prefill0 == len(prefill_keys)
+    assert engine.decode_block._cache_size() - decode0 == len(decode_keys)
 
 
 def test_sharded_equals_unsharded(tiny):

@@ -40,7 +40,9 @@ REQUIRED_METRICS = [
 
 # Metrics that are a deterministic function of (config, seed, step): everything but wall-clock timings.
 def deterministic(rec: dict) -> dict:
-    return {k: v for k, v in rec.items() if not k.startswith(("time/", "throughput/"))}
+    # rollout/: the engine's scheduling counters (absent on the previous sampler's path, which perf.reuse_projections
+    # and a mesh take) and its tokens/s
+    return {k: v for k, v in rec.items() if not k.startswith(("time/", "throughput/", "rollout/"))}
 
 
 def small_config(*extra: str) -> config_lib.Config:
@@ -352,6 +354,7 @@ def _fake_rollout(rewards: np.ndarray, tag: int) -> trainer.Rollout:
 
 def test_dynamic_sampling_keeps_informative_groups_until_full(tmp_path, monkeypatch):
     tr = trainer.Trainer(small_config("algo.degenerate_groups=resample", "algo.resample_max_rounds=5"), tmp_path)
+    monkeypatch.setattr(trainer.Trainer, "use_engine", False)  # round-level resampling (the engine's: test_engine_*)
     flat, mixed = [0, 0, 0, 0], [1, 0, 0, 0]
     rounds = [  # 8 prompts per round; informative groups: 2, then 3, then 4 (only 3 of them needed)
         np.array([mixed, flat, flat, mixed, flat, flat, flat, flat]),
@@ -380,6 +383,7 @@ def test_dynamic_sampling_keeps_informative_groups_until_full(tmp_path, monkeypa
 
 def test_dynamic_sampling_round_limit_fills_with_degenerate_groups(tmp_path, monkeypatch):
     tr = trainer.Trainer(small_config("algo.degenerate_groups=resample", "algo.resample_max_rounds=2"), tmp_path)
+    monkeypatch.setattr(trainer.Trainer, "use_engine", False)  # round-level resampling (the engine's: test_engine_*)
     flat, mixed = [1, 1, 1, 1], [1, 0, 1, 0]
     rounds = [np.array([mixed] + [flat] * 7), np.array([flat, mixed] + [flat] * 6)]
     monkeypatch.setattr(tr, "sample", lambda indices, key: _fake_rollout(rounds.pop(0), 2 - len(rounds)))

@@ -35,10 +35,20 @@ import jax.numpy as jnp
 
 from jaxgrpo import padding
 from jaxgrpo.models import attention
-from jaxgrpo.models.attention import KVCache
+from jaxgrpo.models.attention import _NEG, KVCache
 from jaxgrpo.models.config import ModelConfig
-from jaxgrpo.models.layers import Stream, check_tokens, embed, final_norm, rope_tables, run_layers
-from jaxgrpo.models.params import Params
+from jaxgrpo.models.layers import (
+    Stream,
+    apply_rope,
+    check_tokens,
+    decoder_layer,
+    embed,
+    final_norm,
+    rms_norm,
+    rope_tables,
+    run_layers,
+)
+from jaxgrpo.models.params import Params, lm_head
 
 
 def init_decode_cache(config: ModelConfig, rows: int, slots: int, dtype: Any = None) -> KVCache:
@@ -160,3 +170,126 @@ def forward_with_prefix_cache(
     (x,), cache, _, (rec,) = run_layers(config, params, [stream], state=cache, layer_inputs=tuple(prefix), remat="none")
     hidden = final_norm(config, params, x)
     return (hidden, cache, rec) if record else (hidden, cache)
+
+
+# ------------------------------------------------------------------------------------------ the engine's decode step
+# The rollout engine (`jaxgrpo.rollout.engine`) decodes one token per row with per-layer buffers: the layer loop is
+# unrolled in Python over a list of per-layer weights (q|k|v and gate|up concatenated once per rollout by
+# `decode_weights`) and per-layer caches, so no step slices a stacked weight or cache out of a scan carry (the copy
+# XLA makes of each layer's weights and cache when a scan over stacked layers runs inside the decode loop).
+
+DecodeWeights = dict[str, Any]
+
+
+def decode_weights(config: ModelConfig, params: Params) -> DecodeWeights:
+    """The parameters re-laid out for `decode_step`, in the compute dtype, once per rollout: ``layers`` a list of L
+    per-layer dicts with ``qkv [D, (N + 2K) H]`` and ``gate_up [D, 2F]`` concatenated, ``o [N H, D]``, ``down``, the
+    norms and biases; plus ``embed``, ``final_norm`` and ``lm_head [D, V]``. With unmerged LoRA adapters (a
+    low-precision compute dtype, `models.compute_params`) the per-layer dicts keep the original projections and their
+    adapters instead (`layers.decoder_layer` runs them)."""
+    dt = jnp.dtype(config.dtype)
+    cast = lambda x: x if x.dtype == dt else x.astype(dt)  # noqa: E731
+    stacked = params["layers"]
+    layers = []
+    for i in range(config.num_layers):
+        lp = jax.tree.map(lambda x, i=i: x[i], stacked)
+        if "lora" in lp:
+            layers.append({k: (v if k == "lora" else jax.tree.map(cast, v)) for k, v in lp.items()})
+            continue
+        w = {k: cast(lp[k]) for k in lp if k not in ("q", "k", "v", "o", "gate", "up")}
+        w["qkv"] = jnp.concatenate([cast(lp[k]).reshape(config.hidden_size, -1) for k in "qkv"], axis=1)
+        w["gate_up"] = jnp.concatenate([cast(lp["gate"]), cast(lp["up"])], axis=1)
+        w["o"] = cast(lp["o"]).reshape(-1, config.hidden_size)
+        layers.append(w)
+    return {"layers": layers, "embed": cast(params["embed"]), "final_norm": params["final_norm"],
+            "lm_head": lm_head(config, params)}  # fmt: skip
+
+
+def _fused_layer(config: ModelConfig, w: Params, x_BTD: jax.Array, rope, attend) -> jax.Array:
+    """`layers.decoder_layer`'s math on `decode_weights`' fused per-layer weights (one q|k|v and one gate|up
+    product)."""
+    c, eps = config, config.rms_norm_eps
+    B, T = x_BTD.shape[:2]
+    N, K, H = c.num_heads, c.num_kv_heads, c.head_dim
+    h = rms_norm(x_BTD, w["attn_norm"], eps)
+    qkv = jnp.einsum("btd,de->bte", h, w["qkv"])
+    q, k, v = jnp.split(qkv, [N * H, (N + K) * H], axis=-1)
+    q, k, v = q.reshape(B, T, N, H), k.reshape(B, T, K, H), v.reshape(B, T, K, H)
+    if c.qkv_bias:
+        q, k, v = q + w["q_bias"].astype(q.dtype), k + w["k_bias"].astype(q.dtype), v + w["v_bias"].astype(q.dtype)
+    if c.qk_norm:
+        q, k = rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)
+    q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    a, _ = attend(q.reshape(B, T, K, c.heads_per_kv, H), k, v)
+    x_BTD = x_BTD + jnp.einsum("bte,ed->btd", a.reshape(B, T, N * H), w["o"])
+    gu = jnp.einsum("btd,df->btf", rms_norm(x_BTD, w["mlp_norm"], eps), w["gate_up"])
+    gate, up = jnp.split(gu, 2, axis=-1)
+    return x_BTD + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w["down"])
+
+
+def attend_decode(q_BKRH: jax.Array, kp_PKSH: jax.Array, vp_PKHS: jax.Array, prefix_mask_PS: jax.Array,
+                  ko_BKMH: jax.Array, vo_BKHM: jax.Array, mask_BM: jax.Array) -> jax.Array:
+    """One query per row: `attention.attend_shared_prefix` with ``T = 1``, laid out for decode. The own-key products
+    take the rows and kv heads as batch axes in the caches' own order (``[B, K, M, H]`` and ``[B, K, H, M]``, each
+    contracting its minor axis), so no cache is transposed; only the small score and output tensors are. One softmax
+    over both key sets (joint max, masked scores ``-1e30``, a row with no visible key gets 0)."""
+    B, K, R, H = q_BKRH.shape
+    P = prefix_mask_PS.shape[0]
+    G = B // P
+    scale = H**-0.5
+    sp = jnp.einsum("pgkrh,pksh->pkgrs", q_BKRH.reshape(P, G, K, R, H), kp_PKSH,
+                    preferred_element_type=jnp.float32) * scale  # fmt: skip
+    so = jnp.einsum("bkrh,bkmh->bkrm", q_BKRH, ko_BKMH, preferred_element_type=jnp.float32) * scale
+    mp = prefix_mask_PS.astype(bool)[:, None, None, None, :]
+    mo = mask_BM.astype(bool)[:, None, None, :]
+    sp, so = jnp.where(mp, sp, _NEG), jnp.where(mo, so, _NEG)
+    mp_BKR = jnp.max(sp, axis=-1).transpose(0, 2, 1, 3).reshape(B, K, R)
+    m_BKR = jnp.maximum(mp_BKR, jnp.max(so, axis=-1))
+    m_PKGR = m_BKR.reshape(P, G, K, R).transpose(0, 2, 1, 3)
+    ep, eo = jnp.exp(sp - m_PKGR[..., None]), jnp.exp(so - m_BKR[..., None])
+    total = jnp.sum(ep, axis=-1).transpose(0, 2, 1, 3).reshape(B, K, R) + jnp.sum(eo, axis=-1)
+    visible = jnp.any(mp, axis=-1).reshape(P, 1, 1, 1) | jnp.any(mo, axis=-1).reshape(P, G, 1, 1)
+    inv_BKR = jnp.where(visible.reshape(B, 1, 1), 1.0 / total, 0.0)
+    inv_PKGR = inv_BKR.reshape(P, G, K, R).transpose(0, 2, 1, 3)
+    out_p = jnp.einsum("pkgrs,pkhs->pkgrh", (ep * inv_PKGR[..., None]).astype(vp_PKHS.dtype), vp_PKHS)
+    out_o = jnp.einsum("bkrm,bkhm->bkrh", (eo * inv_BKR[..., None]).astype(vo_BKHM.dtype), vo_BKHM)
+    return out_p.transpose(0, 2, 1, 3, 4).reshape(B, K, R, H) + out_o
+
+
+def decode_step(
+    config: ModelConfig,
+    weights: DecodeWeights,
+    tokens_B: jax.Array,
+    positions_B: jax.Array,
+    prefix: list[KVCache],
+    prefix_mask: jax.Array,
+    cache: list[KVCache],
+    slot: jax.Array,
+    mask_BM: jax.Array,
+) -> tuple[jax.Array, list[KVCache]]:
+    """One token per row: row ``b`` (of ``B = S * G``, slot-major: row ``b`` reads prefix slot ``b // G``) feeds
+    ``tokens_B[b]`` at RoPE position ``positions_B[b]``, writes its key/value at decode slot ``slot`` (one slot for
+    every row: an in-place `lax.dynamic_update_slice`) and attends to its prompt's prefix (``prefix`` per layer
+    ``k [S, K, Tp, H]``, ``v [S, K, H, Tp]``, masked by ``prefix_mask [S, Tp]``) and to its decode slots where
+    ``mask_BM`` (which must include ``slot``; ``cache`` per layer ``k [B, K, M, H]``, ``v [B, K, H, M]``). Keys carry
+    their RoPE position, so the order of the slots does not matter: the engine writes them as a ring. Returns the
+    final-normed hidden state ``[B, D]`` and the cache (donate it when jitting)."""
+    x = embed(config, weights, tokens_B[:, None])
+    rope = rope_tables(config, positions_B[:, None])
+    zero = jnp.zeros((), jnp.int32)
+    new_cache = []
+    for w, (kp, vp), (ck, cv) in zip(weights["layers"], prefix, cache):
+
+        def attend(q, k, v, ck=ck, cv=cv, kp=kp, vp=vp):
+            ck = jax.lax.dynamic_update_slice(ck, k.transpose(0, 2, 1, 3).astype(ck.dtype), (zero, zero, slot, zero))
+            cv = jax.lax.dynamic_update_slice(cv, v.transpose(0, 2, 3, 1).astype(cv.dtype), (zero, zero, zero, slot))
+            new_cache.append(KVCache(ck, cv))
+            a = attend_decode(q[:, 0], kp.astype(q.dtype), vp.astype(q.dtype), prefix_mask, ck.astype(q.dtype),
+                              cv.astype(q.dtype), mask_BM)  # fmt: skip
+            return a[:, None], None
+
+        if "lora" in w:
+            x, _, _ = decoder_layer(config, w, x, rope, attend, explicit=False)
+        else:
+            x = _fused_layer(config, w, x, rope, attend)
+    return final_norm(config, weights, x[:, 0]), new_cache

@@ -1,0 +1,213 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""The rollout engine: group slots, a jitted `prefill` into them and a jitted `decode_block` of k token steps.
+
+Layout: ``S`` group slots of ``G`` rows each, ``B = S * G`` rows slot-major (row ``b`` belongs to slot ``b // G``).
+Slot ``s`` holds one prompt: its keys/values in the prefix cache (per layer ``k [S, K, Tp, H]``, ``v [S, K, H, Tp]``,
+written once by `prefill`, read by its G rows), and each row its own decode cache (per layer ``k [B, K, Mc, H]``,
+``v [B, K, H, Mc]``, ``Mc`` = ``M - 1`` rounded up to a multiple of 128). Every row carries its own step count, so
+rows admitted at different times share one batch: at step ``i`` (it has generated tokens ``0 .. i-1``) a row feeds
+token ``i - 1`` at RoPE position ``len(prompt) + i - 1``, writes its key/value at decode slot ``i - 1``, attends to its
+prompt and its decode slots ``0 .. i-1`` (`models.decode.decode_step`) and samples token ``i``.
+
+`prefill(prompts -> slots)` encodes the prompts (`models.prefill`, packed end to end), writes their prefix, samples
+each row's token 0 from its prompt's last logits and resets the rows' state. `decode_block` runs ``k`` steps in a
+`lax.fori_loop` with the cache and the state donated (updated in place); the host tests for the end once per block
+(`DecodeState.done`), not once per token. Finished rows keep running masked until their slot is refilled.
+
+Randomness: the row answering prompt ``p`` with sample ``g`` draws token ``i`` with
+``fold_in(fold_in(key, p * G + g), i)``: per (prompt index, sample, step), so a completion does not depend on its slot,
+on when it was admitted, on the batch padding or on the mode (static or continuous). These are the keys
+`sampling.generate` used before the engine (row ``r = p * G + g``), so static mode reproduces its samples.
+
+Sampling distribution: `jaxgrpo.token_sampling` (temperature, then top-k, then top-p, renormalised); the recorded
+log-probs are of that truncated distribution (see `jaxgrpo.rollout.record`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgrpo import models
+from jaxgrpo.models.attention import KVCache
+from jaxgrpo.models.decode import DecodeWeights, decode_step, decode_weights
+from jaxgrpo.rollout.params import SamplingParams
+from jaxgrpo.token_sampling import sample_from_logits
+
+CACHE_MULTIPLE = 128  # decode cache width granularity (no odd widths for the matmul libraries to pad)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """Static shape and sampling settings of one engine (hashable: the jitted functions compile once per Spec)."""
+
+    slots: int  # S
+    num_samples: int  # G
+    max_new_tokens: int  # M
+    prompt_width: int  # Tp
+    block: int  # k, decode steps per block
+    greedy: bool
+    top_k: int
+    use_top_p: bool
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def rows(self) -> int:
+        return self.slots * self.num_samples
+
+    @property
+    def cache_width(self) -> int:
+        return -(-max(self.max_new_tokens - 1, 1) // CACHE_MULTIPLE) * CACHE_MULTIPLE
+
+
+def make_spec(config: models.ModelConfig, sp: SamplingParams, slots: int, prompt_width: int, block: int) -> Spec:
+    use_top_k = int(sp.top_k) if (not sp.greedy and sp.top_k < config.vocab_size) else 0  # k >= V truncates nothing
+    return Spec(slots, sp.num_samples, sp.max_new_tokens, prompt_width, block, sp.greedy, use_top_k,
+                (not sp.greedy) and sp.top_p < 1.0, sp.eos_token_ids)  # fmt: skip
+
+
+@flax.struct.dataclass
+class DecodeState:
+    """Per-row decode state, ``B`` rows (slot-major). ``step``: tokens generated so far; ``last``: the last of them;
+    ``done``: finished (EOS, ``M`` tokens, or an empty slot); ``eos``: ended with an EOS id; ``length``: the prompt's
+    length; ``row_key``: the row's PRNG key; ``tokens``/``logprobs``/``entropy``/``mask`` ``[B, M]`` the outputs;
+    ``active_steps``: row-steps run on unfinished rows (for the slot utilization); ``clock``: decode steps run;
+    ``start``: the clock at the row's admission (the ring slot of its first decode key)."""
+
+    step: jax.Array
+    last: jax.Array
+    done: jax.Array
+    eos: jax.Array
+    length: jax.Array
+    row_key: jax.Array
+    tokens: jax.Array
+    logprobs: jax.Array
+    entropy: jax.Array
+    mask: jax.Array
+    active_steps: jax.Array
+    clock: jax.Array
+    start: jax.Array
+
+
+@flax.struct.dataclass
+class Caches:
+    """The prefix cache (per layer, S slots), its mask ``[S, Tp]`` and the decode cache (per layer, B rows)."""
+
+    prefix: list[KVCache]
+    prefix_mask: jax.Array
+    decode: list[KVCache]
+
+
+def init(config: models.ModelConfig, spec: Spec) -> tuple[Caches, DecodeState]:
+    """Empty slots: zero caches, every row done."""
+    L, K, H, dt = config.num_layers, config.num_kv_heads, config.head_dim, jnp.dtype(config.dtype)
+    S, B, Tp, Mc, M = spec.slots, spec.rows, spec.prompt_width, spec.cache_width, spec.max_new_tokens
+    prefix = [KVCache(jnp.zeros((S, K, Tp, H), dt), jnp.zeros((S, K, H, Tp), dt)) for _ in range(L)]
+    decode = [KVCache(jnp.zeros((B, K, Mc, H), dt), jnp.zeros((B, K, H, Mc), dt)) for _ in range(L)]
+    caches = Caches(prefix, jnp.zeros((S, Tp), bool).at[:, -1].set(True), decode)
+    zeros = lambda shape, dt: jnp.zeros(shape, dt)  # noqa: E731  (distinct buffers: every leaf is donated)
+    state = DecodeState(zeros(B, jnp.int32), zeros(B, jnp.int32), jnp.ones(B, bool), zeros(B, bool),
+                        jnp.ones(B, jnp.int32), jax.random.split(jax.random.key(0), B), zeros((B, M), jnp.int32),
+                        zeros((B, M), jnp.float32), zeros((B, M), jnp.float32),
+                        jnp.zeros((B, M), bool), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
+                        zeros(B, jnp.int32))  # fmt: skip
+    return caches, state
+
+
+def _sample(spec: Spec, keys, logits, temperature, top_p):
+    return sample_from_logits(keys, logits, temperature, greedy=spec.greedy, top_k=spec.top_k,
+                              top_p=top_p if spec.use_top_p else None, return_entropy=True)  # fmt: skip
+
+
+def _is_eos(spec: Spec, tokens: jax.Array) -> jax.Array:
+    if not spec.eos_token_ids:
+        return jnp.zeros(tokens.shape, bool)
+    return jnp.isin(tokens, jnp.asarray(spec.eos_token_ids, jnp.int32))
+
+
+def _logits(weights: DecodeWeights, hidden_BD: jax.Array) -> jax.Array:
+    """The LM head as one einsum, accumulated in float32."""
+    return jnp.einsum("bd,dv->bv", hidden_BD, weights["lm_head"], preferred_element_type=jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "spec", "packed_width"), donate_argnames=("caches", "state"))
+def prefill(config, spec: Spec, packed_width: int, params, weights: DecodeWeights, caches: Caches,
+            state: DecodeState, prompt_AxT, mask_AxT, slot_A, prompt_id_A, key, temperature, top_p):
+    """Admit ``A`` prompts (left-padded ``[A, Tp]``) into slots ``slot_A`` (``S`` = a padding prompt, dropped) as
+    prompts ``prompt_id_A`` (their global index, for the keys): write their prefix, sample token 0 of their G rows
+    and reset those rows' state. ``params``: compute-dtype params (`models.prefill`); ``weights``: `decode_weights`."""
+    G, M = spec.num_samples, spec.max_new_tokens
+    A = prompt_AxT.shape[0]
+    last_AxD, kv = models.prefill(config, params, prompt_AxT, mask_AxT, packed_width=packed_width)
+    prefix = [KVCache(pk.at[slot_A].set(kv.k[i].astype(pk.dtype), mode="drop"),
+                      pv.at[slot_A].set(kv.v[i].astype(pv.dtype), mode="drop"))
+              for i, (pk, pv) in enumerate(caches.prefix)]  # fmt: skip
+    prefix_mask = caches.prefix_mask.at[slot_A].set(mask_AxT, mode="drop")
+    logits = jnp.repeat(_logits(weights, last_AxD), G, axis=0)
+    sample_ids = (prompt_id_A[:, None] * G + jnp.arange(G)[None, :]).reshape(-1).astype(jnp.uint32)
+    row_key = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, sample_ids)
+    step_key = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_key, jnp.uint32(0))
+    tok, logp, ent = _sample(spec, step_key, logits, temperature, top_p)
+    rows = (slot_A[:, None] * G + jnp.arange(G)[None, :]).reshape(-1)  # slot S -> row >= B: dropped
+    eos = _is_eos(spec, tok)
+    col0 = lambda x, dt: jnp.zeros((A * G, M), dt).at[:, 0].set(x)  # noqa: E731
+    lengths = jnp.repeat(jnp.sum(mask_AxT, axis=-1, dtype=jnp.int32), G)
+    upd = dict(step=jnp.ones_like(tok), last=tok, done=eos | (M <= 1), eos=eos, length=lengths, row_key=row_key,
+               tokens=col0(tok, jnp.int32), logprobs=col0(logp, jnp.float32), entropy=col0(ent, jnp.float32),
+               mask=col0(True, bool), start=jnp.full(A * G, state.clock))  # fmt: skip
+    state = state.replace(**{k: getattr(state, k).at[rows].set(v, mode="drop") for k, v in upd.items()})
+    return Caches(prefix, prefix_mask, caches.decode), state
+
+
+def _decode_one(config, spec: Spec, weights, caches: Caches, st: DecodeState, temperature, top_p):
+    """One token step for every row (finished rows run masked: their outputs are not written)."""
+    B, M = spec.rows, spec.max_new_tokens
+    active = ~st.done
+    # the decode cache is a ring written at one slot per step for every row (clock mod Mc); a row admitted at clock
+    # c0 has written slots c0 .. clock (mod Mc), at most M - 1 < Mc of them, so it never overwrites its own keys
+    mc = spec.cache_width
+    age_B = st.clock - st.start
+    mask_BM = jnp.mod(jnp.arange(mc, dtype=jnp.int32)[None, :] - st.start[:, None], mc) <= age_B[:, None]
+    hidden, cache = decode_step(config, weights, st.last, st.length + st.step - 1, caches.prefix,
+                                caches.prefix_mask, caches.decode, jnp.mod(st.clock, mc), mask_BM)  # fmt: skip
+    keys = jax.vmap(jax.random.fold_in)(st.row_key, st.step.astype(jnp.uint32))
+    tok, logp, ent = _sample(spec, keys, _logits(weights, hidden), temperature, top_p)
+    rows = jnp.arange(B)
+    col = jnp.where(active, st.step, M)  # out of range for finished rows: the write is dropped
+    put = lambda buf, v: buf.at[rows, col].set(v, mode="drop")  # noqa: E731
+    eos = active & _is_eos(spec, tok)
+    step = st.step + active.astype(jnp.int32)
+    st = st.replace(step=step, last=jnp.where(active, tok, st.last), done=st.done | eos | (step >= M),
+                    eos=st.eos | eos, tokens=put(st.tokens, tok), logprobs=put(st.logprobs, logp),
+                    entropy=put(st.entropy, ent), mask=put(st.mask, True),
+                    active_steps=st.active_steps + jnp.sum(active, dtype=jnp.int32), clock=st.clock + 1)  # fmt: skip
+    return Caches(caches.prefix, caches.prefix_mask, cache), st
+
+
+@functools.partial(jax.jit, static_argnames=("config", "spec"), donate_argnames=("caches", "state"))
+def decode_block(config, spec: Spec, weights: DecodeWeights, caches: Caches, state: DecodeState, temperature,
+                 top_p) -> tuple[Caches, DecodeState]:
+    """``spec.block`` token steps (a `lax.fori_loop`; cache and state donated, updated in place)."""
+
+    def body(_, carry):
+        return _decode_one(config, spec, weights, *carry, temperature, top_p)
+
+    return jax.lax.fori_loop(0, spec.block, body, (caches, state))
+
+
+prepare_weights = jax.jit(decode_weights, static_argnums=0)
+
+
+def left_pad(prompts: list[Any], width: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` prompts left-padded to ``width`` (a missing prompt is one dummy token, never sampled from)."""
+    tok, mask = np.zeros((rows, width), np.int32), np.zeros((rows, width), bool)
+    for i in range(rows):
+        p = np.asarray(prompts[i], np.int32) if i < len(prompts) else np.zeros(1, np.int32)
+        tok[i, width - len(p):], mask[i, width - len(p):] = p, True
+    return tok, mask

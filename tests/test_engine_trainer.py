@@ -1,0 +1,44 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""The trainer on the rollout engine: dynamic sampling streamed at the group level (each group scored as it
+completes, admission stops at P informative groups), against a hand-counted schedule."""
+
+from __future__ import annotations
+
+import numpy as np
+from test_train import small_config
+
+from jaxgrpo import trainer
+
+
+def test_streamed_resampling_stops_at_p_informative_groups(tmp_path, monkeypatch):
+    cfg = small_config("algo.degenerate_groups=resample", "algo.resample_max_rounds=5", "rollout.engine=continuous",
+                       "rollout.slots=2")  # fmt: skip
+    tr = trainer.Trainer(cfg, tmp_path)
+    assert tr.use_engine
+    real_score, scored = tr.score, []
+
+    def score(indices, comp, projections=None):  # group c (in completion order) is informative iff c % 3 == 0
+        roll = real_score(indices, comp, projections)
+        roll.rewards[:] = 0.0
+        roll.rewards[0, 0] = float(len(scored) % 3 == 0)
+        scored.append((list(indices), np.asarray(comp.tokens).copy(), int(np.asarray(comp.mask).sum())))
+        return roll
+
+    monkeypatch.setattr(tr, "score", score)
+    roll, extra = tr.rollout(0)
+    # M = 2 < decode_block: both slots' groups end within the block after their admission, so groups complete in
+    # admission order, two at a time;
+    # the 8th informative group is number 21, so 22 groups were admitted (rounds of 8 prompts: 3 drawn)
+    assert len(scored) == 22
+    assert extra["resample/rounds"] == 3.0
+    assert extra["resample/discarded_groups"] == 22 - 8
+    assert extra["resample/degenerate_frac"] == (22 - 8) / 22
+    assert extra["resample/informative_frac"] == 1.0
+    assert extra["tokens/sampled"] == float(sum(n for _, _, n in scored))  # every completed group's tokens
+    assert roll.rewards.shape == (8, 4) and (roll.rewards[:, 0] == 1).all()
+    picked = [scored[c] for c in range(0, 22, 3)]
+    assert roll.prompt_ids == [tr.encoded[ix[0]] for ix, _, _ in picked]
+    np.testing.assert_array_equal(np.asarray(roll.completions.tokens), np.concatenate([t for _, t, _ in picked]))
+    for k in ("rollout/slot_utilization", "rollout/decode_steps", "rollout/prefill_tokens_per_s",
+              "rollout/decode_tokens_per_s"):  # fmt: skip
+        assert extra[k] > 0
