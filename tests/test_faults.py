@@ -319,10 +319,10 @@ def test_exports_travel(tmp_path):
     """A 1-step LoRA run's exports: files with the user's umask (not safetensors' 0600), a tokenizer_config.json
     class that transformers 4.x and 5.x both have, loaded here by the installed transformers (same ids as the run's
     tokenizer), and a PEFT adapter whose base AutoPeftModel resolves by itself, giving the merged export's logits."""
-    torch = pytest.importorskip("torch")
-    peft = pytest.importorskip("peft")
     import json
 
+    import peft
+    import torch
     import transformers
 
     old = os.umask(0o027)

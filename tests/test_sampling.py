@@ -386,8 +386,8 @@ def test_bad_input_raises(tiny, prompts, kwargs, match):
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_gguf):
-    transformers = pytest.importorskip("transformers")
-    torch = pytest.importorskip("torch")
+    import torch
+    import transformers
     config, params = models.load_pretrained(str(smollm2_gguf), dtype="float32")
     tok = transformers.AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
     hf = transformers.AutoModelForCausalLM.from_pretrained(
