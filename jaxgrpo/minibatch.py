@@ -107,7 +107,7 @@ class StepParts:
         algo, S = self.algo, self.splits
         Pn, G = batch.rewards.shape
 
-        def local(rewards, valid, completion_mask):
+        def local(rewards, valid, completion_mask, action_mask):
             p_local = rewards.shape[0]
             adv_PG = advantages_lib.compute(algo.estimator, rewards, valid, axis_name=self.axis_name, **self.est_args)
             diag = degeneracy.diagnostics(
@@ -116,7 +116,7 @@ class StepParts:
             degenerate_P = degeneracy.degenerate_mask(
                 rewards, valid, atol=algo.degenerate_atol, rtol=algo.degenerate_rtol
             )
-            token_mask = completion_mask & valid.reshape(-1)[:, None]
+            token_mask = completion_mask & action_mask & valid.reshape(-1)[:, None]  # tool tokens are context
             keep_B = jnp.ones((p_local * G,), bool)
             if self.drop_degenerate:
                 keep_B = jnp.repeat(~degenerate_P, G)
@@ -131,9 +131,11 @@ class StepParts:
             return adv_PG.astype(jnp.float32), token_mask, loss_mask, tok_S, seq_S, dropped, diag
 
         rows = PartitionSpec(BATCH_AXES)
-        fn = self._shard_map(local, in_specs=(rows, rows, rows), out_specs=(rows, rows, rows, *[PartitionSpec()] * 4))
+        fn = self._shard_map(local, in_specs=(rows,) * 4, out_specs=(rows, rows, rows, *[PartitionSpec()] * 4))
+        completion_mask = batch.completion_mask.astype(bool)
+        action_mask = completion_mask if batch.action_mask is None else batch.action_mask.astype(bool)
         adv, token_mask, loss_mask, tok_S, seq_S, dropped, diag = fn(
-            batch.rewards.astype(jnp.float32), batch.valid.astype(bool), batch.completion_mask.astype(bool)
+            batch.rewards.astype(jnp.float32), batch.valid.astype(bool), completion_mask, action_mask
         )
         return dict(
             advantages=adv, token_mask=token_mask, loss_mask=loss_mask, tok=tok_S, seq=seq_S, dropped=dropped, diag=diag
