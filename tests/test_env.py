@@ -205,3 +205,18 @@ def test_reset_must_return_text_or_none():
 
     with pytest.raises(ConfigError, match="Bad.reset returned int"):
         E.Toolbox(Bad).episodes([{}])
+
+
+def test_readme_ten_line_environment_runs():
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).parents[1] / "README.md").read_text()
+    section = readme.split("## Environments and tools", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 -- the project's own README example
+    (ep,) = E.Toolbox(namespace["Counter"]).episodes([Example(prompt="Count to 5.", answer="5")])
+    assert ep.observation == "The counter is at 0."
+    out = ToolRunner(workers=0, timeout=None).run([[ToolCall("add", {"n": 2}), ToolCall("add", {"n": 3})]], [ep.tools])
+    assert [r.content for r in out[0]] == ["2", "5"] and ep.reward() == 1.0
