@@ -202,3 +202,19 @@ def test_runner_truncates_long_replies_and_rejects_bad_timeout():
     assert r.content.startswith("x" * 10 + "... [truncated 90")
     with pytest.raises(ConfigError, match="tool_timeout"):
         T.ToolRunner(timeout=0)
+
+
+@pytest.mark.parametrize(
+    "expression,value",
+    [("12*7", "84"), ("(12 + 7) * 3", "57"), ("7 / 2", "3.5"), ("8 / 2", "4"), ("-3 ** 2", "-9"), ("17 // 5", "3"),
+     ("17 % 5", "2"), ("2 ** 10", "1024")],
+)
+def test_calculator_closed_form(expression, value):
+    assert T.calculator(expression) == value
+
+
+@pytest.mark.parametrize("expression", ["__import__('os')", "x + 1", "2 ** 1000", "1 / 0", "'a' * 3", "1 +"])
+def test_calculator_rejects_everything_else_as_a_tool_error(expression):
+    (r,), = T.ToolRunner(workers=0, timeout=None).run([[ToolCall("calculator", {"expression": expression})]],
+                                                      [{"calculator": T.calculator}])  # fmt: skip
+    assert r.error and r.content.startswith("Error: calculator raised")

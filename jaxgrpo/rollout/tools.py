@@ -18,13 +18,18 @@ A call that cannot be parsed or run is never an exception: it becomes a `Malform
 it (and unknown tools, bad arguments, a tool that raises, times out, or returns something that is not text) with an
 error message the model sees as the tool's reply. Tools run in `jaxgrpo.reward_pool.RewardPool` worker threads
 with a per-call timeout (``rollout.tool_timeout``).
+
+`calculator` is a built-in tool (``data.tools: [jaxgrpo.rollout.tools:calculator]``): arithmetic on numbers, parsed
+with `ast` (no ``eval``); errors are the model's replies like any tool's.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import inspect
 import json
+import operator
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -181,6 +186,38 @@ def _invoke(fn: Tool, call: ToolCall) -> Any:
 
 class _BadArguments(Exception):
     pass
+
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}  # fmt: skip
+
+
+def _arith(node: ast.AST) -> int | float:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _arith(node.operand)
+        return -v if isinstance(node.op, ast.USub) else v
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        a, b = _arith(node.left), _arith(node.right)
+        if isinstance(node.op, ast.Pow) and (abs(b) > 64 or abs(a) > 1e6):
+            raise ValueError("exponent or base too large")
+        return _OPS[type(node.op)](a, b)
+    raise ValueError("only numbers, + - * / // % ** and parentheses are allowed")
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression and return its value.
+
+    Args:
+        expression: The expression, with numbers, + - * / // % ** and parentheses, e.g. (12 + 7) * 3.
+    """
+    if len(expression) > 200:
+        raise ValueError("expression longer than 200 characters")
+    value = _arith(ast.parse(expression.strip(), mode="eval").body)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
 
 
 class ToolRunner:
