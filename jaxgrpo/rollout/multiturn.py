@@ -84,7 +84,7 @@ def rollout(
     model_config: Any,
     params: Any,
     tokenizer: Any,
-    toolbox: Toolbox,
+    toolbox: Toolbox | None,
     runner: ToolRunner,
     examples: Sequence[Any],
     *,
@@ -96,11 +96,11 @@ def rollout(
     generate: Callable[..., sampling.Completions] = sampling.generate,
 ) -> MultiTurnRollout:
     """Runs G trajectories per example to the end (see the module docstring). ``generate``: the sampler, with
-    `sampling.generate`'s signature (a test may script the policy)."""
-    episodes = toolbox.episodes([ex for ex in examples for _ in range(group_size)])
+    `sampling.generate`'s signature (a test may script the policy). ``toolbox=None``: no tools (one answer turn)."""
+    rows = [ex for ex in examples for _ in range(group_size)]
+    episodes = toolbox.episodes(rows) if toolbox is not None else [Episode(None, {}, []) for _ in rows]
     chat = ChatFormat(tokenizer, episodes[0].schemas, system_prompt)
-    messages = [chat.prompt_messages(_prompt_of(ex), ep.observation)
-                for ex, ep in zip([ex for ex in examples for _ in range(group_size)], episodes)]  # fmt: skip
+    messages = [chat.prompt_messages(_prompt_of(ex), ep.observation) for ex, ep in zip(rows, episodes)]
     base = [list(m) for m in messages]
     hist = [TurnHistory(prompt=chat.prompt_tokens(m)) for m in messages]
     answers = [""] * len(hist)
