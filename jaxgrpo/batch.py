@@ -43,6 +43,9 @@ class Batch:
     this rollout. With prefix sharing and one optimizer update per rollout (``num_iterations = num_minibatches =
     grad_accum_steps = 1``, no mesh) the step's forward then takes those products as given instead of recomputing
     them (`models.layers.matmul_given`: same values up to float rounding, same backward).
+    action_mask ``[B, Tc]`` bool or None: which completion tokens the policy sampled (multi-turn rollouts: tool and
+    environment tokens inside the completion are False). They stay in the attention (``completion_mask``) but are
+    context for the loss: no loss, no KL, not in the aggregation's token or sequence counts. None = all are actions.
     """
 
     tokens: jax.Array
@@ -54,6 +57,7 @@ class Batch:
     ref_logprobs: jax.Array | None = None
     projections: dict[str, jax.Array] | None = None
     truncated: jax.Array | None = None  # [B] bool: no EOS within max_new_tokens; required by algo.overlong_filter
+    action_mask: jax.Array | None = None
 
 
 def check_batch(batch: Batch, algo: AlgoConfig, perf: PerfConfig, num_shards: int) -> tuple[int, int]:
@@ -66,6 +70,8 @@ def check_batch(batch: Batch, algo: AlgoConfig, perf: PerfConfig, num_shards: in
     if B != Pn * G:
         raise ValueError(f"batch has {B} rows but rewards are [P={Pn}, G={G}]: rows must be P*G, prompt-major")
     expected = {"tokens": (B, Tp + Tc), "completion_mask": (B, Tc), "valid": (Pn, G), "old_logprobs": (B, Tc)}
+    if batch.action_mask is not None:
+        expected["action_mask"] = (B, Tc)
     for name, shape in expected.items():
         if getattr(batch, name).shape != shape:
             raise ValueError(f"batch.{name} has shape {getattr(batch, name).shape}, expected {shape}")

@@ -336,6 +336,16 @@ def validate(cfg: Config) -> None:
     if d.reward_timeout is not None and d.reward_workers == 0:
         raise ConfigError(f"data.reward_timeout={d.reward_timeout} needs data.reward_workers >= 1 (a call in the "
                           "training thread cannot be cut off); set data.reward_workers=4 or data.reward_timeout=null")
+    r = cfg.rollout
+    _require(r.max_turns >= 1, "rollout.max_turns", r.max_turns, ">= 1 (policy turns per trajectory)")
+    _require(r.max_total_tokens is None or r.max_total_tokens >= r.max_new_tokens, "rollout.max_total_tokens",
+             r.max_total_tokens, f">= rollout.max_new_tokens={r.max_new_tokens} or null")  # fmt: skip
+    _require(r.tool_timeout is None or r.tool_timeout > 0, "rollout.tool_timeout", r.tool_timeout,
+             "> 0 seconds or null (no timeout)")
+    _require(d.environment is None or d.environment.count(":") == 1, "data.environment", d.environment,
+             "'package.module:Class' or null")
+    _require(all(isinstance(t, str) and t.count(":") == 1 for t in d.tools), "data.tools", d.tools,
+             "a list of 'package.module:function'")
     for name in d.rewards:
         try:
             rewards_lib.resolve(name)

@@ -69,6 +69,10 @@ class DataConfig:
     rewards: dict[str, float] = dataclasses.field(default_factory=lambda: {"arithmetic": 1.0})
     reward_workers: int = 4  # threads scoring a rollout in parallel (jaxgrpo.reward_pool); 0 = the training thread
     reward_timeout: float | None = 60.0  # seconds per reward call (samples of a call cut off are invalid); null = none
+    # multi-turn rollouts (jaxgrpo.rollout.env, docs/multiturn.md): a TRL environment_factory-style class, one instance
+    # per trajectory ("package.module:Class"), and/or plain tool functions ["package.module:function", ...]
+    environment: str | None = None
+    tools: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +89,11 @@ class RolloutConfig:
     engine: Literal["static", "continuous"] = "continuous"
     slots: int = 0  # group slots of the continuous engine; 0 = prompts_per_step
     decode_block: int = 8  # decode steps per jitted block (the host tests for the end once per block)
+    # multi-turn rollouts (with data.environment or data.tools): policy turns per trajectory; tokens after the prompt
+    # (policy turns + tool and template tokens; null = max_turns * max_new_tokens); seconds per tool call (null = none)
+    max_turns: int = 4
+    max_total_tokens: int | None = None
+    tool_timeout: float | None = 10.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -113,7 +113,7 @@ class StepParts:
         algo, S = self.algo, self.splits
         Pn, G = batch.rewards.shape
 
-        def local(rewards, valid, completion_mask, *truncated):
+        def local(rewards, valid, completion_mask, action_mask, *truncated):
             p_local = rewards.shape[0]
             adv_PG = advantages_lib.compute(algo.estimator, rewards, valid, axis_name=self.axis_name, **self.est_args)
             diag = degeneracy.diagnostics(
@@ -122,7 +122,7 @@ class StepParts:
             degenerate_P = degeneracy.degenerate_mask(
                 rewards, valid, atol=algo.degenerate_atol, rtol=algo.degenerate_rtol
             )
-            token_mask = completion_mask & valid.reshape(-1)[:, None]
+            token_mask = completion_mask & action_mask & valid.reshape(-1)[:, None]  # tool tokens are context
             keep_B = jnp.ones((p_local * G,), bool)
             if self.drop_degenerate:
                 keep_B = jnp.repeat(~degenerate_P, G)
@@ -140,6 +140,7 @@ class StepParts:
 
         rows = PartitionSpec(BATCH_AXES)
         args = [batch.rewards.astype(jnp.float32), batch.valid.astype(bool), batch.completion_mask.astype(bool)]
+        args += [args[2] if batch.action_mask is None else batch.action_mask.astype(bool)]
         args += [batch.truncated.astype(bool)] if algo.overlong_filter else []
         fn = self._shard_map(local, in_specs=(rows,) * len(args), out_specs=(rows, rows, rows, *[PartitionSpec()] * 4))
         adv, token_mask, loss_mask, tok_S, seq_S, dropped, diag = fn(*args)

@@ -9,6 +9,10 @@
     driver.py   continuous batching by group: a fixed number of group slots, each refilled with the next pending
                 prompt as soon as its G rows have finished; groups are returned whole, streamed to a callback
 
+Multi-turn rollouts: `env.py` (TRL environment_factory-style environments and plain tool functions), `tools.py`
+(tool schemas, per-family tool-call parsing, the threaded tool runner), `history.py` (token-in, token-out
+conversation histories with context and action masks), `sandbox.py` (the sandboxed Python tool and code reward).
+
 `rollout` never imports the learner (train_step, minibatch, batch, logprobs, optim, perf) nor the YAML loader.
 """
 

@@ -1,0 +1,179 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""A multi-turn rollout over `jaxgrpo.sampling.generate`: one generate call per turn for the trajectories still
+running, tools run in between, and the result packed into the train step's `Batch` with its action mask.
+
+Per trajectory (G per example, each with its own environment instance, `jaxgrpo.rollout.env.Episode`):
+
+1. the prompt: the chat template's rendering of the system turn, the user prompt and the environment's first
+   observation (`history.ChatFormat.prompt_messages`);
+2. a policy turn of up to ``max_new_tokens`` sampled tokens, appended as they are (`history.TurnHistory`);
+3. its text parsed for tool calls in the template's format; none: the trajectory is done (its answer is this turn's
+   text); else the calls run (`tools.ToolRunner`, ``tool_timeout``) and the template tokens of the tool messages
+   are appended as context (`history.ChatFormat.reply_tokens`); back to 2;
+4. stop at ``max_turns`` policy turns, or when the next step would pass ``max_total_tokens`` tokens after the
+   prompt or the model's ``max_position_embeddings`` (``truncated``).
+
+This is the simple loop (the whole batch waits for each turn's slowest row, and each turn re-encodes its
+contexts); the engine's continuous batching with per-row caches replaces it, keeping `TurnHistory` and the record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgrpo import sampling
+from jaxgrpo.batch import Batch
+from jaxgrpo.rollout.env import Episode, Toolbox
+from jaxgrpo.rollout.history import ChatFormat, TurnHistory, to_rows
+from jaxgrpo.rollout.tools import ToolRunner, parse_tool_calls
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnSettings:
+    """``rollout.*`` keys of a multi-turn rollout (see the configuration reference)."""
+
+    max_turns: int = 4
+    max_new_tokens: int = 64
+    max_total_tokens: int | None = None  # after the prompt; None = max_turns * max_new_tokens
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    @property
+    def budget(self) -> int:
+        return self.max_total_tokens if self.max_total_tokens is not None else self.max_turns * self.max_new_tokens
+
+
+@dataclasses.dataclass
+class MultiTurnRollout:
+    """``B = P * G`` trajectories, prompt-major: their histories (after the group's shared prompt), episodes,
+    conversations (messages, for logs) and answers (the text of the last policy turn, for reward functions)."""
+
+    prompt_ids: list[list[int]]  # [P] the group's shared prompt
+    histories: list[TurnHistory]  # [B]
+    episodes: list[Episode]
+    messages: list[list[dict[str, Any]]]
+    answers: list[str]
+
+
+def _shared_prompts(histories: list[TurnHistory], group_size: int) -> list[list[int]]:
+    """Each group's longest common prompt prefix; the rest of a row's prompt becomes context in its completion."""
+    prompts = []
+    for p in range(len(histories) // group_size):
+        rows = histories[p * group_size : (p + 1) * group_size]
+        n = min(len(h.prompt) for h in rows)
+        while n and any(h.prompt[:n] != rows[0].prompt[:n] for h in rows):
+            n -= 1
+        if n == 0:
+            raise ValueError(f"the {group_size} trajectories of example {p} share no prompt token")
+        for h in rows:
+            rest, h.prompt = h.prompt[n:], h.prompt[:n]
+            h.tokens, h.action = rest + h.tokens, [False] * len(rest) + h.action
+            h.logprobs = [0.0] * len(rest) + h.logprobs
+        prompts.append(rows[0].prompt)
+    return prompts
+
+
+def rollout(
+    model_config: Any,
+    params: Any,
+    tokenizer: Any,
+    toolbox: Toolbox | None,
+    runner: ToolRunner,
+    examples: Sequence[Any],
+    *,
+    group_size: int,
+    settings: TurnSettings,
+    eos_token_ids: Sequence[int],
+    key: jax.Array,
+    system_prompt: str | None = None,
+    generate: Callable[..., sampling.Completions] = sampling.generate,
+) -> MultiTurnRollout:
+    """Runs G trajectories per example to the end (see the module docstring). ``generate``: the sampler, with
+    `sampling.generate`'s signature (a test may script the policy). ``toolbox=None``: no tools (one answer turn)."""
+    rows = [ex for ex in examples for _ in range(group_size)]
+    episodes = toolbox.episodes(rows) if toolbox is not None else [Episode(None, {}, []) for _ in rows]
+    chat = ChatFormat(tokenizer, episodes[0].schemas, system_prompt)
+    messages = [chat.prompt_messages(_prompt_of(ex), ep.observation) for ex, ep in zip(rows, episodes)]
+    base = [list(m) for m in messages]
+    hist = [TurnHistory(prompt=chat.prompt_tokens(m)) for m in messages]
+    answers = [""] * len(hist)
+    limit = int(model_config.max_position_embeddings)
+    for _ in range(settings.max_turns):
+        live = [i for i, h in enumerate(hist) if not h.done]
+        for i in live:  # no room for another turn
+            if len(hist[i].tokens) >= settings.budget or hist[i].total_tokens + settings.max_new_tokens > limit:
+                hist[i].done = hist[i].truncated = True
+        live = [i for i in live if not hist[i].done]
+        if not live:
+            break
+        key, sub = jax.random.split(key)
+        out = generate(model_config, params, [hist[i].context() for i in live], max_new_tokens=settings.max_new_tokens,
+                       temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
+                       eos_token_ids=tuple(eos_token_ids), key=sub)  # fmt: skip
+        toks, lps, lens = np.asarray(out.tokens), np.asarray(out.logprobs), np.asarray(out.lengths)
+        pending, calls = [], []
+        for r, i in enumerate(live):
+            h, n = hist[i], int(lens[r])
+            n = min(n, settings.budget - len(h.tokens))
+            h.add_policy(toks[r, :n], lps[r, :n])
+            text = tokenizer.decode(toks[r, :n], skip_special_tokens=True)
+            found = parse_tool_calls(text, chat.format)
+            messages[i].append({"role": "assistant", "content": text})
+            if not found:
+                h.done, answers[i] = True, text
+            elif h.turns >= settings.max_turns or len(h.tokens) >= settings.budget:
+                h.done = h.truncated = True
+            else:
+                ended = n > 0 and int(toks[r, n - 1]) in eos_token_ids
+                pending.append((i, int(toks[r, n - 1]) if ended else None))
+                calls.append(found)
+        results = runner.run(calls, [episodes[i].tools for i, _ in pending]) if calls else []
+        for (i, last), found, res in zip(pending, calls, results):
+            h = hist[i]
+            h.tool_calls += len(found)
+            h.tool_errors += sum(r.error for r in res)  # malformed calls, unknown tools, raises, timeouts
+            h.tool_timeouts += sum(r.timed_out for r in res)
+            replies = [r.message() for r in res]
+            messages[i] += replies
+            delta = chat.reply_tokens(base[i], replies, last)
+            if len(h.tokens) + len(delta) >= settings.budget:
+                h.done = h.truncated = True
+            else:
+                h.add_context(delta)
+    for h in hist:
+        if not h.done:
+            h.done = h.truncated = True
+    prompts = _shared_prompts(hist, group_size)
+    return MultiTurnRollout(prompts, hist, episodes, messages, answers)
+
+
+def _prompt_of(example: Any) -> str:
+    return example["prompt"] if isinstance(example, dict) else example.prompt
+
+
+def make_batch(result: MultiTurnRollout, rewards: np.ndarray, valid: np.ndarray, prompt_width: int,
+               completion_width: int, pad_id: int = 0) -> Batch:  # fmt: skip
+    """The train step's `Batch` of a multi-turn rollout: prompts left-padded to ``prompt_width``, the completion
+    region (policy and context tokens) right-padded to ``completion_width``, ``action_mask`` = the policy's tokens."""
+    P, G = np.shape(rewards)
+    rows = to_rows(result.histories, completion_width)
+    prompt = np.full((P * G, prompt_width), pad_id, np.int32)
+    pmask = np.zeros((P * G, prompt_width), bool)
+    for p, ids in enumerate(result.prompt_ids):
+        if len(ids) > prompt_width:
+            raise ValueError(f"prompt {p} has {len(ids)} tokens, more than prompt_width={prompt_width}")
+        prompt[p * G : (p + 1) * G, prompt_width - len(ids) :] = ids
+        pmask[p * G : (p + 1) * G, prompt_width - len(ids) :] = True
+    cmask = rows["completion_mask"] & np.asarray(valid, bool).reshape(-1)[:, None]
+    return Batch(tokens=jnp.asarray(np.concatenate([prompt, np.where(cmask, rows["completion"], pad_id)], 1)),
+                 prompt_mask=jnp.asarray(pmask), completion_mask=jnp.asarray(cmask),
+                 rewards=jnp.asarray(rewards, jnp.float32), valid=jnp.asarray(valid, bool),
+                 old_logprobs=jnp.asarray(np.where(cmask, rows["old_logprobs"], 0.0), jnp.float32),
+                 action_mask=jnp.asarray(rows["action_mask"] & cmask))  # fmt: skip
