@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from test_train import small_config
 from test_train_step import TEMP, make_batch_np, reference_logprobs, tiny_config, to_batch
@@ -68,8 +69,10 @@ def test_step_gradient_matches_policy_loss_on_reference_logprobs(setup, name):
     loss, grads, metrics = ts.policy_gradient(config, algo, params, batch, temperature=TEMP)
     (ref_loss, ref_metrics), ref_grads = reference(config, algo, batch)(params)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
-    # rtol 1e-3: the x4 weights make the float32 rounding of the two log-prob paths larger than at init
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-6), grads, ref_grads)
+    # relative error of the whole gradient (the x4 weights make single float32 entries of the two log-prob paths
+    # differ by up to ~1e-5 absolute; a token selected differently would move the gradient by far more)
+    diff = optax.global_norm(jax.tree.map(lambda a, b: a - b, grads, ref_grads))
+    assert float(diff) < 1e-4 * float(optax.global_norm(ref_grads)), (diff, optax.global_norm(ref_grads))
     for k in [k for k in ref_metrics if k.startswith("loss/")]:
         np.testing.assert_allclose(metrics[k], ref_metrics[k], rtol=1e-5, err_msg=k)
         assert 0 < float(metrics[k]) < 1, (k, metrics[k])
@@ -108,7 +111,7 @@ def test_sharded_step_equals_single_device():
     for k in m1:
         np.testing.assert_allclose(m8[k], m1[k], rtol=1e-5, atol=1e-7, err_msg=k)
     assert 0 < m1["loss/cov_selected_frac"] < 1 and 0 < m1["loss/entropy_selected_frac"] < 1
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), p8, p1)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), p8, p1)
 
 
 SWITCHES = {
