@@ -19,6 +19,7 @@ from jaxgrpo.models.config import LORA_TARGETS, LoraTarget
 from jaxgrpo.models.gguf_export import GgufDtype
 from jaxgrpo.models.layers import MatmulBackward, RematPolicy
 from jaxgrpo.rewards import OnRewardError
+from jaxgrpo.rollout.driver import EngineMode
 
 # Choices of modules that import this one (jaxgrpo.data: sources, templates; jaxgrpo.optim: schedules) or of none.
 ModelDtype = Literal["float32", "bfloat16"]
@@ -86,7 +87,7 @@ class RolloutConfig:
     # static: all P groups decode as one batch until the longest row ends; continuous: `slots` group slots, each
     # refilled with the next prompt as soon as its G rows have finished (jaxgrpo.rollout.driver). With slots = P and
     # degenerate_groups != resample both decode the same batch.
-    engine: Literal["static", "continuous"] = "continuous"
+    engine: EngineMode = "continuous"
     slots: int = 0  # group slots of the continuous engine; 0 = prompts_per_step
     decode_block: int = 8  # decode steps per jitted block (the host tests for the end once per block)
     # multi-turn rollouts (with data.environment or data.tools): policy turns per trajectory; tokens after the prompt

@@ -15,9 +15,10 @@ import pytest
 import yaml
 
 import jaxgrpo
-from jaxgrpo import advantages, coerce, config_sections, degeneracy, losses, rewards
+from jaxgrpo import advantages, coerce, config_sections, degeneracy, losses, objectives, rewards
 from jaxgrpo import config as C
 from jaxgrpo.models import attention, gguf_export, layers
+from jaxgrpo.rollout import driver
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -125,6 +126,8 @@ def test_choices_are_the_literal_types_of_the_modules_that_implement_them():
         ("algo", "kl_estimator"): losses.KLEstimator,
         ("algo", "on_reward_error"): rewards.OnRewardError,
         ("algo", "sampler_correction"): losses.SamplerCorrection,
+        ("algo", "objective"): objectives.Objective,
+        ("rollout", "engine"): driver.EngineMode,
         ("perf", "remat"): layers.RematPolicy,
         ("perf", "matmul_backward"): layers.MatmulBackward,
         ("perf", "attention"): attention.AttentionKind,
