@@ -118,7 +118,9 @@ SWITCHES = {
     "cispo": ["algo.objective=cispo"],
     "clip_cov": ["algo.objective=clip_cov"],
     "kl_cov": ["algo.objective=kl_cov"],
-    "entropy_top_frac": ["algo.entropy_top_frac=0.2"],
+    # with `keep`, the 20% highest-entropy tokens of the nearly uniform initial policy can all sit in all-fail groups
+    # (A = 0: no gradient, docs/objectives.md); `mask` takes those groups out before the ranking
+    "entropy_top_frac": ["algo.entropy_top_frac=0.2", "algo.degenerate_groups=mask"],
     "overlong": ["algo.overlong_filter=true", "algo.overlong_buffer=1", "rollout.max_new_tokens=3"],
 }
 EXPECTED = {"cispo": ["loss/cispo_clipped_frac"], "clip_cov": ["loss/cov_selected_frac"],

@@ -201,7 +201,10 @@ def decode_block(config, spec: Spec, weights: DecodeWeights, caches: Caches, sta
     return jax.lax.fori_loop(0, spec.block, body, (caches, state))
 
 
-prepare_weights = jax.jit(decode_weights, static_argnums=0)
+def prepare_weights(config: models.ModelConfig, params: Any) -> DecodeWeights:
+    """`models.decode.decode_weights`, run eagerly (a handful of slice/concatenate programs shared by every layer; as
+    one jitted program XLA:CPU took minutes to compile it for a 30-layer model)."""
+    return decode_weights(config, params)
 
 
 def left_pad(prompts: list[Any], width: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
