@@ -8,12 +8,15 @@ from typing import Any
 
 import flax.struct
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxgrpo.config import AlgoConfig, PerfConfig
+from jaxgrpo.config_sections import AlgoConfig, PerfConfig
 from jaxgrpo.perf import resolve_perf
+from jaxgrpo.rollout.history import to_rows
+from jaxgrpo.rollout.multiturn import MultiTurnRollout
 from jaxgrpo.sharding import BATCH_AXES
 
 Params = Any
@@ -118,3 +121,25 @@ def global_batch(batch: Batch, mesh: Mesh) -> Batch:
         return jax.make_array_from_process_local_data(sharding, x)
 
     return jax.tree.map(place, batch)
+
+
+def multiturn_batch(result: MultiTurnRollout, rewards: np.ndarray, valid: np.ndarray, prompt_width: int,
+               completion_width: int, pad_id: int = 0) -> Batch:  # fmt: skip
+    """The train step's `Batch` of a multi-turn rollout (`jaxgrpo.rollout.multiturn.rollout`): prompts left-padded
+    to ``prompt_width``, the completion region (policy and context tokens) right-padded to ``completion_width``,
+    ``action_mask`` = the policy's tokens."""
+    P, G = np.shape(rewards)
+    rows = to_rows(result.histories, completion_width)
+    prompt = np.full((P * G, prompt_width), pad_id, np.int32)
+    pmask = np.zeros((P * G, prompt_width), bool)
+    for p, ids in enumerate(result.prompt_ids):
+        if len(ids) > prompt_width:
+            raise ValueError(f"prompt {p} has {len(ids)} tokens, more than prompt_width={prompt_width}")
+        prompt[p * G : (p + 1) * G, prompt_width - len(ids) :] = ids
+        pmask[p * G : (p + 1) * G, prompt_width - len(ids) :] = True
+    cmask = rows["completion_mask"] & np.asarray(valid, bool).reshape(-1)[:, None]
+    return Batch(tokens=jnp.asarray(np.concatenate([prompt, np.where(cmask, rows["completion"], pad_id)], 1)),
+                 prompt_mask=jnp.asarray(pmask), completion_mask=jnp.asarray(cmask),
+                 rewards=jnp.asarray(rewards, jnp.float32), valid=jnp.asarray(valid, bool),
+                 old_logprobs=jnp.asarray(np.where(cmask, rows["old_logprobs"], 0.0), jnp.float32),
+                 action_mask=jnp.asarray(rows["action_mask"] & cmask))  # fmt: skip

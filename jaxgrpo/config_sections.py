@@ -19,7 +19,7 @@ from jaxgrpo.models.config import LORA_TARGETS, LoraTarget
 from jaxgrpo.models.gguf_export import GgufDtype
 from jaxgrpo.models.layers import MatmulBackward, RematPolicy
 from jaxgrpo.rewards import OnRewardError
-from jaxgrpo.rollout.driver import EngineMode
+from jaxgrpo.rollout.params import EngineMode
 
 # Choices of modules that import this one (jaxgrpo.data: sources, templates; jaxgrpo.optim: schedules) or of none.
 ModelDtype = Literal["float32", "bfloat16"]

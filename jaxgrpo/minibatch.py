@@ -18,7 +18,7 @@ from jaxgrpo import advantages as advantages_lib
 from jaxgrpo import degeneracy, losses, models, objectives
 from jaxgrpo import sharding as sharding_lib
 from jaxgrpo.batch import Batch, check_batch
-from jaxgrpo.config import AlgoConfig, PerfConfig
+from jaxgrpo.config_sections import AlgoConfig, PerfConfig
 from jaxgrpo.degeneracy import DEGENERATE_MODES
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.losses import AGGREGATIONS

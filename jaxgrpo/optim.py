@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxgrpo.config import SCHEDULES, OptimConfig
+from jaxgrpo.config_sections import SCHEDULES, OptimConfig
 
 Params = Any
 

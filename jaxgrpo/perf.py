@@ -11,7 +11,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxgrpo import padding
-from jaxgrpo.config import AlgoConfig, PerfConfig
+from jaxgrpo.config_sections import AlgoConfig, PerfConfig
 
 
 def resolve_perf(

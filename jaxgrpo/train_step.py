@@ -102,7 +102,7 @@ from jaxgrpo import models
 from jaxgrpo import optim as optim_lib
 from jaxgrpo import sharding as sharding_lib
 from jaxgrpo.batch import Batch, TrainState, check_batch, global_batch
-from jaxgrpo.config import AlgoConfig, OptimConfig, PerfConfig
+from jaxgrpo.config_sections import AlgoConfig, OptimConfig, PerfConfig
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.minibatch import StepParts, first_minibatch_gradient
 from jaxgrpo.models import lora

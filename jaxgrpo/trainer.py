@@ -85,6 +85,11 @@ class Trainer:
             raise config_lib.ConfigError(
                 f"rollout.temperature={cfg.rollout.temperature}: training needs sampled rollouts (> 0); greedy "
                 "decoding makes every group's G completions identical, hence every group degenerate")
+        if cfg.data.environment or cfg.data.tools:
+            raise config_lib.ConfigError(
+                "data.environment / data.tools: the trainer does not run multi-turn rollouts yet (environments, tool "
+                "parsing and the turn loop are library functions for now: jaxgrpo.rollout.multiturn, "
+                "docs/multiturn.md); remove the key to train single-turn")
         self.cfg = cfg
         self.run_dir = run_dir_lib.check_path(run_dir)
         examples = data_lib.load_dataset(cfg.data, cfg.seed)

@@ -18,7 +18,7 @@ import jaxgrpo
 from jaxgrpo import advantages, coerce, config_sections, degeneracy, losses, objectives, rewards
 from jaxgrpo import config as C
 from jaxgrpo.models import attention, gguf_export, layers
-from jaxgrpo.rollout import driver
+from jaxgrpo.rollout import params as rollout_params
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -127,7 +127,7 @@ def test_choices_are_the_literal_types_of_the_modules_that_implement_them():
         ("algo", "on_reward_error"): rewards.OnRewardError,
         ("algo", "sampler_correction"): losses.SamplerCorrection,
         ("algo", "objective"): objectives.Objective,
-        ("rollout", "engine"): driver.EngineMode,
+        ("rollout", "engine"): rollout_params.EngineMode,
         ("perf", "remat"): layers.RematPolicy,
         ("perf", "matmul_backward"): layers.MatmulBackward,
         ("perf", "attention"): attention.AttentionKind,

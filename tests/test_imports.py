@@ -136,3 +136,30 @@ def test_the_detector_finds_cycles_in_a_fake_package(tmp_path, change, expected)
     assert find_cycle(graph) == expected
     if expected:
         assert describe(expected, graph).startswith(f"{expected[0]} -> {expected[1]} (line ")
+
+
+LEARNER = ("jaxgrpo.train_step", "jaxgrpo.minibatch", "jaxgrpo.batch", "jaxgrpo.logprobs", "jaxgrpo.optim",
+           "jaxgrpo.perf", "jaxgrpo.trainer")  # fmt: skip
+YAML_LOADER = "jaxgrpo.config"
+
+
+def _reachable(graph: Graph, start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), {}):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_the_two_halves_import_only_across_the_record():
+    """The rollout half never imports the learner nor the YAML loader; the learner takes config *sections*, never the
+    loader (DESIGN.md, Layout). Transitive: an import through a third module counts."""
+    graph = import_graph(REPO, "jaxgrpo")
+    rollout = [m for m in graph if m == "jaxgrpo.rollout" or m.startswith("jaxgrpo.rollout.")]
+    assert len(rollout) >= 5, rollout
+    bad = {m: sorted(_reachable(graph, m) & {*LEARNER, YAML_LOADER}) for m in rollout}
+    assert not {m: b for m, b in bad.items() if b}, "rollout modules reaching the learner or the YAML loader"
+    learner = [m for m in LEARNER if m != "jaxgrpo.trainer"]  # the loop itself may read the YAML config
+    assert not [m for m in learner if YAML_LOADER in _reachable(graph, m)], "learner modules reaching jaxgrpo.config"

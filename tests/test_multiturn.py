@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jaxgrpo import models, sampling
-from jaxgrpo.batch import check_batch
+from jaxgrpo.batch import check_batch, multiturn_batch
 from jaxgrpo.config import AlgoConfig, PerfConfig
 from jaxgrpo.gguf_tokenizer import gguf_tokenizer
 from jaxgrpo.rollout import multiturn as MT
@@ -103,7 +103,7 @@ def test_scripted_turn_loop_histories_counts_and_batch(tok):
         expect = [i for text in SCRIPT[r][: x.turns] for i in tok(text, add_special_tokens=False)["input_ids"] + [eos]]
         assert policy == expect and x.logprobs == [(-0.5 if a else 0.0) for a in x.action]
     # packed for the train step: shapes check, action mask carried
-    batch = MT.make_batch(out, np.ones((4, 1), np.float32), np.ones((4, 1), bool), prompt_width=max(
+    batch = multiturn_batch(out, np.ones((4, 1), np.float32), np.ones((4, 1), bool), prompt_width=max(
         len(p) for p in out.prompt_ids), completion_width=max(len(x.tokens) for x in h))  # fmt: skip
     assert check_batch(batch, AlgoConfig(), PerfConfig(), 1) == (4, 1)
     am = np.asarray(batch.action_mask)

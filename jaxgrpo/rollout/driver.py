@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -31,10 +31,6 @@ from jaxgrpo import models, padding
 from jaxgrpo.rollout import engine
 from jaxgrpo.rollout.params import SamplingParams
 from jaxgrpo.rollout.record import Completions
-
-# How a rollout decodes (`rollout.engine`): static = all groups as one batch until its longest row ends (``slots=None``
-# of `run`); continuous = a fixed number of group slots, each refilled as soon as its group has finished.
-EngineMode = Literal["static", "continuous"]
 
 DEFAULT_BLOCK = 8
 

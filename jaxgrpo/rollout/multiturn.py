@@ -1,6 +1,7 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
 """A multi-turn rollout over `jaxgrpo.sampling.generate`: one generate call per turn for the trajectories still
-running, tools run in between, and the result packed into the train step's `Batch` with its action mask.
+running, tools run in between; `jaxgrpo.batch.multiturn_batch` packs the result into the train step's `Batch`
+with its action mask.
 
 Per trajectory (G per example, each with its own environment instance, `jaxgrpo.rollout.env.Episode`):
 
@@ -24,13 +25,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxgrpo import sampling
-from jaxgrpo.batch import Batch
 from jaxgrpo.rollout.env import Episode, Toolbox
-from jaxgrpo.rollout.history import ChatFormat, TurnHistory, to_rows
+from jaxgrpo.rollout.history import ChatFormat, TurnHistory
 from jaxgrpo.rollout.tools import ToolRunner, parse_tool_calls
 
 
@@ -156,24 +155,3 @@ def rollout(
 
 def _prompt_of(example: Any) -> str:
     return example["prompt"] if isinstance(example, dict) else example.prompt
-
-
-def make_batch(result: MultiTurnRollout, rewards: np.ndarray, valid: np.ndarray, prompt_width: int,
-               completion_width: int, pad_id: int = 0) -> Batch:  # fmt: skip
-    """The train step's `Batch` of a multi-turn rollout: prompts left-padded to ``prompt_width``, the completion
-    region (policy and context tokens) right-padded to ``completion_width``, ``action_mask`` = the policy's tokens."""
-    P, G = np.shape(rewards)
-    rows = to_rows(result.histories, completion_width)
-    prompt = np.full((P * G, prompt_width), pad_id, np.int32)
-    pmask = np.zeros((P * G, prompt_width), bool)
-    for p, ids in enumerate(result.prompt_ids):
-        if len(ids) > prompt_width:
-            raise ValueError(f"prompt {p} has {len(ids)} tokens, more than prompt_width={prompt_width}")
-        prompt[p * G : (p + 1) * G, prompt_width - len(ids) :] = ids
-        pmask[p * G : (p + 1) * G, prompt_width - len(ids) :] = True
-    cmask = rows["completion_mask"] & np.asarray(valid, bool).reshape(-1)[:, None]
-    return Batch(tokens=jnp.asarray(np.concatenate([prompt, np.where(cmask, rows["completion"], pad_id)], 1)),
-                 prompt_mask=jnp.asarray(pmask), completion_mask=jnp.asarray(cmask),
-                 rewards=jnp.asarray(rewards, jnp.float32), valid=jnp.asarray(valid, bool),
-                 old_logprobs=jnp.asarray(np.where(cmask, rows["old_logprobs"], 0.0), jnp.float32),
-                 action_mask=jnp.asarray(rows["action_mask"] & cmask))  # fmt: skip

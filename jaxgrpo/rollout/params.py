@@ -8,8 +8,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
+
+# How a rollout decodes (`rollout.engine`): static = all groups as one batch until its longest row ends
+# (`jaxgrpo.rollout.driver.run` with ``slots=None``); continuous = a fixed number of group slots, each refilled as soon
+# as its group has finished.
+EngineMode = Literal["static", "continuous"]
 
 
 def _is_int(x: object) -> bool:
