@@ -79,16 +79,29 @@ ALLOWED_SKIPS: dict[str, str] = {
         "needs libtpu, an optional extra (jaxgrpo[tpu]); .ci/run installs it and sets JAXGRPO_REQUIRE_LIBTPU=1, "
         "which makes this skip a failure"
     ),
+    **{
+        f"tests/test_gpu_aot.py::{name}": (
+            "needs the CUDA plugin (jaxgrpo[gpu-aot]) and ptxas to compile for an H100 on a CPU host; .ci/run installs "
+            "them and sets JAXGRPO_REQUIRE_GPU_AOT=1, which makes this skip a failure"
+        )
+        for name in ("test_cli_compiles_for_an_h100_and_dumps_the_decode_hlo", "test_qwen_decode_report_fields",
+                     "test_qwen_decode_near_the_roofline", "test_h100_token_draw_with_top_p_sorts_no_vocabulary",
+                     "test_pallas_decode_attention_lowers_for_an_h100")
+    },
 }
-REQUIRE_LIBTPU = os.environ.get("JAXGRPO_REQUIRE_LIBTPU", "") not in ("", "0")
+# Optional extras whose skips become failures where the run installed them (.ci/run sets both)
+REQUIRED_EXTRAS = {
+    "libtpu": os.environ.get("JAXGRPO_REQUIRE_LIBTPU", "") not in ("", "0"),
+    "gpu-aot": os.environ.get("JAXGRPO_REQUIRE_GPU_AOT", "") not in ("", "0"),
+}
 _disallowed_skips: list[str] = []
 
 
 def skip_allowed(nodeid: str) -> bool:
-    """Whether a skip of test ``nodeid`` is on the allow-list (the libtpu one only when libtpu is not required)."""
-    for prefix in ALLOWED_SKIPS:
+    """Whether a skip of test ``nodeid`` is on the allow-list (an optional extra's only when it is not required)."""
+    for prefix, reason in ALLOWED_SKIPS.items():
         if nodeid.startswith(prefix):
-            return not (REQUIRE_LIBTPU and "libtpu" in ALLOWED_SKIPS[prefix])
+            return not any(required and extra in reason for extra, required in REQUIRED_EXTRAS.items())
     return False
 
 
