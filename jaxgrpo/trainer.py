@@ -85,6 +85,12 @@ class Trainer:
             raise config_lib.ConfigError(
                 f"rollout.temperature={cfg.rollout.temperature}: training needs sampled rollouts (> 0); greedy "
                 "decoding makes every group's G completions identical, hence every group degenerate")
+        if cfg.rollout.top_p < 1 or cfg.rollout.top_k > 0:
+            raise config_lib.ConfigError(
+                f"rollout.top_p={cfg.rollout.top_p}, rollout.top_k={cfg.rollout.top_k}: the sampler records log-probs "
+                "of the truncated, renormalised distribution while the learner's are of the full softmax, so the "
+                "importance ratio would carry log(kept mass) (TRL #4772); train with top_p=1 and top_k=0 (eval may "
+                "truncate)")
         if cfg.data.environment or cfg.data.tools:
             raise config_lib.ConfigError(
                 "data.environment / data.tools: the trainer does not run multi-turn rollouts yet (environments, tool "
