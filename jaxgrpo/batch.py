@@ -130,16 +130,25 @@ def multiturn_batch(result: MultiTurnRollout, rewards: np.ndarray, valid: np.nda
     ``action_mask`` = the policy's tokens."""
     P, G = np.shape(rewards)
     rows = to_rows(result.histories, completion_width)
-    prompt = np.full((P * G, prompt_width), pad_id, np.int32)
-    pmask = np.zeros((P * G, prompt_width), bool)
-    for p, ids in enumerate(result.prompt_ids):
-        if len(ids) > prompt_width:
-            raise ValueError(f"prompt {p} has {len(ids)} tokens, more than prompt_width={prompt_width}")
-        prompt[p * G : (p + 1) * G, prompt_width - len(ids) :] = ids
-        pmask[p * G : (p + 1) * G, prompt_width - len(ids) :] = True
+    prompt, pmask = left_pad_prompts(result.prompt_ids, G, prompt_width, pad_id)
     cmask = rows["completion_mask"] & np.asarray(valid, bool).reshape(-1)[:, None]
     return Batch(tokens=jnp.asarray(np.concatenate([prompt, np.where(cmask, rows["completion"], pad_id)], 1)),
                  prompt_mask=jnp.asarray(pmask), completion_mask=jnp.asarray(cmask),
                  rewards=jnp.asarray(rewards, jnp.float32), valid=jnp.asarray(valid, bool),
                  old_logprobs=jnp.asarray(np.where(cmask, rows["old_logprobs"], 0.0), jnp.float32),
                  action_mask=jnp.asarray(rows["action_mask"] & cmask))  # fmt: skip
+
+
+def left_pad_prompts(prompt_ids: list[list[int]], rows_per_prompt: int, width: int,
+                     pad_id: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """The prompt part of a prompt-major batch: ``(tokens [P*G, width] int32, mask [P*G, width] bool)``, each prompt
+    left-padded to ``width`` and repeated for its ``G = rows_per_prompt`` rows."""
+    g = rows_per_prompt
+    prompt = np.full((len(prompt_ids) * g, width), pad_id, np.int32)
+    mask = np.zeros((len(prompt_ids) * g, width), bool)
+    for p, ids in enumerate(prompt_ids):
+        if len(ids) > width:
+            raise ValueError(f"prompt {p} has {len(ids)} tokens, more than the prompt width {width}")
+        prompt[p * g:(p + 1) * g, width - len(ids):] = ids
+        mask[p * g:(p + 1) * g, width - len(ids):] = True
+    return prompt, mask

@@ -29,49 +29,13 @@ from jaxgrpo import eval as eval_lib
 from jaxgrpo import retain as retain_lib
 from jaxgrpo import run_dir as run_dir_lib
 from jaxgrpo import train_step as ts
+from jaxgrpo.groups import Rollout, make_batch, merge_groups, process_share, resample_metrics, sampled_tokens, to_host
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.models import lora
 from jaxgrpo.rollout import driver as rollout_driver
 from jaxgrpo.rollout.params import SamplingParams
 
 PERF_FILE = "perf.yaml"  # in the run directory: the perf switches as applied, and why any requested one is off
-
-
-@dataclasses.dataclass
-class Rollout:
-    """One step's sampled groups, host side, prompt-major: P prompts × G samples."""
-
-    prompt_ids: list[list[int]]
-    examples: list[data_lib.Example]
-    completions: sampling.Completions
-    texts: list[str]
-    rewards: np.ndarray  # [P, G]
-    valid: np.ndarray  # [P, G]
-    projections: dict[str, jax.Array] | None = None  # the sampler's record for the train step (`Batch.projections`)
-
-
-def make_batch(rollout: Rollout, prompt_width: int, pad_id: int) -> ts.Batch:
-    """Packs a rollout into the train step's layout: prompt left-padded to `prompt_width`, completion after it."""
-    comp = rollout.completions
-    g = rollout.rewards.shape[1]
-    n = len(rollout.prompt_ids) * g
-    prompt = np.full((n, prompt_width), pad_id, np.int32)
-    pmask = np.zeros((n, prompt_width), bool)
-    for p, ids in enumerate(rollout.prompt_ids):
-        prompt[p * g:(p + 1) * g, prompt_width - len(ids):] = ids
-        pmask[p * g:(p + 1) * g, prompt_width - len(ids):] = True
-    ctok = np.asarray(comp.tokens)
-    cmask = np.asarray(comp.mask) & rollout.valid.reshape(-1)[:, None]
-    return ts.Batch(
-        tokens=jnp.asarray(np.concatenate([prompt, np.where(cmask, ctok, pad_id)], axis=1)),
-        prompt_mask=jnp.asarray(pmask),
-        completion_mask=jnp.asarray(cmask),
-        rewards=jnp.asarray(rollout.rewards, jnp.float32),
-        valid=jnp.asarray(rollout.valid),
-        old_logprobs=jnp.asarray(np.where(cmask, np.asarray(comp.logprobs), 0.0), jnp.float32),
-        ref_logprobs=None,
-        projections=rollout.projections,
-    )
 
 
 class Trainer:
@@ -453,53 +417,6 @@ class Trainer:
         return out
 
 
-def to_host(x: jax.Array) -> np.ndarray:
-    """The full value of a (possibly multi-host) array on this host: every process sees the whole rollout, scores
-    it (rewards are cheap and deterministic), and then contributes its own share of groups to the train step."""
-    if jax.process_count() > 1 and not getattr(x, "is_fully_addressable", True):
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
-
-
-def process_share(batch: ts.Batch, num_groups: int) -> ts.Batch:
-    """This process's whole groups of a host-global batch: the contiguous slice `process_index` of P / processes
-    groups (`train_step.global_batch` assembles the global array; group order does not change the step)."""
-    n = jax.process_count()
-    if n == 1:
-        return batch
-    per, i = num_groups // n, jax.process_index()
-    rows = batch.tokens.shape[0] // num_groups
-
-    def take(x):
-        if x is None:
-            return None
-        scale = rows if x.shape[0] == batch.tokens.shape[0] else 1
-        return x[i * per * scale:(i + 1) * per * scale]
-
-    return jax.tree.map(take, batch)
-
-
-def merge_groups(pool: list[Rollout], picks: list[tuple[int, int]]) -> Rollout:
-    """Selects whole groups (round, prompt) from several rollouts into one prompt-major rollout."""
-    g = pool[0].rewards.shape[1]
-    rows = [(r, p * g + j) for r, p in picks for j in range(g)]
-    comp_fields = {}
-    for f in dataclasses.fields(pool[0].completions):
-        if f.name == "projections" or getattr(pool[0].completions, f.name) is None:  # projections: never recorded
-            continue  # with dynamic sampling (`train_step.resolve_perf`)
-        comp_fields[f.name] = np.stack([np.asarray(getattr(pool[r].completions, f.name))[i] for r, i in rows])
-    return Rollout(
-        prompt_ids=[pool[r].prompt_ids[p] for r, p in picks],
-        examples=[pool[r].examples[p] for r, p in picks],
-        completions=type(pool[0].completions)(**comp_fields),
-        texts=[pool[r].texts[i] for r, i in rows],
-        rewards=np.stack([pool[r].rewards[p] for r, p in picks]),
-        valid=np.stack([pool[r].valid[p] for r, p in picks]),
-    )
-
-
 def check_prompt_count(cfg: config_lib.Config, num_examples: int) -> None:
     """ConfigError when the data set holds fewer prompts than one step takes (`rollout.prompts_per_step`): a step
     would repeat prompts; names the largest valid value to set. With dynamic sampling, a note (stderr) when the
@@ -516,23 +433,6 @@ def check_prompt_count(cfg: config_lib.Config, num_examples: int) -> None:
         print(f"jaxgrpo: the data set has {num_examples} prompts, fewer than rollout.prompts_per_step × "
               f"algo.resample_max_rounds = {p * a.resample_max_rounds}: a step's later resampling rounds may draw "
               "prompts it already drew", file=sys.stderr)
-
-
-def resample_metrics(rounds: int, sampled: int, want: int, informative: int, degenerate: int,
-                     tokens: float) -> dict[str, float]:  # fmt: skip
-    """Dynamic sampling's metrics: rounds of P prompts drawn, groups sampled but not trained on, the fractions."""
-    return {
-        "tokens/sampled": tokens,
-        "resample/rounds": float(rounds),
-        "resample/discarded_groups": float(sampled - want),
-        "resample/degenerate_frac": degenerate / max(sampled, 1),
-        "resample/informative_frac": min(informative, want) / want,
-    }
-
-
-def sampled_tokens(rollouts: list[Rollout]) -> float:
-    """Completion tokens sampled in these rollouts (every round of a step, discarded groups included)."""
-    return float(sum(np.asarray(r.completions.mask).sum() for r in rollouts))
 
 
 def run(cfg: config_lib.Config, run_dir: str | os.PathLike, *, allow_config_change: bool = False

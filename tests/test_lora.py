@@ -161,7 +161,7 @@ def test_projection_reuse_with_adapters_gives_the_same_gradient():
     params = lora_params(config, b_scale=0.2)
     comp = sampling.generate(config, params, [[1, 2, 3], [4, 5]], num_samples=2, max_new_tokens=5,
                              temperature=TEMP, key=jax.random.key(0), record_projections=True)  # fmt: skip
-    from jaxgrpo.trainer import Rollout, make_batch
+    from jaxgrpo.groups import Rollout, make_batch
 
     roll = Rollout(prompt_ids=[[1, 2, 3], [4, 5]], examples=[], completions=comp, texts=[],
                    rewards=np.array([[1.0, 0.0], [0.0, 1.0]]), valid=np.ones((2, 2), bool),

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from jaxgrpo import build, metrics_log, rewards, trainer
+from jaxgrpo import build, groups, metrics_log, rewards, trainer
 from jaxgrpo import config as config_lib
 from jaxgrpo import train as train_cli
 
@@ -337,7 +337,7 @@ def test_failing_reward_can_invalidate_instead(tmp_path, failing_rewards):
 # -- dynamic sampling -----------------------------------------------------------------------------------------------
 
 
-def _fake_rollout(rewards: np.ndarray, tag: int) -> trainer.Rollout:
+def _fake_rollout(rewards: np.ndarray, tag: int) -> groups.Rollout:
     """A rollout whose completions encode (tag, prompt, sample) so merged rows can be traced back."""
     from jaxgrpo import sampling
     from jaxgrpo.data import Example
@@ -346,7 +346,7 @@ def _fake_rollout(rewards: np.ndarray, tag: int) -> trainer.Rollout:
     ids = np.array([[tag * 100 + i] for i in range(p * g)], np.int32)
     comp = sampling.Completions(tokens=ids, logprobs=np.zeros(ids.shape, np.float32), mask=np.ones(ids.shape, bool),
                                 lengths=np.ones(p * g, np.int32), truncated=np.ones(p * g, bool))
-    return trainer.Rollout(prompt_ids=[[tag, i] for i in range(p)],
+    return groups.Rollout(prompt_ids=[[tag, i] for i in range(p)],
                            examples=[Example(f"{tag}.{i}", "0") for i in range(p)], completions=comp,
                            texts=[f"{tag}.{i // g}.{i % g}" for i in range(p * g)], rewards=rewards.astype(np.float32),
                            valid=np.ones((p, g), bool))

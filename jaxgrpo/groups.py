@@ -1,0 +1,111 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""One step's sampled groups on the host, between the rollout half and the learner: the `Rollout` the trainer scores
+and keeps, whole groups merged from resampling rounds (`merge_groups`), the train step's `Batch` made from them
+(`make_batch`), this process's share of a multi-host batch, and dynamic sampling's metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgrpo import data as data_lib
+from jaxgrpo import sampling
+from jaxgrpo.batch import Batch, left_pad_prompts
+
+
+@dataclasses.dataclass
+class Rollout:
+    """One step's sampled groups, host side, prompt-major: P prompts × G samples."""
+
+    prompt_ids: list[list[int]]
+    examples: list[data_lib.Example]
+    completions: sampling.Completions
+    texts: list[str]
+    rewards: np.ndarray  # [P, G]
+    valid: np.ndarray  # [P, G]
+    projections: dict[str, jax.Array] | None = None  # the sampler's record for the train step (`Batch.projections`)
+
+
+def make_batch(rollout: Rollout, prompt_width: int, pad_id: int) -> Batch:
+    """Packs a rollout into the train step's layout: prompt left-padded to `prompt_width`, completion after it."""
+    comp = rollout.completions
+    prompt, pmask = left_pad_prompts(rollout.prompt_ids, rollout.rewards.shape[1], prompt_width, pad_id)
+    ctok = np.asarray(comp.tokens)
+    cmask = np.asarray(comp.mask) & rollout.valid.reshape(-1)[:, None]
+    return Batch(
+        tokens=jnp.asarray(np.concatenate([prompt, np.where(cmask, ctok, pad_id)], axis=1)),
+        prompt_mask=jnp.asarray(pmask),
+        completion_mask=jnp.asarray(cmask),
+        rewards=jnp.asarray(rollout.rewards, jnp.float32),
+        valid=jnp.asarray(rollout.valid),
+        old_logprobs=jnp.asarray(np.where(cmask, np.asarray(comp.logprobs), 0.0), jnp.float32),
+        ref_logprobs=None,
+        projections=rollout.projections,
+    )
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+    """The full value of a (possibly multi-host) array on this host: every process sees the whole rollout, scores
+    it (rewards are cheap and deterministic), and then contributes its own share of groups to the train step."""
+    if jax.process_count() > 1 and not getattr(x, "is_fully_addressable", True):
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
+def process_share(batch: Batch, num_groups: int) -> Batch:
+    """This process's whole groups of a host-global batch: the contiguous slice `process_index` of P / processes
+    groups (`train_step.global_batch` assembles the global array; group order does not change the step)."""
+    n = jax.process_count()
+    if n == 1:
+        return batch
+    per, i = num_groups // n, jax.process_index()
+    rows = batch.tokens.shape[0] // num_groups
+
+    def take(x):
+        if x is None:
+            return None
+        scale = rows if x.shape[0] == batch.tokens.shape[0] else 1
+        return x[i * per * scale:(i + 1) * per * scale]
+
+    return jax.tree.map(take, batch)
+
+
+def merge_groups(pool: list[Rollout], picks: list[tuple[int, int]]) -> Rollout:
+    """Selects whole groups (round, prompt) from several rollouts into one prompt-major rollout."""
+    g = pool[0].rewards.shape[1]
+    rows = [(r, p * g + j) for r, p in picks for j in range(g)]
+    comp_fields = {}
+    for f in dataclasses.fields(pool[0].completions):
+        if f.name == "projections" or getattr(pool[0].completions, f.name) is None:  # projections: never recorded
+            continue  # with dynamic sampling (`train_step.resolve_perf`)
+        comp_fields[f.name] = np.stack([np.asarray(getattr(pool[r].completions, f.name))[i] for r, i in rows])
+    return Rollout(
+        prompt_ids=[pool[r].prompt_ids[p] for r, p in picks],
+        examples=[pool[r].examples[p] for r, p in picks],
+        completions=type(pool[0].completions)(**comp_fields),
+        texts=[pool[r].texts[i] for r, i in rows],
+        rewards=np.stack([pool[r].rewards[p] for r, p in picks]),
+        valid=np.stack([pool[r].valid[p] for r, p in picks]),
+    )
+
+
+def resample_metrics(rounds: int, sampled: int, want: int, informative: int, degenerate: int,
+                     tokens: float) -> dict[str, float]:  # fmt: skip
+    """Dynamic sampling's metrics: rounds of P prompts drawn, groups sampled but not trained on, the fractions."""
+    return {
+        "tokens/sampled": tokens,
+        "resample/rounds": float(rounds),
+        "resample/discarded_groups": float(sampled - want),
+        "resample/degenerate_frac": degenerate / max(sampled, 1),
+        "resample/informative_frac": min(informative, want) / want,
+    }
+
+
+def sampled_tokens(rollouts: list[Rollout]) -> float:
+    """Completion tokens sampled in these rollouts (every round of a step, discarded groups included)."""
+    return float(sum(np.asarray(r.completions.mask).sum() for r in rollouts))
