@@ -113,7 +113,8 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 
 def initialize_distributed() -> bool:
-    """Call `jax.distributed.initialize()` on multi-host runs (TPU pods / SLURM / coordinator env vars set).
+    """Call `jax.distributed.initialize()` on multi-host runs (TPU pods / SLURM / coordinator env vars set:
+    ``JAX_COORDINATOR_ADDRESS`` with ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``).
 
     Returns True when it initialised a multi-process run, False on a single host. Must run before any JAX
     computation; afterwards `make_mesh()` sees every host's devices and builds one global mesh.
@@ -127,5 +128,9 @@ def initialize_distributed() -> bool:
     )
     if not multi:
         return False
-    jax.distributed.initialize()
+    # jax reads the coordinator's address from the environment but not the process count and id: a launcher that
+    # sets JAX_NUM_PROCESSES / JAX_PROCESS_ID beside JAX_COORDINATOR_ADDRESS (no cluster auto-detection) passes them
+    kwargs = {k: int(env[v]) for k, v in (("num_processes", "JAX_NUM_PROCESSES"), ("process_id", "JAX_PROCESS_ID"))
+              if v in env}  # fmt: skip
+    jax.distributed.initialize(**kwargs)
     return True

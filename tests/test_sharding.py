@@ -42,6 +42,21 @@ def test_batch_sharding_and_single_host_init(monkeypatch):
     assert sharding.initialize_distributed() is False
 
 
+def test_coordinator_environment_passes_the_process_count_and_id(monkeypatch):
+    """mesh.distributed=true through the coordinator environment variables: jax itself reads only the address, so
+    the count and id must reach `jax.distributed.initialize` as arguments (jax/_src/distributed.py)."""
+    calls = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
+    monkeypatch.setenv("JAX_PROCESS_ID", "3")
+    assert sharding.initialize_distributed() is True
+    assert calls == [{"num_processes": 4, "process_id": 3}]
+    monkeypatch.delenv("JAX_NUM_PROCESSES")
+    monkeypatch.delenv("JAX_PROCESS_ID")
+    assert sharding.initialize_distributed() is True and calls[-1] == {}  # a cluster jax detects by itself
+
+
 def test_rules_and_divisibility_fallback():
     mesh = sharding.make_mesh(1, 4, 2)
     assert sharding.logical_to_spec(("layers", "embed", "heads", "head_dim"), (2, 64, 4, 16), mesh) == PartitionSpec(
