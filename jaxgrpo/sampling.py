@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -87,51 +86,11 @@ __all__ = [
 # Validation (host side)
 
 
-def _validate(
-    config: Any,
-    prompts: Any,
-    num_samples: int,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    eos_token_ids: Sequence[int],
-    prompt_buckets: Sequence[int] | None,
-) -> None:
-    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence) or len(prompts) == 0:
-        raise ValueError("prompts must be a non-empty list of token-id lists (got an empty or non-list value)")
-    if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
-        raise ValueError(f"num_samples must be an integer >= 1 (got {num_samples!r})")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1 (got {max_new_tokens!r})")
-    if not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be a finite number >= 0, 0 meaning greedy (got {temperature!r})")
-    if not (0.0 < top_p <= 1.0):
-        raise ValueError(f"top_p must be in (0, 1], 1 meaning no nucleus truncation (got {top_p!r})")
-    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
-        raise ValueError(f"top_k must be an integer >= 0, 0 meaning no top-k truncation (got {top_k!r})")
-    vocab = config.vocab_size
-    for e in eos_token_ids:
-        if isinstance(e, bool) or not isinstance(e, (int, np.integer)) or not 0 <= e < vocab:
-            raise ValueError(f"eos_token_ids must be token ids in [0, {vocab}) (got {tuple(eos_token_ids)!r})")
+def _validate(config: Any, prompts: Any, sp: SamplingParams, prompt_buckets: Sequence[int] | None) -> None:
+    """The prompts, EOS ids and buckets against the model (the sampling values were checked by `SamplingParams`)."""
     if prompt_buckets is not None and (len(prompt_buckets) == 0 or min(prompt_buckets) < 1):
         raise ValueError(f"prompt_buckets must be positive lengths (got {prompt_buckets!r})")
-    for i, p in enumerate(prompts):
-        if isinstance(p, (str, bytes)) or not hasattr(p, "__len__"):
-            raise ValueError(f"prompt {i} must be a list of token ids, got {type(p).__name__}; tokenize it first")
-        if len(p) == 0:
-            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token (e.g. BOS)")
-        arr = np.asarray(p)
-        if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(f"prompt {i} must be a flat list of integer token ids (got dtype {arr.dtype})")
-        if arr.min() < 0 or arr.max() >= vocab:
-            raise ValueError(f"prompt {i} has token ids outside [0, {vocab}) (min {arr.min()}, max {arr.max()})")
-        if len(p) + max_new_tokens > config.max_position_embeddings:
-            raise ValueError(
-                f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} that is "
-                f"{len(p) + max_new_tokens} positions, beyond the model's max_position_embeddings="
-                f"{config.max_position_embeddings}; shorten the prompt or lower max_new_tokens"
-            )
+    sp.check(config.vocab_size, config.max_position_embeddings, prompts)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -327,11 +286,11 @@ def generate(
         if not isinstance(eos_token_ids, (int, np.integer))
         else (int(eos_token_ids),)
     )
-    _validate(config, prompts, num_samples, max_new_tokens, temperature, top_p, top_k, eos_token_ids, prompt_buckets)
+    sp = SamplingParams(max_new_tokens, num_samples, temperature, top_p, top_k, eos_token_ids)
+    _validate(config, prompts, sp, prompt_buckets)
     g, m = int(num_samples), int(max_new_tokens)
     num_prompts = len(prompts)
     if mesh is None and not record_projections:  # the engine, static mode: one slot per prompt (padded to 2^n)
-        sp = SamplingParams(m, g, temperature, top_p, int(top_k), eos_token_ids)
         groups, _ = driver.run(config, params, prompts, sp, key, prompt_buckets=prompt_buckets)
         return jax.tree.map(jnp.asarray, driver.completions(groups, range(num_prompts)))
     axes = _batch_axes(mesh)
