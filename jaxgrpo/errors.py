@@ -20,7 +20,14 @@ class DataError(ConfigError):
 
 
 class RewardError(RuntimeError):
-    """A reward function failed (raised, or returned something that is not a finite real number)."""
+    """A reward function failed (raised, or returned something that is not a finite real number).
+
+    ``advice``, when given, is what to do about it; it ends the one-line message (``"{message}: {advice}"``) so that a
+    caller can add what it did (e.g. the checkpoint it saved) to ``message`` and keep the advice last."""
+
+    def __init__(self, message: str, advice: str | None = None):
+        super().__init__(f"{message}: {advice}" if advice else message)
+        self.message, self.advice = message, advice
 
 
 class CheckpointError(RuntimeError):

@@ -363,8 +363,9 @@ class Scorer:
             if self.on_error == "error":
                 problem, cause = problems[(i, f)]
                 raise RewardError(
-                    f"reward {self.resolved[f].name!r} {problem} on {_describe(i, examples[i])}: fix the function, "
-                    "or set algo.on_reward_error=invalidate to drop such samples from the update") from cause
+                    f"reward {self.resolved[f].name!r} {problem} on {_describe(i, examples[i])}",
+                    "fix the function, or set algo.on_reward_error=invalidate to drop such samples from the update",
+                ) from cause
             failed[i] = True
         stuck = self.pool.stuck
         if sum(stuck.values()) >= self.pool.stuck_limit:

@@ -489,8 +489,9 @@ def _loop(trainer: Trainer, logger: metrics_log.MetricsLogger, stop: ckpt_lib.Pr
             trainer.iterator.restore(position)  # the resumed run draws this step's prompts again
             save()
             trainer.ckpt.wait()
-            raise rewards.RewardError(f"{e}; step {step} is checkpointed: fix the reward and re-run with --run-dir "
-                                      f"{trainer.run_dir} to resume") from e
+            raise rewards.RewardError(
+                f"{getattr(e, 'message', e)}; step {step} is checkpointed (re-run with --run-dir {trainer.run_dir} "
+                "to resume)", getattr(e, "advice", None) or "fix the reward function") from e
         step += 1
         trainer.sampled_tokens += int(metrics["tokens/sampled"])
         metrics["tokens/sampled_total"] = float(trainer.sampled_tokens)
