@@ -249,16 +249,18 @@ def test_eight_device_run_equals_one_device_run(tmp_path):
 
 
 def test_malloc_env():
-    env, glibc = {"PATH": "/bin"}, ("glibc", "2.36")
+    # JAX_PLATFORMS=cpu: the CPU backend whatever accelerator plugins are installed (CI installs libtpu and the CUDA
+    # plugin for the compile checks, and without JAX_PLATFORMS an installed plugin means an accelerator backend)
+    env, glibc = {"PATH": "/bin", "JAX_PLATFORMS": "cpu"}, ("glibc", "2.36")
     keep_tunables = f"glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold={2**62}"
     got = train_cli.malloc_env(env, thp_mode="madvise", libc=glibc)  # the default mode is keep
-    assert got == {"PATH": "/bin", "GLIBC_TUNABLES": f"glibc.malloc.hugetlb=1:{keep_tunables}"}
+    assert got == {**env, "GLIBC_TUNABLES": f"glibc.malloc.hugetlb=1:{keep_tunables}"}
     assert train_cli.malloc_env(got, thp_mode="madvise", libc=glibc) is None  # after the re-exec: nothing to add
     assert train_cli.malloc_env(env, thp_mode="never", libc=glibc)["GLIBC_TUNABLES"] == keep_tunables
-    huge = {"JAXGRPO_MALLOC": "hugepages"}
+    huge = {"JAXGRPO_MALLOC": "hugepages", "JAX_PLATFORMS": "cpu"}
     assert train_cli.malloc_env(huge, thp_mode="always", libc=glibc)["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
-    keep = train_cli.malloc_env({"JAXGRPO_MALLOC": "keep", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"},
-                                thp_mode="always", libc=glibc)  # fmt: skip
+    keep = train_cli.malloc_env({"JAXGRPO_MALLOC": "keep", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2",
+                                 "JAX_PLATFORMS": "cpu"}, thp_mode="always", libc=glibc)  # fmt: skip
     assert keep["GLIBC_TUNABLES"] == ("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:"
                                       f"glibc.malloc.trim_threshold={2**62}")  # the user's arena_max is kept
     # nothing to do: opted out, THP off (hugepages mode), musl or an older glibc
