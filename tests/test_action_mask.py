@@ -18,19 +18,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from test_train_step import V, tiny_config  # noqa: E402  the tiny model of tests/test_train_step.py
 
 from jaxgrpo import minibatch, models
 from jaxgrpo import train_step as ts
 from jaxgrpo.config import AlgoConfig, PerfConfig
 
-# the tiny model and shapes of tests/test_train_step.py (already compiled by the suite)
-V, TP, TC, TEMP = 80, 6, 8, 0.7
+# its shapes too (already compiled by the suite)
+TP, TC, TEMP = 6, 8, 0.7
 P, G = 2, 4
-
-
-def tiny_config() -> models.ModelConfig:
-    return models.ModelConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
-                              num_kv_heads=2, max_position_embeddings=64)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
