@@ -252,6 +252,13 @@ def make_train_step(
     return init_fn, StepFn(jitted, hparams, mesh)
 
 
+def release_programs() -> None:
+    """Forget every memoized program (`make_train_step`), so its compiled executables can be freed once no trainer
+    holds them; the next `make_train_step` compiles again. For a long-lived process that builds many configurations
+    (a test session, a sweep in one process): XLA:CPU holds memory maps for each live executable."""
+    _PROGRAMS.clear()
+
+
 def _build_program(
     model_config: models.ModelConfig,
     algo: AlgoConfig,

@@ -2,11 +2,12 @@
 """Test setup: 8 fake CPU devices (set before JAX initialises), float32 matmuls at full precision, offline; and a
 session that FAILS on any skip outside `ALLOWED_SKIPS`.
 
-No persistent compilation cache: a full run with jax's cache on and the CUDA plugin installed crashed with a
-segmentation fault while writing a train step's executable to the cache, and a later run without the cache crashed
-inside an XLA:CPU compile; jax loads an installed CUDA plugin's libraries into every process, so `.ci/run` now keeps
-the plugin (and libtpu) out of the main pass. Until a full run shows the cache safe without them, programs are shared
-within a process only (`train_step.make_train_step` is memoized).
+**Compiled programs are released after each test module.** XLA:CPU maps every executable it JIT-compiles into the
+process (about five memory maps each) and unmaps them only when the executable is freed. A whole run in one process
+compiles thousands of programs; without the release, the count passed Linux's default ``vm.max_map_count`` (65,530)
+about halfway through the suite and the next compile died with a segmentation fault inside XLA:CPU. After each module
+the trainer's program memo (`train_step.release_programs`) and jax's caches are cleared, and the session FAILS if a
+module ends with more than ``MAX_MAPS`` maps, well before the kernel's limit, naming the module.
 """
 
 import os
@@ -20,6 +21,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import gc  # noqa: E402
 import pathlib  # noqa: E402
 
 import jax  # noqa: E402
@@ -30,6 +32,33 @@ jax.config.update("jax_default_matmul_precision", "highest")
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 GSM8K_DIR = SHARED / "data" / "gsm8k"
+
+
+MAX_MAPS = 40_000  # the kernel's default limit is 65,530 (vm.max_map_count)
+_map_overflows: list[str] = []
+
+
+def _memory_maps() -> int | None:
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:  # not Linux
+        return None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs(request: pytest.FixtureRequest):
+    """After each module: drop the trainer's memoized programs and jax's caches, so their executables (and the memory
+    maps XLA:CPU holds for them) are freed; record a module that leaves too many maps behind."""
+    yield
+    from jaxgrpo.train_step import release_programs
+
+    release_programs()
+    jax.clear_caches()
+    gc.collect()
+    maps = _memory_maps()
+    if maps is not None and maps > MAX_MAPS:
+        _map_overflows.append(f"{request.node.nodeid}: {maps} memory maps after release (limit here {MAX_MAPS})")
 
 
 @pytest.fixture(scope="session")
@@ -108,7 +137,7 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if _disallowed_skips and exitstatus == 0:
+    if (_disallowed_skips or _map_overflows) and exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -116,4 +145,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int) -> None:
     if _disallowed_skips:
         terminalreporter.section("skips outside the allow-list (tests/conftest.py ALLOWED_SKIPS): the run FAILS")
         for line in _disallowed_skips:
+            terminalreporter.line(line)
+    if _map_overflows:
+        terminalreporter.section("modules leaving compiled programs mapped (conftest.py MAX_MAPS): the run FAILS")
+        for line in _map_overflows:
             terminalreporter.line(line)
