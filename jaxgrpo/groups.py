@@ -47,16 +47,6 @@ def make_batch(rollout: Rollout, prompt_width: int, pad_id: int) -> Batch:
     )
 
 
-def to_host(x: jax.Array) -> np.ndarray:
-    """The full value of a (possibly multi-host) array on this host: every process sees the whole rollout, scores
-    it (rewards are cheap and deterministic), and then contributes its own share of groups to the train step."""
-    if jax.process_count() > 1 and not getattr(x, "is_fully_addressable", True):
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(x)
-
-
 def process_share(batch: Batch, num_groups: int) -> Batch:
     """This process's whole groups of a host-global batch: the contiguous slice `process_index` of P / processes
     groups (`train_step.global_batch` assembles the global array; group order does not change the step)."""

@@ -29,9 +29,10 @@ from jaxgrpo import eval as eval_lib
 from jaxgrpo import retain as retain_lib
 from jaxgrpo import run_dir as run_dir_lib
 from jaxgrpo import train_step as ts
-from jaxgrpo.groups import Rollout, make_batch, merge_groups, process_share, resample_metrics, sampled_tokens, to_host
+from jaxgrpo.groups import Rollout, make_batch, merge_groups, process_share, resample_metrics, sampled_tokens
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.models import lora
+from jaxgrpo.models.layout import to_host
 from jaxgrpo.rollout import driver as rollout_driver
 from jaxgrpo.rollout.params import SamplingParams
 
@@ -199,31 +200,40 @@ class Trainer:
     def export_final(self) -> None:
         """``<run_dir>/final``: HF weights (adapters merged) and tokenizer; with LoRA also ``<run_dir>/final_adapter``,
         a PEFT adapter directory whose base is `build.peft_base` or, for a base transformers cannot load by name,
-        ``<run_dir>/final_base`` (exported here)."""
+        ``<run_dir>/final_base`` (exported here). On several processes every one gathers the (possibly sharded)
+        weights and process 0 alone writes."""
+        writer = jax.process_index() == 0
         if self.lora:  # the adapter names a base AutoPeftModel loads: a Hub id, a directory, or final_base/
             base = build.peft_base(self.cfg)
+            adapters = jax.tree.map(to_host, lora.trainable(self.state.params))
             if base is None:  # tiny, GGUF: the base exists only as this run loaded it
                 base_dir = self.run_dir / "final_base"
-                models.save_pretrained(self.model_config.replace(lora=None),
-                                       jax.device_get(lora.split(self.state.params)[0]), base_dir)
-                build.save_tokenizer(self.tokenizer, base_dir)
+                frozen = jax.tree.map(to_host, lora.split(self.state.params)[0])
+                if writer:
+                    models.save_pretrained(self.model_config.replace(lora=None), frozen, base_dir)
+                    build.save_tokenizer(self.tokenizer, base_dir)
                 base = str(base_dir.absolute())
-            lora.save_peft(self.model_config, lora.trainable(self.state.params), self.run_dir / "final_adapter",
-                           base_name_or_path=base)
+            if writer:
+                lora.save_peft(self.model_config, adapters, self.run_dir / "final_adapter", base_name_or_path=base)
         mcfg, params = lora.merged(self.model_config, self.state.params)
-        models.save_pretrained(mcfg, jax.device_get(params), self.run_dir / "final")
-        build.save_tokenizer(self.tokenizer, self.run_dir / "final")
+        params = jax.tree.map(to_host, params)
+        if writer:
+            models.save_pretrained(mcfg, params, self.run_dir / "final")
+            build.save_tokenizer(self.tokenizer, self.run_dir / "final")
 
     def export_gguf(self) -> pathlib.Path:
         """``<run_dir>/final.gguf`` for llama.cpp / ollama (adapters merged), in ``checkpoint.export_gguf_dtype``; its
         tokenizer metadata is copied from the GGUF the tokenizer came from (``model.tokenizer``, else the model's
-        file), else built from the run's tokenizer (`models.save_gguf`)."""
+        file), else built from the run's tokenizer (`models.save_gguf`). Process 0 writes (every process gathers)."""
         m = self.cfg.model
         mcfg, params = lora.merged(self.model_config, self.state.params)
+        params = jax.tree.map(to_host, params)
+        path = self.run_dir / "final.gguf"
+        if jax.process_index() != 0:
+            return path
         source = m.tokenizer or (None if m.name_or_path == "tiny" else build.resolve_model_path(m.name_or_path))
         vocab = source if str(source).endswith(".gguf") else self.tokenizer  # a GGUF's tokenizer fields, verbatim
-        return models.save_gguf(mcfg, params, self.run_dir / "final.gguf", vocab,
-                                dtype=self.cfg.checkpoint.export_gguf_dtype)
+        return models.save_gguf(mcfg, params, path, vocab, dtype=self.cfg.checkpoint.export_gguf_dtype)
 
     def saved_state(self) -> ts.TrainState:
         """What a checkpoint holds: the train state, with only the adapters of a LoRA run's params (the frozen base

@@ -3,12 +3,19 @@
 restore of arrays that no process holds whole (not fully addressable), and the preemption agreement
 (`PreemptionFlag.any_process`: a signal seen by one process stops every process at the same step). The expected
 values are closed forms (``np.arange``) gathered back to one process; the trainer's own two-process run is
-`tests/test_train.py::test_two_process_run_equals_one_process_run`."""
+`tests/test_train.py::test_two_process_run_equals_one_process_run`.
+
+A preempted two-process trainer run with its weights sharded across both processes (fsdp over all 8 devices): one
+process gets SIGTERM, both checkpoint and stop at the same step, the resumed run finishes, and its metrics and the HF
+export of its sharded weights (written by process 0 alone) equal an uninterrupted single-process run's."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 CHECKPOINT_BODY = r"""
 import os
@@ -60,3 +67,62 @@ def test_two_process_checkpoint_of_arrays_no_process_holds_whole(tmp_path):
     # [process][before the signal, after it]: neither stops before, both stop after
     np.testing.assert_array_equal(got["agreement"].reshape(2, 2), [[0, 1], [0, 1]])
 
+
+
+RESUME_ARGS = ["train.steps=4", "checkpoint.every=1", "checkpoint.keep=10", "checkpoint.export_final=true",
+               "mesh.data=1", "mesh.fsdp=8"]
+
+PREEMPT_RESUME_BODY = r"""
+import signal
+from jax.experimental import multihost_utils
+from jaxgrpo import checkpoint as ckpt_lib, config as config_lib, trainer
+from test_train import SMALL
+from test_multihost_checkpoint import RESUME_ARGS
+cfg = config_lib.load_config("default", [*SMALL, *RESUME_ARGS])
+run_dir = os.path.join(os.path.dirname(out), "run")
+if pid == 1:  # process 1 alone is preempted, during the second step
+    original = trainer.Trainer.step
+    def step(self, i):
+        if i == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, i)
+    trainer.Trainer.step = step
+try:
+    trainer.run(cfg, run_dir)
+    stopped = 0
+except ckpt_lib.Preempted as e:
+    stopped = e.step
+stops = np.asarray(multihost_utils.process_allgather(np.asarray([stopped], np.int32)))
+resumed = trainer.run(cfg, run_dir)
+t = trainer.Trainer(cfg, run_dir)  # the finished run's state, restored: its weights span both processes
+spans = [not x.is_fully_addressable for x in jax.tree.leaves(t.state.params)]
+t.close()
+if pid == 0:
+    np.savez(out, stops=stops, resumed=np.asarray(len(resumed)), spans=np.asarray(spans))
+"""
+
+
+@pytest.mark.slow
+def test_two_process_preempted_run_resumes_and_exports_its_sharded_weights(tmp_path):
+    from multihost import run_two_processes
+    from test_train import SMALL, assert_records_close
+
+    from jaxgrpo import config as config_lib
+    from jaxgrpo import metrics_log, trainer
+
+    got = run_two_processes(PREEMPT_RESUME_BODY, tmp_path)
+    stops = got["stops"].ravel()
+    assert stops.tolist() == [2, 2], f"both processes stop after the step in flight when one is signalled: {stops}"
+    assert int(got["resumed"]) == 2
+    assert got["spans"].any(), "fsdp over both processes' devices: some weights are held by neither process whole"
+
+    want_dir = tmp_path / "one"
+    trainer.run(config_lib.load_config("default", [*SMALL, *RESUME_ARGS]), want_dir)
+    two_dir = tmp_path / "run"
+    assert_records_close(metrics_log.read_metrics(two_dir), metrics_log.read_metrics(want_dir), rtol=1e-4, atol=1e-5)
+    want, two = load_file(want_dir / "final" / "model.safetensors"), load_file(two_dir / "final" / "model.safetensors")
+    assert want.keys() == two.keys()
+    for k in want:
+        np.testing.assert_allclose(two[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
+    assert json.loads((two_dir / "final" / "config.json").read_text()) == json.loads(
+        (want_dir / "final" / "config.json").read_text())

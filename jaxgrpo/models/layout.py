@@ -163,7 +163,8 @@ def check_shape(name: str, found: tuple[int, ...], expected: tuple[int, ...], wh
 
 
 def to_host(x: Any) -> np.ndarray:
-    """Full numpy copy of a (possibly multi-host sharded) array."""
+    """Full numpy copy of a (possibly multi-host sharded) array. A collective when ``x`` spans processes: every
+    process must call it, in the same order (the exports gather on every process and write on process 0 only)."""
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
         from jax.experimental import multihost_utils
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from jaxgrpo.files import user_mode
 from jaxgrpo.models.config import ModelConfig
+from jaxgrpo.models.layout import to_host
 
 Params = dict[str, Any]
 
@@ -179,7 +180,7 @@ def save_peft(config: ModelConfig, adapters: Params, directory: str | pathlib.Pa
     Gathers sharded adapters; on multi-host meshes every process must call this, and process 0 writes."""
     from safetensors.numpy import save_file
 
-    tensors = to_peft(config, jax.tree.map(_gather, adapters))
+    tensors = to_peft(config, jax.tree.map(to_host, adapters))
     if jax.process_index() != 0:
         return
     directory = pathlib.Path(directory)
@@ -187,14 +188,6 @@ def save_peft(config: ModelConfig, adapters: Params, directory: str | pathlib.Pa
     save_file(tensors, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
     user_mode(directory / "adapter_model.safetensors")  # safetensors writes 0600
     (directory / "adapter_config.json").write_text(json.dumps(peft_config(config, base_name_or_path), indent=2))
-
-
-def _gather(x: jax.Array) -> np.ndarray:
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(jax.device_get(x))
 
 
 def base_fingerprint(params: Params) -> list[float] | None:
