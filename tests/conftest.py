@@ -6,12 +6,23 @@ session that FAILS on any skip outside `ALLOWED_SKIPS`.
 process (about five memory maps each) and unmaps them only when the executable is freed. A whole run in one process
 compiles thousands of programs; without the release, the count passed Linux's default ``vm.max_map_count`` (65,530)
 about halfway through the suite and the next compile died with a segmentation fault inside XLA:CPU. After each module
-the trainer's program memo (`train_step.release_programs`) and jax's caches are cleared, and the session FAILS if a
-module ends with more than ``MAX_MAPS`` maps, well before the kernel's limit, naming the module.
+the trainer's program memo (`train_step.release_programs`) and jax's caches are cleared, and a module that still
+leaves more than ``MAX_MAPS`` maps, well before the kernel's limit, fails in its teardown (an error naming it).
 """
 
 import os
+import pathlib
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# One persistent compilation cache for the whole run, its xdist workers and the processes its tests launch (they
+# inherit the environment): a program compiled once is read back, not compiled again, in a later module, another
+# worker or a CLI subprocess. jax keys entries on the HLO, the compile options and the jaxlib version, so a hit is the
+# same executable. A size limit turns on jax's file lock around every read and write, so concurrent processes never
+# read a half-written entry. A developer's warm cache lives on between runs; delete the directory to start cold.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(REPO / ".pytest_cache" / "jax-compilation-cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
 os.environ.setdefault("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
@@ -22,20 +33,17 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import gc  # noqa: E402
-import pathlib  # noqa: E402
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 GSM8K_DIR = SHARED / "data" / "gsm8k"
 
 
 MAX_MAPS = 40_000  # the kernel's default limit is 65,530 (vm.max_map_count)
-_map_overflows: list[str] = []
 
 
 def _memory_maps() -> int | None:
@@ -49,7 +57,7 @@ def _memory_maps() -> int | None:
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_programs(request: pytest.FixtureRequest):
     """After each module: drop the trainer's memoized programs and jax's caches, so their executables (and the memory
-    maps XLA:CPU holds for them) are freed; record a module that leaves too many maps behind."""
+    maps XLA:CPU holds for them) are freed; a module that leaves too many maps behind errors in its teardown."""
     yield
     from jaxgrpo.train_step import release_programs
 
@@ -58,7 +66,8 @@ def _release_compiled_programs(request: pytest.FixtureRequest):
     gc.collect()
     maps = _memory_maps()
     if maps is not None and maps > MAX_MAPS:
-        _map_overflows.append(f"{request.node.nodeid}: {maps} memory maps after release (limit here {MAX_MAPS})")
+        pytest.fail(f"{request.node.nodeid} leaves {maps} memory maps after releasing its programs (limit here "
+                    f"{MAX_MAPS}; the kernel's vm.max_map_count is 65,530): something holds compiled executables")
 
 
 @pytest.fixture(scope="session")
@@ -137,7 +146,7 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if (_disallowed_skips or _map_overflows) and exitstatus == 0:
+    if _disallowed_skips and exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -145,8 +154,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int) -> None:
     if _disallowed_skips:
         terminalreporter.section("skips outside the allow-list (tests/conftest.py ALLOWED_SKIPS): the run FAILS")
         for line in _disallowed_skips:
-            terminalreporter.line(line)
-    if _map_overflows:
-        terminalreporter.section("modules leaving compiled programs mapped (conftest.py MAX_MAPS): the run FAILS")
-        for line in _map_overflows:
             terminalreporter.line(line)
