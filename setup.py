@@ -47,7 +47,7 @@ setup(
         "wandb": ["wandb>=0.17"],  # log.wandb
         # torch is pinned to the CPU build the CI machines carry; tests use it as an independent reference only.
         "test": [
-            "pytest>=8", "hypothesis>=6.100", "ruff>=0.6", "torch==2.13.0", "accelerate>=1.0",
+            "pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "ruff>=0.6", "torch==2.13.0", "accelerate>=1.0",
             "nbformat>=5", "nbclient>=0.10", "ipykernel>=6",
             "peft>=0.13", "wandb>=0.17", "trl>=0.20",  # TRL: its own reward functions as a reference
         ],
