@@ -1,0 +1,182 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Degeneracy-aware scheduling (`jaxgrpo.scheduler`, `jaxgrpo.scheduled`): GRESO's skip probability, adaptive group
+sizes under a budget, the history and its exact JSON round trip, varying-G advantages against per-group closed forms,
+and the trainer wiring (off = today's run, resume = the same history)."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+import numpy as np
+import pytest
+
+from jaxgrpo import config as config_lib
+from jaxgrpo import scheduler
+
+DATA = pathlib.Path(__file__).parent / "data"
+
+
+# -- skip probability (GRESO: 1 - max(p^z, min_keep)) ------------------------------------------------------------------
+@pytest.mark.parametrize("explore,min_keep", [(0.5, 0.01), (0.9, 1e-6), (0.01, 0.5)])
+def test_skip_probability_is_gresos_and_never_reaches_one(explore, min_keep):
+    streaks = list(range(-3000, 3001)) + [10**9, -(10**9)]
+    probs = [scheduler.skip_probability(z, explore, min_keep) for z in streaks]
+    assert all(p < 1.0 for p in probs)  # for every streak, however long
+    assert scheduler.skip_probability(0, explore, min_keep) == 0.0
+    for z in (1, 2, 3, 7, 40):  # the closed form, both signs (all-pass and all-fail streaks)
+        want = 1.0 - max(explore**z, min_keep)
+        assert scheduler.skip_probability(z, explore, min_keep) == pytest.approx(want, abs=1e-15)
+        assert scheduler.skip_probability(-z, explore, min_keep) == pytest.approx(want, abs=1e-15)
+    pos = [scheduler.skip_probability(z, explore, min_keep) for z in range(0, 200)]
+    assert all(b >= a for a, b in zip(pos, pos[1:]))  # rises with the streak
+    assert pos[-1] == pytest.approx(1.0 - min_keep)  # ... toward 1 - min_keep
+
+
+def test_skip_probability_rejects_a_certain_skip():
+    for bad in ({"explore": 0.0}, {"explore": 1.0}, {"min_keep": 0.0}, {"min_keep": 1e-20}):
+        with pytest.raises(ValueError, match="explore|min_keep"):
+            scheduler.skip_probability(3, **{"explore": 0.5, "min_keep": 0.01, **bad})
+
+
+def test_a_long_streak_prompt_is_still_sampled_at_the_floor_rate():
+    sch = scheduler.Scheduler(scheduler.Settings(explore=0.5, min_keep=0.01, group_size=4, min_group=2), seed=3)
+    sch.records[0] = scheduler.Record(streak=-60)  # P_keep = max(0.5^60, 0.01) = 0.01
+    sch.records[1] = scheduler.Record(streak=2)  # P_keep = 0.25
+    for prompt, q in ((0, 0.01), (1, 0.25)):  # the kept fraction of many draws of one prompt: binomial, 5 sd
+        sch.skipped_total = 0
+        kept, skipped = sch.select(lambda k, p=prompt: [p] * k, 400, step=prompt, max_draws=10**9)
+        tries = len(kept) + len(skipped)
+        assert len(kept) == 400 and sch.skipped_total == len(skipped)
+        assert abs(400 / tries - q) < 5 * math.sqrt(q * (1 - q) / tries), (prompt, 400 / tries)
+    # past max_draws the rest is kept unconditionally: a step always fills
+    kept, skipped = sch.select(lambda k: [0] * k, 4, step=9, max_draws=10)
+    assert len(kept) == 4 and len(kept) + len(skipped) <= 10 + 4
+
+
+# -- adaptive group size -----------------------------------------------------------------------------------------------
+def test_group_size_closed_form():
+    # G(p) = clip(2 ceil(8 * 2 sqrt(p(1-p)) / 2), 2, 8), by hand
+    assert scheduler.group_size(0.5, 8, 2) == 8  # 2 sqrt(1/4) = 1 -> 8
+    assert scheduler.group_size(0.0, 8, 2) == 2  # flat -> the floor
+    assert scheduler.group_size(1.0, 8, 2) == 2
+    assert scheduler.group_size(0.1, 8, 2) == 6  # 8 * 0.6 = 4.8 -> 2 * ceil(2.4) = 6
+    assert scheduler.group_size(0.02, 8, 2) == 4  # 8 * 2 sqrt(0.0196) = 2.24 -> 4
+    assert scheduler.group_size(0.005, 8, 2) == 2  # 8 * 0.1411 = 1.13 -> 2
+    assert scheduler.group_size(0.3, 16, 4) == 16  # 16 * 0.9165 = 14.66 -> 4 * ceil(3.67) = 16
+    assert scheduler.group_size(0.05, 16, 4) == 8  # 16 * 0.4359 = 6.97 -> 8
+    with pytest.raises(ValueError, match="multiple of min_group"):
+        scheduler.group_size(0.5, 6, 4)
+
+
+def test_allocation_under_a_budget_by_hand():
+    # unconstrained sizes [8, 8, 6, 2] (24 samples); a budget of 16: the largest size / sigma gives back 2 at a
+    # time: sigma = [.5, .5, .3, 0]: 6/.3=20 -> [8,8,4,2]; 16,16,13.3 (last of ties) -> [8,6,4,2]; 16,12,13.3 ->
+    # [6,6,4,2]; 12,12,13.3 -> [6,6,2,2] = 16
+    ps = [0.5, 0.5, 0.1, 0.0]
+    np.testing.assert_array_equal(scheduler.allocate(ps, 8, 2), [8, 8, 6, 2])
+    np.testing.assert_array_equal(scheduler.allocate(ps, 8, 2, budget=16), [6, 6, 2, 2])
+    np.testing.assert_array_equal(scheduler.allocate(ps, 8, 2, budget=100), [8, 8, 6, 2])
+    np.testing.assert_array_equal(scheduler.allocate(ps, 8, 2, budget=8), [2, 2, 2, 2])
+    with pytest.raises(ValueError, match="budget"):
+        scheduler.allocate(ps, 8, 2, budget=7)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_allocation_respects_budget_floor_cap_and_unit(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(50):
+        n, unit = int(rng.integers(1, 20)), int(rng.choice([2, 4]))
+        g_max = unit * int(rng.integers(1, 5))
+        ps = rng.uniform(0, 1, n) ** rng.uniform(0.2, 5)
+        budget = int(rng.integers(unit * n, g_max * n + 5))
+        free = scheduler.allocate(ps, g_max, unit)
+        sizes = scheduler.allocate(ps, g_max, unit, budget)
+        assert sizes.sum() <= budget
+        assert (sizes >= unit).all() and (sizes <= g_max).all() and (sizes % unit == 0).all()
+        assert (sizes <= free).all()  # a budget only takes samples away
+        if free.sum() <= budget:
+            np.testing.assert_array_equal(sizes, free)
+        else:
+            assert sizes.sum() > budget - unit  # it stops as soon as the budget holds
+
+
+# -- history -----------------------------------------------------------------------------------------------------------
+def _settings(**kw) -> scheduler.Settings:
+    return scheduler.Settings(**{"group_size": 4, "min_group": 2, "decay": 0.5, "window": 3, **kw})
+
+
+def test_history_streaks_and_discounted_beta_by_hand():
+    sch = scheduler.Scheduler(_settings())
+    valid = np.ones((1, 4), bool)
+    seq = [[1, 1, 1, 1], [1, 1, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
+    streaks, out = [], []
+    for r in seq:
+        rw = np.asarray([r], np.float32)
+        deg = np.asarray([len(set(r)) == 1])
+        out.append(sch.record([7], rw, valid, deg))
+        streaks.append(sch.records[7].streak)
+    assert streaks == [1, 2, 0, -1, -2, -3, 1]
+    # S <- 0.5 S + wins, F <- 0.5 F + losses over wins 4,4,1,0,0,0,4 and losses 0,0,3,4,4,4,0
+    s = f = 0.0
+    for w in (4, 4, 1, 0, 0, 0, 4):
+        s, f = 0.5 * s + w, 0.5 * f + (4 - w)
+    rec = sch.records[7]
+    assert (rec.successes, rec.failures) == (s, f)
+    assert rec.p == (1 + s) / (2 + s + f)
+    assert rec.outcomes == [0.0, 0.0, 1.0]  # the last window = 3 success rates
+    # predicted degenerate = a nonzero streak before the group: groups 2..7 were predicted; all but group 3 hit
+    assert [o["predicted"] for o in out] == [0, 1, 1, 0, 1, 1, 1]
+    assert [o["hits"] for o in out] == [0, 1, 0, 0, 1, 1, 1]
+    assert sch.precision == 4 / 5
+
+
+def test_history_ignores_padding_and_counts_a_one_member_group_as_degenerate():
+    sch = scheduler.Scheduler(_settings())
+    rw = np.asarray([[1.0, 0.0, 5.0, 5.0], [1.0, 0.0, 0.0, 0.0]], np.float32)
+    valid = np.asarray([[True, True, False, False], [True, False, False, False]])
+    sch.record([0, 1], rw, valid, np.asarray([False, True]))
+    assert (sch.records[0].successes, sch.records[0].failures, sch.records[0].streak) == (1.0, 1.0, 0)
+    assert (sch.records[1].successes, sch.records[1].failures, sch.records[1].streak) == (1.0, 0.0, 1)
+
+
+def test_history_round_trips_through_json_exactly():
+    rng = np.random.default_rng(0)
+    a = scheduler.Scheduler(_settings(), seed=11)
+    for step in range(30):
+        kept, _ = a.select(lambda k: list(rng.integers(0, 12, k)), 4, step)
+        rw = (rng.uniform(size=(4, 4)) < rng.uniform(size=(4, 1))).astype(np.float32) * 0.7 + 0.1
+        deg = np.asarray([len(set(row)) == 1 for row in rw.tolist()])
+        a.record(kept, rw, np.ones((4, 4), bool), deg)
+    text = json.dumps(a.state())  # what the checkpoint stores
+    b = scheduler.Scheduler.from_json(text, _settings(), seed=11)
+    assert b.state() == a.state()
+    assert {k: vars(v) for k, v in b.records.items()} == {k: vars(v) for k, v in a.records.items()}
+    # and it decides the same: the same prompts kept at the next step, the same group sizes
+    pool = list(range(12)) * 10
+    draw_a, draw_b = iter(pool), iter(pool)
+    ka = a.select(lambda k: [next(draw_a) for _ in range(k)], 6, 30)
+    kb = b.select(lambda k: [next(draw_b) for _ in range(k)], 6, 30)
+    assert ka == kb
+    adaptive = _settings(adaptive=True)
+    a.settings = b.settings = adaptive
+    np.testing.assert_array_equal(a.group_sizes(range(12)), b.group_sizes(range(12)))
+    with pytest.raises(ValueError, match="version"):
+        b.restore({"version": 99})
+
+
+def test_schedule_config_errors_are_one_line_and_name_the_key():
+    ok = config_lib.load_config("default", ["rollout.schedule=skip+adaptive", "rollout.group_size=8"])
+    assert scheduler.from_config(ok).settings.adaptive
+    assert scheduler.from_config(config_lib.load_config("default", [])) is None
+    for override, key in (("rollout.schedule_explore=1.0", "schedule_explore"),
+                          ("rollout.schedule_min_keep=0", "schedule_min_keep"),
+                          ("rollout.schedule_min_group=3", "schedule_min_group"),
+                          ("rollout.schedule_budget=3", "schedule_budget"),
+                          ("rollout.schedule_decay=2", "schedule_decay")):  # fmt: skip
+        with pytest.raises(config_lib.ConfigError, match=key) as e:
+            config_lib.load_config("default", ["rollout.schedule=adaptive", "rollout.group_size=8", override])
+        assert "\n" not in str(e.value)
+    with pytest.raises(config_lib.ConfigError, match="none, skip, adaptive"):
+        config_lib.load_config("default", ["rollout.schedule=greso"])
