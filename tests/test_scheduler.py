@@ -9,11 +9,13 @@ import json
 import math
 import pathlib
 
+import chex
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxgrpo import advantages, scheduler
 from jaxgrpo import config as config_lib
-from jaxgrpo import scheduler
 
 DATA = pathlib.Path(__file__).parent / "data"
 
@@ -180,3 +182,84 @@ def test_schedule_config_errors_are_one_line_and_name_the_key():
         assert "\n" not in str(e.value)
     with pytest.raises(config_lib.ConfigError, match="none, skip, adaptive"):
         config_lib.load_config("default", ["rollout.schedule=greso"])
+
+
+# -- varying G: groups of unequal size in one [P, G_max] array (closed forms per group) -------------------------------
+SIZES = [2, 3, 5, 8, 4, 6, 7]
+GROUPS = [[1, 0], [1, 1, 0], [0, 0, 1, 0, 1], [1, 0, 0, 0, 0, 0, 0, 1], [0, 0, 0, 0], [1, 1, 1, 0, 1, 1],
+          [0.25, 0.5, 1.0, 0.0, 0.75, 0.5, 0.25]]  # the last: non-binary rewards (grpo, dr_grpo, rloo, max_rl)
+
+
+def _padded(groups: list[list[float]], g_max: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """[P, g_max] rewards with garbage in the padding (it must not matter) and the valid mask."""
+    rw = np.full((len(groups), g_max), 7.5, np.float32)
+    rw[:, ::2] = -3.0
+    valid = np.zeros((len(groups), g_max), bool)
+    for i, g in enumerate(groups):
+        rw[i, : len(g)], valid[i, : len(g)] = g, True
+    return rw, valid
+
+
+def _reference(name: str, r: np.ndarray, batch_std: float | None = None) -> np.ndarray:
+    """The estimator's formula on one group of n = len(r) members (its own G), float64, by hand."""
+    n, m = len(r), r.mean()
+    if name == "sign":
+        return np.sign(r - 0.5)
+    if name == "pass_at_k":  # k = 2, binary rewards; Chen et al. 2025
+        k, c = 2, int((r >= 0.5).sum())
+        rho = 1 - math.comb(n - c, k) / math.comb(n, k)
+        sigma = math.sqrt(rho * (1 - rho))
+        if n < k or sigma == 0:
+            return np.zeros(n)
+        wrong = (1 - rho - math.comb(n - c - 1, k - 1) / math.comb(n - 1, k - 1)) / (sigma + 1e-6)
+        return np.where(r >= 0.5, (1 - rho) / (sigma + 1e-6), wrong)
+    if np.ptp(r) == 0:
+        return np.zeros(n)  # degenerate: exactly 0 from every centred estimator
+    if name in ("grpo", "avspo"):
+        s = batch_std if batch_std is not None else math.sqrt(((r - m) ** 2).sum() / (n - 1))
+        return (r - m) / (s + 1e-6)
+    if name == "grpo_ddof0":
+        return (r - m) / (math.sqrt(((r - m) ** 2).sum() / n) + 1e-6)
+    if name == "dr_grpo":
+        return r - m
+    if name == "rloo":
+        return np.array([r[i] - np.delete(r, i).mean() for i in range(n)])
+    if name == "max_rl":
+        return (r - m) / m
+    raise ValueError(name)
+
+
+CASES = {  # name in _reference -> (estimator, kwargs, the groups it is defined for)
+    "grpo": ("grpo", {}, GROUPS), "grpo_ddof0": ("grpo", {"ddof": 0}, GROUPS), "dr_grpo": ("dr_grpo", {}, GROUPS),
+    "rloo": ("rloo", {}, GROUPS), "sign": ("sign", {}, GROUPS[:-1]), "pass_at_k": ("pass_at_k", {"k": 2}, GROUPS[:-1]),
+    "max_rl": ("max_rl", {}, GROUPS), "avspo": ("avspo", {}, GROUPS),
+}
+
+
+class VaryingGroupSizeTest(chex.TestCase):
+    """Each estimator on groups of sizes 2..8 padded into one [P, 8] array equals its formula with the group's own G."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_advantages_equal_their_per_group_closed_forms(self):
+        for name, (est, kw, groups) in CASES.items():
+            rw, valid = _padded(groups)
+            fn = self.variant(lambda r, v, est=est, kw=kw: advantages.compute(est, r, v, **kw))
+            adv = np.asarray(fn(jnp.asarray(rw), jnp.asarray(valid)))
+            assert adv.shape == rw.shape and adv.dtype == np.float32
+            assert (adv[~valid] == 0).all(), name  # padding gets exactly 0
+            for i, g in enumerate(groups):
+                if name == "avspo" and np.ptp(g) == 0:
+                    continue  # avspo's degenerate groups follow its own virtual-sample rule (tests/test_advantages.py)
+                np.testing.assert_allclose(adv[i, : len(g)], _reference(name, np.asarray(g, np.float64)), rtol=2e-5,
+                                           atol=2e-6, err_msg=f"{name} group {i} (n={len(g)})")
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_batch_scale_uses_every_valid_reward_once(self):
+        rw, valid = _padded(GROUPS)
+        adv = np.asarray(self.variant(lambda r, v: advantages.grpo(r, v, scale="batch"))(jnp.asarray(rw),
+                                                                                          jnp.asarray(valid)))
+        flat = np.concatenate([np.asarray(g, np.float64) for g in GROUPS])
+        s = flat.std(ddof=1)  # the std of all valid rewards: padding neither counted nor weighted by G_max
+        for i, g in enumerate(GROUPS):
+            np.testing.assert_allclose(adv[i, : len(g)], _reference("grpo", np.asarray(g, np.float64), s), rtol=2e-5,
+                                       atol=2e-6)
