@@ -10,12 +10,15 @@ import math
 import pathlib
 
 import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxgrpo import advantages, scheduler
+from jaxgrpo import advantages, sampling, scheduled, scheduler
 from jaxgrpo import config as config_lib
+from jaxgrpo import data as data_lib
+from jaxgrpo.groups import Rollout
 
 DATA = pathlib.Path(__file__).parent / "data"
 
@@ -263,3 +266,134 @@ class VaryingGroupSizeTest(chex.TestCase):
         for i, g in enumerate(GROUPS):
             np.testing.assert_allclose(adv[i, : len(g)], _reference("grpo", np.asarray(g, np.float64), s), rtol=2e-5,
                                        atol=2e-6)
+
+
+# -- the trainer's glue (jaxgrpo.scheduled) on a stand-in trainer: rewards fixed per prompt ----------------------------
+class _StandInTrainer:
+    """What `scheduled.rollout` reads of a Trainer. Prompt i: i % 3 == 0 always passes, 1 always fails, 2 is mixed;
+    every completion is 2 tokens."""
+
+    def __init__(self, *overrides: str, num_prompts: int = 12):
+        self.cfg = config_lib.load_config("default", ["rollout.prompts_per_step=4", "rollout.group_size=4", *overrides])
+        self.scheduler = scheduler.from_config(self.cfg)
+        self.examples = list(range(num_prompts))
+        self.encoded = [[1, 2, 3]] * num_prompts
+        self.iterator = data_lib.PromptIterator(list(range(num_prompts)), 4, 0, True)
+        self.rollout_stats: dict = {}
+        self.sampled: list[list[int]] = []
+
+    def sample(self, indices, key):
+        self.sampled.append(list(indices))
+        n, g = len(indices), self.cfg.rollout.group_size
+        rw = np.asarray([[1.0] * g if i % 3 == 0 else [0.0] * g if i % 3 == 1 else [1.0] + [0.0] * (g - 1)
+                         for i in indices], np.float32)  # fmt: skip
+        mask = np.zeros((n * g, 3), bool)
+        mask[:, :2] = True
+        comp = sampling.Completions(np.ones((n * g, 3), np.int32), np.zeros((n * g, 3), np.float32), mask,
+                                    mask.sum(-1), np.zeros(n * g, bool), None)  # fmt: skip
+        return Rollout([self.encoded[i] for i in indices], [self.examples[i] for i in indices], comp, [""] * (n * g),
+                       rw, np.ones((n, g), bool))  # fmt: skip
+
+
+def test_skip_learns_which_prompts_are_flat_and_skips_only_them():
+    tr = _StandInTrainer("rollout.schedule=skip", "rollout.schedule_explore=0.5")
+    first, extra = scheduled.rollout(tr, 0, jax.random.key(0))
+    assert extra["schedule/skipped"] == 0  # no history yet: the iterator's first batch, as without the schedule
+    mixed = sum(i % 3 == 2 for i in tr.sampled[0])
+    assert extra["schedule/informative_groups"] == mixed
+    assert extra["schedule/informative_per_1k_tokens"] == pytest.approx(1000 * mixed / (4 * 4 * 2))
+    assert extra["tokens/sampled"] == 4 * 4 * 2 and extra["schedule/group_size_mean"] == 4
+    for step in range(1, 40):
+        _, extra = scheduled.rollout(tr, step, jax.random.key(step))
+    sch = tr.scheduler
+    assert sch.skipped_total > 0
+    streaks = {i: rec.streak for i, rec in sch.records.items()}
+    assert all(streaks[i] > 0 for i in streaks if i % 3 == 0) and all(streaks[i] < 0 for i in streaks if i % 3 == 1)
+    assert all(streaks[i] == 0 for i in streaks if i % 3 == 2)  # mixed prompts are never predicted flat
+    assert sch.precision == 1.0  # rewards are fixed per prompt: every predicted-degenerate group was degenerate
+    late = [i for batch in tr.sampled[-20:] for i in batch]
+    assert sum(i % 3 == 2 for i in late) / len(late) > 0.6  # most admitted prompts are now the informative third
+
+
+def test_skip_composes_with_resample_rounds():
+    tr = _StandInTrainer("rollout.schedule=skip", "algo.degenerate_groups=resample", "algo.resample_max_rounds=6")
+    roll, extra = scheduled.rollout(tr, 0, jax.random.key(0))
+    informative = [i for batch in tr.sampled for i in batch if i % 3 == 2]
+    assert extra["resample/rounds"] == len(tr.sampled)
+    assert len(informative) >= 4 or len(tr.sampled) == 6
+    assert (np.ptp(roll.rewards, axis=1) > 0).sum() == min(4, len(informative))  # the informative groups first
+
+
+def test_padded_groups_layout():
+    class Tr:
+        encoded, examples = [[5], [6], [7]], ["a", "b", "c"]
+
+    sizes = np.asarray([2, 4, 2])
+    n = sizes.sum()
+    tok = np.arange(n * 3, dtype=np.int32).reshape(n, 3) + 1
+    comp = sampling.Completions(tok, tok * 0.5, np.ones((n, 3), bool), np.full(n, 3), np.ones(n, bool), None)
+    rw = np.arange(n, dtype=np.float32)
+    roll = scheduled.pad_groups(Tr(), [0, 1, 2], sizes, comp, [str(t) for t in range(n)], rw, np.ones(n, bool), 4)
+    np.testing.assert_array_equal(roll.valid, [[1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
+    np.testing.assert_array_equal(roll.rewards, [[0, 1, 0, 0], [2, 3, 4, 5], [6, 7, 0, 0]])
+    rows = [0, 1, 4, 5, 6, 7, 8, 9]  # where the 8 sampled rows go in the [3 * 4] layout
+    np.testing.assert_array_equal(np.asarray(roll.completions.tokens)[rows], tok)
+    pad = [2, 3, 10, 11]
+    assert not np.asarray(roll.completions.mask)[pad].any() and (np.asarray(roll.completions.tokens)[pad] == 0).all()
+    assert not np.asarray(roll.completions.truncated)[pad].any()
+    assert [roll.texts[r] for r in rows] == [str(t) for t in range(n)] and roll.texts[2] == ""
+    assert roll.prompt_ids == [[5], [6], [7]] and roll.completions.entropy is None
+
+
+# -- the trainer -------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_schedule_off_is_todays_run(tmp_path):
+    """rollout.schedule=none (the default): the same metrics as the trainer before the scheduler existed (main
+    0ca1515; tests/data/make_schedule_off_metrics.py), and no schedule/ metric or checkpoint field."""
+    from test_train import deterministic, small_config
+
+    from jaxgrpo import checkpoint as ckpt_lib
+    from jaxgrpo import trainer
+
+    cfg = small_config("train.steps=2", "checkpoint.every=2", "checkpoint.export_final=false")
+    assert cfg.rollout.schedule == "none"
+    history = [deterministic(m) for m in trainer.run(cfg, tmp_path / "run")]
+    golden = json.loads((DATA / "schedule_off_metrics.json").read_text())
+    assert [sorted(h) for h in history] == [sorted(g) for g in golden]
+    for got, want in zip(history, golden):
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    with ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(tmp_path / "run"), keep=2, save_interval=0) as mgr:
+        assert "scheduler" not in mgr.read_extra()
+
+
+@pytest.mark.slow
+def test_skip_adaptive_run_resumes_to_the_same_history(tmp_path):
+    """4 steps uninterrupted vs 2 steps + a resumed run to 4: the same metrics and the same per-prompt history."""
+    from test_train import deterministic, small_config
+
+    from jaxgrpo import checkpoint as ckpt_lib
+    from jaxgrpo import trainer
+
+    sched = ["rollout.schedule=skip+adaptive", "rollout.schedule_budget=24", "data.num_examples=8",
+             "checkpoint.every=1", "checkpoint.export_final=false"]  # fmt: skip
+    whole = trainer.run(small_config(*sched, "train.steps=4"), tmp_path / "a")
+    trainer.run(small_config(*sched, "train.steps=2"), tmp_path / "b")
+    resumed = trainer.run(small_config(*sched, "train.steps=4"), tmp_path / "b", allow_config_change=True)
+    assert len(resumed) == 2
+    for got, want in zip(resumed, whole[2:]):
+        got, want = deterministic(got), deterministic(want)
+        assert got.keys() == want.keys()
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    states = []
+    for run in ("a", "b"):
+        with ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(tmp_path / run), keep=5, save_interval=0) as m:
+            states.append(m.read_extra(4)["scheduler"])
+    assert states[0] == states[1] and len(states[0]["records"]) == 8
+    # the schedule acted: 24 samples for 8 prompts of G = 4 (groups of 2 and 4 in one [8, 4] batch), and the prompts
+    # whose groups were all-fail (almost all, for the tiny random policy) were skipped now and then
+    assert whole[-1]["schedule/skipped_total"] > 0
+    for m in whole:  # the sampled tokens are those of the G_i samples, not of the padded [P, G] array
+        assert (m["schedule/samples"], m["schedule/group_size_min"], m["schedule/group_size_max"]) == (24, 2, 4)
+        assert m["tokens/sampled"] <= 24 * 2 and m["tokens/completion"] == m["tokens/sampled"]
