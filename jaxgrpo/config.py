@@ -33,7 +33,7 @@ from typing import Any
 
 import yaml
 
-from jaxgrpo import advantages, coerce, retain
+from jaxgrpo import advantages, coerce, retain, scheduler
 from jaxgrpo import rewards as rewards_lib
 from jaxgrpo.cli import build_parser
 from jaxgrpo.config_sections import (
@@ -368,6 +368,7 @@ def validate(cfg: Config) -> None:
     _require(r.top_k >= 0, "rollout.top_k", r.top_k, ">= 0 (0 = off)")
     _require(r.slots >= 0, "rollout.slots", r.slots, ">= 0 (0 = prompts_per_step)")
     _require(r.decode_block >= 1, "rollout.decode_block", r.decode_block, ">= 1")
+    scheduler.validate(cfg)  # rollout.schedule_*
 
     _at_least(cfg, 0, "algo.degenerate_atol", "algo.degenerate_rtol", "algo.kl_coef", "optim.warmup_steps",
               "optim.weight_decay", "seed")

@@ -20,6 +20,7 @@ from jaxgrpo.models.gguf_export import GgufDtype
 from jaxgrpo.models.layers import MatmulBackward, RematPolicy
 from jaxgrpo.rewards import OnRewardError
 from jaxgrpo.rollout.params import EngineMode
+from jaxgrpo.scheduler import RolloutSchedule
 
 # Choices of modules that import this one (jaxgrpo.data: sources, templates; jaxgrpo.optim: schedules) or of none.
 ModelDtype = Literal["float32", "bfloat16"]
@@ -95,6 +96,17 @@ class RolloutConfig:
     max_turns: int = 4
     max_total_tokens: int | None = None
     tool_timeout: float | None = 10.0
+    # degeneracy-aware scheduling (jaxgrpo.scheduler, docs/degeneracy.md §4): none = every drawn prompt gets G samples;
+    # skip = a prompt whose last z groups were all-pass (or all-fail) is skipped with probability
+    # 1 - max(schedule_explore^z, schedule_min_keep) (GRESO); adaptive = G_i from the prompt's estimated success
+    # rate p: multiples of schedule_min_group up to group_size, ∝ sqrt(p(1-p)), at most schedule_budget samples a
+    # step (0 = prompts_per_step × group_size); skip+adaptive = both. The history is checkpointed.
+    schedule: RolloutSchedule = "none"
+    schedule_explore: float = 0.5
+    schedule_min_keep: float = 0.01
+    schedule_min_group: int = 2
+    schedule_budget: int = 0
+    schedule_decay: float = 0.9  # forgetting of the success estimate per observed group
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,6 +35,8 @@ from jaxgrpo.models import lora
 from jaxgrpo.models.layout import to_host
 from jaxgrpo.rollout import driver as rollout_driver
 from jaxgrpo.rollout.params import SamplingParams
+from jaxgrpo.scheduled import rollout as scheduled_rollout
+from jaxgrpo.scheduler import from_config as make_scheduler
 
 PERF_FILE = "perf.yaml"  # in the run directory: the perf switches as applied, and why any requested one is off
 
@@ -117,6 +119,7 @@ class Trainer:
         self.retain_examples: dict[str, list[data_lib.Example]] = {}
         self.iterator = data_lib.PromptIterator(list(range(len(examples))), cfg.rollout.prompts_per_step, cfg.seed,
                                                 cfg.data.shuffle)
+        self.scheduler = make_scheduler(cfg)  # rollout.schedule: None = every prompt, G samples each
         self.reward_fns = list(cfg.data.rewards.items())
         # Worker threads score a rollout in parallel, each call cut off at data.reward_timeout; batched (TRL-style)
         # functions are called once per prompt group (`jaxgrpo.rewards`).
@@ -170,6 +173,8 @@ class Trainer:
         step, (saved, extra) = found
         self.state = saved.replace(params=lora.with_trainable(self.state.params, saved.params))
         self.iterator.restore(extra["iterator"])
+        if self.scheduler is not None and "scheduler" in extra:  # the per-prompt history, saved with the position
+            self.scheduler.restore(extra["scheduler"])
         self.sampled_tokens = int(extra.get("sampled_tokens", 0))
         return step
 
@@ -193,6 +198,8 @@ class Trainer:
         """What a resume needs besides the train state: the prompt iterator's position and the sampled-token count
         (with LoRA, the identity of the frozen base too)."""
         extra = {"iterator": self.iterator.state(), "sampled_tokens": self.sampled_tokens}
+        if self.scheduler is not None:
+            extra["scheduler"] = self.scheduler.state()
         if self.lora:
             extra["lora_base"] = {"name_or_path": self.cfg.model.name_or_path, "fingerprint": self.base_fingerprint}
         return extra
@@ -293,6 +300,8 @@ class Trainer:
         key = jax.random.fold_in(jax.random.fold_in(self.key, step), 0)
         a = self.cfg.algo
         self.rollout_stats = {}
+        if self.scheduler is not None:  # degeneracy-aware admission and group sizes (jaxgrpo.scheduled)
+            return scheduled_rollout(self, step, key)
         if a.degenerate_groups != "resample":
             first = self.sample(self.iterator.next_batch(), key)
             return first, {"tokens/sampled": sampled_tokens([first]), **self.rollout_stats}

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 import jaxgrpo
-from jaxgrpo import advantages, coerce, config_sections, degeneracy, losses, objectives, rewards
+from jaxgrpo import advantages, coerce, config_sections, degeneracy, losses, objectives, rewards, scheduler
 from jaxgrpo import config as C
 from jaxgrpo.models import attention, gguf_export, layers
 from jaxgrpo.rollout import params as rollout_params
@@ -128,6 +128,7 @@ def test_choices_are_the_literal_types_of_the_modules_that_implement_them():
         ("algo", "sampler_correction"): losses.SamplerCorrection,
         ("algo", "objective"): objectives.Objective,
         ("rollout", "engine"): rollout_params.EngineMode,
+        ("rollout", "schedule"): scheduler.RolloutSchedule,
         ("perf", "remat"): layers.RematPolicy,
         ("perf", "matmul_backward"): layers.MatmulBackward,
         ("perf", "attention"): attention.AttentionKind,

@@ -1,0 +1,140 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""One step's rollout under a degeneracy-aware schedule (``rollout.schedule != none``): the trainer's glue around
+`jaxgrpo.scheduler`.
+
+Per round: the scheduler picks P prompts from the prompt iterator (skipping predicted-degenerate ones, GRESO) and a
+group size for each (adaptive G); the groups are sampled, scored, and, with ``algo.degenerate_groups=resample``,
+rounds repeat until P informative groups are held or ``algo.resample_max_rounds`` rounds were drawn (as the
+trainer's own round-based dynamic sampling). The history is updated once, after every round of the step was scored,
+so a step that fails in its reward functions leaves the history as it was (the trainer retries the step).
+
+Groups of unequal size share the step's ``[P, G]`` arrays (G = ``rollout.group_size``, the largest size): a prompt
+with G_i < G samples G_i rows; rows G_i..G-1 are padding (``valid`` False, empty completion mask), which the
+estimators and the loss ignore (`jaxgrpo.advantages`). G_i rows are sampled as G_i / u sub-groups of u =
+``rollout.schedule_min_group`` rows, so one sampler program (u samples per prompt) serves every size; the engine
+then runs (slots) × G / u group slots of u rows: as many rows in flight as a run without the schedule.
+
+With ``skip`` alone every group has G rows and the trainer's own `Trainer.sample` samples them (the same program,
+the same keys: a step whose prompts are all kept is today's step).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxgrpo import degeneracy, models, objectives, sampling
+from jaxgrpo.groups import Rollout, merge_groups, resample_metrics, sampled_tokens, to_host
+from jaxgrpo.rollout import driver as rollout_driver
+from jaxgrpo.rollout.params import SamplingParams
+
+
+def rollout(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, float]]:
+    """The step's rollout and its metrics (``tokens/sampled``, ``resample/*`` with resample, ``schedule/*``);
+    ``tr`` is the `jaxgrpo.trainer.Trainer`."""
+    sch, a, r = tr.scheduler, tr.cfg.algo, tr.cfg.rollout
+    want = r.prompts_per_step
+    max_rounds = a.resample_max_rounds if a.degenerate_groups == "resample" else 1
+    pool: list[Rollout] = []
+    seen: list[tuple[list[int], Rollout, np.ndarray]] = []
+    informative: list[tuple[int, int]] = []
+    degenerate: list[tuple[int, int]] = []
+    skipped, sizes_all, stats = 0, [], {}
+    while True:
+        r_i = len(pool)
+        kept, skip = sch.select(lambda n: tr.iterator.next_batch(n), want, step, r_i,
+                                max_draws=max(100 * want, len(tr.examples)))
+        skipped += len(skip)
+        sizes = sch.group_sizes(kept)
+        round_key = key if r_i == 0 else jax.random.fold_in(key, r_i)
+        tr.rollout_stats = {}
+        roll = sample_sized(tr, kept, sizes, round_key) if sch.settings.adaptive else tr.sample(kept, round_key)
+        stats.update(tr.rollout_stats)
+        deg = np.asarray(degeneracy.degenerate_mask(roll.rewards, roll.valid, atol=a.degenerate_atol,
+                                                    rtol=a.degenerate_rtol))  # fmt: skip
+        pool.append(roll)
+        seen.append((kept, roll, deg))
+        sizes_all += [int(g) for g in sizes]
+        informative += [(r_i, int(p)) for p in np.flatnonzero(~deg)]
+        degenerate += [(r_i, int(p)) for p in np.flatnonzero(deg)]
+        if len(informative) >= want or len(pool) >= max_rounds:
+            break
+    counts = {"predicted": 0.0, "hits": 0.0}
+    for kept, roll, deg in seen:  # every round scored: now the history
+        for k, v in sch.record(kept, roll.rewards, roll.valid, deg).items():
+            counts[k] += v
+    tokens = sampled_tokens(pool)
+    out = pool[0] if len(pool) == 1 else merge_groups(pool, (informative + degenerate)[:want])
+    extra: dict[str, float] = {"tokens/sampled": tokens}
+    if a.degenerate_groups == "resample":
+        extra.update(resample_metrics(len(pool), want * len(pool), want, len(informative), len(degenerate), tokens))
+    sizes_arr = np.asarray(sizes_all, np.float64)
+    extra.update({
+        "schedule/skipped": float(skipped),
+        "schedule/skipped_total": float(sch.skipped_total),
+        "schedule/informative_groups": float(len(informative)),
+        "schedule/informative_per_1k_tokens": 1000.0 * len(informative) / max(tokens, 1.0),
+        "schedule/samples": float(sizes_arr.sum()),
+        "schedule/group_size_mean": float(sizes_arr.mean()),
+        "schedule/group_size_min": float(sizes_arr.min()),
+        "schedule/group_size_max": float(sizes_arr.max()),
+        "schedule/predicted_degenerate": counts["predicted"],
+        "schedule/predicted_hits": counts["hits"],
+        "schedule/predictor_precision": sch.precision,
+    })
+    return out, {**extra, **stats}
+
+
+def sample_sized(tr: Any, indices: list[int], sizes: np.ndarray, key: jax.Array) -> Rollout:
+    """Samples ``sizes[i]`` completions for prompt ``indices[i]`` (multiples of u = ``schedule_min_group``, as
+    sub-groups of u) and scores them; returns the padded ``[P, G]`` rollout (padding rows invalid and empty)."""
+    r, unit = tr.cfg.rollout, tr.scheduler.settings.min_group
+    g_max = r.group_size
+    expanded = [i for i, g in zip(indices, sizes) for _ in range(int(g) // unit)]
+    prompt_ids = [tr.encoded[i] for i in expanded]
+    params = models.compute_params(tr.model_config, tr.state.params)
+    if tr.mesh is None:  # the engine; the same rows in flight as G-row groups in `slots` slots
+        sp = SamplingParams(r.max_new_tokens, unit, r.temperature, r.top_p, r.top_k, tr.eos_token_ids)
+        slots = None if r.engine == "static" else (r.slots or r.prompts_per_step) * (g_max // unit)
+        groups, stats = rollout_driver.run(tr.model_config, params, prompt_ids, sp, key, slots=slots,
+                                           block=r.decode_block, prompt_width=tr.prompt_width)  # fmt: skip
+        tr.rollout_stats = stats.metrics()
+        comp = rollout_driver.completions(groups, range(len(prompt_ids)))
+    else:
+        comp = sampling.generate(tr.model_config, params, prompt_ids, num_samples=unit, max_new_tokens=r.max_new_tokens,
+                                 temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                 eos_token_ids=tr.eos_token_ids, key=key, mesh=tr.mesh)  # fmt: skip
+        comp = jax.tree.map(to_host, comp.replace(projections=None))
+    tokens, mask = np.asarray(comp.tokens), np.asarray(comp.mask)
+    ids = [t[m].tolist() for t, m in zip(tokens, mask)]
+    texts = tr.tokenizer.batch_decode(ids, skip_special_tokens=True)
+    row_examples = [tr.examples[i] for i, g in zip(indices, sizes) for _ in range(int(g))]
+    rw, valid, _ = tr.scorer(texts, row_examples, ids)
+    if tr.cfg.algo.overlong_buffer is not None:  # DAPO's soft overlong punishment, in tokens (as `Trainer.score`)
+        rw = rw + objectives.overlong_penalty(mask.sum(-1), r.max_new_tokens, tr.cfg.algo.overlong_buffer)
+    return pad_groups(tr, indices, sizes, comp, texts, np.asarray(rw), np.asarray(valid), g_max)
+
+
+def pad_groups(tr: Any, indices: list[int], sizes: np.ndarray, comp: sampling.Completions, texts: list[str],
+               rewards: np.ndarray, valid: np.ndarray, g_max: int) -> Rollout:
+    """Rows of groups of sizes ``sizes`` (concatenated, prompt-major) into ``[P, g_max]`` with invalid padding."""
+    n, dest = len(indices), np.concatenate([p * g_max + np.arange(int(g)) for p, g in enumerate(sizes)])
+    fields = {}
+    for name in ("tokens", "logprobs", "mask", "lengths", "truncated", "entropy"):
+        x = getattr(comp, name)
+        if x is None:
+            continue
+        x = np.asarray(x)
+        full = np.zeros((n * g_max, *x.shape[1:]), x.dtype)
+        full[dest] = x
+        fields[name] = full
+    out_texts = [""] * (n * g_max)
+    for j, d in enumerate(dest):
+        out_texts[d] = texts[j]
+    flat_r, flat_v = np.zeros(n * g_max, np.float32), np.zeros(n * g_max, bool)
+    flat_r[dest], flat_v[dest] = rewards, valid
+    return Rollout([tr.encoded[i] for i in indices], [tr.examples[i] for i in indices],
+                   sampling.Completions(**fields), out_texts, flat_r.reshape(n, g_max),
+                   flat_v.reshape(n, g_max))  # fmt: skip

@@ -1,0 +1,399 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Degeneracy-aware scheduling (`jaxgrpo.scheduler`, `jaxgrpo.scheduled`): GRESO's skip probability, adaptive group
+sizes under a budget, the history and its exact JSON round trip, varying-G advantages against per-group closed forms,
+and the trainer wiring (off = today's run, resume = the same history)."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxgrpo import advantages, sampling, scheduled, scheduler
+from jaxgrpo import config as config_lib
+from jaxgrpo import data as data_lib
+from jaxgrpo.groups import Rollout
+
+DATA = pathlib.Path(__file__).parent / "data"
+
+
+# -- skip probability (GRESO: 1 - max(p^z, min_keep)) ------------------------------------------------------------------
+@pytest.mark.parametrize("explore,min_keep", [(0.5, 0.01), (0.9, 1e-6), (0.01, 0.5)])
+def test_skip_probability_is_gresos_and_never_reaches_one(explore, min_keep):
+    streaks = list(range(-3000, 3001)) + [10**9, -(10**9)]
+    probs = [scheduler.skip_probability(z, explore, min_keep) for z in streaks]
+    assert all(p < 1.0 for p in probs)  # for every streak, however long
+    assert scheduler.skip_probability(0, explore, min_keep) == 0.0
+    for z in (1, 2, 3, 7, 40):  # the closed form, both signs (all-pass and all-fail streaks)
+        want = 1.0 - max(explore**z, min_keep)
+        assert scheduler.skip_probability(z, explore, min_keep) == pytest.approx(want, abs=1e-15)
+        assert scheduler.skip_probability(-z, explore, min_keep) == pytest.approx(want, abs=1e-15)
+    pos = [scheduler.skip_probability(z, explore, min_keep) for z in range(0, 200)]
+    assert all(b >= a for a, b in zip(pos, pos[1:]))  # rises with the streak
+    assert pos[-1] == pytest.approx(1.0 - min_keep)  # ... toward 1 - min_keep
+
+
+def test_skip_probability_rejects_a_certain_skip():
+    for bad in ({"explore": 0.0}, {"explore": 1.0}, {"min_keep": 0.0}, {"min_keep": 1e-20}):
+        with pytest.raises(ValueError, match="explore|min_keep"):
+            scheduler.skip_probability(3, **{"explore": 0.5, "min_keep": 0.01, **bad})
+
+
+def test_a_long_streak_prompt_is_still_sampled_at_the_floor_rate():
+    sch = scheduler.Scheduler(scheduler.Settings(explore=0.5, min_keep=0.01, group_size=4, min_group=2), seed=3)
+    sch.records[0] = scheduler.Record(streak=-60)  # P_keep = max(0.5^60, 0.01) = 0.01
+    sch.records[1] = scheduler.Record(streak=2)  # P_keep = 0.25
+    for prompt, q in ((0, 0.01), (1, 0.25)):  # the kept fraction of many draws of one prompt: binomial, 5 sd
+        sch.skipped_total = 0
+        kept, skipped = sch.select(lambda k, p=prompt: [p] * k, 400, step=prompt, max_draws=10**9)
+        tries = len(kept) + len(skipped)
+        assert len(kept) == 400 and sch.skipped_total == len(skipped)
+        assert abs(400 / tries - q) < 5 * math.sqrt(q * (1 - q) / tries), (prompt, 400 / tries)
+    # past max_draws the rest is kept unconditionally: a step always fills
+    kept, skipped = sch.select(lambda k: [0] * k, 4, step=9, max_draws=10)
+    assert len(kept) == 4 and len(kept) + len(skipped) <= 10 + 4
+
+
+# -- adaptive group size -----------------------------------------------------------------------------------------------
+def test_group_size_closed_form():
+    # G(p) = clip(2 ceil(8 * 2 sqrt(p(1-p)) / 2), 2, 8), by hand
+    assert scheduler.group_size(0.5, 8, 2) == 8  # 2 sqrt(1/4) = 1 -> 8
+    assert scheduler.group_size(0.0, 8, 2) == 2  # flat -> the floor
+    assert scheduler.group_size(1.0, 8, 2) == 2
+    assert scheduler.group_size(0.1, 8, 2) == 6  # 8 * 0.6 = 4.8 -> 2 * ceil(2.4) = 6
+    assert scheduler.group_size(0.02, 8, 2) == 4  # 8 * 2 sqrt(0.0196) = 2.24 -> 4
+    assert scheduler.group_size(0.005, 8, 2) == 2  # 8 * 0.1411 = 1.13 -> 2
+    assert scheduler.group_size(0.3, 16, 4) == 16  # 16 * 0.9165 = 14.66 -> 4 * ceil(3.67) = 16
+    assert scheduler.group_size(0.05, 16, 4) == 8  # 16 * 0.4359 = 6.97 -> 8
+    with pytest.raises(ValueError, match="multiple of min_group"):
+        scheduler.group_size(0.5, 6, 4)
+
+
+def test_allocation_under_a_budget_by_hand():
+    # unconstrained sizes [8, 8, 6, 2] (24 samples); a budget of 16: the largest size / sigma gives back 2 at a
+    # time: sigma = [.5, .5, .3, 0]: 6/.3=20 -> [8,8,4,2]; 16,16,13.3 (last of ties) -> [8,6,4,2]; 16,12,13.3 ->
+    # [6,6,4,2]; 12,12,13.3 -> [6,6,2,2] = 16
+    ps = [0.5, 0.5, 0.1, 0.0]
+    np.testing.assert_array_equal(scheduler.allocate(ps, 8, 2), [8, 8, 6, 2])
+    np.testing.assert_array_equal(scheduler.allocate(ps, 8, 2, budget=16), [6, 6, 2, 2])
+    np.testing.assert_array_equal(scheduler.allocate(ps, 8, 2, budget=100), [8, 8, 6, 2])
+    np.testing.assert_array_equal(scheduler.allocate(ps, 8, 2, budget=8), [2, 2, 2, 2])
+    with pytest.raises(ValueError, match="budget"):
+        scheduler.allocate(ps, 8, 2, budget=7)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_allocation_respects_budget_floor_cap_and_unit(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(50):
+        n, unit = int(rng.integers(1, 20)), int(rng.choice([2, 4]))
+        g_max = unit * int(rng.integers(1, 5))
+        ps = rng.uniform(0, 1, n) ** rng.uniform(0.2, 5)
+        budget = int(rng.integers(unit * n, g_max * n + 5))
+        free = scheduler.allocate(ps, g_max, unit)
+        sizes = scheduler.allocate(ps, g_max, unit, budget)
+        assert sizes.sum() <= budget
+        assert (sizes >= unit).all() and (sizes <= g_max).all() and (sizes % unit == 0).all()
+        assert (sizes <= free).all()  # a budget only takes samples away
+        if free.sum() <= budget:
+            np.testing.assert_array_equal(sizes, free)
+        else:
+            assert sizes.sum() > budget - unit  # it stops as soon as the budget holds
+
+
+# -- history -----------------------------------------------------------------------------------------------------------
+def _settings(**kw) -> scheduler.Settings:
+    return scheduler.Settings(**{"group_size": 4, "min_group": 2, "decay": 0.5, "window": 3, **kw})
+
+
+def test_history_streaks_and_discounted_beta_by_hand():
+    sch = scheduler.Scheduler(_settings())
+    valid = np.ones((1, 4), bool)
+    seq = [[1, 1, 1, 1], [1, 1, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
+    streaks, out = [], []
+    for r in seq:
+        rw = np.asarray([r], np.float32)
+        deg = np.asarray([len(set(r)) == 1])
+        out.append(sch.record([7], rw, valid, deg))
+        streaks.append(sch.records[7].streak)
+    assert streaks == [1, 2, 0, -1, -2, -3, 1]
+    # S <- 0.5 S + wins, F <- 0.5 F + losses over wins 4,4,1,0,0,0,4 and losses 0,0,3,4,4,4,0
+    s = f = 0.0
+    for w in (4, 4, 1, 0, 0, 0, 4):
+        s, f = 0.5 * s + w, 0.5 * f + (4 - w)
+    rec = sch.records[7]
+    assert (rec.successes, rec.failures) == (s, f)
+    assert rec.p == (1 + s) / (2 + s + f)
+    assert rec.outcomes == [0.0, 0.0, 1.0]  # the last window = 3 success rates
+    # predicted degenerate = a nonzero streak before the group: groups 2..7 were predicted; all but group 3 hit
+    assert [o["predicted"] for o in out] == [0, 1, 1, 0, 1, 1, 1]
+    assert [o["hits"] for o in out] == [0, 1, 0, 0, 1, 1, 1]
+    assert sch.precision == 4 / 5
+
+
+def test_history_ignores_padding_and_counts_a_one_member_group_as_degenerate():
+    sch = scheduler.Scheduler(_settings())
+    rw = np.asarray([[1.0, 0.0, 5.0, 5.0], [1.0, 0.0, 0.0, 0.0]], np.float32)
+    valid = np.asarray([[True, True, False, False], [True, False, False, False]])
+    sch.record([0, 1], rw, valid, np.asarray([False, True]))
+    assert (sch.records[0].successes, sch.records[0].failures, sch.records[0].streak) == (1.0, 1.0, 0)
+    assert (sch.records[1].successes, sch.records[1].failures, sch.records[1].streak) == (1.0, 0.0, 1)
+
+
+def test_history_round_trips_through_json_exactly():
+    rng = np.random.default_rng(0)
+    a = scheduler.Scheduler(_settings(), seed=11)
+    for step in range(30):
+        kept, _ = a.select(lambda k: list(rng.integers(0, 12, k)), 4, step)
+        rw = (rng.uniform(size=(4, 4)) < rng.uniform(size=(4, 1))).astype(np.float32) * 0.7 + 0.1
+        deg = np.asarray([len(set(row)) == 1 for row in rw.tolist()])
+        a.record(kept, rw, np.ones((4, 4), bool), deg)
+    text = json.dumps(a.state())  # what the checkpoint stores
+    b = scheduler.Scheduler.from_json(text, _settings(), seed=11)
+    assert b.state() == a.state()
+    assert {k: vars(v) for k, v in b.records.items()} == {k: vars(v) for k, v in a.records.items()}
+    # and it decides the same: the same prompts kept at the next step, the same group sizes
+    pool = list(range(12)) * 10
+    draw_a, draw_b = iter(pool), iter(pool)
+    ka = a.select(lambda k: [next(draw_a) for _ in range(k)], 6, 30)
+    kb = b.select(lambda k: [next(draw_b) for _ in range(k)], 6, 30)
+    assert ka == kb
+    adaptive = _settings(adaptive=True)
+    a.settings = b.settings = adaptive
+    np.testing.assert_array_equal(a.group_sizes(range(12)), b.group_sizes(range(12)))
+    with pytest.raises(ValueError, match="version"):
+        b.restore({"version": 99})
+
+
+def test_schedule_config_errors_are_one_line_and_name_the_key():
+    ok = config_lib.load_config("default", ["rollout.schedule=skip+adaptive", "rollout.group_size=8"])
+    assert scheduler.from_config(ok).settings.adaptive
+    assert scheduler.from_config(config_lib.load_config("default", [])) is None
+    for override, key in (("rollout.schedule_explore=1.0", "schedule_explore"),
+                          ("rollout.schedule_min_keep=0", "schedule_min_keep"),
+                          ("rollout.schedule_min_group=3", "schedule_min_group"),
+                          ("rollout.schedule_budget=3", "schedule_budget"),
+                          ("rollout.schedule_decay=2", "schedule_decay")):  # fmt: skip
+        with pytest.raises(config_lib.ConfigError, match=key) as e:
+            config_lib.load_config("default", ["rollout.schedule=adaptive", "rollout.group_size=8", override])
+        assert "\n" not in str(e.value)
+    with pytest.raises(config_lib.ConfigError, match="none, skip, adaptive"):
+        config_lib.load_config("default", ["rollout.schedule=greso"])
+
+
+# -- varying G: groups of unequal size in one [P, G_max] array (closed forms per group) -------------------------------
+SIZES = [2, 3, 5, 8, 4, 6, 7]
+GROUPS = [[1, 0], [1, 1, 0], [0, 0, 1, 0, 1], [1, 0, 0, 0, 0, 0, 0, 1], [0, 0, 0, 0], [1, 1, 1, 0, 1, 1],
+          [0.25, 0.5, 1.0, 0.0, 0.75, 0.5, 0.25]]  # the last: non-binary rewards (grpo, dr_grpo, rloo, max_rl)
+
+
+def _padded(groups: list[list[float]], g_max: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """[P, g_max] rewards with garbage in the padding (it must not matter) and the valid mask."""
+    rw = np.full((len(groups), g_max), 7.5, np.float32)
+    rw[:, ::2] = -3.0
+    valid = np.zeros((len(groups), g_max), bool)
+    for i, g in enumerate(groups):
+        rw[i, : len(g)], valid[i, : len(g)] = g, True
+    return rw, valid
+
+
+def _reference(name: str, r: np.ndarray, batch_std: float | None = None) -> np.ndarray:
+    """The estimator's formula on one group of n = len(r) members (its own G), float64, by hand."""
+    n, m = len(r), r.mean()
+    if name == "sign":
+        return np.sign(r - 0.5)
+    if name == "pass_at_k":  # k = 2, binary rewards; Chen et al. 2025
+        k, c = 2, int((r >= 0.5).sum())
+        rho = 1 - math.comb(n - c, k) / math.comb(n, k)
+        sigma = math.sqrt(rho * (1 - rho))
+        if n < k or sigma == 0:
+            return np.zeros(n)
+        wrong = (1 - rho - math.comb(n - c - 1, k - 1) / math.comb(n - 1, k - 1)) / (sigma + 1e-6)
+        return np.where(r >= 0.5, (1 - rho) / (sigma + 1e-6), wrong)
+    if np.ptp(r) == 0:
+        return np.zeros(n)  # degenerate: exactly 0 from every centred estimator
+    if name in ("grpo", "avspo"):
+        s = batch_std if batch_std is not None else math.sqrt(((r - m) ** 2).sum() / (n - 1))
+        return (r - m) / (s + 1e-6)
+    if name == "grpo_ddof0":
+        return (r - m) / (math.sqrt(((r - m) ** 2).sum() / n) + 1e-6)
+    if name == "dr_grpo":
+        return r - m
+    if name == "rloo":
+        return np.array([r[i] - np.delete(r, i).mean() for i in range(n)])
+    if name == "max_rl":
+        return (r - m) / m
+    raise ValueError(name)
+
+
+CASES = {  # name in _reference -> (estimator, kwargs, the groups it is defined for)
+    "grpo": ("grpo", {}, GROUPS), "grpo_ddof0": ("grpo", {"ddof": 0}, GROUPS), "dr_grpo": ("dr_grpo", {}, GROUPS),
+    "rloo": ("rloo", {}, GROUPS), "sign": ("sign", {}, GROUPS[:-1]), "pass_at_k": ("pass_at_k", {"k": 2}, GROUPS[:-1]),
+    "max_rl": ("max_rl", {}, GROUPS), "avspo": ("avspo", {}, GROUPS),
+}
+
+
+class VaryingGroupSizeTest(chex.TestCase):
+    """Each estimator on groups of sizes 2..8 padded into one [P, 8] array equals its formula with the group's own G."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_advantages_equal_their_per_group_closed_forms(self):
+        for name, (est, kw, groups) in CASES.items():
+            rw, valid = _padded(groups)
+            fn = self.variant(lambda r, v, est=est, kw=kw: advantages.compute(est, r, v, **kw))
+            adv = np.asarray(fn(jnp.asarray(rw), jnp.asarray(valid)))
+            assert adv.shape == rw.shape and adv.dtype == np.float32
+            assert (adv[~valid] == 0).all(), name  # padding gets exactly 0
+            for i, g in enumerate(groups):
+                if name == "avspo" and np.ptp(g) == 0:
+                    continue  # avspo's degenerate groups follow its own virtual-sample rule (tests/test_advantages.py)
+                np.testing.assert_allclose(adv[i, : len(g)], _reference(name, np.asarray(g, np.float64)), rtol=2e-5,
+                                           atol=2e-6, err_msg=f"{name} group {i} (n={len(g)})")
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_batch_scale_uses_every_valid_reward_once(self):
+        rw, valid = _padded(GROUPS)
+        adv = np.asarray(self.variant(lambda r, v: advantages.grpo(r, v, scale="batch"))(jnp.asarray(rw),
+                                                                                          jnp.asarray(valid)))
+        flat = np.concatenate([np.asarray(g, np.float64) for g in GROUPS])
+        s = flat.std(ddof=1)  # the std of all valid rewards: padding neither counted nor weighted by G_max
+        for i, g in enumerate(GROUPS):
+            np.testing.assert_allclose(adv[i, : len(g)], _reference("grpo", np.asarray(g, np.float64), s), rtol=2e-5,
+                                       atol=2e-6)
+
+
+# -- the trainer's glue (jaxgrpo.scheduled) on a stand-in trainer: rewards fixed per prompt ----------------------------
+class _StandInTrainer:
+    """What `scheduled.rollout` reads of a Trainer. Prompt i: i % 3 == 0 always passes, 1 always fails, 2 is mixed;
+    every completion is 2 tokens."""
+
+    def __init__(self, *overrides: str, num_prompts: int = 12):
+        self.cfg = config_lib.load_config("default", ["rollout.prompts_per_step=4", "rollout.group_size=4", *overrides])
+        self.scheduler = scheduler.from_config(self.cfg)
+        self.examples = list(range(num_prompts))
+        self.encoded = [[1, 2, 3]] * num_prompts
+        self.iterator = data_lib.PromptIterator(list(range(num_prompts)), 4, 0, True)
+        self.rollout_stats: dict = {}
+        self.sampled: list[list[int]] = []
+
+    def sample(self, indices, key):
+        self.sampled.append(list(indices))
+        n, g = len(indices), self.cfg.rollout.group_size
+        rw = np.asarray([[1.0] * g if i % 3 == 0 else [0.0] * g if i % 3 == 1 else [1.0] + [0.0] * (g - 1)
+                         for i in indices], np.float32)  # fmt: skip
+        mask = np.zeros((n * g, 3), bool)
+        mask[:, :2] = True
+        comp = sampling.Completions(np.ones((n * g, 3), np.int32), np.zeros((n * g, 3), np.float32), mask,
+                                    mask.sum(-1), np.zeros(n * g, bool), None)  # fmt: skip
+        return Rollout([self.encoded[i] for i in indices], [self.examples[i] for i in indices], comp, [""] * (n * g),
+                       rw, np.ones((n, g), bool))  # fmt: skip
+
+
+def test_skip_learns_which_prompts_are_flat_and_skips_only_them():
+    tr = _StandInTrainer("rollout.schedule=skip", "rollout.schedule_explore=0.5")
+    first, extra = scheduled.rollout(tr, 0, jax.random.key(0))
+    assert extra["schedule/skipped"] == 0  # no history yet: the iterator's first batch, as without the schedule
+    mixed = sum(i % 3 == 2 for i in tr.sampled[0])
+    assert extra["schedule/informative_groups"] == mixed
+    assert extra["schedule/informative_per_1k_tokens"] == pytest.approx(1000 * mixed / (4 * 4 * 2))
+    assert extra["tokens/sampled"] == 4 * 4 * 2 and extra["schedule/group_size_mean"] == 4
+    for step in range(1, 40):
+        _, extra = scheduled.rollout(tr, step, jax.random.key(step))
+    sch = tr.scheduler
+    assert sch.skipped_total > 0
+    streaks = {i: rec.streak for i, rec in sch.records.items()}
+    assert all(streaks[i] > 0 for i in streaks if i % 3 == 0) and all(streaks[i] < 0 for i in streaks if i % 3 == 1)
+    assert all(streaks[i] == 0 for i in streaks if i % 3 == 2)  # mixed prompts are never predicted flat
+    assert sch.precision == 1.0  # rewards are fixed per prompt: every predicted-degenerate group was degenerate
+    late = [i for batch in tr.sampled[-20:] for i in batch]
+    assert sum(i % 3 == 2 for i in late) / len(late) > 0.6  # most admitted prompts are now the informative third
+
+
+def test_skip_composes_with_resample_rounds():
+    tr = _StandInTrainer("rollout.schedule=skip", "algo.degenerate_groups=resample", "algo.resample_max_rounds=6")
+    roll, extra = scheduled.rollout(tr, 0, jax.random.key(0))
+    informative = [i for batch in tr.sampled for i in batch if i % 3 == 2]
+    assert extra["resample/rounds"] == len(tr.sampled)
+    assert len(informative) >= 4 or len(tr.sampled) == 6
+    assert (np.ptp(roll.rewards, axis=1) > 0).sum() == min(4, len(informative))  # the informative groups first
+
+
+def test_padded_groups_layout():
+    class Tr:
+        encoded, examples = [[5], [6], [7]], ["a", "b", "c"]
+
+    sizes = np.asarray([2, 4, 2])
+    n = sizes.sum()
+    tok = np.arange(n * 3, dtype=np.int32).reshape(n, 3) + 1
+    comp = sampling.Completions(tok, tok * 0.5, np.ones((n, 3), bool), np.full(n, 3), np.ones(n, bool), None)
+    rw = np.arange(n, dtype=np.float32)
+    roll = scheduled.pad_groups(Tr(), [0, 1, 2], sizes, comp, [str(t) for t in range(n)], rw, np.ones(n, bool), 4)
+    np.testing.assert_array_equal(roll.valid, [[1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
+    np.testing.assert_array_equal(roll.rewards, [[0, 1, 0, 0], [2, 3, 4, 5], [6, 7, 0, 0]])
+    rows = [0, 1, 4, 5, 6, 7, 8, 9]  # where the 8 sampled rows go in the [3 * 4] layout
+    np.testing.assert_array_equal(np.asarray(roll.completions.tokens)[rows], tok)
+    pad = [2, 3, 10, 11]
+    assert not np.asarray(roll.completions.mask)[pad].any() and (np.asarray(roll.completions.tokens)[pad] == 0).all()
+    assert not np.asarray(roll.completions.truncated)[pad].any()
+    assert [roll.texts[r] for r in rows] == [str(t) for t in range(n)] and roll.texts[2] == ""
+    assert roll.prompt_ids == [[5], [6], [7]] and roll.completions.entropy is None
+
+
+# -- the trainer -------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_schedule_off_is_todays_run(tmp_path):
+    """rollout.schedule=none (the default): the same metrics as the trainer before the scheduler existed (main
+    0ca1515; tests/data/make_schedule_off_metrics.py), and no schedule/ metric or checkpoint field."""
+    from test_train import deterministic, small_config
+
+    from jaxgrpo import checkpoint as ckpt_lib
+    from jaxgrpo import trainer
+
+    cfg = small_config("train.steps=2", "checkpoint.every=2", "checkpoint.export_final=false")
+    assert cfg.rollout.schedule == "none"
+    history = [deterministic(m) for m in trainer.run(cfg, tmp_path / "run")]
+    golden = json.loads((DATA / "schedule_off_metrics.json").read_text())
+    assert [sorted(h) for h in history] == [sorted(g) for g in golden]
+    for got, want in zip(history, golden):
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    with ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(tmp_path / "run"), keep=2, save_interval=0) as mgr:
+        assert "scheduler" not in mgr.read_extra()
+
+
+@pytest.mark.slow
+def test_skip_adaptive_run_resumes_to_the_same_history(tmp_path):
+    """4 steps uninterrupted vs 2 steps + a resumed run to 4: the same metrics and the same per-prompt history."""
+    from test_train import deterministic, small_config
+
+    from jaxgrpo import checkpoint as ckpt_lib
+    from jaxgrpo import trainer
+
+    sched = ["rollout.schedule=skip+adaptive", "rollout.schedule_budget=24", "data.num_examples=8",
+             "checkpoint.every=1", "checkpoint.export_final=false"]  # fmt: skip
+    whole = trainer.run(small_config(*sched, "train.steps=4"), tmp_path / "a")
+    trainer.run(small_config(*sched, "train.steps=2"), tmp_path / "b")
+    resumed = trainer.run(small_config(*sched, "train.steps=4"), tmp_path / "b", allow_config_change=True)
+    assert len(resumed) == 2
+    for got, want in zip(resumed, whole[2:]):
+        got, want = deterministic(got), deterministic(want)
+        assert got.keys() == want.keys()
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    states = []
+    for run in ("a", "b"):
+        with ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(tmp_path / run), keep=5, save_interval=0) as m:
+            states.append(m.read_extra(4)["scheduler"])
+    assert states[0] == states[1] and len(states[0]["records"]) == 8
+    # the schedule acted: 24 samples for 8 prompts of G = 4 (groups of 2 and 4 in one [8, 4] batch), and the prompts
+    # whose groups were all-fail (almost all, for the tiny random policy) were skipped now and then
+    assert whole[-1]["schedule/skipped_total"] > 0
+    for m in whole:  # the sampled tokens are those of the G_i samples, not of the padded [P, G] array
+        assert (m["schedule/samples"], m["schedule/group_size_min"], m["schedule/group_size_max"]) == (24, 2, 4)
+        assert m["tokens/sampled"] <= 24 * 2 and m["tokens/completion"] == m["tokens/sampled"]
