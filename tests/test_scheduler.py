@@ -359,8 +359,8 @@ def test_schedule_off_is_todays_run(tmp_path):
     assert cfg.rollout.schedule == "none"
     history = [deterministic(m) for m in trainer.run(cfg, tmp_path / "run")]
     golden = json.loads((DATA / "schedule_off_metrics.json").read_text())
-    assert [sorted(h) for h in history] == [sorted(g) for g in golden]
-    for got, want in zip(history, golden):
+    assert len(history) == len(golden) and not any(k.startswith("schedule/") for h in history for k in h)
+    for got, want in zip(history, golden):  # the metrics of that trainer (later ones may add keys, not change these)
         for k in want:
             np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
     with ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(tmp_path / "run"), keep=2, save_interval=0) as mgr:
