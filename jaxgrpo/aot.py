@@ -189,7 +189,8 @@ def compile_train_step(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]
     perf, _ = resolve_perf(cfg.algo, cfg.perf, num_shards=shards * int(mesh.shape["tensor"]),
                            platform=devices[0].platform, compute_dtype=mcfg.dtype)  # fmt: skip
     init_fn, step_fn = ts.make_train_step(mcfg, cfg.algo, cfg.optim, perf=perf, mesh=mesh,
-                                          temperature=cfg.rollout.temperature, total_steps=cfg.train.steps)  # fmt: skip
+                                          temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k,
+                                          top_p=cfg.rollout.top_p, total_steps=cfg.train.steps)  # fmt: skip
     del init_fn
     width = padding.train_prompt_width([cfg.data.max_prompt_tokens])
     packed = ts.packed_prompt_width([cfg.data.max_prompt_tokens] * cfg.rollout.prompts_per_step, width, cfg.algo,

@@ -49,12 +49,6 @@ class Trainer:
             raise config_lib.ConfigError(
                 f"rollout.temperature={cfg.rollout.temperature}: training needs sampled rollouts (> 0); greedy "
                 "decoding makes every group's G completions identical, hence every group degenerate")
-        if cfg.rollout.top_p < 1 or cfg.rollout.top_k > 0:
-            raise config_lib.ConfigError(
-                f"rollout.top_p={cfg.rollout.top_p}, rollout.top_k={cfg.rollout.top_k}: the sampler records log-probs "
-                "of the truncated, renormalised distribution while the learner's are of the full softmax, so the "
-                "importance ratio would carry log(kept mass) (TRL #4772); train with top_p=1 and top_k=0 (eval may "
-                "truncate)")
         if cfg.data.environment or cfg.data.tools:
             raise config_lib.ConfigError(
                 "data.environment / data.tools: the trainer does not run multi-turn rollouts yet (environments, tool "
@@ -132,11 +126,13 @@ class Trainer:
         if cfg.algo.kl_coef > 0:
             if not self.lora:
                 self.ref_params = jax.tree.map(jnp.copy, models.compute_params(self.model_config, params))
-            chunk = self.perf.logprob_chunk
-            self.ref_logprobs = jax.jit(lambda p, b: compute_logprobs(self.model_config, p, b, temperature, chunk)[0])
+            chunk, k, p = self.perf.logprob_chunk, cfg.rollout.top_k, cfg.rollout.top_p
+            self.ref_logprobs = jax.jit(lambda prm, b: compute_logprobs(self.model_config, prm, b, temperature, chunk,
+                                                                         top_k=k, top_p=p)[0])  # fmt: skip
+        # the learner's log-probs are of the sampler's distribution (top-k / top-p truncated: jaxgrpo.logprobs)
         self.init_fn, self.step_fn = ts.make_train_step(
             self.model_config, cfg.algo, cfg.optim, perf=self.perf, mesh=self.mesh, temperature=temperature,
-            total_steps=cfg.train.steps)
+            top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, total_steps=cfg.train.steps)
         self.state = self.init_fn(params, jax.random.fold_in(self.key, 2 * 10**9))
         self.ckpt = ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(self.run_dir), keep=cfg.checkpoint.keep,
                                                save_interval=cfg.checkpoint.every)
