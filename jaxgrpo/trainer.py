@@ -96,6 +96,10 @@ class Trainer:
         self.perf, self.perf_notes = ts.resolve_perf(
             cfg.algo, cfg.perf, num_shards=m.data * m.fsdp * m.tensor, platform=jax.default_backend(),
             compute_dtype=self.model_config.dtype)
+        if self.perf.reuse_projections:  # one device: the engine samples, and it records no projections
+            self.perf = dataclasses.replace(self.perf, reuse_projections=False)
+            self.perf_notes.append("perf.reuse_projections=true does not apply: the trainer's rollout engine records "
+                                   "no projections; recomputing the projections")
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
 
         self.encoded = data_lib.encode_prompts(self.tokenizer, examples, cfg.data)
@@ -228,25 +232,23 @@ class Trainer:
 
     # -- one RL step -------------------------------------------------------------------------------------------
     def sample(self, indices: list[int], key: jax.Array) -> Rollout:
-        """One round: a group for each prompt of ``indices`` (the engine; the legacy sampler with a mesh or projection
-        reuse)."""
+        """One round: a group for each prompt of ``indices`` (the engine; the previous sampler with a mesh)."""
         r = self.cfg.rollout
         prompt_ids = [self.encoded[i] for i in indices]
         if not self.use_engine:
             comp = sampling.generate(  # the sampler reads compute-dtype weights, cast once per rollout
                 self.model_config, models.compute_params(self.model_config, self.state.params), prompt_ids,
                 num_samples=r.group_size, max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                top_k=r.top_k, eos_token_ids=self.eos_token_ids, key=key, mesh=self.mesh,
-                record_projections=self.perf.reuse_projections)
-            projections, comp = comp.projections, comp.replace(projections=None)  # the record stays on the device
-            return self.score(indices, jax.tree.map(to_host, comp), projections)
+                top_k=r.top_k, eos_token_ids=self.eos_token_ids, key=key, mesh=self.mesh)
+            return self.score(indices, jax.tree.map(to_host, comp))
         groups, stats = self.drive(prompt_ids, key)
         self.rollout_stats = stats.metrics()
         return self.score(indices, rollout_driver.completions(groups, range(len(indices))))
 
     @property
     def use_engine(self) -> bool:
-        return self.mesh is None and not self.perf.reuse_projections
+        """The rollout engine samples (one device); with a mesh the previous sampler (`sampling.generate`) does."""
+        return self.mesh is None
 
     def drive(self, prompt_ids: list[list[int]], key: jax.Array, **kw: Any):
         """The group driver (`jaxgrpo.rollout.driver`) over the current policy."""
