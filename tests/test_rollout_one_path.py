@@ -24,7 +24,15 @@ def test_default_config_trains_on_the_engine_like_the_previous_sampler(tmp_path,
     got = [tr.step(s) for s in range(2)]
     for rec in got:
         assert 0 < rec["rollout/slot_utilization"] <= 1 and rec["rollout/decode_steps"] >= 1
-    monkeypatch.setattr(trainer.Trainer, "use_engine", False)  # the previous sampler, same keys
+    real = sampling.generate
+
+    def previous(*args, **kw):  # generate's previous path (its while loop), which record_projections still takes
+        comp = real(*args, **kw, record_projections=True)
+        assert comp.projections is not None
+        return comp.replace(projections=None)
+
+    monkeypatch.setattr(trainer.Trainer, "use_engine", False)
+    monkeypatch.setattr(sampling, "generate", previous)  # the previous sampler, same keys
     old = trainer.Trainer(small_config(), tmp_path / "previous")
     want = [old.step(s) for s in range(2)]
     assert not any(k.startswith("rollout/") for k in want[0])
