@@ -189,7 +189,8 @@ def compile_train_step(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]
     perf, _ = resolve_perf(cfg.algo, cfg.perf, num_shards=shards * int(mesh.shape["tensor"]),
                            platform=devices[0].platform, compute_dtype=mcfg.dtype)  # fmt: skip
     init_fn, step_fn = ts.make_train_step(mcfg, cfg.algo, cfg.optim, perf=perf, mesh=mesh,
-                                          temperature=cfg.rollout.temperature, total_steps=cfg.train.steps)  # fmt: skip
+                                          temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k,
+                                          top_p=cfg.rollout.top_p, total_steps=cfg.train.steps)  # fmt: skip
     del init_fn
     width = padding.train_prompt_width([cfg.data.max_prompt_tokens])
     packed = ts.packed_prompt_width([cfg.data.max_prompt_tokens] * cfg.rollout.prompts_per_step, width, cfg.algo,
@@ -261,18 +262,16 @@ def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], t
     weights, for ``rollout.prompts_per_step`` prompts of ``data.max_prompt_tokens`` tokens each (padded as
     `sampling.generate` pads them); `program_figures` of each (``decode`` absent when ``max_new_tokens == 1``), and
     ``weights``: the per-chip bytes of the compute-dtype weights the programs read. ``texts``, when given, receives
-    each program's optimized HLO text (``compiled.as_text()``) under the same names. On one device without
-    projection reuse these are the rollout engine's public programs (`compile_engine`), which the trainer runs
-    there; with a mesh or projection reuse, the sampler's, which it runs then."""
+    each program's optimized HLO text (``compiled.as_text()``) under the same names. On one device these are the
+    rollout engine's public programs (`compile_engine`), which the trainer runs there; with a mesh, the sampler's,
+    which it runs then (the trainer records no projections: `perf.reuse_projections` does not apply to it)."""
     from jaxgrpo import sampling
 
     m, r = cfg.mesh, cfg.rollout
     mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
-    perf, _ = resolve_perf(cfg.algo, cfg.perf, num_shards=len(devices), platform=devices[0].platform,
-                           compute_dtype=mcfg.dtype)
-    if len(devices) == 1 and not perf.reuse_projections and r.max_new_tokens > 1:  # what the engine runs
+    if len(devices) == 1 and r.max_new_tokens > 1:  # what the engine runs
         return compile_engine(cfg, mcfg, devices, texts)
-    mode, shards = _sampler_mode(cfg, mcfg, mesh, record=perf.reuse_projections)
+    mode, shards = _sampler_mode(cfg, mcfg, mesh, record=False)
     num_prompts = padding.batch_bucket(r.prompts_per_step, shards)
     width = padding.prompt_bucket(cfg.data.max_prompt_tokens)
     packing = (padding.sampler_packed_width([cfg.data.max_prompt_tokens] * num_prompts, shards), shards)

@@ -6,6 +6,20 @@ states — of the whole rows (`models.hidden_states`), or with prefix sharing of
 (`jaxgrpo.models.prefix.prefix_shared_predictors`) — and only the states that predict completion tokens go through
 the LM head, in sequence chunks under `lax.map` with a hand-written backward, in float32: no float32 ``[B, T, V]``
 tensor exists and prompt positions cost no LM-head work.
+
+Top-k / top-p (``top_k > 0``, ``top_p < 1``): the log-prob is taken under the distribution the sampler drew from
+(`jaxgrpo.token_sampling`: temperature, then top-k, then top-p, renormalised), ``logp = z_t − logsumexp_{v∈K} z_v``
+with ``z = h W / temperature`` and the kept set ``K`` recomputed from these logits inside the LM-head chunk by the
+sampler's own rule (`token_sampling.kept_mask`), the target token always in ``K``. At the sampling parameters ``K``
+is the sampler's set and the importance ratio is 1; a full-softmax log-prob against the sampler's renormalised one
+would put ``−log(kept mass)`` into every log-ratio (TRL #4772; vLLM's ``logprobs_mode="processed_logprobs"`` reports
+the renormalised ones while verl's and TRL's learners recompute over the full vocabulary, the mismatch tracked in
+vllm-project/vllm#42259). The set is recomputed rather than carried in the record because it is a function of the
+policy's own logits (after an update the truncated policy is the new logits' truncation), and carrying it costs up
+to ``V`` ids per token. The target is kept so that a token that left ``K`` after an update (or at the set's edge by
+float rounding) gets a finite log-prob (``K ∪ {t}``) instead of ``−inf``. The gradient is that of the truncated
+log-softmax, ``∂ logp / ∂ z = onehot(t) − p_K`` (``K`` is piecewise constant in ``z``); the entropy is of the same
+truncated distribution.
 """
 
 from __future__ import annotations
@@ -17,7 +31,7 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo import models
+from jaxgrpo import models, token_sampling
 from jaxgrpo.models import prefix as prefix_lib
 from jaxgrpo.models.attention import DENSE, Kernel
 from jaxgrpo.models.layers import MatmulBackward, RematPolicy
@@ -58,6 +72,8 @@ def compute_logprobs(
     packed_width: int = 0,
     pack_rows: int = 1,
     projections: dict[str, jax.Array] | None = None,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> tuple[jax.Array, jax.Array]:
     """Per-token log-probs and entropies ``([B, Tc], [B, Tc])`` float32 of the completion tokens of `batch`.
 
@@ -76,7 +92,8 @@ def compute_logprobs(
     shards (one packed row each); the automatic LM-head chunk is sized for one shard's rows. ``projections`` (prefix
     sharing only):
     the completion tokens' dense-projection outputs recorded by the sampler with these ``params`` (see
-    `Batch.projections`), taken as given in the forward.
+    `Batch.projections`), taken as given in the forward. ``top_k`` (0 = off), ``top_p`` (1 = off): the sampler's
+    truncation; the log-probs and entropies are then of the truncated, renormalised distribution (module docstring).
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 (greedy rollouts have no log-probs to train on), got {temperature}")
@@ -88,6 +105,10 @@ def compute_logprobs(
         )
     if Tp < 1 or Tc < 1:
         raise ValueError(f"need prompt width Tp >= 1 and completion width Tc >= 1, got Tp={Tp}, Tc={Tc}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be an integer >= 0 (0 = no top-k truncation), got {top_k!r}")
+    if not 0.0 < float(top_p) <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1] (1 = no nucleus truncation), got {top_p!r}")
     if chunk < 0:
         raise ValueError(f"chunk must be >= 0 (0 = automatic), got {chunk}")
     if group_size < 0 or (group_size > 1 and B % group_size):
@@ -128,7 +149,9 @@ def compute_logprobs(
     t_NBc = jnp.pad(targets_BC, ((0, 0), (0, pad))).reshape(B, n, c).swapaxes(0, 1)
     inv_temp = 1.0 / float(temperature)
     keep = n * B * c * w_DV.shape[1] * 4 <= _KEEP_PROBS_BYTES
-    logp_NBc, ent_NBc = jax.lax.map(lambda xs: _chunk_logprobs(xs[0], xs[1], w_DV, inv_temp, keep), (h_NBcD, t_NBc))
+    trunc = (int(top_k) if top_k < w_DV.shape[1] else 0, float(top_p) if top_p < 1.0 else None)  # k >= V keeps all
+    logp_NBc, ent_NBc = jax.lax.map(lambda xs: _chunk_logprobs(xs[0], xs[1], w_DV, inv_temp, keep, trunc),
+                                    (h_NBcD, t_NBc))
     unchunk = lambda x: x.swapaxes(0, 1).reshape(B, n * c)[:, :Tc]
     return unchunk(logp_NBc), unchunk(ent_NBc)
 
@@ -138,23 +161,43 @@ def _chunk_logits(h_BcD: jax.Array, w_DV: jax.Array, inv_temp: float) -> jax.Arr
     return jnp.einsum("bcd,dv->bcv", h_BcD, w_DV, preferred_element_type=jnp.float32) * inv_temp
 
 
-def _chunk_forward(h_BcD: jax.Array, t_Bc: jax.Array, w_DV: jax.Array, inv_temp: float):
+Truncation = tuple[int, float | None]  # (top_k, 0 = off; top_p, None = off): static
+
+
+def _kept(logits: jax.Array, t_Bc: jax.Array, trunc: Truncation) -> jax.Array | None:
+    """The kept set ``K ∪ {t}`` ``[B, c, V]`` bool of the sampler's top-k / top-p rule on ``logits`` (already
+    divided by the temperature); None without truncation."""
+    top_k, top_p = trunc
+    if not top_k and top_p is None:
+        return None
+    b, c, v = logits.shape
+    z = jax.lax.stop_gradient(logits).reshape(b * c, v)
+    kept = token_sampling.kept_mask(z, top_k=top_k, top_p=top_p).reshape(b, c, v)
+    return kept | (jax.lax.broadcasted_iota(jnp.int32, logits.shape, 2) == t_Bc[..., None].astype(jnp.int32))
+
+
+def _chunk_forward(h_BcD: jax.Array, t_Bc: jax.Array, w_DV: jax.Array, inv_temp: float, trunc: Truncation):
     """``(logp, entropy, logz, probs)`` of one chunk, with one pass of ``exp`` over the ``[B, c, V]`` logits:
-    ``m = max z``, ``e = exp(z − m)``, ``S = Σ e``; ``logz = m + log S``, ``p = e / S``, ``H = logz − Σ p z``."""
+    ``m = max z``, ``e = exp(z − m)``, ``S = Σ e``; ``logz = m + log S``, ``p = e / S``, ``H = logz − Σ p z``; with
+    truncation the sums run over the kept set only (``e = 0`` outside it)."""
     logits = _chunk_logits(h_BcD, w_DV, inv_temp)
-    m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-    e = jnp.exp(logits - m)
+    kept = _kept(logits, t_Bc, trunc)
+    z = logits if kept is None else jnp.where(kept, logits, -jnp.inf)
+    m = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
+    e = jnp.exp(z - m)
     s = jnp.sum(e, axis=-1)
     logz = m[..., 0] + jnp.log(s)
     probs = e / s[..., None]
-    entropy = logz - jnp.sum(probs * logits, axis=-1)
+    entropy = logz - jnp.sum(probs * (logits if kept is None else jnp.where(kept, logits, 0.0)), axis=-1)
     logp = jnp.take_along_axis(logits, t_Bc[..., None].astype(jnp.int32), axis=-1)[..., 0] - logz
     return logp, entropy, logz, probs
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _chunk_logprobs(h_BcD: jax.Array, t_Bc: jax.Array, w_DV: jax.Array, inv_temp: float, keep_probs: bool):
-    """One LM-head chunk: ``(logp, entropy)`` ``[B, c]`` float32 of ``log_softmax(h W · inv_temp)``.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _chunk_logprobs(h_BcD: jax.Array, t_Bc: jax.Array, w_DV: jax.Array, inv_temp: float, keep_probs: bool,
+                    trunc: Truncation):
+    """One LM-head chunk: ``(logp, entropy)`` ``[B, c]`` float32 of ``log_softmax(h W · inv_temp)`` (with ``trunc``,
+    restricted to the kept set ``K`` and renormalised: ``p`` below is then 0 outside ``K``).
 
     Hand-written backward (the entropy is a statistic: it gets no gradient). With ``z = h W · τ⁻¹`` and
     ``p = softmax(z)``, ``∂ logp_t / ∂ z = onehot(t) − p``, so for the cotangent ``g`` of logp::
@@ -166,21 +209,24 @@ def _chunk_logprobs(h_BcD: jax.Array, t_Bc: jax.Array, w_DV: jax.Array, inv_temp
     together stay under `_KEEP_PROBS_BYTES`. ``dW`` is an explicit ``hᵀ dz`` contraction so that XLA transposes the
     small ``h`` rather than the ``[B·c, V]`` ``dz``.
     """
-    return _chunk_logprobs_fwd(h_BcD, t_Bc, w_DV, inv_temp, keep_probs)[0]
+    return _chunk_logprobs_fwd(h_BcD, t_Bc, w_DV, inv_temp, keep_probs, trunc)[0]
 
 
-def _chunk_logprobs_fwd(h_BcD, t_Bc, w_DV, inv_temp, keep_probs):
-    logp, entropy, logz, probs = _chunk_forward(h_BcD, t_Bc, w_DV, inv_temp)
+def _chunk_logprobs_fwd(h_BcD, t_Bc, w_DV, inv_temp, keep_probs, trunc):
+    logp, entropy, logz, probs = _chunk_forward(h_BcD, t_Bc, w_DV, inv_temp, trunc)
     return (logp, entropy), (h_BcD, t_Bc, w_DV, probs if keep_probs else logz)
 
 
-def _chunk_logprobs_bwd(inv_temp, keep_probs, res, cotangents):
+def _chunk_logprobs_bwd(inv_temp, keep_probs, trunc, res, cotangents):
     h_BcD, t_Bc, w_DV, saved = res
     g_Bc = cotangents[0].astype(jnp.float32)
     if keep_probs:
         probs = saved
-    else:
-        probs = jnp.exp(_chunk_logits(h_BcD, w_DV, inv_temp) - saved[..., None])
+    else:  # the logits again (and the kept set: the same rule on the same values)
+        logits = _chunk_logits(h_BcD, w_DV, inv_temp)
+        probs = jnp.exp(logits - saved[..., None])
+        kept = _kept(logits, t_Bc, trunc)
+        probs = probs if kept is None else jnp.where(kept, probs, 0.0)
     onehot = jax.nn.one_hot(t_Bc, w_DV.shape[1], dtype=jnp.float32)
     dz_BcV = (g_Bc * inv_temp)[..., None] * (onehot - probs)
     dh = jnp.einsum("bcv,dv->bcd", dz_BcV, w_DV, preferred_element_type=jnp.float32).astype(h_BcD.dtype)

@@ -68,10 +68,14 @@ class StepParts:
         mesh: Mesh | None,
         temperature: float,
         perf: PerfConfig | None = None,
+        *,
+        top_k: int = 0,
+        top_p: float = 1.0,
     ):
         perf = PerfConfig() if perf is None else perf
         _validate(algo, perf, temperature, mesh)
         self.config, self.algo, self.mesh, self.temperature = model_config, algo, mesh, float(temperature)
+        self.top_k, self.top_p = top_k, top_p  # the sampler's truncation: log-probs of that distribution
         self.axis_name = BATCH_AXES if mesh is not None else None
         self.num_shards = 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
         self.perf, _ = resolve_perf(algo, perf, num_shards=self.num_shards, platform=platform_of(mesh),
@@ -175,7 +179,8 @@ class StepParts:
                                 constrain_rows=self._constrain_rows if self.mesh is not None else None,
                                 group_size=group_size if perf.prefix_sharing else 0,
                                 packed_width=packed_width,  # used only with prefix sharing (group_size > 1)
-                                pack_rows=self.num_shards, projections=projections)  # fmt: skip
+                                pack_rows=self.num_shards, projections=projections, top_k=self.top_k,
+                                top_p=self.top_p)  # fmt: skip
 
     # -- 3. one micro-batch: loss (weighted by its share of the global normalizer) and statistics
     def micro_loss(

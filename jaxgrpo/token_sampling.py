@@ -153,6 +153,18 @@ def truncated_logits(
     return z, None
 
 
+def kept_mask(z: jax.Array, *, top_k: int = 0, top_p: float | None = None) -> jax.Array:
+    """Boolean ``[N, V]``: the tokens the top-k / top-p rule of `truncated_logits` keeps from already
+    temperature-scaled logits ``z [N, V]`` (the same set, ties included: it runs `truncated_logits` at temperature 1,
+    an exact division). ``top_k`` (0 = off) and ``top_p`` (None = off) are static. For a learner that scores sampled
+    tokens under the sampling distribution (`jaxgrpo.logprobs`)."""
+    n, vocab = z.shape
+    cand, ids = truncated_logits(z, 1.0, top_k=top_k, top_p=top_p)
+    if ids is None:
+        return jnp.isfinite(cand)
+    return jnp.zeros((n, vocab), bool).at[jnp.arange(n)[:, None], ids].set(jnp.isfinite(cand))
+
+
 _CDF_BLOCK = 128
 
 

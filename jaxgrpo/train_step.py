@@ -58,9 +58,9 @@ except norms and biases. The schedule's numbers (learning rate, warmup, ``total_
 compiled step as a runtime argument (`jaxgrpo.optim.schedule_hparams`), so they are not constants of the program.
 
 **One program per static configuration.** `make_train_step` memoizes the jitted step (and ``init_fn``) on what the
-program depends on: the model config, the algo, perf and mesh, the temperature and the optimizer's static fields
-(schedule kind, AdamW's ``b1``, ``b2``, ``eps``, weight decay, clipping norm). Two trainers that differ only in the
-learning rate, warmup or number of steps share one jitted function, so jax compiles its step once.
+program depends on: the model config, the algo, perf and mesh, the temperature, top-k and top-p, and the optimizer's
+static fields (schedule kind, AdamW's ``b1``, ``b2``, ``eps``, weight decay, clipping norm). Two trainers that differ
+only in the learning rate, warmup or number of steps share one jitted function, so jax compiles its step once.
 
 **Metrics** (float32 scalars): every `degeneracy.diagnostics` key; ``loss``, ``pg_loss``, ``kl`` and the
 `policy_loss` statistics (clip fractions, ratio statistics, ``approx_kl_old``) averaged over the step's optimizer
@@ -125,12 +125,14 @@ def policy_gradient(
     temperature: float = 1.0,
     mesh: Mesh | None = None,
     packed_prompt_width: int = 0,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> tuple[jax.Array, Params, dict[str, jax.Array]]:
     """Loss, gradient and policy-loss metrics of the first optimizer update of a train step (minibatch 0, with
     the configured gradient accumulation) — the exact function `make_train_step` differentiates. Jitted inside.
     For research code and tests; `make_train_step` is the entry point for training. ``packed_prompt_width``: as
-    for ``step_fn`` (see `packed_prompt_width`); ``perf``: as for `make_train_step`."""
-    step = StepParts(model_config, algo, mesh, temperature, perf)
+    for ``step_fn`` (see `packed_prompt_width`); ``perf``, ``top_k``, ``top_p``: as for `make_train_step`."""
+    step = StepParts(model_config, algo, mesh, temperature, perf, top_k=top_k, top_p=top_p)
 
     @jax.jit
     def run(params, batch):
@@ -224,14 +226,18 @@ def make_train_step(
     perf: PerfConfig | None = None,
     mesh: Mesh | None = None,
     temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
     total_steps: int,
 ) -> tuple[Callable[[Params, jax.Array], TrainState], StepFn]:
     """Build ``(init_fn(params, key) -> TrainState, step_fn(state, batch) -> (state, metrics))``.
 
     ``step_fn`` is a `jax.jit` function (state donated: do not reuse the input state). ``temperature`` is the
-    rollout temperature (the sampler's logits were divided by it). ``total_steps``: rollout steps of the run, for
-    the schedule. ``perf``: how the step is computed (`config.PerfConfig`, default its defaults), as
-    `resolve_perf` applies it to this algo and mesh.
+    rollout temperature (the sampler's logits were divided by it); ``top_k`` (0 = off), ``top_p`` (1 = off) the
+    rollout's truncation: the step's log-probs are then of the truncated, renormalised distribution the sampler drew
+    from (`jaxgrpo.logprobs`), so the importance ratio is 1 at the sampling parameters. ``total_steps``: rollout
+    steps of the run, for the schedule. ``perf``: how the step is computed (`config.PerfConfig`, default its
+    defaults), as `resolve_perf` applies it to this algo and mesh.
     ``step_fn(state, batch, packed_prompt_width=W)`` (static; compiles once per distinct ``W``): with prefix sharing,
     run the prompts packed end to end (no work on prompt padding, same result); ``W`` from `packed_prompt_width`.
     With ``mesh``, ``init_fn`` places params/optimizer state by their logical axes and the batch must come from
@@ -241,11 +247,13 @@ def make_train_step(
     learning rate, warmup, ``min_lr_ratio`` or ``total_steps`` share it.
     """
     hparams = optim_lib.schedule_hparams(optim, total_steps)
-    key = (_freeze(model_config), _freeze(algo), _static_optim(optim), _freeze(perf), mesh, float(temperature))
+    truncation = (int(top_k), float(top_p))
+    key = (_freeze(model_config), _freeze(algo), _static_optim(optim), _freeze(perf), mesh, float(temperature),
+           truncation)  # fmt: skip
     if key in _PROGRAMS:
         _PROGRAMS.move_to_end(key)
     else:
-        _PROGRAMS[key] = _build_program(model_config, algo, optim, perf, mesh, temperature)
+        _PROGRAMS[key] = _build_program(model_config, algo, optim, perf, mesh, temperature, truncation)
         while len(_PROGRAMS) > _PROGRAMS_KEPT:
             _PROGRAMS.popitem(last=False)
     init_fn, jitted = _PROGRAMS[key]
@@ -266,9 +274,11 @@ def _build_program(
     perf: PerfConfig | None,
     mesh: Mesh | None,
     temperature: float,
+    truncation: tuple[int, float] = (0, 1.0),
 ) -> tuple[Callable[[Params, jax.Array], TrainState], Callable]:
-    """``(init_fn, jitted step(state, batch, schedule_hparams, packed_prompt_width=0))`` for `make_train_step`."""
-    step = StepParts(model_config, algo, mesh, temperature, perf)
+    """``(init_fn, jitted step(state, batch, schedule_hparams, packed_prompt_width=0))`` for `make_train_step`;
+    ``truncation``: the rollout's ``(top_k, top_p)``."""
+    step = StepParts(model_config, algo, mesh, temperature, perf, top_k=truncation[0], top_p=truncation[1])
     updates = int(algo.num_iterations) * step.nm
     tx = optim_lib.make_direction(optim)
     state_sh = state_shardings(model_config, mesh, tx) if mesh is not None else None

@@ -52,12 +52,6 @@ class Trainer:
             raise config_lib.ConfigError(
                 f"rollout.temperature={cfg.rollout.temperature}: training needs sampled rollouts (> 0); greedy "
                 "decoding makes every group's G completions identical, hence every group degenerate")
-        if cfg.rollout.top_p < 1 or cfg.rollout.top_k > 0:
-            raise config_lib.ConfigError(
-                f"rollout.top_p={cfg.rollout.top_p}, rollout.top_k={cfg.rollout.top_k}: the sampler records log-probs "
-                "of the truncated, renormalised distribution while the learner's are of the full softmax, so the "
-                "importance ratio would carry log(kept mass) (TRL #4772); train with top_p=1 and top_k=0 (eval may "
-                "truncate)")
         if cfg.data.environment or cfg.data.tools:
             raise config_lib.ConfigError(
                 "data.environment / data.tools: the trainer does not run multi-turn rollouts yet (environments, tool "
@@ -105,6 +99,10 @@ class Trainer:
         self.perf, self.perf_notes = ts.resolve_perf(
             cfg.algo, cfg.perf, num_shards=m.data * m.fsdp * m.tensor, platform=jax.default_backend(),
             compute_dtype=self.model_config.dtype)
+        if self.perf.reuse_projections:  # one device: the engine samples, and it records no projections
+            self.perf = dataclasses.replace(self.perf, reuse_projections=False)
+            self.perf_notes.append("perf.reuse_projections=true does not apply: the trainer's rollout engine records "
+                                   "no projections; recomputing the projections")
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
 
         self.encoded = data_lib.encode_prompts(self.tokenizer, examples, cfg.data)
@@ -136,11 +134,13 @@ class Trainer:
         if cfg.algo.kl_coef > 0:
             if not self.lora:
                 self.ref_params = jax.tree.map(jnp.copy, models.compute_params(self.model_config, params))
-            chunk = self.perf.logprob_chunk
-            self.ref_logprobs = jax.jit(lambda p, b: compute_logprobs(self.model_config, p, b, temperature, chunk)[0])
+            chunk, k, p = self.perf.logprob_chunk, cfg.rollout.top_k, cfg.rollout.top_p
+            self.ref_logprobs = jax.jit(lambda prm, b: compute_logprobs(self.model_config, prm, b, temperature, chunk,
+                                                                         top_k=k, top_p=p)[0])  # fmt: skip
+        # the learner's log-probs are of the sampler's distribution (top-k / top-p truncated: jaxgrpo.logprobs)
         self.init_fn, self.step_fn = ts.make_train_step(
             self.model_config, cfg.algo, cfg.optim, perf=self.perf, mesh=self.mesh, temperature=temperature,
-            total_steps=cfg.train.steps)
+            top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, total_steps=cfg.train.steps)
         self.state = self.init_fn(params, jax.random.fold_in(self.key, 2 * 10**9))
         self.ckpt = ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(self.run_dir), keep=cfg.checkpoint.keep,
                                                save_interval=cfg.checkpoint.every)
@@ -249,25 +249,23 @@ class Trainer:
 
     # -- one RL step -------------------------------------------------------------------------------------------
     def sample(self, indices: list[int], key: jax.Array) -> Rollout:
-        """One round: a group for each prompt of ``indices`` (the engine; the legacy sampler with a mesh or projection
-        reuse)."""
+        """One round: a group for each prompt of ``indices`` (the engine; the previous sampler with a mesh)."""
         r = self.cfg.rollout
         prompt_ids = [self.encoded[i] for i in indices]
         if not self.use_engine:
             comp = sampling.generate(  # the sampler reads compute-dtype weights, cast once per rollout
                 self.model_config, models.compute_params(self.model_config, self.state.params), prompt_ids,
                 num_samples=r.group_size, max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                top_k=r.top_k, eos_token_ids=self.eos_token_ids, key=key, mesh=self.mesh,
-                record_projections=self.perf.reuse_projections)
-            projections, comp = comp.projections, comp.replace(projections=None)  # the record stays on the device
-            return self.score(indices, jax.tree.map(to_host, comp), projections)
+                top_k=r.top_k, eos_token_ids=self.eos_token_ids, key=key, mesh=self.mesh)
+            return self.score(indices, jax.tree.map(to_host, comp))
         groups, stats = self.drive(prompt_ids, key)
         self.rollout_stats = stats.metrics()
         return self.score(indices, rollout_driver.completions(groups, range(len(indices))))
 
     @property
     def use_engine(self) -> bool:
-        return self.mesh is None and not self.perf.reuse_projections
+        """The rollout engine samples (one device); with a mesh the previous sampler (`sampling.generate`) does."""
+        return self.mesh is None
 
     def drive(self, prompt_ids: list[list[int]], key: jax.Array, **kw: Any):
         """The group driver (`jaxgrpo.rollout.driver`) over the current policy."""

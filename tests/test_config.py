@@ -169,7 +169,7 @@ def test_literal_coercion():
 
 def test_perf_section():
     assert C.Config().perf == C.PerfConfig(prefix_sharing=True, prompt_packing=True, remat="projections",
-                                           logprob_chunk=0, reuse_projections=True, matmul_backward="auto")
+                                           logprob_chunk=0, reuse_projections=False, matmul_backward="auto")
     cfg = C.load_config(None, ["perf.remat=full", "perf.logprob_chunk=64", "perf.prefix_sharing=false",
                                "perf.matmul_backward=xla"])
     assert (cfg.perf.remat, cfg.perf.logprob_chunk, cfg.perf.prefix_sharing) == ("full", 64, False)

@@ -40,8 +40,8 @@ REQUIRED_METRICS = [
 
 # Metrics that are a deterministic function of (config, seed, step): everything but wall-clock timings.
 def deterministic(rec: dict) -> dict:
-    # rollout/: the engine's scheduling counters (absent on the previous sampler's path, which perf.reuse_projections
-    # and a mesh take) and its tokens/s
+    # rollout/: the engine's scheduling counters (absent on the previous sampler's path, which a mesh takes) and its
+    # tokens/s
     return {k: v for k, v in rec.items() if not k.startswith(("time/", "throughput/", "rollout/"))}
 
 
@@ -82,35 +82,6 @@ def test_tiny_run_end_to_end(tmp_path):
     assert mcfg.vocab_size == len(build.load_tokenizer("builtin:arithmetic"))
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert [s["step"] for s in samples] == [2, 4]
-
-
-def test_trainer_reuses_the_samplers_projections_where_exact(tmp_path):
-    """The default config records the sampler's projections and hands them to the step (`perf.reuse_projections`);
-    two steps with them give the metrics of two steps without; configurations where they would be stale do not
-    record."""
-    from jaxgrpo import models
-
-    tr = trainer.Trainer(small_config(), tmp_path / "reuse")
-    ref = trainer.Trainer(small_config("perf.reuse_projections=false"), tmp_path / "recompute")
-    assert tr.reuse_projections and not ref.reuse_projections
-    seen, real = [], tr.step_fn
-
-    def spy(state, batch, **kw):
-        seen.append(batch.projections)
-        return real(state, batch, **kw)
-
-    tr.step_fn = spy
-    got = [{"step": s, **deterministic(tr.step(s))} for s in range(2)]
-    want = [{"step": s, **deterministic(ref.step(s))} for s in range(2)]
-    assert_records_close(got, want, rtol=1e-4, atol=1e-6)
-    cfg, mc = tr.cfg, tr.model_config
-    rows, m = cfg.rollout.prompts_per_step * cfg.rollout.group_size, cfg.rollout.max_new_tokens
-    assert {k: v.shape for k, v in seen[0].items()} == {
-        k: (mc.num_layers, rows, m - 1, w) for k, w in models.projection_widths(mc).items()
-    }
-    for extra in ("algo.num_iterations=2", "perf.prefix_sharing=false", "algo.degenerate_groups=resample",
-                  "perf.remat=full"):  # fmt: skip
-        assert not trainer.Trainer(small_config(extra), tmp_path / extra).reuse_projections, extra
 
 
 def test_kl_to_the_initial_policy(tmp_path):
