@@ -1,0 +1,257 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""The trainer runs multi-turn rollouts (``data.environment`` / ``data.tools``): `jaxgrpo.multiturn_step`.
+
+A tiny random model with SmolLM2's tokenizer and chat template (one compiled shape set for the module):
+
+* a killed run resumes exactly: 1 step, then resumed to 3, against an uninterrupted 3-step run (every metric and
+  every parameter equal), the pattern of tests/test_faults.py;
+* tools that hang, raise or return something unprintable, called by a scripted policy inside a trainer run: each
+  is answered as an error, counted in the metrics (the expected counts follow from the script), and the run goes on;
+* the README's ten-line environment trains with only its own ``get_reward`` as the reward;
+* one-line errors for what the multi-turn step refuses;
+* the packaged example (configs/smollm2_tools.yaml, the real SmolLM2) trains a step through `jaxgrpo.train.main`.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import shutil
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from jaxgrpo import config as config_lib
+from jaxgrpo import eval as eval_lib
+from jaxgrpo import metrics_log, multiturn_step, sampling, trainer
+from jaxgrpo import train as train_cli
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+TOOLS = '''
+import threading
+
+release = threading.Event()
+
+
+def hang(x: int) -> str:
+    """Waits until the test ends.
+
+    Args:
+        x: anything
+    """
+    release.wait(60)
+    return "late"
+
+
+def boom(x: int) -> str:
+    """Raises.
+
+    Args:
+        x: anything
+    """
+    raise RuntimeError("tool exploded")
+
+
+class Unprintable:
+    def __str__(self):
+        raise ValueError("no text")
+
+    __repr__ = __str__
+
+
+def garbage(x: int) -> str:
+    """Returns an object that has no text.
+
+    Args:
+        x: anything
+    """
+    return Unprintable()
+
+
+class NoReward:
+    def reset(self, **kwargs):
+        return None
+
+    def noop(self, x: int) -> str:
+        """Does nothing.
+
+        Args:
+            x: anything
+        """
+        return "ok"
+'''
+
+
+@pytest.fixture(scope="module")
+def modules(tmp_path_factory):
+    """Importable test modules: `mt_tools` (the misbehaving tools) and `readme_env` (the README's environment)."""
+    root = tmp_path_factory.mktemp("mt_modules")
+    (root / "mt_tools.py").write_text(TOOLS)
+    readme = (REPO / "README.md").read_text().split("## Environments and tools", 1)[1]
+    (root / "readme_env.py").write_text(re.search(r"```python\n(.*?)```", readme, re.DOTALL).group(1))
+    sys.path.insert(0, str(root))
+    yield root
+    sys.path.remove(str(root))
+    sys.modules.pop("mt_tools", None)
+    sys.modules.pop("readme_env", None)
+
+
+def small(gguf: pathlib.Path, *extra: str) -> config_lib.Config:
+    """A tiny random model with SmolLM2's vocabulary and template, on one-digit sums in words, P = G = 2."""
+    base = ["model.name_or_path=tiny", f"model.tokenizer={gguf}", "model.hidden_size=32", "model.intermediate_size=64",
+            "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1", "model.max_position_embeddings=512",
+            "data.source=words", "data.difficulty=1", "data.max_prompt_tokens=128",
+            "data.rewards={gsm8k_lenient: 1.0, environment: 0.5}",
+            "data.environment=jaxgrpo.rollout.arithmetic_env:CalculatorEnv", "rollout.prompts_per_step=2",
+            "rollout.group_size=2", "rollout.max_new_tokens=24", "rollout.max_turns=2", "optim.learning_rate=1e-3",
+            "log.progress=false", "log.tensorboard=false", "log.sample_every=0", "checkpoint.export_final=false",
+            "checkpoint.keep=5", "checkpoint.every=1"]  # fmt: skip
+    return config_lib.load_config("default", [*base, *extra])
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_gguf, tmp_path_factory):
+    """An uninterrupted 3-step multi-turn run, checkpointed after every step."""
+    run = tmp_path_factory.mktemp("mt_reference") / "run"
+    trainer.run(small(smollm2_gguf, "train.steps=3"), run)
+    return run
+
+
+def assert_same_metrics(got: dict, want: dict, what: str) -> None:
+    for k, v in want.items():
+        if not k.startswith(("time/", "throughput/")):
+            np.testing.assert_allclose(got[k], v, rtol=1e-5, atol=1e-6, err_msg=f"{what}: {k}")
+
+
+def test_killed_multiturn_run_resumes_exactly(reference, smollm2_gguf, tmp_path):
+    """Stopped after step 1 and resumed to step 3: steps 2 and 3 have the uninterrupted run's metrics, and the
+    final parameters are equal, leaf for leaf."""
+    want = metrics_log.read_metrics(reference)
+    assert [r["step"] for r in want] == [1, 2, 3]
+    assert {"multiturn/turns", "multiturn/tool_calls", "multiturn/action_token_share"} <= set(want[0])
+    run = tmp_path / "run"
+    trainer.run(small(smollm2_gguf, "train.steps=1"), run)
+    history = trainer.run(small(smollm2_gguf, "train.steps=3"), run)
+    assert len(history) == 2  # steps 2 and 3, from the step-1 checkpoint
+    got = metrics_log.read_metrics(run)
+    assert [r["step"] for r in got] == [1, 2, 3]
+    for i in range(3):
+        assert_same_metrics(got[i], want[i], f"step {i + 1}")
+    cfg = small(smollm2_gguf, "train.steps=3")
+    a = eval_lib.load_policy_for_eval(cfg, reference, 3).params
+    b = eval_lib.load_policy_for_eval(cfg, run, 3).params
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def scripted(tok, script: list[str]):
+    """A `sampling.generate` stand-in: a row whose context holds k assistant turns writes ``script[k - 1]`` then
+    ``<|im_end|>`` (log-prob -0.5 per token)."""
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+
+    def generate(config, params, prompts, *, max_new_tokens, eos_token_ids, key, **kw):
+        rows = []
+        for ctx in prompts:
+            turn = tok.decode(ctx, skip_special_tokens=False).count("<|im_start|>assistant") - 1
+            ids = tok(script[turn], add_special_tokens=False)["input_ids"] + [eos]
+            assert len(ids) <= max_new_tokens, "the script's turns must fit rollout.max_new_tokens"
+            rows.append(ids)
+        toks = np.zeros((len(rows), max_new_tokens), np.int32)
+        for i, ids in enumerate(rows):
+            toks[i, : len(ids)] = ids
+        lens = np.array([len(ids) for ids in rows], np.int32)
+        mask = np.arange(max_new_tokens)[None] < lens[:, None]
+        return sampling.Completions(tokens=toks, logprobs=np.where(mask, -0.5, 0.0).astype(np.float32), mask=mask,
+                                    lengths=lens, truncated=np.zeros(len(rows), bool))  # fmt: skip
+
+    return generate
+
+
+def call(name: str, args: str) -> str:
+    return f'<tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>'
+
+
+def test_tools_that_hang_raise_or_return_garbage_are_reported_and_the_run_goes_on(modules, smollm2_gguf, tmp_path,
+                                                                                  monkeypatch):  # fmt: skip
+    """Every trajectory calls hang (times out), boom (raises), garbage (unprintable), then the calculator, then
+    answers: 5 turns, 4 calls, 3 errors of which 1 timeout, in both steps; the steps update the policy."""
+    from jaxgrpo.gguf_tokenizer import gguf_tokenizer
+
+    tok = gguf_tokenizer(smollm2_gguf)
+    script = [call("hang", '{"x": 1}'), call("boom", '{"x": 2}'), call("garbage", '{"x": 3}'),
+              call("calculator", '{"expression": "3 + 4"}'), "The answer is 7."]  # fmt: skip
+    monkeypatch.setattr(multiturn_step.MultiTurn, "generate", staticmethod(scripted(tok, script)))
+    import mt_tools
+
+    replies = []
+    original = multiturn_step.MT.rollout
+
+    def rollout(*args, **kwargs):
+        out = original(*args, **kwargs)
+        replies.extend(m["content"] for msgs in out.messages for m in msgs if m["role"] == "tool")
+        return out
+
+    monkeypatch.setattr(multiturn_step.MT, "rollout", rollout)
+    cfg = small(smollm2_gguf, "train.steps=2", "rollout.max_turns=5", "rollout.max_total_tokens=400",
+                "rollout.tool_timeout=0.5", "data.environment=null", "data.rewards={gsm8k_lenient: 1.0}",
+                "data.tools=[mt_tools:hang, mt_tools:boom, mt_tools:garbage, jaxgrpo.rollout.tools:calculator]")
+    try:
+        history = trainer.run(cfg, tmp_path / "run")
+    finally:
+        mt_tools.release.set()
+    assert len(history) == 2
+    for m in history:
+        assert m["multiturn/turns"] == 5 and m["multiturn/tool_calls"] == 4
+        assert m["multiturn/tool_error_rate"] == 0.75 and m["multiturn/tool_timeout_rate"] == 0.25
+        assert m["multiturn/truncated_rate"] == 0 and 0 < m["multiturn/action_token_share"] < 1
+        assert np.isfinite(m["loss"]) and m["grad_norm"] > 0
+    assert replies[:4] == ["Error: hang timed out after 0.5 s.", "Error: boom raised RuntimeError: tool exploded",
+                           "Error: garbage raised ValueError: no text", "7"]  # fmt: skip
+
+
+def test_the_readme_environment_trains_on_its_own_reward(modules, smollm2_gguf, tmp_path):
+    """The README's ten-line `Counter` as data.environment, scored by its get_reward alone (no reward function)."""
+    cfg = small(smollm2_gguf, "train.steps=1", "data.environment=readme_env:Counter",
+                "data.rewards={environment: 1.0}")  # fmt: skip
+    (m,) = trainer.run(cfg, tmp_path / "run")
+    assert np.isfinite(m["loss"]) and m["reward/mean"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+    assert "reward/invalid_frac" not in m  # no reward function ran
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["mesh.data=2", "rollout.prompts_per_step=2"], "run on one device"),
+    (["algo.degenerate_groups=resample"], "degenerate_groups=resample is not supported"),
+    (["train.eval_every=1"], "python -m jaxgrpo.eval"),
+    (["algo.overlong_buffer=4"], "overlong_buffer=null"),
+])  # fmt: skip
+def test_unsupported_settings_are_one_line_errors(smollm2_gguf, tmp_path, extra, match):
+    with pytest.raises(config_lib.ConfigError, match=match) as info:
+        trainer.Trainer(small(smollm2_gguf, *extra), tmp_path / "run")
+    assert "\n" not in str(info.value) and not (tmp_path / "run").exists()
+
+
+def test_the_environment_reward_needs_an_environment_with_get_reward(modules, smollm2_gguf, tmp_path):
+    with pytest.raises(config_lib.ConfigError, match="unless data.environment is set"):
+        small(smollm2_gguf, "data.environment=null", "data.tools=[jaxgrpo.rollout.tools:calculator]")
+    with pytest.raises(config_lib.ConfigError, match="has no get_reward"):
+        trainer.Trainer(small(smollm2_gguf, "data.environment=mt_tools:NoReward"), tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_the_packaged_tools_example_trains_a_step(tmp_path, capsys):
+    """configs/smollm2_tools.yaml (the real SmolLM2-135M-Instruct, CalculatorEnv) through the CLI, short shapes."""
+    run = tmp_path / "run"
+    rc = train_cli.main(["--config", "smollm2_tools", "--run-dir", str(run), "train.steps=1",
+                         "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
+                         "rollout.max_turns=2", "rollout.max_total_tokens=null", "log.progress=false",
+                         "log.tensorboard=false", "checkpoint.export_final=false"])  # fmt: skip
+    assert rc == 0, capsys.readouterr().err[-2000:]
+    (rec,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rec["step"] == 1 and np.isfinite(rec["loss"]) and rec["multiturn/turns"] >= 1
+    assert (run / "checkpoints" / "1").is_dir()
+    shutil.rmtree(run)
