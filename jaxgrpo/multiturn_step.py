@@ -173,11 +173,14 @@ class MultiTurn:
                               "fix the environment, or set algo.on_reward_error=invalidate") from e  # fmt: skip
 
     def batch(self, scored: Scored, pad_id: int) -> tuple[Batch, list[int]]:
-        """The train step's `Batch` (widths bucketed, so few shapes compile) and the group prompts' lengths."""
+        """The train step's `Batch` and the group prompts' lengths. Widths: the prompts' bucketed; the completion
+        region's the bucket of the token budget (``max_total_tokens``), so the step compiles once, whatever the
+        trajectories' lengths (wider only when first observations that differ within a group add context)."""
         out = scored.rollout
         lengths = [len(p) for p in out.prompt_ids]
         width = padding.train_prompt_width(lengths)
-        completion = padding.prompt_bucket(max(max(len(h.tokens) for h in out.histories), 1))
+        longest = max(len(h.tokens) for h in out.histories)
+        completion = padding.prompt_bucket(max(longest, self.settings.budget))
         batch = multiturn_batch(out, scored.rewards, scored.valid, width, completion, pad_id)
         if self.cfg.algo.overlong_filter:  # a trajectory stopped by a limit, not by an answer, leaves the loss
             batch = batch.replace(truncated=jnp.asarray([h.truncated for h in out.histories], bool))
