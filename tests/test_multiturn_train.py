@@ -247,15 +247,26 @@ def test_the_environment_reward_needs_an_environment_with_get_reward(modules, sm
 
 
 @pytest.mark.slow
-def test_the_packaged_tools_example_trains_a_step(tmp_path, capsys):
-    """configs/smollm2_tools.yaml (the real SmolLM2-135M-Instruct, CalculatorEnv) through the CLI, short shapes."""
+def test_the_packaged_tools_example_trains_through_the_cli(smollm2_gguf, tmp_path, capsys):
+    """configs/smollm2_tools.yaml as packaged (CalculatorEnv, the calculator tool, its system prompt, words level 4,
+    gsm8k_lenient + the environment's reward) through `python -m jaxgrpo.train`'s main, 2 steps at short shapes, with
+    the model swapped for the tiny one on SmolLM2's tokenizer (the real model's train step alone compiles for
+    minutes on a CPU; it was run by hand: docs/multiturn.md)."""
     run = tmp_path / "run"
-    rc = train_cli.main(["--config", "smollm2_tools", "--run-dir", str(run), "train.steps=1",
-                         "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=8",
-                         "rollout.max_turns=2", "rollout.max_total_tokens=null", "log.progress=false",
-                         "log.tensorboard=false", "checkpoint.export_final=false"])  # fmt: skip
+    rc = train_cli.main(["--config", "smollm2_tools", "--run-dir", str(run), "train.steps=2",
+                         "model.name_or_path=tiny", f"model.tokenizer={smollm2_gguf}", "model.hidden_size=32",
+                         "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
+                         "model.num_kv_heads=1", "model.max_position_embeddings=1024", "model.dtype=float32",
+                         "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=32",
+                         "rollout.max_turns=2", "rollout.max_total_tokens=null", "perf.remat=projections",
+                         "log.progress=false", "log.tensorboard=false", "checkpoint.export_final=false"])  # fmt: skip
     assert rc == 0, capsys.readouterr().err[-2000:]
-    (rec,) = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert rec["step"] == 1 and np.isfinite(rec["loss"]) and rec["multiturn/turns"] >= 1
-    assert (run / "checkpoints" / "1").is_dir()
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [1, 2]
+    for r in recs:
+        assert np.isfinite(r["loss"]) and 1 <= r["multiturn/turns"] <= 2 and r["tokens/loss"] > 0
+    saved = config_lib.load_config(str(run / "config.yaml"), [])
+    assert saved.data.environment == "jaxgrpo.rollout.arithmetic_env:CalculatorEnv"
+    assert saved.data.rewards == {"gsm8k_lenient": 1.0, "environment": 0.2} and saved.data.difficulty == 4
+    assert (run / "checkpoints" / "2").is_dir()
     shutil.rmtree(run)
