@@ -234,3 +234,41 @@ def train_step(trainer: Any, step: int) -> dict[str, float]:
     texts = [trainer.tokenizer.decode(h.tokens, skip_special_tokens=False) for h in hs]
     trainer.last_samples = ([f"{examples[0].prompt} -> {t}" for t in texts], scored.rewards[0].tolist())
     return metrics
+
+
+def evaluate(cfg: Config, model_config: models.ModelConfig, params: Any, tokenizer: Any, examples: Sequence[Example],
+             reward: str, *, num_samples: int, group_sizes: Sequence[int], key: jax.Array, prompts_per_batch: int = 32,
+             success_threshold: float = 0.5) -> dict[str, Any]:  # fmt: skip
+    """`jaxgrpo.eval.evaluate` for a multi-turn config: ``num_samples`` trajectories per example through the turn
+    loop, each scored by ``reward`` alone (a reward function of its final answer, or ``environment``: its
+    environment's ``get_reward()``); success = reward >= ``success_threshold``. Returns `jaxgrpo.eval.summarize`'s
+    pass@k and degeneracy, ``mean_reward``, the `history.metrics` of all trajectories and a few samples."""
+    from jaxgrpo import build
+    from jaxgrpo.eval import summarize
+
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, rewards={reward: 1.0}),
+                              rollout=dataclasses.replace(cfg.rollout, group_size=num_samples))  # fmt: skip
+    mt = MultiTurn(cfg, tokenizer, model_config, build.eos_ids(model_config, tokenizer), examples)
+    scorer = Scorer(reward_functions(cfg)) if reward != ENV_REWARD else None
+    params = models.compute_params(model_config, params)
+    rewards, hists, samples = [], [], []
+    try:
+        for b, start in enumerate(range(0, len(examples), prompts_per_batch)):
+            batch = list(examples[start : start + prompts_per_batch])
+            scored = mt.sample(model_config, params, batch, jax.random.fold_in(key, b), scorer)
+            rewards.append(scored.rewards)
+            hists += scored.rollout.histories
+            for p, ex in enumerate(batch[: max(0, 4 - len(samples))]):
+                samples.append({"prompt": ex.prompt, "answer": ex.answer, "reward": float(scored.rewards[p, 0]),
+                                "conversation": scored.rollout.messages[p * num_samples]})  # fmt: skip
+    finally:
+        mt.close()
+        if scorer is not None:
+            scorer.close()
+    r = np.concatenate(rewards)
+    result = summarize(r >= success_threshold, group_sizes)
+    result.update(mean_reward=float(r.mean()), multiturn=history.metrics(hists), samples=samples,
+                  settings={"reward": reward, "success_threshold": float(success_threshold),
+                            "num_samples": num_samples, "max_new_tokens": cfg.rollout.max_new_tokens,
+                            "max_turns": cfg.rollout.max_turns, "temperature": cfg.rollout.temperature})  # fmt: skip
+    return result

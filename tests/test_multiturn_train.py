@@ -8,6 +8,8 @@ A tiny random model with SmolLM2's tokenizer and chat template (one compiled sha
 * tools that hang, raise or return something unprintable, called by a scripted policy inside a trainer run: each
   is answered as an error, counted in the metrics (the expected counts follow from the script), and the run goes on;
 * the README's ten-line environment trains with only its own ``get_reward`` as the reward;
+* `python -m jaxgrpo.eval` of the multi-turn run, with a scripted calculator-using policy whose success rate is
+  known (1 when it answers the tool's result, 0 when off by one; 1 by the environment's reward either way);
 * one-line errors for what the multi-turn step refuses;
 * the packaged example (configs/smollm2_tools.yaml, the real SmolLM2) trains a step through `jaxgrpo.train.main`.
 """
@@ -149,6 +151,17 @@ def test_killed_multiturn_run_resumes_exactly(reference, smollm2_gguf, tmp_path)
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+def completions(rows: list[list[int]], width: int) -> sampling.Completions:
+    """A scripted policy's turn as the sampler returns it: each row's tokens (ending in EOS), log-prob -0.5 each."""
+    toks = np.zeros((len(rows), width), np.int32)
+    for i, ids in enumerate(rows):
+        toks[i, : len(ids)] = ids
+    lens = np.array([len(ids) for ids in rows], np.int32)
+    mask = np.arange(width)[None] < lens[:, None]
+    return sampling.Completions(tokens=toks, logprobs=np.where(mask, -0.5, 0.0).astype(np.float32), mask=mask,
+                                lengths=lens, truncated=np.zeros(len(rows), bool))  # fmt: skip
+
+
 def scripted(tok, script: list[str]):
     """A `sampling.generate` stand-in: a row whose context holds k assistant turns writes ``script[k - 1]`` then
     ``<|im_end|>`` (log-prob -0.5 per token)."""
@@ -161,15 +174,53 @@ def scripted(tok, script: list[str]):
             ids = tok(script[turn], add_special_tokens=False)["input_ids"] + [eos]
             assert len(ids) <= max_new_tokens, "the script's turns must fit rollout.max_new_tokens"
             rows.append(ids)
-        toks = np.zeros((len(rows), max_new_tokens), np.int32)
-        for i, ids in enumerate(rows):
-            toks[i, : len(ids)] = ids
-        lens = np.array([len(ids) for ids in rows], np.int32)
-        mask = np.arange(max_new_tokens)[None] < lens[:, None]
-        return sampling.Completions(tokens=toks, logprobs=np.where(mask, -0.5, 0.0).astype(np.float32), mask=mask,
-                                    lengths=lens, truncated=np.zeros(len(rows), bool))  # fmt: skip
+        return completions(rows, max_new_tokens)
 
     return generate
+
+
+def calculating_policy(tok, offset: int):
+    """A scripted policy for words prompts: turn 1 calls the calculator on the question's ``a + b``; turn 2 answers
+    the last number of its context (the tool's reply) plus ``offset`` (0: right, 1: wrong)."""
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+
+    def generate(config, params, prompts, *, max_new_tokens, eos_token_ids, key, **kw):
+        rows = []
+        for ctx in prompts:
+            text = tok.decode(ctx, skip_special_tokens=False)
+            if text.count("<|im_start|>assistant") == 1:
+                a, b = re.search(r"What is (\d+) \+ (\d+)\?", text).groups()
+                out = call("calculator", json.dumps({"expression": f"{a} + {b}"}))
+            else:
+                last = int(re.findall(r"\d+", text)[-1])
+                out = f"The answer is {last + offset}."
+            rows.append(tok(out, add_special_tokens=False)["input_ids"] + [eos])
+        return completions(rows, max_new_tokens)
+
+    return generate
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("offset, reward, rate", [(0, None, 1.0), (1, None, 0.0), (1, "environment", 1.0)])
+def test_eval_runs_the_turns_of_a_multiturn_run(reference, smollm2_gguf, tmp_path, monkeypatch, capsys, offset,
+                                                reward, rate):  # fmt: skip
+    """`python -m jaxgrpo.eval --run-dir` of the multi-turn reference run, with a scripted policy that uses the
+    calculator and then answers right (offset 0) or off by one (offset 1): success by the run's correctness reward
+    (gsm8k_lenient on the final answer) is 1 or 0; by ``--reward environment`` (CalculatorEnv: a calculator result
+    equal to the gold) it is 1 either way."""
+    from jaxgrpo.gguf_tokenizer import gguf_tokenizer
+
+    monkeypatch.setattr(multiturn_step.MultiTurn, "generate",
+                        staticmethod(calculating_policy(gguf_tokenizer(smollm2_gguf), offset)))  # fmt: skip
+    out = tmp_path / "eval"
+    args = ["--run-dir", str(reference), "--num-prompts", "3", "--num-samples", "2", "--group-size", "2",
+            "--out", str(out)] + (["--reward", reward] if reward else [])  # fmt: skip
+    assert eval_lib.main(args) == 0, capsys.readouterr().err[-2000:]
+    result = json.loads((out / "eval.json").read_text())
+    assert result["mean_success_rate"] == rate and result["pass@k"]["1"] == rate
+    assert result["degeneracy"][0]["measured"] == 1.0  # every group all-pass or all-fail
+    assert result["multiturn"]["multiturn/turns"] == 2 and result["multiturn"]["multiturn/tool_calls"] == 1
+    assert result["settings"]["reward"] == (reward or "gsm8k_lenient")
 
 
 def call(name: str, args: str) -> str:
