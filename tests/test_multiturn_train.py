@@ -74,6 +74,22 @@ def garbage(x: int) -> str:
     return Unprintable()
 
 
+class Raising:
+    def reset(self, **kwargs):
+        return None
+
+    def noop(self, x: int) -> str:
+        """Does nothing.
+
+        Args:
+            x: anything
+        """
+        return "ok"
+
+    def get_reward(self):
+        raise KeyError("score")
+
+
 class NoReward:
     def reset(self, **kwargs):
         return None
@@ -100,6 +116,14 @@ def modules(tmp_path_factory):
     sys.path.remove(str(root))
     sys.modules.pop("mt_tools", None)
     sys.modules.pop("readme_env", None)
+
+
+@pytest.fixture(scope="module")
+def tok(smollm2_gguf):
+    """SmolLM2's tokenizer (read from the GGUF once for the module)."""
+    from jaxgrpo.build import load_tokenizer
+
+    return load_tokenizer(str(smollm2_gguf))
 
 
 def small(gguf: pathlib.Path, *extra: str) -> config_lib.Config:
@@ -202,16 +226,12 @@ def calculating_policy(tok, offset: int):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("offset, reward, rate", [(0, None, 1.0), (1, None, 0.0), (1, "environment", 1.0)])
-def test_eval_runs_the_turns_of_a_multiturn_run(reference, smollm2_gguf, tmp_path, monkeypatch, capsys, offset,
-                                                reward, rate):  # fmt: skip
+def test_eval_runs_the_turns_of_a_multiturn_run(reference, tok, tmp_path, monkeypatch, capsys, offset, reward, rate):
     """`python -m jaxgrpo.eval --run-dir` of the multi-turn reference run, with a scripted policy that uses the
     calculator and then answers right (offset 0) or off by one (offset 1): success by the run's correctness reward
     (gsm8k_lenient on the final answer) is 1 or 0; by ``--reward environment`` (CalculatorEnv: a calculator result
     equal to the gold) it is 1 either way."""
-    from jaxgrpo.gguf_tokenizer import gguf_tokenizer
-
-    monkeypatch.setattr(multiturn_step.MultiTurn, "generate",
-                        staticmethod(calculating_policy(gguf_tokenizer(smollm2_gguf), offset)))  # fmt: skip
+    monkeypatch.setattr(multiturn_step.MultiTurn, "generate", staticmethod(calculating_policy(tok, offset)))
     out = tmp_path / "eval"
     args = ["--run-dir", str(reference), "--num-prompts", "3", "--num-samples", "2", "--group-size", "2",
             "--out", str(out)] + (["--reward", reward] if reward else [])  # fmt: skip
@@ -223,18 +243,62 @@ def test_eval_runs_the_turns_of_a_multiturn_run(reference, smollm2_gguf, tmp_pat
     assert result["settings"]["reward"] == (reward or "gsm8k_lenient")
 
 
+@pytest.mark.parametrize("offset, want", [(0, 1.5), (1, 0.5)])
+def test_rewards_are_the_answer_functions_plus_the_weighted_environment_reward(smollm2_gguf, tok, offset, want):
+    """small()'s rewards: gsm8k_lenient (1 for the right final answer) + 0.5 × CalculatorEnv.get_reward() (1: the
+    calculator was asked the question's sum): 1 + 0.5 when the policy answers the tool's result, 0 + 0.5 when it is
+    off by one. Scripted policy, no model call."""
+    from jaxgrpo import build
+    from jaxgrpo.rewards import Scorer
+
+    cfg = small(smollm2_gguf)
+    examples = trainer.data_lib.load_dataset(cfg.data, cfg.seed)[:2]
+    mcfg = build.tiny_model_config(cfg, tok)
+    mt = multiturn_step.MultiTurn(cfg, tok, mcfg, build.eos_ids(mcfg, tok), examples)
+    mt.generate = calculating_policy(tok, offset)
+    scorer = Scorer(multiturn_step.reward_functions(cfg))
+    try:
+        scored = mt.sample(mcfg, None, examples, jax.random.key(0), scorer)
+    finally:
+        mt.close()
+        scorer.close()
+    np.testing.assert_array_equal(scored.rewards, np.full((2, 2), want, np.float32))
+    assert scored.valid.all() and [h.tool_calls for h in scored.rollout.histories] == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("on_error", ["error", "invalidate"])
+def test_a_get_reward_that_raises(modules, smollm2_gguf, tok, on_error):
+    """error: a one-line RewardError naming the environment and the fix; invalidate: every trajectory invalid."""
+    from jaxgrpo import build
+    from jaxgrpo.errors import RewardError
+
+    cfg = small(smollm2_gguf, "data.environment=mt_tools:Raising", "data.rewards={environment: 1.0}",
+                f"algo.on_reward_error={on_error}")  # fmt: skip
+    examples = trainer.data_lib.load_dataset(cfg.data, cfg.seed)[:2]
+    mcfg = build.tiny_model_config(cfg, tok)
+    mt = multiturn_step.MultiTurn(cfg, tok, mcfg, build.eos_ids(mcfg, tok), examples)
+    mt.generate = scripted(tok, ["I am done."])
+    try:
+        if on_error == "error":
+            with pytest.raises(RewardError, match=r"Raising.get_reward\(\) failed .* KeyError") as info:
+                mt.sample(mcfg, None, examples, jax.random.key(0), None)
+            assert "\n" not in str(info.value) and str(info.value).endswith("set algo.on_reward_error=invalidate")
+        else:
+            scored = mt.sample(mcfg, None, examples, jax.random.key(0), None)
+            assert not scored.valid.any() and not scored.rewards.any()
+    finally:
+        mt.close()
+
+
 def call(name: str, args: str) -> str:
     return f'<tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>'
 
 
 @pytest.mark.slow
-def test_tools_that_hang_raise_or_return_garbage_are_reported_and_the_run_goes_on(modules, smollm2_gguf, tmp_path,
-                                                                                  monkeypatch):  # fmt: skip
+def test_tools_that_hang_raise_or_return_garbage_are_reported_and_the_run_goes_on(modules, smollm2_gguf, tok,
+                                                                                  tmp_path, monkeypatch):  # fmt: skip
     """Every trajectory calls hang (times out), boom (raises), garbage (unprintable), then the calculator, then
     answers: 5 turns, 4 calls, 3 errors of which 1 timeout, in both steps; the loss counts the policy's tokens only."""
-    from jaxgrpo.gguf_tokenizer import gguf_tokenizer
-
-    tok = gguf_tokenizer(smollm2_gguf)
     script = [call("hang", '{"x": 1}'), call("boom", '{"x": 2}'), call("garbage", '{"x": 3}'),
               call("calculator", '{"expression": "3 + 4"}'), "The answer is 7."]  # fmt: skip
     monkeypatch.setattr(multiturn_step.MultiTurn, "generate", staticmethod(scripted(tok, script)))
