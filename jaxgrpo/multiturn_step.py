@@ -120,8 +120,8 @@ class MultiTurn:
         self.settings = MT.TurnSettings(max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
                                         max_total_tokens=r.max_total_tokens, temperature=r.temperature,
                                         top_p=r.top_p, top_k=r.top_k)  # fmt: skip
-        self.runner = ToolRunner(workers=max(1, d.reward_workers), timeout=r.tool_timeout)
         self.check_context(model_config, examples)
+        self.runner = ToolRunner(workers=max(1, d.reward_workers), timeout=r.tool_timeout)
 
     def check_context(self, model_config: models.ModelConfig, examples: Sequence[Example]) -> None:
         """`ConfigError` when the longest prompt, rendered with the tools' description, leaves no room for a turn

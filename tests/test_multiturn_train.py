@@ -266,6 +266,20 @@ def test_rewards_are_the_answer_functions_plus_the_weighted_environment_reward(s
     assert scored.valid.all() and [h.tool_calls for h in scored.rollout.histories] == [1, 1, 1, 1]
 
 
+def test_a_prompt_with_the_tools_description_that_leaves_no_room_is_one_line(smollm2_gguf, tok):
+    """SmolLM2's template has no tool syntax, so the tools are described in the system turn: the prompt is far
+    longer than the question alone, and a context of 128 tokens cannot hold it and a 32-token turn."""
+    from jaxgrpo import build
+
+    cfg = small(smollm2_gguf, "model.max_position_embeddings=128")
+    examples = trainer.data_lib.load_dataset(cfg.data, cfg.seed)[:4]
+    assert max(len(p) for p in trainer.data_lib.encode_prompts(tok, examples, cfg.data)) + 32 <= 128
+    mcfg = build.tiny_model_config(cfg, tok)
+    with pytest.raises(config_lib.ConfigError, match=r"with the tools' description is \d+ tokens.*\(128\)") as e:
+        multiturn_step.MultiTurn(cfg, tok, mcfg, build.eos_ids(mcfg, tok), examples)
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("on_error", ["error", "invalidate"])
 def test_a_get_reward_that_raises(modules, smollm2_gguf, tok, on_error):
     """error: a one-line RewardError naming the environment and the fix; invalidate: every trajectory invalid."""
