@@ -347,6 +347,10 @@ def validate(cfg: Config) -> None:
     _require(all(isinstance(t, str) and t.count(":") == 1 for t in d.tools), "data.tools", d.tools,
              "a list of 'package.module:function'")
     for name in d.rewards:
+        if name == "environment":  # the multi-turn environment's get_reward() (jaxgrpo.multiturn_step)
+            _require(d.environment is not None, "data.rewards", d.rewards,
+                     "a mapping without 'environment' unless data.environment is set (its get_reward() is that reward)")
+            continue
         try:
             rewards_lib.resolve(name)
         except ValueError as e:

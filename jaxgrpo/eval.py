@@ -443,7 +443,7 @@ def correctness_reward(cfg: Config, explicit: str | None) -> str:
     for n in names:
         if n in CORRECTNESS_REWARDS:
             return n
-    if len(names) == 1 and ":" in names[0]:
+    if len(names) == 1 and (":" in names[0] or names[0] == "environment"):  # environment: multi-turn get_reward()
         return names[0]
     by_source = {"synthetic": "arithmetic", "gsm8k": "gsm8k", "words": "gsm8k_lenient"}
     if cfg.data.source not in by_source:
@@ -475,29 +475,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         for g in groups:  # before the (slow) model load
             degenerate_probability(n, 0, g)
         reward = correctness_reward(cfg, args.reward)
-        rewards_lib.resolve(reward)
+        if reward != "environment":
+            rewards_lib.resolve(reward)
         examples = data_lib.load_dataset(cfg.data, cfg.seed)
         policy = load_policy_for_eval(cfg, args.run_dir, args.checkpoint)
         step = policy.step
         r = cfg.rollout
-        result = evaluate(
-            policy.model_config,
-            policy.params,
-            policy.tokenizer,
-            examples,
-            reward,
-            num_samples=n,
-            group_sizes=groups,
-            key=jax.random.key(cfg.seed + 1),
-            max_new_tokens=r.max_new_tokens,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            top_k=r.top_k,
-            data_config=cfg.data,
-            success_threshold=args.success_threshold,
-            prompts_per_batch=args.prompts_per_batch,
-            mesh=policy.mesh,
-        )
+        from jaxgrpo import multiturn_step  # imports this module
+
+        multiturn = multiturn_step.enabled(cfg)
+        if multiturn:  # data.environment / data.tools: trajectories through the turn loop
+            result = multiturn_step.evaluate(
+                cfg, policy.model_config, policy.params, policy.tokenizer, examples, reward, num_samples=n,
+                group_sizes=groups, key=jax.random.key(cfg.seed + 1), prompts_per_batch=args.prompts_per_batch,
+                success_threshold=args.success_threshold)  # fmt: skip
+        else:
+            result = evaluate(
+                policy.model_config,
+                policy.params,
+                policy.tokenizer,
+                examples,
+                reward,
+                num_samples=n,
+                group_sizes=groups,
+                key=jax.random.key(cfg.seed + 1),
+                max_new_tokens=r.max_new_tokens,
+                temperature=r.temperature,
+                top_p=r.top_p,
+                top_k=r.top_k,
+                data_config=cfg.data,
+                success_threshold=args.success_threshold,
+                prompts_per_batch=args.prompts_per_batch,
+                mesh=policy.mesh,
+            )
         result["settings"].update(split=args.split, checkpoint_step=step, config=config_path, run_dir=args.run_dir)
         if args.out is not None:
             out = pathlib.Path(args.out)

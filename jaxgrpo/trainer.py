@@ -26,6 +26,7 @@ from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
 from jaxgrpo import eval as eval_lib
+from jaxgrpo import multiturn_step as mt_step
 from jaxgrpo import retain as retain_lib
 from jaxgrpo import run_dir as run_dir_lib
 from jaxgrpo import train_step as ts
@@ -52,11 +53,8 @@ class Trainer:
             raise config_lib.ConfigError(
                 f"rollout.temperature={cfg.rollout.temperature}: training needs sampled rollouts (> 0); greedy "
                 "decoding makes every group's G completions identical, hence every group degenerate")
-        if cfg.data.environment or cfg.data.tools:
-            raise config_lib.ConfigError(
-                "data.environment / data.tools: the trainer does not run multi-turn rollouts yet (environments, tool "
-                "parsing and the turn loop are library functions for now: jaxgrpo.rollout.multiturn, "
-                "docs/multiturn.md); remove the key to train single-turn")
+        if mt_step.enabled(cfg):  # data.environment / data.tools: the multi-turn step (its own module)
+            mt_step.check_config(cfg)
         self.cfg = cfg
         self.run_dir = run_dir_lib.check_path(run_dir)
         examples = data_lib.load_dataset(cfg.data, cfg.seed)
@@ -78,8 +76,8 @@ class Trainer:
                 self.lock.acquire()
             self._start(examples)
         except BaseException:
-            for part in ("ckpt", "scorer"):  # what `_start` got to before it failed
-                if hasattr(self, part):
+            for part in ("ckpt", "scorer", "multiturn"):  # what `_start` got to before it failed
+                if getattr(self, part, None) is not None:
                     getattr(self, part).close()
             self.lock.release()
             if created and jax.process_index() == 0:
@@ -118,12 +116,14 @@ class Trainer:
         self.iterator = data_lib.PromptIterator(list(range(len(examples))), cfg.rollout.prompts_per_step, cfg.seed,
                                                 cfg.data.shuffle)
         self.scheduler = make_scheduler(cfg)  # rollout.schedule: None = every prompt, G samples each
-        self.reward_fns = list(cfg.data.rewards.items())
+        self.reward_fns = mt_step.reward_functions(cfg)  # data.rewards less the environment's own reward
         # Worker threads score a rollout in parallel, each call cut off at data.reward_timeout; batched (TRL-style)
-        # functions are called once per prompt group (`jaxgrpo.rewards`).
+        # functions are called once per prompt group (`jaxgrpo.rewards`). None: only the environment scores.
         self.scorer = rewards.Scorer(self.reward_fns, on_error=cfg.algo.on_reward_error,
                                      workers=cfg.data.reward_workers, timeout=cfg.data.reward_timeout,
-                                     batch_size=cfg.rollout.group_size)
+                                     batch_size=cfg.rollout.group_size) if self.reward_fns else None
+        self.multiturn = (mt_step.MultiTurn(cfg, self.tokenizer, self.model_config, self.eos_token_ids, examples)
+                          if mt_step.enabled(cfg) else None)  # fmt: skip
 
         if self.mesh is not None:
             params = sharding.shard_params(params, self.model_config, self.mesh)
@@ -154,7 +154,9 @@ class Trainer:
         """Waits for pending saves, stops the reward workers and releases the run lock."""
         try:
             self.ckpt.close()
-            self.scorer.close()
+            for part in (self.scorer, self.multiturn):
+                if part is not None:
+                    part.close()
         finally:
             self.lock.release()
 
@@ -355,6 +357,8 @@ class Trainer:
                                          sampled_tokens(pool)), **self.rollout_stats}  # fmt: skip
 
     def step(self, step: int) -> dict[str, float]:
+        if self.multiturn is not None:
+            return mt_step.train_step(self, step)
         t0 = time.perf_counter()
         roll, extra = self.rollout(step)
         t1 = time.perf_counter()

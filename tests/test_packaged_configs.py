@@ -24,6 +24,7 @@ HARDWARE = {
     "default": aot.Chip(24 * aot.GiB, 0, 0),
     "smollm2_gsm8k": aot.Chip(24 * aot.GiB, 0, 0),
     "smollm2_gsm8k_lora": aot.Chip(24 * aot.GiB, 0, 0),
+    "smollm2_tools": aot.Chip(24 * aot.GiB, 0, 0),
     "qwen2.5-0.5b-instruct_gsm8k": aot.CHIPS["h100"],
     "qwen3-1.7b_gsm8k": aot.CHIPS["h100"],
     "llama3.1-8b_gsm8k_lora": aot.CHIPS["h100"],

@@ -1,0 +1,274 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""The trainer's multi-turn step (``data.environment`` and/or ``data.tools`` set): rollout, rewards, batch, update.
+
+One RL step, with the same prompts, keys, checkpoint and resume as a single-turn step (`jaxgrpo.trainer`):
+
+1. P prompts from the trainer's iterator; G trajectories each, run to the end by `jaxgrpo.rollout.multiturn.rollout`
+   over `sampling.generate` (the engine, one call per turn for the trajectories still running) with the key
+   ``fold_in(fold_in(key(seed), step), 0)``, tools in worker threads with ``rollout.tool_timeout``;
+2. rewards: ``sum_i w_i fn_i(answer, example)`` over the ``data.rewards`` functions, where ``answer`` is the text of
+   the trajectory's last policy turn (its answer; "" when a limit stopped it), plus, with the reserved name
+   ``environment`` in ``data.rewards``, ``w * env.get_reward()`` of the trajectory's environment instance;
+3. the batch (`jaxgrpo.batch.multiturn_batch`): each group's shared prompt, then the completion region (policy turns
+   and the template/tool tokens between them); ``action_mask`` = the policy's tokens, so tool and environment tokens
+   are attended but carry no loss, no KL and no count in the aggregation (`Batch.action_mask`);
+4. the ordinary jitted train step.
+
+A tool that hangs, raises or returns something unprintable is answered to the model as an error and counted
+(``multiturn/tool_error_rate``, ``multiturn/tool_timeout_rate``); the step goes on. Environments start fresh for every
+trajectory, so nothing of them needs checkpointing: a resumed run redraws exactly the prompts and keys of the
+uninterrupted one.
+
+Not supported with multi-turn (one-line errors at startup, `check_config`): a device mesh, dynamic sampling
+(``degenerate_groups=resample``), ``algo.overlong_buffer``, in-training evaluation (``train.eval_every``; run
+``python -m jaxgrpo.eval`` on a checkpoint instead, which runs the turns) and ``data.template=plain``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgrpo import diversity, models, padding, sampling
+from jaxgrpo import train_step as ts
+from jaxgrpo.batch import Batch, multiturn_batch
+from jaxgrpo.config_sections import Config
+from jaxgrpo.errors import ConfigError, RewardError
+from jaxgrpo.example import Example
+from jaxgrpo.models import lora
+from jaxgrpo.rewards import Scorer
+from jaxgrpo.rollout import history
+from jaxgrpo.rollout import multiturn as MT
+from jaxgrpo.rollout.env import Toolbox
+from jaxgrpo.rollout.history import ChatFormat
+from jaxgrpo.rollout.tools import ToolRunner
+
+ENV_REWARD = "environment"  # the data.rewards name of the environment's own get_reward()
+
+
+def enabled(cfg: Config) -> bool:
+    """Whether the run's rollouts are multi-turn (``data.environment`` or ``data.tools`` set)."""
+    return bool(cfg.data.environment or cfg.data.tools)
+
+
+def reward_functions(cfg: Config) -> list[tuple[str, float]]:
+    """``data.rewards`` less the environment's own reward: what a `jaxgrpo.rewards.Scorer` runs."""
+    return [(name, w) for name, w in cfg.data.rewards.items() if name != ENV_REWARD]
+
+
+def check_config(cfg: Config) -> None:
+    """One-line `ConfigError` for a setting the multi-turn step does not support (see the module docstring)."""
+    m, a = cfg.mesh, cfg.algo
+    if m.data * m.fsdp * m.tensor > 1 or m.distributed:
+        raise ConfigError("multi-turn rollouts (data.environment / data.tools) run on one device for now; set "
+                          "mesh.data=mesh.fsdp=mesh.tensor=1 and mesh.distributed=false")  # fmt: skip
+    if a.degenerate_groups == "resample":
+        raise ConfigError("algo.degenerate_groups=resample is not supported with multi-turn rollouts "
+                          "(data.environment / data.tools); use keep or mask")  # fmt: skip
+    if a.overlong_buffer is not None:
+        raise ConfigError("algo.overlong_buffer is not supported with multi-turn rollouts (a trajectory's length "
+                          "mixes policy and tool tokens); set algo.overlong_buffer=null")  # fmt: skip
+    if cfg.train.eval_every:
+        raise ConfigError("train.eval_every with multi-turn rollouts is not supported; set train.eval_every=0 and "
+                          "evaluate a checkpoint with python -m jaxgrpo.eval --run-dir DIR (it runs the turns)")
+    if cfg.data.template != "chat":
+        raise ConfigError("multi-turn rollouts need the chat template (tools and tool replies are chat messages); "
+                          "set data.template=chat")  # fmt: skip
+    toolbox(cfg)
+
+
+def toolbox(cfg: Config) -> Toolbox:
+    """The run's environment class and tool functions, imported and checked (schemas; ``get_reward`` when
+    ``data.rewards`` names the environment)."""
+    d = cfg.data
+    box = Toolbox.from_config(d.environment, d.tools)
+    if ENV_REWARD in d.rewards and not callable(getattr(box.environment, "get_reward", None)):
+        raise ConfigError(f"data.rewards has {ENV_REWARD!r} but data.environment={d.environment!r} has no "
+                          "get_reward(self) method; add one or remove the reward")  # fmt: skip
+    return box
+
+
+@dataclasses.dataclass
+class Scored:
+    """A multi-turn rollout with its rewards ``[P, G]`` and validity ``[P, G]``."""
+
+    rollout: MT.MultiTurnRollout
+    examples: list[Example]  # [P]
+    rewards: np.ndarray
+    valid: np.ndarray
+
+
+class MultiTurn:
+    """What a multi-turn run holds between steps: the toolbox, the tool runner and the turn settings.
+
+    ``generate``: the sampler, `sampling.generate` (a test may put a scripted policy in its place)."""
+
+    generate: Callable[..., sampling.Completions] = staticmethod(sampling.generate)
+
+    def __init__(self, cfg: Config, tokenizer: Any, model_config: models.ModelConfig,
+                 eos_token_ids: Sequence[int], examples: Sequence[Example]):  # fmt: skip
+        d, r = cfg.data, cfg.rollout
+        self.cfg, self.tokenizer, self.eos_token_ids = cfg, tokenizer, tuple(eos_token_ids)
+        self.toolbox = toolbox(cfg)
+        self.env_weight = d.rewards.get(ENV_REWARD)
+        self.settings = MT.TurnSettings(max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
+                                        max_total_tokens=r.max_total_tokens, temperature=r.temperature,
+                                        top_p=r.top_p, top_k=r.top_k)  # fmt: skip
+        self.check_context(model_config, examples)
+        self.runner = ToolRunner(workers=max(1, d.reward_workers), timeout=r.tool_timeout)
+
+    def check_context(self, model_config: models.ModelConfig, examples: Sequence[Example]) -> None:
+        """`ConfigError` when the longest prompt, rendered with the tools' description, leaves no room for a turn
+        (also instantiates and resets the environment once: a broken class fails here, before any step)."""
+        (episode,) = self.toolbox.episodes(examples[:1])
+        chat = ChatFormat(self.tokenizer, episode.schemas, self.cfg.data.system_prompt)
+        longest = max(examples, key=lambda e: len(e.prompt))
+        n = len(chat.prompt_tokens(chat.prompt_messages(longest.prompt, episode.observation)))
+        room = model_config.max_position_embeddings - n
+        if room < self.settings.max_new_tokens:
+            raise ConfigError(
+                f"the longest prompt with the tools' description is {n} tokens; with rollout.max_new_tokens="
+                f"{self.settings.max_new_tokens} that passes the model's context "
+                f"({model_config.max_position_embeddings}); shorten data.system_prompt or lower "
+                "rollout.max_new_tokens")  # fmt: skip
+
+    def sample(self, model_config: models.ModelConfig, params: Any, examples: Sequence[Example], key: jax.Array,
+               scorer: Scorer | None) -> Scored:  # fmt: skip
+        """G trajectories per example, scored (rewards as in the module docstring)."""
+        g = self.cfg.rollout.group_size
+        out = MT.rollout(model_config, params, self.tokenizer, self.toolbox, self.runner, examples, group_size=g,
+                         settings=self.settings, eos_token_ids=self.eos_token_ids, key=key,
+                         system_prompt=self.cfg.data.system_prompt, generate=self.generate)  # fmt: skip
+        rows = [e for e in examples for _ in range(g)]
+        n = len(rows)
+        rewards, valid = np.zeros(n, np.float32), np.ones(n, bool)
+        if scorer is not None:
+            ids = [[t for t, a in zip(h.tokens, h.action) if a] for h in out.histories]
+            rewards, valid, _ = scorer(out.answers, rows, ids)
+        if self.env_weight is not None:
+            env = np.array([self._env_reward(ep, i, rows[i]) for i, ep in enumerate(out.episodes)])
+            valid = valid & np.isfinite(env)
+            rewards = np.where(valid, rewards + self.env_weight * np.nan_to_num(env), 0.0).astype(np.float32)
+        return Scored(out, list(examples), rewards.reshape(-1, g), valid.reshape(-1, g))
+
+    def _env_reward(self, episode: Any, i: int, example: Example) -> float:
+        """``get_reward()`` of one trajectory's environment; NaN (invalid) for a failure under
+        ``algo.on_reward_error=invalidate``, else a `RewardError`."""
+        try:
+            value = float(episode.reward())
+            if not np.isfinite(value):
+                raise ValueError(f"returned {value}")
+            return value
+        except Exception as e:  # noqa: BLE001 -- any failure of user code is reported the same way
+            if self.cfg.algo.on_reward_error == "invalidate":
+                return float("nan")
+            raise RewardError(f"{type(episode.env).__name__}.get_reward() failed on trajectory {i} (prompt "
+                              f"{example.prompt[:60]!r}): {type(e).__name__}: {e}",
+                              "fix the environment, or set algo.on_reward_error=invalidate") from e  # fmt: skip
+
+    def batch(self, scored: Scored, pad_id: int) -> tuple[Batch, list[int]]:
+        """The train step's `Batch` and the group prompts' lengths. Widths: the prompts' bucketed; the completion
+        region's the bucket of the token budget (``max_total_tokens``), so the step compiles once, whatever the
+        trajectories' lengths (wider only when first observations that differ within a group add context)."""
+        out = scored.rollout
+        lengths = [len(p) for p in out.prompt_ids]
+        width = padding.train_prompt_width(lengths)
+        longest = max(len(h.tokens) for h in out.histories)
+        completion = padding.prompt_bucket(max(longest, self.settings.budget))
+        batch = multiturn_batch(out, scored.rewards, scored.valid, width, completion, pad_id)
+        if self.cfg.algo.overlong_filter:  # a trajectory stopped by a limit, not by an answer, leaves the loss
+            batch = batch.replace(truncated=jnp.asarray([h.truncated for h in out.histories], bool))
+        return batch, lengths
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def step_metrics(scored: Scored, group_size: int) -> dict[str, float]:
+    """The rollout's metrics: `history.metrics` (turns, tool calls, error and timeout rates, action-token share,
+    truncation) and the single-turn keys where they have a meaning (completion = the policy's tokens)."""
+    hs = scored.rollout.histories
+    rows = history.to_rows(hs)
+    policy = np.array([sum(h.action) for h in hs], np.float64)
+    out = history.metrics(hs)
+    out["tokens/sampled"] = float(policy.sum())
+    out["completion/len_mean"] = float(policy.mean())
+    out["completion/truncated_frac"] = float(np.mean([h.truncated for h in hs]))
+    out.update(diversity.diversity_metrics(rows["completion"], rows["completion_mask"], None, group_size))
+    return out
+
+
+def train_step(trainer: Any, step: int) -> dict[str, float]:
+    """One multi-turn RL step of a `jaxgrpo.trainer.Trainer` (its state, iterator, scorer, keys); its metrics."""
+    t0 = time.perf_counter()
+    mt: MultiTurn = trainer.multiturn
+    key = jax.random.fold_in(jax.random.fold_in(trainer.key, step), 0)
+    examples = [trainer.examples[i] for i in trainer.iterator.next_batch()]
+    params = models.compute_params(trainer.model_config, trainer.state.params)
+    scored = mt.sample(trainer.model_config, params, examples, key, trainer.scorer)
+    t1 = time.perf_counter()
+    batch, lengths = mt.batch(scored, trainer.pad_id)
+    if trainer.cfg.algo.kl_coef > 0:
+        ref = lora.split(trainer.state.params)[0] if trainer.lora else trainer.ref_params
+        batch = batch.replace(ref_logprobs=trainer.ref_logprobs(ref, batch))
+    packed = ts.packed_prompt_width(lengths, batch.prompt_mask.shape[1], trainer.cfg.algo, trainer.perf, None)
+    trainer.state, metrics = trainer.step_fn(trainer.state, batch, packed_prompt_width=packed)
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    t2 = time.perf_counter()
+    g = trainer.cfg.rollout.group_size
+    metrics.update(step_metrics(scored, g))
+    if trainer.scorer is not None:
+        metrics.update(trainer.scorer.take_stats())
+    metrics["time/sample_s"], metrics["time/train_s"] = t1 - t0, t2 - t1
+    metrics["throughput/tokens_per_s"] = metrics["tokens/sampled"] / max(t2 - t0, 1e-9)
+    cfg = trainer.cfg
+    if trainer.retain_sets and cfg.train.retain_every and (step + 1) % cfg.train.retain_every == 0:
+        metrics.update(trainer.retain(step + 1))
+    hs = scored.rollout.histories[:g]
+    texts = [trainer.tokenizer.decode(h.tokens, skip_special_tokens=False) for h in hs]
+    trainer.last_samples = ([f"{examples[0].prompt} -> {t}" for t in texts], scored.rewards[0].tolist())
+    return metrics
+
+
+def evaluate(cfg: Config, model_config: models.ModelConfig, params: Any, tokenizer: Any, examples: Sequence[Example],
+             reward: str, *, num_samples: int, group_sizes: Sequence[int], key: jax.Array, prompts_per_batch: int = 32,
+             success_threshold: float = 0.5) -> dict[str, Any]:  # fmt: skip
+    """`jaxgrpo.eval.evaluate` for a multi-turn config: ``num_samples`` trajectories per example through the turn
+    loop, each scored by ``reward`` alone (a reward function of its final answer, or ``environment``: its
+    environment's ``get_reward()``); success = reward >= ``success_threshold``. Returns `jaxgrpo.eval.summarize`'s
+    pass@k and degeneracy, ``mean_reward``, the `history.metrics` of all trajectories and a few samples."""
+    from jaxgrpo import build
+    from jaxgrpo.eval import summarize
+
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, rewards={reward: 1.0}),
+                              rollout=dataclasses.replace(cfg.rollout, group_size=num_samples))  # fmt: skip
+    mt = MultiTurn(cfg, tokenizer, model_config, build.eos_ids(model_config, tokenizer), examples)
+    scorer = Scorer(reward_functions(cfg)) if reward != ENV_REWARD else None
+    params = models.compute_params(model_config, params)
+    rewards, hists, samples = [], [], []
+    try:
+        for b, start in enumerate(range(0, len(examples), prompts_per_batch)):
+            batch = list(examples[start : start + prompts_per_batch])
+            scored = mt.sample(model_config, params, batch, jax.random.fold_in(key, b), scorer)
+            rewards.append(scored.rewards)
+            hists += scored.rollout.histories
+            for p, ex in enumerate(batch[: max(0, 4 - len(samples))]):
+                samples.append({"prompt": ex.prompt, "answer": ex.answer, "reward": float(scored.rewards[p, 0]),
+                                "conversation": scored.rollout.messages[p * num_samples]})  # fmt: skip
+    finally:
+        mt.close()
+        if scorer is not None:
+            scorer.close()
+    r = np.concatenate(rewards)
+    result = summarize(r >= success_threshold, group_sizes)
+    result.update(mean_reward=float(r.mean()), multiturn=history.metrics(hists), samples=samples,
+                  settings={"reward": reward, "success_threshold": float(success_threshold),
+                            "num_samples": num_samples, "max_new_tokens": cfg.rollout.max_new_tokens,
+                            "max_turns": cfg.rollout.max_turns, "temperature": cfg.rollout.temperature})  # fmt: skip
+    return result
