@@ -60,7 +60,8 @@ def platform_of(mesh: Mesh | None) -> str:
 
 
 def packed_prompt_width(
-    prompt_lengths: Any, prompt_width: int, algo: AlgoConfig, perf: PerfConfig, mesh: Mesh | None = None
+    prompt_lengths: Any, prompt_width: int, algo: AlgoConfig, perf: PerfConfig, mesh: Mesh | None = None,
+    cap: int | None = None,
 ) -> int:
     """The ``packed_prompt_width`` to give ``step_fn`` (and `policy_gradient`) for a rollout whose P prompts have
     these lengths in a batch of prompt width ``prompt_width``: with ``perf.prompt_packing`` (and prefix sharing) the
@@ -68,7 +69,9 @@ def packed_prompt_width(
     micro-batch's prompts packed end to end, one row per batch shard, instead of left-padded, so no decoder work is
     spent on prompt padding (`jaxgrpo.models.prefix`). The width holds the longest possible row (the
     ``P / (num_minibatches * grad_accum_steps * shards)`` longest prompts), rounded up to
-    `jaxgrpo.padding.PACK_BUCKET`; 0 (padded rows) when packing is off or would not save."""
+    `jaxgrpo.padding.PACK_BUCKET` -- or, with ``cap`` (`packed_prompt_cap` of the run's data), up the ladder
+    `jaxgrpo.padding.ladder_bucket`, a few widths for a whole run; 0 (padded rows) when packing is off or would not
+    save."""
     if not (perf.prefix_sharing and perf.prompt_packing):
         return 0
     shards = 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
@@ -77,4 +80,12 @@ def packed_prompt_width(
     if len(lengths) % parts:
         raise ValueError(f"{len(lengths)} prompts cannot be split into {parts} parts (minibatches x accum x shards)")
     # each micro-batch has `shards` rows of P / parts prompts: size a row from the P / parts longest prompts
-    return padding.packed_width(lengths, parts, prompt_width=prompt_width)
+    return padding.packed_width(lengths, parts, prompt_width=prompt_width, cap=cap)
+
+
+def packed_prompt_cap(prompt_lengths: Any, prompts_per_step: int, algo: AlgoConfig, mesh: Mesh | None = None) -> int:
+    """The widest packed prompt row of a run whose prompts are drawn from prompts of these lengths: the sum of the
+    ``prompts_per_step / (num_minibatches * grad_accum_steps * shards)`` longest (`jaxgrpo.padding.widest_row`)."""
+    shards = 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
+    parts = int(algo.num_minibatches) * int(algo.grad_accum_steps) * shards
+    return padding.widest_row(prompt_lengths, max(int(prompts_per_step) // parts, 1))
