@@ -112,7 +112,10 @@ class Trainer:
                 f"exceeds the model's context ({self.model_config.max_position_embeddings}); lower "
                 "data.max_prompt_tokens or rollout.max_new_tokens")
         self.prompt_width = padding.train_prompt_width([longest])
-        self.shape_caps = self.widest_rows([len(x) for x in self.encoded])
+        # the packed prompt widths' ladders (`padding`): with the prompt width fixed, one program per run in practice
+        r = cfg.rollout
+        slots = r.prompts_per_step if r.engine == "static" else (r.slots or r.prompts_per_step)
+        self.ladders = ts.shape_ladders([len(x) for x in self.encoded], r.prompts_per_step, slots, cfg.algo, self.mesh)
         self.examples = examples
         self.retain_examples: dict[str, list[data_lib.Example]] = {}
         self.iterator = data_lib.PromptIterator(list(range(len(examples))), cfg.rollout.prompts_per_step, cfg.seed,
@@ -226,16 +229,6 @@ class Trainer:
         return models.save_gguf(mcfg, params, self.run_dir / "final.gguf", vocab,
                                 dtype=self.cfg.checkpoint.export_gguf_dtype)
 
-    def widest_rows(self, lengths: list[int]) -> dict[str, int]:
-        """The widest packed prompt rows this run's data can make, the caps of its shape ladders
-        (`padding.ladder_bucket`): with the prompt width fixed, a run compiles a few programs, then never again."""
-        cfg, shards = self.cfg, self.cfg.mesh.data * self.cfg.mesh.fsdp
-        p = cfg.rollout.prompts_per_step
-        slots = p if cfg.rollout.engine == "static" else (cfg.rollout.slots or p)
-        return {"train": ts.packed_prompt_cap(lengths, p, cfg.algo, self.mesh),
-                "engine": padding.widest_row(lengths, slots) + padding.batch_bucket(slots),
-                "sampler": padding.widest_row(lengths, padding.batch_bucket(p, shards) // shards) + p}
-
     def saved_state(self) -> ts.TrainState:
         """What a checkpoint holds: the train state, with only the adapters of a LoRA run's params (the frozen base
         is reloaded from ``model.name_or_path`` and checked against `checkpoint_extra`'s fingerprint)."""
@@ -253,7 +246,7 @@ class Trainer:
                 num_samples=r.group_size, max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                 top_k=r.top_k, eos_token_ids=self.eos_token_ids, key=key, mesh=self.mesh,
                 record_projections=self.perf.reuse_projections, prompt_buckets=(padding.prompt_bucket(
-                    self.prompt_width),), max_packed_width=self.shape_caps["sampler"])
+                    self.prompt_width),), packed_ladder=self.ladders["sampler"])
             projections, comp = comp.projections, comp.replace(projections=None)  # the record stays on the device
             return self.score(indices, jax.tree.map(to_host, comp), projections)
         groups, stats = self.drive(prompt_ids, key)
@@ -271,7 +264,7 @@ class Trainer:
         slots = None if r.engine == "static" else (r.slots or r.prompts_per_step)
         return rollout_driver.run(self.model_config, models.compute_params(self.model_config, self.state.params),
                                   prompt_ids, sp, key, slots=slots, block=r.decode_block,
-                                  prompt_width=self.prompt_width, max_packed_width=self.shape_caps["engine"],
+                                  prompt_width=self.prompt_width, packed_ladder=self.ladders["engine"],
                                   **kw)  # fmt: skip
 
     def score(self, indices: list[int], comp: sampling.Completions, projections: Any = None) -> Rollout:
@@ -367,7 +360,7 @@ class Trainer:
             batch = batch.replace(ref_logprobs=self.ref_logprobs(ref, batch))
         # With prefix sharing the step runs the prompts packed end to end (a static width: one compile per rung).
         packed = ts.packed_prompt_width([len(p) for p in roll.prompt_ids], width, self.cfg.algo, self.perf, self.mesh,
-                                        cap=self.shape_caps["train"])
+                                        ladder=self.ladders["train"])
         self.state, metrics = self.step_fn(self.state, batch, packed_prompt_width=packed)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         t2 = time.perf_counter()

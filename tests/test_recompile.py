@@ -11,10 +11,11 @@ import json
 import math
 
 import jax
+import numpy as np
 import pytest
 
 from jaxgrpo import config as config_lib
-from jaxgrpo import padding, trainer
+from jaxgrpo import padding, perf, trainer
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -33,13 +34,40 @@ def test_ladder_rungs_closed_form():
     with pytest.raises(ValueError, match="wider than the run's widest row"):
         padding.ladder_bucket(cap + 1, unit, cap)
     assert padding.widest_row([5, 9, 3, 7], 2) == 16 and padding.widest_row([5, 9, 3, 7], 9) == 24
-    # with a cap the ladder (64, 128, 256, ... for the train step; 16, 32, 64, ... for the sampler), without it
-    # multiples of 64 and 4 buckets per octave; the sampler's top rung is the cap's bucket (200 -> 224)
+    # with a ladder (floor, cap): 64, 128, 256, ... for the train step, 16, 32, 64, ... for the sampler, never below
+    # the floor; without: multiples of 64 and 4 buckets per octave
     pw, sw = padding.packed_width, padding.sampler_packed_width
-    assert pw([40, 30, 20, 10], 2, cap=300) == 128 and pw([40, 30, 20, 10], 2) == 128
-    assert pw([100, 90, 20, 10], 2, cap=300) == 256 and pw([100, 90, 20, 10], 2) == 192
-    assert sw([30, 40, 50], 1, cap=200) == 128 and sw([30, 40, 50], 1) == 128
-    assert sw([50, 60, 50], 1, cap=200) == 224 and sw([50, 60, 50], 1) == 160
+    assert pw([40, 30, 20, 10], 2, ladder=(64, 320)) == 128 and pw([40, 30, 20, 10], 2) == 128
+    assert pw([40, 30, 20, 10], 2, ladder=(256, 320)) == 256
+    assert pw([100, 90, 20, 10], 2, ladder=(64, 320)) == 256 and pw([100, 90, 20, 10], 2) == 192
+    assert sw([30, 40, 50], 1, ladder=(16, 224)) == 128 and sw([30, 40, 50], 1) == 128
+    assert sw([50, 60, 50], 1, ladder=(16, 224)) == 224 and sw([50, 60, 50], 1) == 160
+
+
+def test_a_run_uses_one_rung_for_nearly_every_step():
+    """`perf.shape_ladders` on GSM8K-like prompt lengths (a skewed spread, 50-260 tokens): batches drawn afresh (another
+    seed) get the floor's width in >= 97% of steps for the train step (2 prompts a packed row, 4 micro-batches) and
+    the engine (8 prompts in one row); every width is a rung within the cap; equal prompts give floor == cap."""
+    rng = np.random.default_rng(1)
+    lengths = np.clip(rng.gamma(6.0, 17.0, 5000).astype(int) + 40, 50, 260)
+    algo = config_lib.AlgoConfig(grad_accum_steps=4)
+    ladders = perf.shape_ladders(lengths, 8, 8, algo)
+    assert ladders["train"][1] == 64 * math.ceil((260 + 259) / 64)  # the two longest prompts, rounded up to 64
+    for k, unit in (("train", 64), ("engine", 16)):
+        floor, cap = ladders[k]
+        assert floor <= cap and (floor == cap or floor & (floor - 1) == 0 and floor % unit == 0), (k, floor, cap)
+    fresh = np.random.default_rng(7)
+    widths = {"train": [], "engine": []}
+    for _ in range(300):
+        b = [int(x) for x in fresh.choice(lengths, 8, replace=False)]
+        widths["train"].append(perf.packed_prompt_width(b, 288, algo, config_lib.PerfConfig(),
+                                                        ladder=ladders["train"]))
+        widths["engine"].append(padding.sampler_packed_width(b, 1, ladder=ladders["engine"]))
+    for k, w in widths.items():
+        assert np.mean(np.asarray(w) == ladders[k][0]) >= 0.97, (k, ladders[k], np.unique(w, return_counts=True))
+    # equal prompts: 2 x 30 tokens rounded up to 64; 8 x 30 in the sampler's bucket (4 per octave) of 240, 256
+    assert perf.shape_ladders([30] * 100, 8, 8, algo) == {"train": (64, 64), "engine": (256, 256),
+                                                          "sampler": (256, 256)}
 
 
 # Five batches of 8 prompts, in order (data.shuffle=false): "1+" k times then "1=" is a prompt of 2k + 6 tokens
