@@ -26,6 +26,7 @@ from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
 from jaxgrpo import eval as eval_lib
+from jaxgrpo import optim as optim_lib
 from jaxgrpo import retain as retain_lib
 from jaxgrpo import run_dir as run_dir_lib
 from jaxgrpo import train_step as ts
@@ -165,7 +166,18 @@ class Trainer:
 
         def attempt(step: int) -> tuple[ts.TrainState, dict[str, Any]]:
             build.check_lora_base(self.ckpt.read_extra(step), self.base_fingerprint, self.cfg, self.run_dir)
-            return self.ckpt.restore(step, self.saved_state())
+            target = self.saved_state()
+            try:
+                return self.ckpt.restore(step, target)
+            except ckpt_lib.CheckpointError as error:  # a checkpoint of the optimizer layout before 2026-11-25?
+                try:
+                    saved, extra = self.ckpt.restore(step, target.replace(
+                        opt_state=optim_lib.legacy_layout(target.opt_state)))
+                except ckpt_lib.CheckpointError:
+                    raise error from None
+            print(f"jaxgrpo: checkpoint step {step} holds the optimizer state of jaxgrpo before the runtime learning "
+                  "rate (a schedule count in it); restored into the current layout", file=sys.stderr)
+            return saved.replace(opt_state=optim_lib.from_legacy_layout(saved.opt_state)), extra
 
         found = self.ckpt.restore_newest(attempt)
         if found is None:
