@@ -112,3 +112,19 @@ def make_optimizer(
     schedule = make_schedule(optim, total_steps)
     scale = optax.scale_by_schedule(lambda count: -schedule(count // updates_per_step))
     return optax.chain(make_direction(optim), scale), schedule
+
+
+# -- checkpoints written before the runtime learning rate (layout of optax.chain(clip, optax.adamw(schedule))) --------
+def legacy_layout(opt_state: optax.OptState) -> optax.OptState:
+    """The restore target, in the layout of checkpoints written before the schedule became a runtime argument, of a
+    `make_direction` state ``(clip?, adam, decay)``: ``(clip?, (adam, decay, ScaleByScheduleState(count)))``, the
+    state of ``optax.chain(clip?, optax.adamw(schedule))`` (leaves are arrays or shape structs; the count an int32)."""
+    count = jax.ShapeDtypeStruct((), jnp.int32)
+    return (*opt_state[:-2], (opt_state[-2], opt_state[-1], optax.ScaleByScheduleState(count=count)))
+
+
+def from_legacy_layout(old: optax.OptState) -> optax.OptState:
+    """A state restored in `legacy_layout` as a `make_direction` state: the same Adam moments and count; the schedule's
+    update count is dropped (the learning rate now follows ``TrainState.step``, the same rollout step)."""
+    adam, decay, _ = old[-1]
+    return (*old[:-1], adam, decay)

@@ -9,6 +9,12 @@ Every jitted function compiles once per distinct shape, so ragged data is padded
 * `train_prompt_width` — the train step's prompt width: the longest prompt rounded up to `TRAIN_PROMPT_MULTIPLE`.
 * `packed_width` — the train step's packed prompt row (prefix sharing): the sum of the longest prompts a row can
   hold, rounded up to `PACK_BUCKET`; `sampler_packed_width` the sampler's (its rows are known exactly).
+* A run's widths: given a ``ladder = (floor, cap)`` -- ``cap`` the widest row the run's data can make
+  (`widest_row`), ``floor`` the rung that holds 99% of its steps' rows (`ladder_floor`, from batches drawn from the
+  data) -- both packed widths climb `ladder_bucket` (``unit · 2^k``, the top rung ``cap``) from ``floor`` instead: at
+  most ``2 + log2(cap / unit)`` programs over a whole run whatever its batches, and in practice one, compiled in the
+  first step. The trainer also holds the prompt width fixed (the data's longest prompt, rounded up), so these are the
+  only shapes that vary.
 * `pack_layout` — the index maps between left-padded prompts ``[P, Tp]`` and packed rows ``[J, W]`` (jit-safe).
 """
 
@@ -55,25 +61,60 @@ def train_prompt_width(prompt_lengths: Sequence[int], cap: int | None = None) ->
     return width if cap is None else min(width, cap)
 
 
-def packed_width(prompt_lengths: Sequence[int], pack_rows: int = 1, *, prompt_width: int | None = None) -> int:
+def ladder_bucket(need: int, unit: int, cap: int) -> int:
+    """The smallest rung of ``unit, 2·unit, 4·unit, ...`` that holds ``need``, or ``cap`` when that rung is wider
+    (``cap`` is the top rung: a row of the run is never wider). ValueError when ``need > cap``."""
+    if need > cap:
+        raise ValueError(f"a packed prompt row of {need} tokens is wider than the run's widest row ({cap} tokens): "
+                         "size the cap with jaxgrpo.padding.widest_row over every prompt the run can draw")
+    rung = unit << max(math.ceil(max(need, 1) / unit) - 1, 0).bit_length()
+    return min(rung, cap)
+
+
+def ladder_floor(needs: Sequence[int], unit: int, cap: int, quantile: float = 0.99) -> int:
+    """The lowest rung a run uses: `ladder_bucket` of the ``quantile`` of ``needs`` (the rows of batches drawn from the
+    run's data), so that all but ~1% of its steps share one program."""
+    return ladder_bucket(math.ceil(float(np.quantile(np.asarray(needs, np.float64), quantile))), unit, cap)
+
+
+def widest_row(prompt_lengths: Sequence[int], per_row: int) -> int:
+    """The widest packed row ``per_row`` of these prompts can make: the sum of the ``per_row`` longest lengths (the
+    ``cap`` of `ladder_bucket` for a run whose prompts all come from ``prompt_lengths``)."""
+    return int(np.sort(np.asarray(prompt_lengths, dtype=np.int64))[::-1][: max(per_row, 1)].sum())
+
+
+def packed_width(prompt_lengths: Sequence[int], pack_rows: int = 1, *, prompt_width: int | None = None,
+                 ladder: tuple[int, int] | None = None) -> int:
     """Packed-row width that holds any ``P / pack_rows`` of these prompts: the sum of the ``P / pack_rows`` longest
-    lengths rounded up to `PACK_BUCKET` (it fits every row whatever the grouping, and few distinct widths compile).
+    lengths rounded up to `PACK_BUCKET` (it fits every row whatever the grouping, and few distinct widths compile);
+    with a run's ``ladder = (floor, cap)`` the `ladder_bucket` of ``PACK_BUCKET`` up to ``cap``, at least ``floor``.
     Returns 0 (do not pack) when packing would not be narrower than the padded rows' ``P / pack_rows *
     prompt_width`` tokens."""
     lengths = np.sort(np.asarray(prompt_lengths, dtype=np.int64))[::-1]
     if pack_rows < 1 or len(lengths) % pack_rows:
         raise ValueError(f"pack_rows={pack_rows} must divide the {len(lengths)} prompts")
     per_row = len(lengths) // pack_rows
-    width = PACK_BUCKET * math.ceil(int(lengths[:per_row].sum()) / PACK_BUCKET)
+    need = int(lengths[:per_row].sum())
+    if ladder is None:
+        width = PACK_BUCKET * math.ceil(need / PACK_BUCKET)
+    else:
+        width = max(ladder_bucket(need, PACK_BUCKET, ladder[1]), ladder[0])
     if prompt_width is not None and width >= per_row * prompt_width:
         return 0
     return max(width, PACK_BUCKET)
 
 
-def sampler_packed_width(prompt_lengths: Sequence[int], pack_rows: int) -> int:
-    """The sampler's packed-row width: `prompt_bucket` of the longest row (prompts ``j*Q .. j*Q+Q-1`` in row j)."""
+def sampler_packed_width(prompt_lengths: Sequence[int], pack_rows: int, ladder: tuple[int, int] | None = None) -> int:
+    """The sampler's packed-row width: `prompt_bucket` of the longest row (prompts ``j*Q .. j*Q+Q-1`` in row j); with
+    a run's ``ladder = (floor, cap)`` the `ladder_bucket` of `MIN_PROMPT_BUCKET` up to ``cap``, at least ``floor``."""
+    need = sampler_row_need(prompt_lengths, pack_rows)
+    return prompt_bucket(need) if ladder is None else max(ladder_bucket(need, MIN_PROMPT_BUCKET, ladder[1]), ladder[0])
+
+
+def sampler_row_need(prompt_lengths: Sequence[int], pack_rows: int) -> int:
+    """The sampler's longest packed row: prompts ``j*Q .. j*Q+Q-1`` lie in row j."""
     per_row = len(prompt_lengths) // pack_rows
-    return prompt_bucket(max(sum(prompt_lengths[j * per_row : (j + 1) * per_row]) for j in range(pack_rows)))
+    return max(sum(prompt_lengths[j * per_row : (j + 1) * per_row]) for j in range(pack_rows))
 
 
 def pack_layout(prompt_mask_PT: jax.Array, width: int, rows: int) -> dict[str, jax.Array]:

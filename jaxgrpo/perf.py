@@ -60,7 +60,8 @@ def platform_of(mesh: Mesh | None) -> str:
 
 
 def packed_prompt_width(
-    prompt_lengths: Any, prompt_width: int, algo: AlgoConfig, perf: PerfConfig, mesh: Mesh | None = None
+    prompt_lengths: Any, prompt_width: int, algo: AlgoConfig, perf: PerfConfig, mesh: Mesh | None = None,
+    ladder: tuple[int, int] | None = None,
 ) -> int:
     """The ``packed_prompt_width`` to give ``step_fn`` (and `policy_gradient`) for a rollout whose P prompts have
     these lengths in a batch of prompt width ``prompt_width``: with ``perf.prompt_packing`` (and prefix sharing) the
@@ -68,7 +69,9 @@ def packed_prompt_width(
     micro-batch's prompts packed end to end, one row per batch shard, instead of left-padded, so no decoder work is
     spent on prompt padding (`jaxgrpo.models.prefix`). The width holds the longest possible row (the
     ``P / (num_minibatches * grad_accum_steps * shards)`` longest prompts), rounded up to
-    `jaxgrpo.padding.PACK_BUCKET`; 0 (padded rows) when packing is off or would not save."""
+    `jaxgrpo.padding.PACK_BUCKET` -- or, with the run's ``ladder`` (`shape_ladders`), up
+    `jaxgrpo.padding.ladder_bucket`: one width for nearly every step of a run; 0 (padded rows) when packing is off or
+    would not save."""
     if not (perf.prefix_sharing and perf.prompt_packing):
         return 0
     shards = 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
@@ -77,4 +80,27 @@ def packed_prompt_width(
     if len(lengths) % parts:
         raise ValueError(f"{len(lengths)} prompts cannot be split into {parts} parts (minibatches x accum x shards)")
     # each micro-batch has `shards` rows of P / parts prompts: size a row from the P / parts longest prompts
-    return padding.packed_width(lengths, parts, prompt_width=prompt_width)
+    return padding.packed_width(lengths, parts, prompt_width=prompt_width, ladder=ladder)
+
+
+def shape_ladders(prompt_lengths: Any, prompts_per_step: int, slots: int, algo: AlgoConfig, mesh: Mesh | None = None,
+                  draws: int = 512) -> dict[str, tuple[int, int]]:
+    """The ``(floor, cap)`` ladders (`jaxgrpo.padding`) of a run whose steps draw ``prompts_per_step`` prompts from
+    prompts of these lengths: ``"train"`` for the train step's packed width (`packed_prompt_width`), ``"engine"`` for
+    the engine's first prefill (``slots`` prompts and 1-token pads in one row), ``"sampler"`` for the legacy sampler
+    (the prompts and 1-token pads to a power of two, one row per batch shard). ``cap``: the widest row the data can
+    make; ``floor``: the rung of the 99th percentile of the rows of ``draws`` batches drawn (seeded) from the data."""
+    lengths = np.asarray(prompt_lengths, np.int64)
+    p, shards = int(prompts_per_step), 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
+    q = max(p // (int(algo.num_minibatches) * int(algo.grad_accum_steps) * shards), 1)
+    a, rows = int(slots), padding.batch_bucket(p, shards)  # the engine admits `slots` prompts first
+    rng = np.random.default_rng(0)
+    batches = [rng.choice(lengths, max(p, a), replace=len(lengths) < max(p, a)) for _ in range(draws)]
+    needs = {"train": [int(np.sort(b)[-q:].sum()) for b in batches],
+             "engine": [int(b[:a].sum()) + padding.batch_bucket(a) - a for b in batches],
+             "sampler": [padding.sampler_row_need(list(b[:p]) + [1] * (rows - p), shards) for b in batches]}
+    caps = {"train": padding.PACK_BUCKET * -(-padding.widest_row(lengths, q) // padding.PACK_BUCKET),
+            "engine": padding.prompt_bucket(padding.widest_row(lengths, a) + padding.batch_bucket(a) - a),
+            "sampler": padding.prompt_bucket(padding.widest_row(lengths, rows // shards) + rows - p)}
+    units = {"train": padding.PACK_BUCKET, "engine": padding.MIN_PROMPT_BUCKET, "sampler": padding.MIN_PROMPT_BUCKET}
+    return {k: (padding.ladder_floor(needs[k], units[k], caps[k]), caps[k]) for k in needs}

@@ -255,6 +255,7 @@ def generate(
     mesh: Mesh | None = None,
     prompt_buckets: Sequence[int] | None = None,
     record_projections: bool = False,
+    packed_ladder: tuple[int, int] | None = None,
 ) -> Completions:
     """Sample ``num_samples`` completions of up to ``max_new_tokens`` tokens for each prompt.
 
@@ -269,6 +270,9 @@ def generate(
       record_projections: also return every dense projection's output at each decode step (``Completions.
       projections``, ``L * N * (M-1) * (4D + 2F + 2KH)`` values in the model dtype), so that a train step on this
       rollout with the same parameters can skip those products (`train_step.Batch.projections`). No mesh.
+      packed_ladder: the caller's run's ``(floor, cap)`` (`jaxgrpo.perf.shape_ladders`): the packed width climbs
+      `padding.ladder_bucket` from ``floor`` to ``cap`` (one program for nearly every step of a run), not 4 buckets
+      per octave.
 
     Returns:
       ``Completions`` with ``[len(prompts) * num_samples, M]`` arrays in prompt-major order (see the class).
@@ -291,7 +295,8 @@ def generate(
     g, m = int(num_samples), int(max_new_tokens)
     num_prompts = len(prompts)
     if mesh is None and not record_projections:  # the engine, static mode: one slot per prompt (padded to 2^n)
-        groups, _ = driver.run(config, params, prompts, sp, key, prompt_buckets=prompt_buckets)
+        groups, _ = driver.run(config, params, prompts, sp, key, prompt_buckets=prompt_buckets,
+                               packed_ladder=packed_ladder)
         return jax.tree.map(jnp.asarray, driver.completions(groups, range(num_prompts)))
     axes = _batch_axes(mesh)
     shards = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
@@ -303,7 +308,7 @@ def generate(
     mask_PxT = np.zeros((pad_prompts, prompt_len), bool)
     for i, p in enumerate(padded):
         prompt_PxT[i, prompt_len - len(p) :], mask_PxT[i, prompt_len - len(p) :] = p, True
-    width = padding.sampler_packed_width([len(p) for p in padded], shards)
+    width = padding.sampler_packed_width([len(p) for p in padded], shards, ladder=packed_ladder)
     active = np.repeat(np.arange(pad_prompts) < num_prompts, g)
 
     if axes:

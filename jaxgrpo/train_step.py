@@ -106,11 +106,12 @@ from jaxgrpo.config_sections import AlgoConfig, OptimConfig, PerfConfig
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.minibatch import StepParts, first_minibatch_gradient
 from jaxgrpo.models import lora
-from jaxgrpo.perf import packed_prompt_width, resolve_perf
+from jaxgrpo.perf import packed_prompt_width, resolve_perf, shape_ladders
 
 # The train step's public surface, wherever each part lives.
 __all__ = ["Batch", "TrainState", "abstract_state", "compute_logprobs", "global_batch", "make_train_step",
-           "packed_prompt_width", "policy_gradient", "resolve_perf", "state_shardings", "StepFn"]  # fmt: skip
+           "packed_prompt_width", "policy_gradient", "resolve_perf", "shape_ladders", "state_shardings",
+           "StepFn"]  # fmt: skip
 
 Params = Any
 

@@ -27,6 +27,7 @@ from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
 from jaxgrpo import eval as eval_lib
 from jaxgrpo import multiturn_step as mt_step
+from jaxgrpo import optim as optim_lib
 from jaxgrpo import retain as retain_lib
 from jaxgrpo import run_dir as run_dir_lib
 from jaxgrpo import train_step as ts
@@ -111,6 +112,10 @@ class Trainer:
                 f"exceeds the model's context ({self.model_config.max_position_embeddings}); lower "
                 "data.max_prompt_tokens or rollout.max_new_tokens")
         self.prompt_width = padding.train_prompt_width([longest])
+        # the packed prompt widths' ladders (`padding`): with the prompt width fixed, one program per run in practice
+        r = cfg.rollout
+        slots = r.prompts_per_step if r.engine == "static" else (r.slots or r.prompts_per_step)
+        self.ladders = ts.shape_ladders([len(x) for x in self.encoded], r.prompts_per_step, slots, cfg.algo, self.mesh)
         self.examples = examples
         self.retain_examples: dict[str, list[data_lib.Example]] = {}
         self.iterator = data_lib.PromptIterator(list(range(len(examples))), cfg.rollout.prompts_per_step, cfg.seed,
@@ -167,7 +172,18 @@ class Trainer:
 
         def attempt(step: int) -> tuple[ts.TrainState, dict[str, Any]]:
             build.check_lora_base(self.ckpt.read_extra(step), self.base_fingerprint, self.cfg, self.run_dir)
-            return self.ckpt.restore(step, self.saved_state())
+            target = self.saved_state()
+            try:
+                return self.ckpt.restore(step, target)
+            except ckpt_lib.CheckpointError as error:  # a checkpoint of the optimizer layout before 2026-11-25?
+                try:
+                    saved, extra = self.ckpt.restore(step, target.replace(
+                        opt_state=optim_lib.legacy_layout(target.opt_state)))
+                except ckpt_lib.CheckpointError:
+                    raise error from None
+            print(f"jaxgrpo: checkpoint step {step} holds the optimizer state of jaxgrpo before the runtime learning "
+                  "rate (a schedule count in it); restored into the current layout", file=sys.stderr)
+            return saved.replace(opt_state=optim_lib.from_legacy_layout(saved.opt_state)), extra
 
         found = self.ckpt.restore_newest(attempt)
         if found is None:
@@ -258,7 +274,8 @@ class Trainer:
             comp = sampling.generate(  # the sampler reads compute-dtype weights, cast once per rollout
                 self.model_config, models.compute_params(self.model_config, self.state.params), prompt_ids,
                 num_samples=r.group_size, max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                top_k=r.top_k, eos_token_ids=self.eos_token_ids, key=key, mesh=self.mesh)
+                top_k=r.top_k, eos_token_ids=self.eos_token_ids, key=key, mesh=self.mesh,
+                prompt_buckets=(padding.prompt_bucket(self.prompt_width),), packed_ladder=self.ladders["sampler"])
             return self.score(indices, jax.tree.map(to_host, comp))
         groups, stats = self.drive(prompt_ids, key)
         self.rollout_stats = stats.metrics()
@@ -276,7 +293,8 @@ class Trainer:
         slots = None if r.engine == "static" else (r.slots or r.prompts_per_step)
         return rollout_driver.run(self.model_config, models.compute_params(self.model_config, self.state.params),
                                   prompt_ids, sp, key, slots=slots, block=r.decode_block,
-                                  prompt_width=self.prompt_width, **kw)  # fmt: skip
+                                  prompt_width=self.prompt_width, packed_ladder=self.ladders["engine"],
+                                  **kw)  # fmt: skip
 
     def score(self, indices: list[int], comp: sampling.Completions, projections: Any = None) -> Rollout:
         """Rewards of host-side completions (prompt-major, G rows per prompt of ``indices``)."""
@@ -362,9 +380,9 @@ class Trainer:
         t0 = time.perf_counter()
         roll, extra = self.rollout(step)
         t1 = time.perf_counter()
-        # Prompt width: the batch's longest prompt rounded up (`padding.train_prompt_width`, at most the dataset's
-        # longest), so padding stays small and the step compiles once per width bucket, not once per batch.
-        width = padding.train_prompt_width([len(p) for p in roll.prompt_ids], cap=self.prompt_width)
+        # Prompt width: the data set's longest prompt rounded up, the same every step (with prefix sharing and packing
+        # the decoder never runs on it); the packed width climbs a ladder capped by the data: a few programs per run.
+        width = self.prompt_width
         batch = make_batch(roll, width, self.pad_id)
         if self.cfg.algo.overlong_filter:  # DAPO overlong filtering: truncated completions leave the loss
             batch = batch.replace(truncated=jnp.asarray(np.asarray(roll.completions.truncated), bool))
@@ -373,8 +391,9 @@ class Trainer:
         if self.cfg.algo.kl_coef > 0:
             ref = lora.split(self.state.params)[0] if self.lora else self.ref_params
             batch = batch.replace(ref_logprobs=self.ref_logprobs(ref, batch))
-        # With prefix sharing the step runs the prompts packed end to end (a static width: one compile per bucket).
-        packed = ts.packed_prompt_width([len(p) for p in roll.prompt_ids], width, self.cfg.algo, self.perf, self.mesh)
+        # With prefix sharing the step runs the prompts packed end to end (a static width: one compile per rung).
+        packed = ts.packed_prompt_width([len(p) for p in roll.prompt_ids], width, self.cfg.algo, self.perf, self.mesh,
+                                        ladder=self.ladders["train"])
         self.state, metrics = self.step_fn(self.state, batch, packed_prompt_width=packed)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         t2 = time.perf_counter()

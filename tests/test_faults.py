@@ -161,6 +161,43 @@ def test_a_damaged_newest_checkpoint_resumes_from_the_previous_step_and_finishes
 
 
 @pytest.mark.slow
+def test_a_checkpoint_of_the_former_optimizer_layout_resumes_exactly(reference, tmp_path, capsys):
+    """Checkpoints written before the learning rate became a runtime argument hold the state of
+    ``optax.chain(clip_by_global_norm, optax.adamw(schedule))`` (a schedule count after Adam's and the decay's
+    states). Step 1 of the reference run is rewritten in that layout, built here by optax itself; the resume says so
+    in one line, restores the same moments, and its step 2 equals the reference's."""
+    import optax
+
+    from jaxgrpo import optim as optim_lib
+
+    cfg = small("train.steps=2", "checkpoint.every=1")
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    shutil.rmtree(run / "checkpoints" / "2")
+    t = trainer.Trainer(small("train.steps=1", "checkpoint.every=1"), run)  # restores step 1 (current layout)
+    try:
+        state, extra = t.saved_state(), t.checkpoint_extra()
+    finally:
+        t.close()
+    o = cfg.optim
+    former = optax.chain(optax.clip_by_global_norm(o.max_grad_norm), optax.adamw(
+        lambda count: 0.0, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=optim_lib._decay_mask))
+    old = former.init(state.params)
+    clip, adam, decay = state.opt_state  # the current layout: make_direction's chain
+    old = (clip, (adam, decay, old[1][2]._replace(count=np.int32(1))))  # one optimizer update so far
+    shutil.rmtree(run / "checkpoints" / "1")
+    with ckpt_lib.CheckpointManager(run / "checkpoints", keep=5) as mgr:
+        mgr.save(1, state.replace(opt_state=old), extra, force=True)
+    capsys.readouterr()
+    (rec,) = trainer.run(cfg, run)
+    err = capsys.readouterr().err
+    assert "checkpoint step 1 holds the optimizer state of jaxgrpo before the runtime learning rate" in err, err
+    want = metrics_log.read_metrics(reference)[1]
+    for k in ("loss", "reward/mean", "grad_norm", "lr", "kl"):
+        np.testing.assert_allclose(rec[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.slow
 def test_a_fatal_reward_error_checkpoints_first_and_the_resume_is_exact(reference, tmp_path, monkeypatch):
     """The reward raises during step 2 (checkpoint.every=0: no cadence save): step 1 is checkpointed with the prompt
     iterator put back, the error says so in one line, and the resumed run's step 2 equals the reference's."""
