@@ -293,7 +293,8 @@ def levels(design: Design, out: pathlib.Path, work: pathlib.Path) -> dict[str, A
     for level in sorted(WORDS_LEVELS):
         if str(level) in res["levels"]:
             continue
-        res["levels"][str(level)] = evaluate_level(cfg, None, level, LEVEL_PROMPTS, LEVEL_SAMPLES, 8, level)
+        res["levels"][str(level)] = {**evaluate_level(cfg, None, level, LEVEL_PROMPTS, LEVEL_SAMPLES, 8, level),
+                                     "commit": git_commit()}  # levels added later record their own commit
         _write_json(out / "levels.json", res)  # level by level: a stopped part keeps what it measured
         print(f"level {level}: {res['levels'][str(level)]['accuracy']:.3f}", file=sys.stderr)
     res["pick"] = analysis.pick_levels({int(k): v["accuracy"] for k, v in res["levels"].items()},

@@ -59,7 +59,7 @@ class DataConfig:
     # data.source=hf: the prompt and answer columns ({prompt: question, answer: answer}); a role left out keeps its name
     columns: dict[str, str] = dataclasses.field(default_factory=dict)
     split: str = "train"
-    difficulty: int = 1  # synthetic: 0..12 (synthetic.DIFFICULTY_LEVELS); words: 1..6 (word_arithmetic.WORDS_LEVELS)
+    difficulty: int = 1  # synthetic: 0..12 (synthetic.DIFFICULTY_LEVELS); words: 1..8 (word_arithmetic.WORDS_LEVELS)
     num_examples: int | None = None  # cap on the dataset size; None = all
     shuffle: bool = True
     template: PromptTemplate = "chat"  # chat: the tokenizer's chat template

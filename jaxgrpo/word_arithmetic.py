@@ -14,10 +14,13 @@ Levels (``data.difficulty``), ordered by how often the base SmolLM2-135M-Instruc
   3. a two-digit and a one-digit number ``a + b``, a in 10..99, b in 1..9 (810 problems);
   4. two-digit sums ``a + b``, a, b in 10..99 (8,100 problems);
   5. two-digit minus one-digit ``a - b``, a in 10..99, b in 1..9 (810 problems);
-  6. two-digit times one-digit ``a * b``, a in 10..99, b in 1..9 (810 problems).
+  6. two-digit times one-digit ``a * b``, a in 10..99, b in 1..9 (810 problems);
+  7. two-digit differences ``a - b``, 10 <= b < a <= 99 (a positive result; 4,005 problems);
+  8. two-digit products ``a * b``, a, b in 10..99 (8,100 problems).
 
-Levels 5 and 6 were added for the study's second edition (``benchmarks/degeneracy_real2.py``), whose warmed-up model
-needs levels between "solved" and "never".
+Levels 5-8 were added for the study's second edition (``benchmarks/degeneracy_real2.py``), whose warmed-up model
+needs levels between "solved" and "never": 5 and 6 for a matched level, 7 and 8 for a too-hard one (its warmed-up
+model solved 11% of level 5, above the too-hard band).
 
 Held-out split: every problem of a level belongs to exactly one split, chosen by a fixed hash of the problem
 (CRC-32 of ``"level:a:b"``; ``test`` holds about a quarter, ``train`` the rest), so no test prompt is ever trained on.
@@ -27,9 +30,9 @@ the split's problems again in a fresh permutation.
 
 Pair splits (``pair-train`` / ``pair-test``, the second edition's): the held-out unit is the *unordered* pair
 {a, b}, so a test problem's commuted twin (``b + a``) is never trained on: a problem is in ``pair-test`` iff
-``crc32("pair:level:min(a,b):max(a,b)") % 3 == 0`` (about a third: 286, 2,732, 249 and 262 test problems at levels
-3-6, 28 and 21 at levels 1 and 2). The ``train``/``test`` splits stay as they were, so the first edition's runs
-reproduce.
+``crc32("pair:level:min(a,b):max(a,b)") % 3 == 0`` (about a third: 286, 2,732, 249, 262, 1,327 and 2,714 test
+problems at levels 3-8, 28 and 21 at levels 1 and 2). The ``train``/``test`` splits stay as they were, so the first
+edition's runs reproduce.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ WORDS_LEVELS: dict[int, str] = {
     4: "two-digit sums: 'What is 23 + 58?' -> '81'",
     5: "two-digit minus one-digit: 'What is 47 - 8?' -> '39'",
     6: "two-digit times one-digit: 'What is 23 * 4?' -> '92'",
+    7: "two-digit differences: 'What is 58 - 23?' -> '35'",
+    8: "two-digit products: 'What is 23 * 58?' -> '1334'",
 }
 WORDS_MIN_DIFFICULTY, WORDS_MAX_DIFFICULTY = min(WORDS_LEVELS), max(WORDS_LEVELS)
 WORDS_SPLITS = ("train", "test", "pair-train", "pair-test")
@@ -62,7 +67,13 @@ _OPERANDS: dict[int, tuple[str, range, range]] = {
     4: ("+", range(10, 100), range(10, 100)),
     5: ("-", range(10, 100), range(1, 10)),
     6: ("*", range(10, 100), range(1, 10)),
+    7: ("-", range(10, 100), range(10, 100)),  # only b < a (_keep): the result is positive
+    8: ("*", range(10, 100), range(10, 100)),
 }
+
+
+def _keep(level: int, a: int, b: int) -> bool:
+    return level != 7 or b < a
 
 
 def _is_test(level: int, a: int, b: int) -> bool:
@@ -79,7 +90,7 @@ def problems(difficulty: int, split: str) -> list[tuple[int, int]]:
     _, ra, rb = _OPERANDS[difficulty]
     held_out = split.endswith("test")
     in_test = _is_pair_test if split.startswith("pair-") else _is_test
-    return [(a, b) for a in ra for b in rb if in_test(difficulty, a, b) == held_out]
+    return [(a, b) for a in ra for b in rb if _keep(difficulty, a, b) and in_test(difficulty, a, b) == held_out]
 
 
 def question(difficulty: int, a: int, b: int) -> str:

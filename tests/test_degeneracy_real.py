@@ -277,12 +277,14 @@ def test_second_edition_run_one_records_config_seed_commit(dr2, tmp_path, monkey
 
 def test_second_edition_levels_resume_and_pick(dr2, tmp_path, monkeypatch):
     measured = []
-    acc = {1: 0.94, 2: 0.53, 3: 0.33, 4: 0.12, 5: 0.2, 6: 0.03}
+    acc = {1: 0.94, 2: 0.53, 3: 0.33, 4: 0.12, 5: 0.2, 6: 0.03, 7: 0.0, 8: 0.02}
     monkeypatch.setattr(dr2, "evaluate_level", lambda cfg, run_dir, level, *a: measured.append(level) or {
-        "accuracy": acc[level], "prompts": {1: 28, 2: 21, 3: 64, 4: 64, 5: 64, 6: 64}[level]})
+        "accuracy": acc[level], "prompts": 28 if level == 1 else 21 if level == 2 else 64})
     dr2._write_json(tmp_path / "levels.json", {"commit": "x", "levels": {"1": {"accuracy": 0.94, "prompts": 28},
                                                                            "2": {"accuracy": 0.53, "prompts": 21}}})
     res = dr2.levels(dr2.Design(), tmp_path, tmp_path / "work")
-    assert measured == [3, 4, 5, 6]  # levels 1 and 2 were in the file already
-    # the pick reads each split's size (286, 2732, 249, 262 at levels 3-6), not the evaluated count (64)
+    assert measured == [3, 4, 5, 6, 7, 8]  # levels 1 and 2 were in the file already
+    # the pick reads each split's size (286, 2732, 249, 262, 1327, 2714 at levels 3-8), not the evaluated count (64);
+    # too hard is the highest in (0, 0.1]: level 6 (0.03) over level 8 (0.02), never level 7 (0: no escape possible)
     assert (res["pick"]["matched"], res["pick"]["hard"], res["pick"]["retain"]) == (3, 6, 1)
+    assert all(len(res["levels"][str(k)]["commit"]) >= 40 for k in measured) and "commit" not in res["levels"]["1"]

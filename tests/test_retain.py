@@ -123,7 +123,7 @@ def test_retain_and_eval_metrics_recomputed_from_the_sampled_completions(tmp_pat
 
 @pytest.mark.parametrize("override,match", [
     ("train.retain={a: {difficulty: 0, splt: test}}", r"'train.retain.a.splt'; did you mean 'train.retain.a.split'"),
-    ("train.retain={a: {source: words, difficulty: 7}}", r"train.retain.a: data.source=words needs difficulty in \["),
+    ("train.retain={a: {source: words, difficulty: 9}}", r"train.retain.a: data.source=words needs difficulty in \["),
     ("train.retain={a: {reward: nope}}", r"train.retain.a.reward: unknown reward function 'nope'"),
     ("train.retain={'a b': {difficulty: 1}}", r"train.retain.a b: a retention set's name becomes the metric"),
     ("train.retain_every=-2", r"train.retain_every must be >= 0"),
