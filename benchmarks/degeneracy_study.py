@@ -195,8 +195,7 @@ def reset_trainer(tr: trainer_lib.Trainer, params: Any, examples: list[data_lib.
     """Puts `tr` in the state a fresh Trainer with these initial params, prompts and seed would have: fresh optimizer
     state, step keys from ``key(seed)``, a new prompt stream; the compiled train step is kept."""
     tr.key = jax.random.key(seed)
-    tr.examples = examples
-    tr.encoded = data_lib.encode_prompts(tr.tokenizer, examples, tr.cfg.data)
+    tr.set_prompts(examples)  # with the shapes they fix
     tr.iterator = data_lib.PromptIterator(list(range(len(examples))), tr.cfg.rollout.prompts_per_step, seed, True)
     tr.state = tr.init_fn(jax.tree.map(jnp.array, params), jax.random.fold_in(tr.key, 2 * 10**9))
     tr.sampled_tokens = 0

@@ -238,13 +238,13 @@ def train_step(trainer: Any, step: int) -> dict[str, float]:
 
 def evaluate(cfg: Config, model_config: models.ModelConfig, params: Any, tokenizer: Any, examples: Sequence[Example],
              reward: str, *, num_samples: int, group_sizes: Sequence[int], key: jax.Array, prompts_per_batch: int = 32,
-             success_threshold: float = 0.5) -> dict[str, Any]:  # fmt: skip
+             success_threshold: float = 0.5, summarize: Callable[..., dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
     """`jaxgrpo.eval.evaluate` for a multi-turn config: ``num_samples`` trajectories per example through the turn
     loop, each scored by ``reward`` alone (a reward function of its final answer, or ``environment``: its
-    environment's ``get_reward()``); success = reward >= ``success_threshold``. Returns `jaxgrpo.eval.summarize`'s
-    pass@k and degeneracy, ``mean_reward``, the `history.metrics` of all trajectories and a few samples."""
+    environment's ``get_reward()``); success = reward >= ``success_threshold``. Returns ``summarize``'s
+    (`jaxgrpo.eval.summarize`, passed in: eval imports this module) pass@k and degeneracy, ``mean_reward``, the
+    `history.metrics` of all trajectories and a few samples."""
     from jaxgrpo import build
-    from jaxgrpo.eval import summarize
 
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, rewards={reward: 1.0}),
                               rollout=dataclasses.replace(cfg.rollout, group_size=num_samples))  # fmt: skip

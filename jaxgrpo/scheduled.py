@@ -27,7 +27,7 @@ import numpy as np
 
 from jaxgrpo import degeneracy, models, objectives, sampling
 from jaxgrpo.groups import Rollout, merge_groups, resample_metrics, sampled_tokens
-from jaxgrpo.models.layout import to_host
+from jaxgrpo.host import to_host
 from jaxgrpo.rollout import driver as rollout_driver
 from jaxgrpo.rollout.params import SamplingParams
 

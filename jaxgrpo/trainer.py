@@ -32,9 +32,9 @@ from jaxgrpo import retain as retain_lib
 from jaxgrpo import run_dir as run_dir_lib
 from jaxgrpo import train_step as ts
 from jaxgrpo.groups import Rollout, make_batch, merge_groups, process_share, resample_metrics, sampled_tokens
+from jaxgrpo.host import to_host
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.models import lora
-from jaxgrpo.models.layout import to_host
 from jaxgrpo.rollout import driver as rollout_driver
 from jaxgrpo.rollout.params import SamplingParams
 from jaxgrpo.scheduled import rollout as scheduled_rollout
@@ -104,19 +104,7 @@ class Trainer:
                                    "no projections; recomputing the projections")
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
 
-        self.encoded = data_lib.encode_prompts(self.tokenizer, examples, cfg.data)
-        longest = max(len(x) for x in self.encoded)
-        if longest + cfg.rollout.max_new_tokens > self.model_config.max_position_embeddings:
-            raise config_lib.ConfigError(
-                f"the longest prompt ({longest} tokens) + rollout.max_new_tokens ({cfg.rollout.max_new_tokens}) "
-                f"exceeds the model's context ({self.model_config.max_position_embeddings}); lower "
-                "data.max_prompt_tokens or rollout.max_new_tokens")
-        self.prompt_width = padding.train_prompt_width([longest])
-        # the packed prompt widths' ladders (`padding`): with the prompt width fixed, one program per run in practice
-        r = cfg.rollout
-        slots = r.prompts_per_step if r.engine == "static" else (r.slots or r.prompts_per_step)
-        self.ladders = ts.shape_ladders([len(x) for x in self.encoded], r.prompts_per_step, slots, cfg.algo, self.mesh)
-        self.examples = examples
+        self.set_prompts(examples)
         self.retain_examples: dict[str, list[data_lib.Example]] = {}
         self.iterator = data_lib.PromptIterator(list(range(len(examples))), cfg.rollout.prompts_per_step, cfg.seed,
                                                 cfg.data.shuffle)
@@ -259,6 +247,24 @@ class Trainer:
         source = m.tokenizer or (None if m.name_or_path == "tiny" else build.resolve_model_path(m.name_or_path))
         vocab = source if str(source).endswith(".gguf") else self.tokenizer  # a GGUF's tokenizer fields, verbatim
         return models.save_gguf(mcfg, params, path, vocab, dtype=self.cfg.checkpoint.export_gguf_dtype)
+
+    def set_prompts(self, examples: list[data_lib.Example]) -> None:
+        """The prompts this trainer draws from (its iterator indexes them), encoded, and the shapes they fix: the train
+        step's prompt width and the packed widths' ladders (`padding`: with the prompt width fixed, one program per
+        run in practice). ConfigError when the longest prompt leaves no room for ``rollout.max_new_tokens``."""
+        cfg = self.cfg
+        self.encoded = data_lib.encode_prompts(self.tokenizer, examples, cfg.data)
+        longest = max(len(x) for x in self.encoded)
+        if longest + cfg.rollout.max_new_tokens > self.model_config.max_position_embeddings:
+            raise config_lib.ConfigError(
+                f"the longest prompt ({longest} tokens) + rollout.max_new_tokens ({cfg.rollout.max_new_tokens}) "
+                f"exceeds the model's context ({self.model_config.max_position_embeddings}); lower "
+                "data.max_prompt_tokens or rollout.max_new_tokens")
+        self.prompt_width = padding.train_prompt_width([longest])
+        r = cfg.rollout
+        slots = r.prompts_per_step if r.engine == "static" else (r.slots or r.prompts_per_step)
+        self.ladders = ts.shape_ladders([len(x) for x in self.encoded], r.prompts_per_step, slots, cfg.algo, self.mesh)
+        self.examples = examples
 
     def saved_state(self) -> ts.TrainState:
         """What a checkpoint holds: the train state, with only the adapters of a LoRA run's params (the frozen base

@@ -149,7 +149,7 @@ def test_a_damaged_newest_checkpoint_resumes_from_the_previous_step_and_finishes
         got = metrics_log.read_metrics(run)
         assert [r["step"] for r in got] == [1, 2], kind
         for k, v in want[1].items():
-            if not k.startswith(("time/", "throughput/")):
+            if not k.startswith(("time/", "throughput/")) and not k.endswith("_per_s"):  # timings
                 np.testing.assert_allclose(got[1][k], v, rtol=1e-5, atol=1e-6, err_msg=f"{kind}: {k}")
     from jaxgrpo import eval as eval_lib
 

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from jaxgrpo.files import user_mode
+from jaxgrpo.host import to_host
 from jaxgrpo.models.config import ModelConfig, ModelConfigError, from_hf_config, to_hf_config
 from jaxgrpo.models.gguf_import import load_gguf
 from jaxgrpo.models.layout import (
@@ -36,7 +37,6 @@ from jaxgrpo.models.layout import (
     get_path,
     tensor_plan,
     to_hf,
-    to_host,
 )
 from jaxgrpo.models.params import param_shapes
 

@@ -43,8 +43,9 @@ import jax
 import ml_dtypes
 import numpy as np
 
+from jaxgrpo.host import to_host
 from jaxgrpo.models.config import ModelConfig, ModelConfigError
-from jaxgrpo.models.layout import CheckpointError, get_path, tensor_plan, to_hf, to_host
+from jaxgrpo.models.layout import CheckpointError, get_path, tensor_plan, to_hf
 from jaxgrpo.models.params import param_shapes
 
 PathLike = str | os.PathLike

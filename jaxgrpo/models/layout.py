@@ -160,13 +160,3 @@ def check_shape(name: str, found: tuple[int, ...], expected: tuple[int, ...], wh
             f"tensor {name!r} in {where} has shape {tuple(found)}, but the config expects {tuple(expected)} "
             f"(is config.json from the same model as the weights?)"
         )
-
-
-def to_host(x: Any) -> np.ndarray:
-    """Full numpy copy of a (possibly multi-host sharded) array. A collective when ``x`` spans processes: every
-    process must call it, in the same order (the exports gather on every process and write on process 0 only)."""
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-    return np.asarray(jax.device_get(x))

@@ -32,8 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgrpo.files import user_mode
+from jaxgrpo.host import to_host
 from jaxgrpo.models.config import ModelConfig
-from jaxgrpo.models.layout import to_host
 
 Params = dict[str, Any]
 
