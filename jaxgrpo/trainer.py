@@ -302,7 +302,7 @@ class Trainer:
                                   prompt_width=self.prompt_width, packed_ladder=self.ladders["engine"],
                                   **kw)  # fmt: skip
 
-    def score(self, indices: list[int], comp: sampling.Completions, projections: Any = None) -> Rollout:
+    def score(self, indices: list[int], comp: sampling.Completions) -> Rollout:
         """Rewards of host-side completions (prompt-major, G rows per prompt of ``indices``)."""
         g = self.cfg.rollout.group_size
         ids = [t[m].tolist() for t, m in zip(np.asarray(comp.tokens), np.asarray(comp.mask))]
@@ -314,7 +314,7 @@ class Trainer:
                                                   self.cfg.algo.overlong_buffer)
         shape = (len(indices), g)
         return Rollout([self.encoded[i] for i in indices], examples, comp, texts, rw.reshape(shape),
-                       valid.reshape(shape), projections)
+                       valid.reshape(shape))
 
     def rollout(self, step: int) -> tuple[Rollout, dict[str, float]]:
         """Samples P groups; with degenerate_groups=resample, keeps drawing prompts until P informative groups are
