@@ -74,22 +74,6 @@ def garbage(x: int) -> str:
     return Unprintable()
 
 
-class Raising:
-    def reset(self, **kwargs):
-        return None
-
-    def noop(self, x: int) -> str:
-        """Does nothing.
-
-        Args:
-            x: anything
-        """
-        return "ok"
-
-    def get_reward(self):
-        raise KeyError("score")
-
-
 class NoReward:
     def reset(self, **kwargs):
         return None
@@ -101,6 +85,11 @@ class NoReward:
             x: anything
         """
         return "ok"
+
+
+class Raising(NoReward):
+    def get_reward(self):
+        raise KeyError("score")
 '''
 
 
