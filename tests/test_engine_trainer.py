@@ -17,8 +17,8 @@ def test_streamed_resampling_stops_at_p_informative_groups(tmp_path, monkeypatch
     assert tr.use_engine
     real_score, scored = tr.score, []
 
-    def score(indices, comp, projections=None):  # group c (in completion order) is informative iff c % 3 == 0
-        roll = real_score(indices, comp, projections)
+    def score(indices, comp):  # group c (in completion order) is informative iff c % 3 == 0
+        roll = real_score(indices, comp)
         roll.rewards[:] = 0.0
         roll.rewards[0, 0] = float(len(scored) % 3 == 0)
         scored.append((list(indices), np.asarray(comp.tokens).copy(), int(np.asarray(comp.mask).sum())))
