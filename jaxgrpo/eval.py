@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fractions
-import json
 import math
 import os
 import pathlib
@@ -40,7 +39,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxgrpo import build, degeneracy, models, sampling, sharding
+from jaxgrpo import build, degeneracy, eval_schedule, models, sampling, sharding
 from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
@@ -48,6 +47,7 @@ from jaxgrpo import rewards as rewards_lib
 from jaxgrpo.build import Params, Tokenizer
 from jaxgrpo.config import Config, DataConfig
 from jaxgrpo.errors import CheckpointError, ConfigError, cli_error
+from jaxgrpo.eval_report import format_summary, write_report
 from jaxgrpo.example import Example
 
 DEFAULT_NUM_SAMPLES = 16
@@ -244,9 +244,14 @@ def evaluate(
                 )
     rewards_arr = np.concatenate(all_rewards)
     result = summarize(rewards_arr >= success_threshold, group_sizes, ks)
+    per_prompt = np.concatenate(lengths).reshape(-1, num_samples).mean(axis=1)
+    for d in result["degeneracy"]:  # what a group of G costs in sampled tokens against how often it is informative
+        d["informative_per_1k_tokens"] = eval_schedule.informative_per_1k_tokens(
+            result["success_counts"], num_samples, per_prompt, d["group_size"])
     result.update(
         mean_reward=float(rewards_arr.mean()),
         completion_length_mean=float(np.concatenate(lengths).mean()),
+        completion_length_per_prompt=per_prompt.tolist(),
         truncated_frac=float(np.concatenate(truncated).mean()),
         settings={
             "reward": name,
@@ -261,71 +266,6 @@ def evaluate(
         samples=texts_kept,
     )
     return result
-
-
-# -- report ---------------------------------------------------------------------------------------------------------
-
-
-def write_report(result: dict[str, Any], out_dir: str | os.PathLike) -> list[pathlib.Path]:
-    """Writes ``eval.json``, ``success_histogram.png`` and ``degeneracy_vs_group_size.png`` to `out_dir`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "eval.json"]
-    paths[0].write_text(json.dumps(result, indent=1, allow_nan=False) + "\n")
-
-    hist = result["success_histogram"]
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    width = 0.8 / max(result["num_samples"], 1)
-    ax.bar(hist["rate"], hist["prompts"], width=width, color="tab:blue")
-    ax.set_xlabel(f"per-prompt success rate c/n (n = {result['num_samples']})")
-    ax.set_ylabel("prompts")
-    ax.set_title(f"success rates of {result['num_prompts']} prompts (mean {result['mean_success_rate']:.3f})")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    paths.append(out / "success_histogram.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-
-    deg = result["degeneracy"]
-    if deg:
-        g = [d["group_size"] for d in deg]
-        fig, ax = plt.subplots(figsize=(6.4, 4.0))
-        ax.plot(g, [d["measured"] for d in deg], "o-", color="black", label="measured (hypergeometric)")
-        ax.plot(g, [d["all_fail"] for d in deg], "v:", color="tab:red", label="  all-fail part")
-        ax.plot(g, [d["all_pass"] for d in deg], "^:", color="tab:green", label="  all-pass part")
-        ax.plot(g, [d["iid"] for d in deg], "s--", color="tab:purple", label="i.i.d. prediction p̄^G+(1−p̄)^G")
-        if len(g) > 1 and min(g) > 0 and max(g) / min(g) >= 4:
-            ax.set_xscale("log", base=2)
-        ax.set_xticks(g, [str(x) for x in g])
-        ax.set_ylim(0, 1.02)
-        ax.set_xlabel("group size G")
-        ax.set_ylabel("probability a group is degenerate")
-        ax.set_title("degenerate groups vs group size (Jensen gap = measured − i.i.d.)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        paths.append(out / "degeneracy_vs_group_size.png")
-        fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
-    return paths
-
-
-def format_summary(result: dict[str, Any]) -> str:
-    """A few human-readable lines: pass@k and the degeneracy table."""
-    lines = [
-        f"{result['num_prompts']} prompts × {result['num_samples']} samples, mean success rate "
-        f"{result['mean_success_rate']:.4f}",
-        "  " + "  ".join(f"pass@{k} {v:.4f}" for k, v in result["pass@k"].items()),
-        "  G   measured  i.i.d.   gap",
-    ]
-    for d in result["degeneracy"]:
-        lines.append(f"  {d['group_size']:<3d} {d['measured']:.4f}    {d['iid']:.4f}   {d['gap']:+.4f}")
-    return "\n".join(lines)
 
 
 # -- loading a policy -----------------------------------------------------------------------------------------------
@@ -468,6 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         num_prompts = args.num_prompts if args.num_prompts is not None else cfg.train.eval_examples
         if num_prompts < 1 or args.num_samples < 1:
             raise ConfigError("--num-prompts and --num-samples must be >= 1")
+        run_cfg = cfg  # as trained (the schedule's history is keyed on its data)
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, split=args.split, num_examples=num_prompts))
         n = args.num_samples
         groups = args.group_size or sorted({*(g for g in default_ks(n) if g >= 2), cfg.rollout.group_size} - {0})
@@ -508,6 +449,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 prompts_per_batch=args.prompts_per_batch,
                 mesh=policy.mesh,
             )
+        sched = None if multiturn else eval_schedule.load_history(run_cfg, args.run_dir, step)
+        if sched is not None:  # rollout.schedule: what it buys on these prompts (jaxgrpo.eval_schedule)
+            trained_on = data_lib.load_dataset(run_cfg.data, run_cfg.seed)
+            result["schedule"] = eval_schedule.schedule_report(
+                result, sched, eval_schedule.history_indices(examples, trained_on),
+                result["completion_length_per_prompt"])
         result["settings"].update(split=args.split, checkpoint_step=step, config=config_path, run_dir=args.run_dir)
         if args.out is not None:
             out = pathlib.Path(args.out)
