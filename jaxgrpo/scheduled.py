@@ -5,7 +5,8 @@
 Per round: the scheduler picks P prompts from the prompt iterator (skipping predicted-degenerate ones, GRESO) and a
 group size for each (adaptive G); the groups are sampled, scored, and, with ``algo.degenerate_groups=resample``,
 rounds repeat until P informative groups are held or ``algo.resample_max_rounds`` rounds were drawn (as the
-trainer's own round-based dynamic sampling). The history is updated once, after every round of the step was scored,
+trainer's own round-based dynamic sampling; with ``skip`` alone on the engine, `stream` does it at the group level
+as `Trainer.stream_resample` does). The history is updated once, after every round of the step was scored,
 so a step that fails in its reward functions leaves the history as it was (the trainer retries the step).
 
 Groups of unequal size share the step's ``[P, G]`` arrays (G = ``rollout.group_size``, the largest size): a prompt
@@ -36,6 +37,8 @@ def rollout(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, floa
     """The step's rollout and its metrics (``tokens/sampled``, ``resample/*`` with resample, ``schedule/*``);
     ``tr`` is the `jaxgrpo.trainer.Trainer`."""
     sch, a, r = tr.scheduler, tr.cfg.algo, tr.cfg.rollout
+    if a.degenerate_groups == "resample" and not sch.settings.adaptive and getattr(tr, "use_engine", False):
+        return stream(tr, step, key)
     want = r.prompts_per_step
     max_rounds = a.resample_max_rounds if a.degenerate_groups == "resample" else 1
     pool: list[Rollout] = []
@@ -71,12 +74,19 @@ def rollout(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, floa
     extra: dict[str, float] = {"tokens/sampled": tokens}
     if a.degenerate_groups == "resample":
         extra.update(resample_metrics(len(pool), want * len(pool), want, len(informative), len(degenerate), tokens))
-    sizes_arr = np.asarray(sizes_all, np.float64)
-    extra.update({
+    extra.update(schedule_metrics(sch, skipped, len(informative), tokens, sizes_all, counts))
+    return out, {**extra, **stats}
+
+
+def schedule_metrics(sch: Any, skipped: int, informative: int, tokens: float, sizes: list[int],
+                     counts: dict[str, float]) -> dict[str, float]:
+    """The step's ``schedule/*`` metrics (docs/degeneracy.md §4)."""
+    sizes_arr = np.asarray(sizes, np.float64)
+    return {
         "schedule/skipped": float(skipped),
         "schedule/skipped_total": float(sch.skipped_total),
-        "schedule/informative_groups": float(len(informative)),
-        "schedule/informative_per_1k_tokens": 1000.0 * len(informative) / max(tokens, 1.0),
+        "schedule/informative_groups": float(informative),
+        "schedule/informative_per_1k_tokens": 1000.0 * informative / max(tokens, 1.0),
         "schedule/samples": float(sizes_arr.sum()),
         "schedule/group_size_mean": float(sizes_arr.mean()),
         "schedule/group_size_min": float(sizes_arr.min()),
@@ -84,8 +94,52 @@ def rollout(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, floa
         "schedule/predicted_degenerate": counts["predicted"],
         "schedule/predicted_hits": counts["hits"],
         "schedule/predictor_precision": sch.precision,
-    })
-    return out, {**extra, **stats}
+    }
+
+
+def stream(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, float]]:
+    """``skip`` with ``degenerate_groups=resample`` on the engine: dynamic sampling at the group level (as
+    `Trainer.stream_resample`) with the schedule's admission. Each round's P prompts are picked by the skip rule (the
+    same draws as the round-based path: ``default_rng([seed, step, round])``) when slots free up, each completed group
+    is scored at once, and admission stops when P informative groups are done or ``algo.resample_max_rounds`` rounds
+    were admitted; groups still in flight are dropped, unobserved (the history records the completed groups only)."""
+    sch, a = tr.scheduler, tr.cfg.algo
+    want = tr.cfg.rollout.prompts_per_step
+    rounds: list[list[int]] = []
+    skipped = [0]
+    done: list[tuple[int, Rollout, bool]] = []  # (prompt, its one-group rollout, degenerate), in completion order
+
+    def admit() -> list[list[int]]:
+        kept, skip = sch.select(lambda n: tr.iterator.next_batch(n), want, step, len(rounds),
+                                max_draws=max(100 * want, len(tr.examples)))  # fmt: skip
+        rounds.append(kept)
+        skipped[0] += len(skip)
+        return [tr.encoded[i] for i in kept]
+
+    def more() -> list[list[int]] | None:
+        return None if len(rounds) >= a.resample_max_rounds else admit()
+
+    def on_group(p: int, grp: Any) -> bool:
+        comp = sampling.Completions(grp.tokens, grp.logprobs, grp.mask, grp.mask.sum(-1, dtype=np.int32), ~grp.eos,
+                                    grp.entropy)  # fmt: skip
+        prompt = rounds[p // want][p % want]
+        one = tr.score([prompt], comp)
+        deg = bool(np.asarray(degeneracy.degenerate_mask(one.rewards, one.valid, atol=a.degenerate_atol,
+                                                         rtol=a.degenerate_rtol))[0])  # fmt: skip
+        done.append((prompt, one, deg))
+        return sum(not d for _, _, d in done) >= want
+
+    _, stats = tr.drive(admit(), key, on_group=on_group, more=more)
+    counts = sch.record([p for p, _, _ in done], np.concatenate([o.rewards for _, o, _ in done]),
+                        np.concatenate([o.valid for _, o, _ in done]), np.asarray([d for _, _, d in done]))
+    informative = [o for _, o, d in done if not d]
+    pool = informative + [o for _, o, d in done if d]
+    tokens = sampled_tokens(pool)
+    out = merge_groups(pool, [(i, 0) for i in range(min(want, len(pool)))])
+    extra = resample_metrics(len(rounds), stats.admitted, want, len(informative), len(pool) - len(informative), tokens)
+    extra.update(schedule_metrics(sch, skipped[0], len(informative), tokens, [tr.cfg.rollout.group_size] * len(done),
+                                  counts))  # fmt: skip
+    return out, {**extra, **stats.metrics()}
 
 
 def sample_sized(tr: Any, indices: list[int], sizes: np.ndarray, key: jax.Array) -> Rollout:

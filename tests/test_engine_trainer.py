@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from test_train import small_config
 
-from jaxgrpo import trainer
+from jaxgrpo import scheduler, trainer
 
 
 def test_streamed_resampling_stops_at_p_informative_groups(tmp_path, monkeypatch):
@@ -42,3 +42,35 @@ def test_streamed_resampling_stops_at_p_informative_groups(tmp_path, monkeypatch
     for k in ("rollout/slot_utilization", "rollout/decode_steps", "rollout/prefill_tokens_per_s",
               "rollout/decode_tokens_per_s"):  # fmt: skip
         assert extra[k] > 0
+
+
+def test_streamed_skip_admits_only_kept_prompts_and_records_the_completed_groups(tmp_path, monkeypatch):
+    """``rollout.schedule=skip`` with resample on the engine (`jaxgrpo.scheduled.stream`): the even prompts carry a
+    30-group all-fail streak (keep probability max(0.5^30, 1e-6) = 1e-6), so none is admitted; admission stops at P
+    informative groups as without the schedule; the history gains exactly the completed groups."""
+    cfg = small_config("rollout.schedule=skip", "rollout.schedule_min_keep=1e-6", "algo.degenerate_groups=resample",
+                       "algo.resample_max_rounds=5", "rollout.engine=continuous", "rollout.slots=2")  # fmt: skip
+    tr = trainer.Trainer(cfg, tmp_path)
+    flat = set(range(0, len(tr.examples), 2))
+    for i in flat:
+        tr.scheduler.records[i] = scheduler.Record(failures=30.0, streak=-30)
+    real_score, scored = tr.score, []
+
+    def score(indices, comp):  # group c (in completion order) is informative iff c % 3 == 0
+        roll = real_score(indices, comp)
+        roll.rewards[:] = 0.0
+        roll.rewards[0, 0] = float(len(scored) % 3 == 0)
+        scored.append(indices[0])
+        return roll
+
+    monkeypatch.setattr(tr, "score", score)
+    roll, extra = tr.rollout(0)
+    assert not flat & set(scored)
+    assert len(scored) == 22 and extra["resample/rounds"] == 3.0  # the same count as without the schedule (above)
+    assert extra["schedule/informative_groups"] == 8 and extra["schedule/skipped"] > 0
+    assert extra["schedule/predicted_degenerate"] == 0  # no admitted prompt had a streak
+    assert roll.prompt_ids == [tr.encoded[scored[c]] for c in range(0, 22, 3)]
+    recs = tr.scheduler.records
+    assert set(recs) == flat | set(scored) and all(recs[i].streak == -30 for i in flat)
+    for c, i in enumerate(scored):  # one group each (the 22 are distinct: 3 rounds of 8 odd prompts)
+        assert recs[i].streak == (0 if c % 3 == 0 else -1) and recs[i].outcomes == [0.25 if c % 3 == 0 else 0.0]
