@@ -410,6 +410,13 @@ def validate(cfg: Config) -> None:
             f"{cfg.mesh.data} × {cfg.mesh.fsdp} = {parts} (the train step splits the rollout into parts of whole "
             f"groups on every batch shard): {_divisible_fix(r.prompts_per_step, parts, a.grad_accum_steps)}"
         )
+    _at_least(cfg, 0, "rollout.max_staleness", "mesh.rollout")
+    if (r.max_staleness or cfg.mesh.rollout) and (d.environment is not None or d.tools):
+        raise ConfigError("asynchronous rollouts (rollout.max_staleness > 0 or mesh.rollout > 0) do not run multi-turn "
+                          "environments yet: set rollout.max_staleness=0 mesh.rollout=0")
+    if (r.max_staleness or cfg.mesh.rollout) and cfg.mesh.distributed:
+        raise ConfigError("asynchronous rollouts (rollout.max_staleness > 0 or mesh.rollout > 0) run on one host so "
+                          "far: set rollout.max_staleness=0 mesh.rollout=0 with mesh.distributed=true")
     topo = cfg.mesh.topology
     _require(topo is None or re.fullmatch(r"v\d+[a-z]*:\d+(x\d+)+", topo) is not None, "mesh.topology", topo,
              "a TPU slice name such as v5p:2x4x4 or v5e:4x8, or null")

@@ -107,6 +107,9 @@ class RolloutConfig:
     schedule_min_group: int = 2
     schedule_budget: int = 0
     schedule_decay: float = 0.9  # forgetting of the success estimate per observed group
+    # asynchronous rollouts (jaxgrpo.async_rollout, docs/async-design.md): step s's groups are sampled with the weights
+    # of step max(s - max_staleness, start) while the learner trains; 0 = synchronous (unless mesh.rollout is set)
+    max_staleness: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,6 +215,9 @@ class MeshConfig:
     # the TPU slice the config is sized for, e.g. v5p:2x4x4: what `python -m jaxgrpo.compile` checks it against when
     # no --topology is given; training ignores it
     topology: str | None = None
+    # devices of their own for the rollout (the last N; the learner's data*fsdp*tensor takes the others); 0 = the
+    # learner's devices. With N > 0 the rollout runs in its own thread (jaxgrpo.async_rollout)
+    rollout: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxgrpo import degeneracy, models, objectives, sampling
+from jaxgrpo import degeneracy, objectives, sampling
 from jaxgrpo.groups import Rollout, merge_groups, resample_metrics, sampled_tokens
 from jaxgrpo.host import to_host
 from jaxgrpo.rollout import driver as rollout_driver
@@ -149,8 +149,8 @@ def sample_sized(tr: Any, indices: list[int], sizes: np.ndarray, key: jax.Array)
     g_max = r.group_size
     expanded = [i for i, g in zip(indices, sizes) for _ in range(int(g) // unit)]
     prompt_ids = [tr.encoded[i] for i in expanded]
-    params = models.compute_params(tr.model_config, tr.state.params)
-    if tr.mesh is None:  # the engine; the same rows in flight as G-row groups in `slots` slots
+    params = tr.sampler_params()
+    if tr.rollout_mesh is None:  # the engine; the same rows in flight as G-row groups in `slots` slots
         sp = SamplingParams(r.max_new_tokens, unit, r.temperature, r.top_p, r.top_k, tr.eos_token_ids)
         slots = None if r.engine == "static" else (r.slots or r.prompts_per_step) * (g_max // unit)
         groups, stats = rollout_driver.run(tr.model_config, params, prompt_ids, sp, key, slots=slots,
@@ -160,7 +160,7 @@ def sample_sized(tr: Any, indices: list[int], sizes: np.ndarray, key: jax.Array)
     else:
         comp = sampling.generate(tr.model_config, params, prompt_ids, num_samples=unit, max_new_tokens=r.max_new_tokens,
                                  temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                 eos_token_ids=tr.eos_token_ids, key=key, mesh=tr.mesh)  # fmt: skip
+                                 eos_token_ids=tr.eos_token_ids, key=key, mesh=tr.rollout_mesh)  # fmt: skip
         comp = jax.tree.map(to_host, comp.replace(projections=None))
     tokens, mask = np.asarray(comp.tokens), np.asarray(comp.mask)
     ids = [t[m].tolist() for t, m in zip(tokens, mask)]

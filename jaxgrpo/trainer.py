@@ -21,7 +21,19 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 
-from jaxgrpo import build, degeneracy, diversity, metrics_log, models, objectives, padding, rewards, sampling, sharding
+from jaxgrpo import (
+    async_rollout,
+    build,
+    degeneracy,
+    diversity,
+    metrics_log,
+    models,
+    objectives,
+    padding,
+    rewards,
+    sampling,
+    sharding,
+)
 from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
@@ -88,7 +100,7 @@ class Trainer:
     def _start(self, examples: list[data_lib.Example]) -> None:
         """The model, tokenizer, train step and checkpoint manager; resumes from the newest restorable checkpoint."""
         cfg, m = self.cfg, self.cfg.mesh
-        self.mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor) if m.data * m.fsdp * m.tensor > 1 else None
+        self.mesh, self.rollout_mesh, self.place_rollout = async_rollout.device_groups(cfg)
         self.model_config, params, self.tokenizer = build.build_policy(cfg, build.policy_key(cfg))
         self.model_config, params = build.add_lora(cfg, self.model_config, params, jax.random.fold_in(self.key, 3))
         self.lora = self.model_config.lora is not None
@@ -138,14 +150,18 @@ class Trainer:
         self.ckpt = ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(self.run_dir), keep=cfg.checkpoint.keep,
                                                save_interval=cfg.checkpoint.every)
         self.sampled_tokens = 0  # completion tokens sampled so far, every resampling round included
+        self.producer: async_rollout.Producer | None = None  # asynchronous rollouts: started at the first step
+        self.sampler_params_override = None  # the producer's published weights (async_rollout)
         self.start_step = self.restore()
         run_dir_lib.record_changes(self.run_dir, self.start_step, self.config_changes)
         (self.run_dir / "config.yaml").write_text(config_lib.to_yaml(self.cfg))
         self.report_perf()
 
     def close(self) -> None:
-        """Waits for pending saves, stops the reward workers and releases the run lock."""
+        """Stops the rollout thread, waits for pending saves, stops the reward workers and releases the run lock."""
         try:
+            if getattr(self, "producer", None) is not None:
+                self.producer.close()
             self.ckpt.close()
             for part in (self.scorer, self.multiturn):
                 if part is not None:
@@ -203,9 +219,13 @@ class Trainer:
     def checkpoint_extra(self) -> dict[str, Any]:
         """What a resume needs besides the train state: the prompt iterator's position and the sampled-token count
         (with LoRA, the identity of the frozen base too)."""
-        extra = {"iterator": self.iterator.state(), "sampled_tokens": self.sampled_tokens}
+        if self.producer is not None:  # the rollout thread draws ahead: the position as of the last trained step
+            iterator, sched = self.consumed
+        else:
+            iterator, sched = self.iterator.state(), self.scheduler.state() if self.scheduler is not None else None
+        extra = {"iterator": iterator, "sampled_tokens": self.sampled_tokens}
         if self.scheduler is not None:
-            extra["scheduler"] = self.scheduler.state()
+            extra["scheduler"] = sched
         if self.lora:
             extra["lora_base"] = {"name_or_path": self.cfg.model.name_or_path, "fingerprint": self.base_fingerprint}
         return extra
@@ -278,9 +298,9 @@ class Trainer:
         prompt_ids = [self.encoded[i] for i in indices]
         if not self.use_engine:
             comp = sampling.generate(  # the sampler reads compute-dtype weights, cast once per rollout
-                self.model_config, models.compute_params(self.model_config, self.state.params), prompt_ids,
+                self.model_config, self.sampler_params(), prompt_ids,
                 num_samples=r.group_size, max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                top_k=r.top_k, eos_token_ids=self.eos_token_ids, key=key, mesh=self.mesh,
+                top_k=r.top_k, eos_token_ids=self.eos_token_ids, key=key, mesh=self.rollout_mesh,
                 prompt_buckets=(padding.prompt_bucket(self.prompt_width),), packed_ladder=self.ladders["sampler"])
             return self.score(indices, jax.tree.map(to_host, comp))
         groups, stats = self.drive(prompt_ids, key)
@@ -290,17 +310,23 @@ class Trainer:
     @property
     def use_engine(self) -> bool:
         """The rollout engine samples (one device); with a mesh the previous sampler (`sampling.generate`) does."""
-        return self.mesh is None
+        return self.rollout_mesh is None
+
+    def sampler_params(self) -> Any:
+        """The compute-dtype weights the rollout samples with: the version an asynchronous run's producer published
+        for this step, else the current policy's."""
+        if self.sampler_params_override is not None:
+            return self.sampler_params_override
+        return models.compute_params(self.model_config, self.state.params)
 
     def drive(self, prompt_ids: list[list[int]], key: jax.Array, **kw: Any):
         """The group driver (`jaxgrpo.rollout.driver`) over the current policy."""
         r = self.cfg.rollout
         sp = SamplingParams(r.max_new_tokens, r.group_size, r.temperature, r.top_p, r.top_k, self.eos_token_ids)
         slots = None if r.engine == "static" else (r.slots or r.prompts_per_step)
-        return rollout_driver.run(self.model_config, models.compute_params(self.model_config, self.state.params),
-                                  prompt_ids, sp, key, slots=slots, block=r.decode_block,
-                                  prompt_width=self.prompt_width, packed_ladder=self.ladders["engine"],
-                                  **kw)  # fmt: skip
+        return rollout_driver.run(self.model_config, self.sampler_params(), prompt_ids, sp, key, slots=slots,
+                                  block=r.decode_block, prompt_width=self.prompt_width,
+                                  packed_ladder=self.ladders["engine"], **kw)  # fmt: skip
 
     def score(self, indices: list[int], comp: sampling.Completions) -> Rollout:
         """Rewards of host-side completions (prompt-major, G rows per prompt of ``indices``)."""
@@ -384,7 +410,12 @@ class Trainer:
         if self.multiturn is not None:
             return mt_step.train_step(self, step)
         t0 = time.perf_counter()
-        roll, extra = self.rollout(step)
+        if self.cfg.rollout.max_staleness or self.cfg.mesh.rollout:  # sampled ahead by the rollout thread
+            if self.producer is None:
+                self.producer = async_rollout.start(self, step)
+            roll, extra, *self.consumed = self.producer.take(step)
+        else:
+            roll, extra = self.rollout(step)
         t1 = time.perf_counter()
         # Prompt width: the data set's longest prompt rounded up, the same every step (with prefix sharing and packing
         # the decoder never runs on it); the packed width climbs a ladder capped by the data: a few programs per run.
@@ -401,8 +432,12 @@ class Trainer:
         packed = ts.packed_prompt_width([len(p) for p in roll.prompt_ids], width, self.cfg.algo, self.perf, self.mesh,
                                         ladder=self.ladders["train"])
         self.state, metrics = self.step_fn(self.state, batch, packed_prompt_width=packed)
+        if self.producer is not None:  # the next version, for the rollout thread
+            self.producer.publish(step + 1, self.state.params)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         t2 = time.perf_counter()
+        if self.producer is not None:
+            self.producer.mark("learner", step, t1, t2)
         comp = roll.completions
         lengths = np.asarray(comp.mask).sum(-1)
         metrics.update(extra)
@@ -412,7 +447,8 @@ class Trainer:
                                                    self.cfg.rollout.max_new_tokens, self.cfg.algo.overlong_filter,
                                                    self.cfg.algo.overlong_buffer))
         metrics.update(diversity.diversity_metrics(comp.tokens, comp.mask, comp.entropy, self.cfg.rollout.group_size))
-        metrics.update(self.scorer.take_stats())  # reward/timeouts, reward/invalid_frac, time/reward_s
+        if self.producer is None:  # (the rollout thread puts its own in `extra`)
+            metrics.update(self.scorer.take_stats())  # reward/timeouts, reward/invalid_frac, time/reward_s
         metrics["time/sample_s"] = t1 - t0
         metrics["time/train_s"] = t2 - t1
         metrics["throughput/tokens_per_s"] = float(lengths.sum()) / max(t2 - t0, 1e-9)

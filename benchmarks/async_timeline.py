@@ -1,0 +1,97 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Asynchronous rollouts on this host: each side's busy intervals per step, their overlap, and the step time against
+the synchronous loop, in one run; then the model that predicts the speedup from measured sample and train times.
+
+    python benchmarks/async_timeline.py --steps 30 [--out benchmarks/results/async_timeline.json]
+
+Arms (the default config, the tiny model, 8 fake CPU devices): ``sync`` (the synchronous loop), ``k1`` (one step off
+policy on the same devices: `rollout.max_staleness=1`) and ``k1-split`` (the rollout on a device of its own:
+``mesh.rollout=1``). Seconds per step are medians over the steps after the first (compilation).
+
+The model (steady state, both sides on their own devices, one step of lag): a synchronous step takes S + T (sampling
+and training on all D devices); an asynchronous one max(S_r, T_l), each side on its own group. With a share f = R/D
+of the devices for the rollout, the learner scaling linearly (T_l = T/(1 − f)) and the rollout with exponent β
+(S_r = S·f^−β: β = 1 linear, β = 0 a rollout that does not speed up with devices, as memory-bound decode of a batch
+too small to fill them), the speedup is (S + T)/max(S·f^−β, T/(1 − f)). At β = 1 its best is exactly 1 (f = S/(S+T):
+splitting the devices of one job gains nothing when both sides scale linearly); at β = 0 it tends to
+(S + T)/max(S, T) ≤ 2. The best share and speedup are printed for the measured S and T at β = 0, 0.5 and 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from jaxgrpo import async_rollout, trainer  # noqa: E402
+from jaxgrpo import config as config_lib  # noqa: E402
+
+
+def run_arm(overrides: list[str], steps: int) -> dict:
+    cfg = config_lib.load_config("default", ["log.progress=false", "log.tensorboard=false", f"train.steps={steps}",
+                                             "checkpoint.every=0", "checkpoint.export_final=false", *overrides])
+    with tempfile.TemporaryDirectory() as d:
+        tr = trainer.Trainer(cfg, pathlib.Path(d) / "run")
+        try:
+            ends, metrics = [time.perf_counter()], []
+            for s in range(steps):
+                metrics.append(tr.step(s))
+                ends.append(time.perf_counter())
+            timeline = list(tr.producer.timeline) if tr.producer is not None else []
+        finally:
+            tr.close()
+    step_s = [b - a for a, b in zip(ends, ends[1:])][1:]
+    out = {"overrides": overrides, "step_s_median": statistics.median(step_s),
+           "sample_s_median": statistics.median(m["time/sample_s"] for m in metrics[1:]),
+           "train_s_median": statistics.median(m["time/train_s"] for m in metrics[1:]),
+           "reward_last10": statistics.mean(m["reward/mean"] for m in metrics[-10:])}
+    if timeline:
+        out["timeline"] = async_rollout.timeline_summary([t for t in timeline if t[1] >= 1])
+        out["staleness_max"] = max(m["async/staleness"] for m in metrics)
+    return out
+
+
+def speedup(sample_s: float, train_s: float, rollout_frac: float, beta: float) -> float:
+    """The model's (S + T)/max(S·f^−β, T/(1 − f)) for a rollout share f = ``rollout_frac`` (module docstring)."""
+    return (sample_s + train_s) / max(sample_s * rollout_frac**-beta, train_s / (1.0 - rollout_frac))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    arms = {"sync": [], "k1": ["rollout.max_staleness=1"], "k1-split": ["rollout.max_staleness=1", "mesh.rollout=1"]}
+    result = {name: run_arm(o, args.steps) for name, o in arms.items()}
+    base = result["sync"]["step_s_median"]
+    for name, r in result.items():
+        r["speedup_vs_sync"] = base / r["step_s_median"]
+        line = f"{name:9s} step {r['step_s_median']:.3f} s ({r['speedup_vs_sync']:.2f}x sync)"
+        if "timeline" in r:
+            t = r["timeline"]
+            line += (f"  rollout busy {t['rollout_busy_s']:.1f} s, learner busy {t['learner_busy_s']:.1f} s, overlap "
+                     f"{t['overlap_s']:.1f} s of {t['wall_s']:.1f} s wall")
+        print(line)
+    s, t = result["sync"]["sample_s_median"], result["sync"]["train_s_median"]
+    grid = [i / 64 for i in range(1, 64)]
+    result["model"] = {"sample_s": s, "train_s": t}
+    for beta in (0.0, 0.5, 1.0):
+        best = max(grid, key=lambda f: speedup(s, t, f, beta))
+        result["model"][f"beta{beta}"] = {"best_rollout_frac": best, "predicted_speedup": speedup(s, t, best, beta)}
+        print(f"model (S = {s:.3f} s, T = {t:.3f} s, rollout scaling beta = {beta}): best rollout share {best:.3f} of "
+              f"the devices, predicted {speedup(s, t, best, beta):.2f}x")
+    if args.out:
+        pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Asynchronous rollouts: the next steps' groups are sampled while the learner trains, under a bounded staleness, on
+the learner's devices or on a device group of their own (``mesh.rollout``). Design: docs/async-design.md.
+
+**Fixed lag.** With ``rollout.max_staleness = k`` the rollout of step s is sampled with policy version
+``v(s) = max(s − k, s0)`` (version v = the weights after v updates; s0 = the step the run started or resumed at),
+exactly, never a newer one: a producer thread samples step s as soon as the learner has published version v(s),
+so it runs at most k + 1 steps ahead and the staleness of every trained sample is ``s − v(s) = min(k, s − s0)``.
+The bound is kept by pacing (the producer waits for weights), never by discarding samples, and because the version
+is a function of the step, a run is deterministic: k = 0 is the synchronous run (the producer samples step s with
+version s), and the same seed gives the same run whatever the two sides' speeds. This is the one-step-off-policy
+schedule of verl's ``one_step_off_policy`` recipe and AReaL's bounded staleness η (Fu et al. 2025,
+arXiv:2505.24298), made exact in the step; the importance ratio of the step is against the sampler's own log-probs
+(the behaviour policy), as in the synchronous trainer, and ``algo.sampler_correction`` bounds it where set.
+
+**Device groups.** ``mesh.rollout = R`` gives the last R devices to the rollout (the engine on one device; the sampler
+over an ``R``-device data mesh otherwise) and the others to the learner's ``mesh.data × fsdp × tensor``; 0 keeps
+both on the same devices. After each update the learner publishes its weights in the compute dtype, copied onto the
+rollout devices (`jax.device_put`; a copy also when colocated, since the train step donates its state).
+
+**Resume.** A checkpoint holds the prompt iterator's position (and the schedule's history) as of the last *trained*
+step, so the rollouts sampled ahead are dropped and drawn again after a resume: no prompt is lost or duplicated. The
+older weights are not checkpointed, so the first k steps after a resume at s0 sample with version s0 (less stale than
+in the uninterrupted run); the trainer says so in one line.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxgrpo import models
+
+Params = Any
+
+
+class Producer:
+    """The rollout side of an asynchronous run: a thread that calls ``trainer.rollout(s)`` for s = s0, s0 + 1, ...
+    with the sampler reading the published weights of version ``max(s − k, s0)`` (module docstring)."""
+
+    def __init__(self, trainer: Any, start_step: int, end_step: int, max_staleness: int, place: Any):
+        self.tr, self.k, self.start, self.end = trainer, int(max_staleness), int(start_step), int(end_step)
+        self.place = place  # params (compute dtype) -> a copy on the rollout devices
+        self.cond = threading.Condition()
+        self.versions: dict[int, Params] = {}
+        self.ready: dict[int, tuple] = {}  # step -> (rollout, metrics, iterator state, schedule state) or exception
+        self.stopping = False
+        self.timeline: list[tuple[str, int, float, float]] = []  # (side, step, start, end) busy intervals
+        self.thread: threading.Thread | None = None
+
+    def version_for(self, step: int) -> int:
+        return max(step - self.k, self.start)
+
+    def publish(self, version: int, params: Params) -> None:
+        """The learner's weights after ``version`` updates (master params; cast and copied here)."""
+        copy = self.place(models.compute_params(self.tr.model_config, params))
+        with self.cond:
+            self.versions[int(version)] = copy
+            self.cond.notify_all()
+
+    def begin(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="jaxgrpo-rollout", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        tr = self.tr
+        for step in range(self.start, self.end):
+            v = self.version_for(step)
+            t0 = time.perf_counter()
+            with self.cond:
+                while v not in self.versions and not self.stopping:
+                    self.cond.wait()
+                if self.stopping:
+                    return
+                for old in [u for u in self.versions if u < v]:  # no later step samples with an older version
+                    del self.versions[old]
+                params = self.versions[v]
+            t1 = time.perf_counter()
+            try:
+                tr.sampler_params_override = params
+                roll, extra = tr.rollout(step)
+                extra = {**extra, **(tr.scorer.take_stats() if tr.scorer is not None else {})}
+                sched = tr.scheduler.state() if tr.scheduler is not None else None
+                item: tuple | BaseException = (roll, extra, tr.iterator.state(), sched, v, t1 - t0)
+            except BaseException as e:  # handed to the learner, which raises it at this step
+                item = e
+            t2 = time.perf_counter()
+            with self.cond:
+                self.timeline.append(("rollout", step, t1, t2))
+                self.ready[step] = item
+                self.cond.notify_all()
+                if isinstance(item, BaseException):
+                    return
+
+    def take(self, step: int) -> tuple[Any, dict[str, float], dict[str, Any], dict[str, Any] | None]:
+        """The rollout of ``step`` (waiting for it), its metrics with ``async/*`` added, and the iterator and schedule
+        states as of it (what a checkpoint after this step saves)."""
+        t0 = time.perf_counter()
+        with self.cond:
+            while step not in self.ready:
+                if self.thread is None or not self.thread.is_alive():
+                    raise RuntimeError(f"the rollout thread stopped before step {step}")
+                self.cond.wait(timeout=1.0)
+            item = self.ready.pop(step)
+        if isinstance(item, BaseException):
+            raise item
+        roll, extra, iterator, sched, v, waited = item
+        extra = {**extra, "async/policy_version": float(v), "async/staleness": float(step - v),
+                 "async/learner_wait_s": time.perf_counter() - t0, "async/rollout_wait_s": float(waited)}
+        return roll, extra, iterator, sched
+
+    def mark(self, side: str, step: int, t0: float, t1: float) -> None:
+        with self.cond:
+            self.timeline.append((side, step, t0, t1))
+
+    def close(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        if self.thread is not None:
+            self.thread.join(timeout=600)
+
+
+def device_groups(cfg: Any) -> tuple[Any, Any, Any]:
+    """(learner mesh, rollout mesh, place) for a config: the learner's ``mesh.data × fsdp × tensor`` mesh (None on
+    one device) over the first devices, the rollout's (None: the engine on one device; else an ``R``-device data
+    mesh) over the last ``mesh.rollout = R``, and ``place(params)``, a copy of compute-dtype params where the rollout
+    reads them. Without ``mesh.rollout`` the rollout shares the learner's mesh and devices."""
+    from jaxgrpo import sharding
+    from jaxgrpo.errors import ConfigError
+
+    m, devices = cfg.mesh, jax.devices()
+    size, r = m.data * m.fsdp * m.tensor, m.rollout
+    copy = lambda p: jax.tree.map(lambda x: jnp.array(x, copy=True), p)  # noqa: E731 (the step donates its state)
+    if not r:
+        mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor) if size > 1 else None
+        return mesh, mesh, copy
+    if size + r > len(devices):
+        raise ConfigError(f"mesh.rollout={r} + the learner's mesh.data × fsdp × tensor = {size} devices > the "
+                          f"{len(devices)} available; lower mesh.rollout or the learner's mesh")
+    learner = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices[:size]) if size > 1 else None
+    if r == 1:  # (a put onto other devices is a copy)
+        return learner, None, lambda p: jax.device_put(p, devices[-1])
+    rollout = sharding.make_mesh(r, 1, 1, devices=devices[-r:])  # batch axes only: the weights replicated
+    return learner, rollout, lambda p: jax.device_put(p, sharding.replicated(rollout))
+
+
+def start(trainer: Any, step: int) -> Producer:
+    """The producer of an asynchronous run that starts (or resumed) at ``step``, its thread running."""
+    k = trainer.cfg.rollout.max_staleness
+    say_resume(step, k)
+    trainer.consumed = [trainer.iterator.state(),
+                        trainer.scheduler.state() if trainer.scheduler is not None else None]  # fmt: skip
+    prod = Producer(trainer, step, trainer.cfg.train.steps, k, trainer.place_rollout)
+    prod.publish(step, trainer.state.params)
+    prod.begin()
+    return prod
+
+
+def timeline_summary(timeline: list[tuple[str, int, float, float]]) -> dict[str, float]:
+    """Busy seconds of each side and the overlap of their intervals (both busy at once), over a run's timeline."""
+    spans = {side: sorted((a, b) for s, _, a, b in timeline if s == side) for side in ("rollout", "learner")}
+    busy = {side: float(sum(b - a for a, b in v)) for side, v in spans.items()}
+    overlap = 0.0
+    for a, b in spans["rollout"]:
+        for c, d in spans["learner"]:
+            overlap += max(0.0, min(b, d) - max(a, c))
+    start = min((a for _, _, a, _ in timeline), default=0.0)
+    end = max((b for _, _, _, b in timeline), default=0.0)
+    return {"rollout_busy_s": busy["rollout"], "learner_busy_s": busy["learner"], "overlap_s": overlap,
+            "wall_s": end - start}
+
+
+def say_resume(start: int, k: int) -> None:
+    if start > 0 and k > 0:
+        print(f"jaxgrpo: asynchronous run resumed at step {start}: steps {start}..{start + k - 1} sample with the "
+              f"restored weights (version {start}; the older versions are not checkpointed), the prompts drawn again "
+              "from the checkpointed position (none lost or repeated)", file=sys.stderr)
+

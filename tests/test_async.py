@@ -1,0 +1,121 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Asynchronous rollouts (`jaxgrpo.async_rollout`) on 8 fake CPU devices: ``max_staleness = 0`` on a device group of
+its own is the synchronous run step for step; with k = 1, 2 every step's samples come from version max(s − k, 0)
+exactly (never older than k); a killed and resumed run trains every prompt of the uninterrupted run once, in order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_train import deterministic, small_config
+
+from jaxgrpo import async_rollout, trainer
+from jaxgrpo import config as config_lib
+
+
+def assert_same_run(a: list[dict], b: list[dict], rtol: float = 1e-5) -> None:
+    assert len(a) == len(b)
+    for s, (x, y) in enumerate(zip(a, b)):
+        x = {k: v for k, v in deterministic(x).items() if not k.startswith("async/")}
+        y = deterministic(y)
+        assert x.keys() == y.keys(), (s, x.keys() ^ y.keys())
+        for k in y:
+            np.testing.assert_allclose(x[k], y[k], rtol=rtol, atol=1e-6, err_msg=f"step {s} {k}")
+
+
+def test_staleness_zero_on_a_device_of_its_own_is_the_synchronous_run(tmp_path):
+    sync = trainer.run(small_config("train.steps=3"), tmp_path / "sync")
+    split = trainer.run(small_config("train.steps=3", "mesh.rollout=1"), tmp_path / "split")
+    assert_same_run(split, sync)
+    assert [m["async/staleness"] for m in split] == [0.0, 0.0, 0.0]
+    assert [m["async/policy_version"] for m in split] == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_every_step_samples_with_version_s_minus_k(tmp_path, monkeypatch, k):
+    used = []  # (step, the sampler's weights) as the producer set them: compare with the published versions
+    published: dict[int, list] = {}
+    real_publish, real_rollout = async_rollout.Producer.publish, trainer.Trainer.rollout
+
+    def publish(self, version, params):
+        real_publish(self, version, params)
+        published[version] = [np.asarray(x) for x in jax_leaves(self.versions[version])]
+
+    def rollout(self, step):
+        used.append((step, [np.asarray(x) for x in jax_leaves(self.sampler_params())]))
+        return real_rollout(self, step)
+
+    monkeypatch.setattr(async_rollout.Producer, "publish", publish)
+    monkeypatch.setattr(trainer.Trainer, "rollout", rollout)
+    # sign advantages: every group has a gradient (a tiny random policy's groups are mostly all-fail), so every
+    # update moves the weights and the versions differ
+    out = trainer.run(small_config("train.steps=4", f"rollout.max_staleness={k}", "algo.estimator=sign"),
+                      tmp_path / "run")
+    assert [m["async/staleness"] for m in out] == [float(min(s, k)) for s in range(4)]
+    assert [m["async/policy_version"] for m in out] == [float(max(s - k, 0)) for s in range(4)]
+    for step, leaves in used:  # the weights really are those of version max(s - k, 0), not a newer one
+        want = published[max(step - k, 0)]
+        assert all(np.array_equal(a, b) for a, b in zip(leaves, want))
+        if step - k >= 0:  # and they differ from the next version (the update moved them)
+            assert not all(np.array_equal(a, b) for a, b in zip(leaves, published[step - k + 1]))
+
+
+def jax_leaves(tree):
+    import jax
+
+    return jax.tree.leaves(tree)
+
+
+def test_a_resumed_run_trains_every_prompt_once_in_order(tmp_path, monkeypatch, capfd):
+    trained: list[list[str]] = []
+    real = trainer.make_batch
+
+    def make_batch(roll, *a, **kw):
+        trained.append([e.prompt for e in roll.examples])
+        return real(roll, *a, **kw)
+
+    monkeypatch.setattr(trainer, "make_batch", make_batch)
+    base = ["rollout.max_staleness=2", "checkpoint.every=2", "checkpoint.export_final=false", "data.num_examples=64"]
+    trainer.run(small_config(*base, "train.steps=6"), tmp_path / "whole")
+    whole, trained[:] = list(trained), []
+    trainer.run(small_config(*base, "train.steps=2"), tmp_path / "cut")  # the producer had drawn steps 2, 3 ahead
+    resumed = trainer.run(small_config(*base, "train.steps=6"), tmp_path / "cut", allow_config_change=True)
+    assert "asynchronous run resumed at step 2" in capfd.readouterr().err
+    # the resumed run trains the uninterrupted run's prompts, step by step: none of the drawn-ahead ones lost or
+    # trained twice (the uninterrupted run draws each prompt once per epoch)
+    assert len(whole) == 6 and trained == whole
+    assert [m["async/policy_version"] for m in resumed] == [2.0, 2.0, 2.0, 3.0]  # versions 0, 1 are not saved
+
+
+def test_config_errors_are_one_line():
+    for over, msg in [
+        (["mesh.rollout=8"], "mesh.rollout=8 + the learner's mesh.data × fsdp × tensor = 1 devices > the 8"),
+        (["rollout.max_staleness=-1"], "rollout.max_staleness"),
+        (["rollout.max_staleness=1", "mesh.distributed=true"], "run on one host so far"),
+    ]:
+        with pytest.raises(config_lib.ConfigError, match=msg.replace("×", ".").replace("+", r"\+")):
+            cfg = small_config(*over)
+            async_rollout.device_groups(cfg)
+
+
+@pytest.mark.slow
+def test_four_learner_and_four_rollout_devices_equal_the_synchronous_mesh_run(tmp_path):
+    """8 devices split 4 + 4 (the learner's data mesh, the sampler over a 4-device data mesh of its own), k = 0,
+    against the synchronous run whose learner and sampler share an 8-device data mesh: the same run."""
+    sync = trainer.run(small_config("train.steps=2", "mesh.data=8"), tmp_path / "sync")
+    split = trainer.run(small_config("train.steps=2", "mesh.data=4", "mesh.rollout=4"), tmp_path / "split")
+    assert_same_run(split, sync, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_the_default_demo_learns_one_step_off_policy(tmp_path):
+    """`python -m jaxgrpo.train rollout.max_staleness=1`: the default task is learned as in the synchronous demo
+    (test_train.test_default_demo_learns: near chance at first, >= 0.9 over the last 20 steps)."""
+    from jaxgrpo import metrics_log
+
+    cfg = config_lib.load_config("default", ["log.progress=false", "log.tensorboard=false", "rollout.max_staleness=1"])
+    trainer.run(cfg, tmp_path / "run")
+    recs = metrics_log.read_metrics(tmp_path / "run")
+    reward = np.array([r["reward/mean"] for r in recs])
+    assert len(recs) == cfg.train.steps and all(r["async/staleness"] == min(r["step"] - 1, 1) for r in recs)
+    assert reward[:5].mean() < 0.1 and reward[-20:].mean() >= 0.9
