@@ -24,6 +24,7 @@ import json
 import os
 import pathlib
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -70,6 +71,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    load_before = os.getloadavg()
     arms = {"sync": [], "k1": ["rollout.max_staleness=1"], "k1-split": ["rollout.max_staleness=1", "mesh.rollout=1"]}
     result = {name: run_arm(o, args.steps) for name, o in arms.items()}
     base = result["sync"]["step_s_median"]
@@ -89,6 +91,9 @@ def main() -> None:
         result["model"][f"beta{beta}"] = {"best_rollout_frac": best, "predicted_speedup": speedup(s, t, best, beta)}
         print(f"model (S = {s:.3f} s, T = {t:.3f} s, rollout scaling beta = {beta}): best rollout share {best:.3f} of "
               f"the devices, predicted {speedup(s, t, best, beta):.2f}x")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=pathlib.Path(__file__).parent).stdout.strip()
+    result["meta"] = {"steps": args.steps, "commit": commit, "load_before": load_before, "load_after": os.getloadavg()}
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
 
