@@ -51,7 +51,8 @@ def run_arm(overrides: list[str], steps: int) -> dict:
         finally:
             tr.close()
     step_s = [b - a for a, b in zip(ends, ends[1:])][1:]
-    out = {"overrides": overrides, "step_s_median": statistics.median(step_s),
+    # the mean, not the median: the rollout thread runs up to k + 1 steps ahead, so single steps are uneven
+    out = {"overrides": overrides, "step_s_mean": statistics.mean(step_s),
            "sample_s_median": statistics.median(m["time/sample_s"] for m in metrics[1:]),
            "train_s_median": statistics.median(m["time/train_s"] for m in metrics[1:]),
            "reward_last10": statistics.mean(m["reward/mean"] for m in metrics[-10:])}
@@ -69,21 +70,24 @@ def speedup(sample_s: float, train_s: float, rollout_frac: float, beta: float) -
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=2, help="rounds of the three arms, back to back")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     load_before = os.getloadavg()
     arms = {"sync": [], "k1": ["rollout.max_staleness=1"], "k1-split": ["rollout.max_staleness=1", "mesh.rollout=1"]}
-    result = {name: run_arm(o, args.steps) for name, o in arms.items()}
-    base = result["sync"]["step_s_median"]
-    for name, r in result.items():
-        r["speedup_vs_sync"] = base / r["step_s_median"]
-        line = f"{name:9s} step {r['step_s_median']:.3f} s ({r['speedup_vs_sync']:.2f}x sync)"
-        if "timeline" in r:
-            t = r["timeline"]
-            line += (f"  rollout busy {t['rollout_busy_s']:.1f} s, learner busy {t['learner_busy_s']:.1f} s, overlap "
-                     f"{t['overlap_s']:.1f} s of {t['wall_s']:.1f} s wall")
-        print(line)
-    s, t = result["sync"]["sample_s_median"], result["sync"]["train_s_median"]
+    rounds = [{name: run_arm(o, args.steps) for name, o in arms.items()} for _ in range(args.repeats)]
+    result: dict = {"rounds": rounds}
+    for i, rnd in enumerate(rounds):  # each round's arms ran back to back: ratios within a round only
+        for name, r in rnd.items():
+            r["speedup_vs_sync"] = rnd["sync"]["step_s_mean"] / r["step_s_mean"]
+            line = f"round {i} {name:9s} step {r['step_s_mean']:.3f} s ({r['speedup_vs_sync']:.2f}x sync)"
+            if "timeline" in r:
+                t = r["timeline"]
+                line += (f"  rollout busy {t['rollout_busy_s']:.1f} s, learner busy {t['learner_busy_s']:.1f} s, "
+                         f"overlap {t['overlap_s']:.1f} s of {t['wall_s']:.1f} s wall")
+            print(line)
+    s = statistics.median(r["sync"]["sample_s_median"] for r in rounds)
+    t = statistics.median(r["sync"]["train_s_median"] for r in rounds)
     grid = [i / 64 for i in range(1, 64)]
     result["model"] = {"sample_s": s, "train_s": t}
     for beta in (0.0, 0.5, 1.0):
