@@ -30,8 +30,9 @@ from jaxgrpo import multiturn_step as mt_step
 from jaxgrpo import optim as optim_lib
 from jaxgrpo import retain as retain_lib
 from jaxgrpo import run_dir as run_dir_lib
+from jaxgrpo import step_batch as step_batch_lib
 from jaxgrpo import train_step as ts
-from jaxgrpo.groups import Rollout, make_batch, merge_groups, process_share, resample_metrics, sampled_tokens
+from jaxgrpo.groups import Rollout, merge_groups, resample_metrics, sampled_tokens
 from jaxgrpo.host import to_host
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.models import lora
@@ -105,6 +106,7 @@ class Trainer:
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
 
         self.set_prompts(examples)
+        self.perf_notes += self.shapes.notes()
         self.retain_examples: dict[str, list[data_lib.Example]] = {}
         self.iterator = data_lib.PromptIterator(list(range(len(examples))), cfg.rollout.prompts_per_step, cfg.seed,
                                                 cfg.data.shuffle)
@@ -131,9 +133,13 @@ class Trainer:
             self.ref_logprobs = jax.jit(lambda prm, b: compute_logprobs(self.model_config, prm, b, temperature, chunk,
                                                                          top_k=k, top_p=p)[0])  # fmt: skip
         # the learner's log-probs are of the sampler's distribution (top-k / top-p truncated: jaxgrpo.logprobs)
+        # max_tokens fixed: the single-turn batch's completion width varies (`jaxgrpo.step_batch`)
+        r = cfg.rollout
+        algo = cfg.algo if self.multiturn is not None else step_batch_lib.step_algo(cfg.algo, r.max_new_tokens)
         self.init_fn, self.step_fn = ts.make_train_step(
-            self.model_config, cfg.algo, cfg.optim, perf=self.perf, mesh=self.mesh, temperature=temperature,
-            top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, total_steps=cfg.train.steps)
+            self.model_config, algo, cfg.optim,
+            perf=self.perf, mesh=self.mesh, temperature=temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
+            total_steps=cfg.train.steps)
         self.state = self.init_fn(params, jax.random.fold_in(self.key, 2 * 10**9))
         self.ckpt = ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(self.run_dir), keep=cfg.checkpoint.keep,
                                                save_interval=cfg.checkpoint.every)
@@ -260,10 +266,11 @@ class Trainer:
                 f"the longest prompt ({longest} tokens) + rollout.max_new_tokens ({cfg.rollout.max_new_tokens}) "
                 f"exceeds the model's context ({self.model_config.max_position_embeddings}); lower "
                 "data.max_prompt_tokens or rollout.max_new_tokens")
-        self.prompt_width = padding.train_prompt_width([longest])
         r = cfg.rollout
         slots = r.prompts_per_step if r.engine == "static" else (r.slots or r.prompts_per_step)
-        self.ladders = ts.shape_ladders([len(x) for x in self.encoded], r.prompts_per_step, slots, cfg.algo, self.mesh)
+        self.shapes = step_batch_lib.StepShapes.for_prompts([len(x) for x in self.encoded], r.prompts_per_step, slots,
+                                                        cfg.algo, self.perf, self.mesh, r.max_new_tokens, self.pad_id)
+        self.prompt_width, self.ladders = self.shapes.prompt_width, self.shapes.ladders
         self.examples = examples
 
     def saved_state(self) -> ts.TrainState:
@@ -386,22 +393,16 @@ class Trainer:
         t0 = time.perf_counter()
         roll, extra = self.rollout(step)
         t1 = time.perf_counter()
-        # Prompt width: the data set's longest prompt rounded up, the same every step (with prefix sharing and packing
-        # the decoder never runs on it); the packed width climbs a ladder capped by the data: a few programs per run.
-        width = self.prompt_width
-        batch = make_batch(roll, width, self.pad_id)
-        if self.cfg.algo.overlong_filter:  # DAPO overlong filtering: truncated completions leave the loss
-            batch = batch.replace(truncated=jnp.asarray(np.asarray(roll.completions.truncated), bool))
-        if self.mesh is not None:
-            batch = ts.global_batch(process_share(batch, len(roll.prompt_ids)), self.mesh)
+        # The prompt width is the run's (the data's longest prompt, rounded up); the completion width and the groups
+        # are what this step sampled, on bounded ladders, and the packed prompt width climbs its ladder
+        # (`jaxgrpo.step_batch`): a few programs per run.
+        batch, packed, _, overrides = self.shapes.batch(roll, self.cfg.algo.overlong_filter)
         if self.cfg.algo.kl_coef > 0:
             ref = lora.split(self.state.params)[0] if self.lora else self.ref_params
             batch = batch.replace(ref_logprobs=self.ref_logprobs(ref, batch))
-        # With prefix sharing the step runs the prompts packed end to end (a static width: one compile per rung).
-        packed = ts.packed_prompt_width([len(p) for p in roll.prompt_ids], width, self.cfg.algo, self.perf, self.mesh,
-                                        ladder=self.ladders["train"])
         self.state, metrics = self.step_fn(self.state, batch, packed_prompt_width=packed)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        metrics.update(overrides)  # what reads the whole rollout, when groups were dropped from the batch
         t2 = time.perf_counter()
         comp = roll.completions
         lengths = np.asarray(comp.mask).sum(-1)
