@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 
-from jaxgrpo import build, degeneracy, diversity, metrics_log, models, objectives, padding, rewards, sampling, sharding
+from jaxgrpo import build, diversity, dynamic_sampling, metrics_log, models, objectives, padding, rewards, sampling
 from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
@@ -30,15 +30,15 @@ from jaxgrpo import multiturn_step as mt_step
 from jaxgrpo import optim as optim_lib
 from jaxgrpo import retain as retain_lib
 from jaxgrpo import run_dir as run_dir_lib
+from jaxgrpo import sharding as sharding_lib
 from jaxgrpo import step_batch as step_batch_lib
 from jaxgrpo import train_step as ts
-from jaxgrpo.groups import Rollout, merge_groups, resample_metrics, sampled_tokens
+from jaxgrpo.groups import Rollout
 from jaxgrpo.host import to_host
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.models import lora
 from jaxgrpo.rollout import driver as rollout_driver
 from jaxgrpo.rollout.params import SamplingParams
-from jaxgrpo.scheduled import rollout as scheduled_rollout
 from jaxgrpo.scheduler import from_config as make_scheduler
 
 PERF_FILE = "perf.yaml"  # in the run directory: the perf switches as applied, and why any requested one is off
@@ -69,7 +69,7 @@ class Trainer:
         self.config_changes = run_dir_lib.check_resume_config(cfg, self.run_dir, allow_config_change)
         self.key = jax.random.key(cfg.seed)
         if cfg.mesh.distributed:
-            sharding.initialize_distributed()
+            sharding_lib.initialize_distributed()
         created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.lock = run_dir_lib.RunLock(self.run_dir)
@@ -89,7 +89,7 @@ class Trainer:
     def _start(self, examples: list[data_lib.Example]) -> None:
         """The model, tokenizer, train step and checkpoint manager; resumes from the newest restorable checkpoint."""
         cfg, m = self.cfg, self.cfg.mesh
-        self.mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor) if m.data * m.fsdp * m.tensor > 1 else None
+        self.mesh = sharding_lib.make_mesh(m.data, m.fsdp, m.tensor) if m.data * m.fsdp * m.tensor > 1 else None
         self.model_config, params, self.tokenizer = build.build_policy(cfg, build.policy_key(cfg))
         self.model_config, params = build.add_lora(cfg, self.model_config, params, jax.random.fold_in(self.key, 3))
         self.lora = self.model_config.lora is not None
@@ -121,7 +121,7 @@ class Trainer:
                           if mt_step.enabled(cfg) else None)  # fmt: skip
 
         if self.mesh is not None:
-            params = sharding.shard_params(params, self.model_config, self.mesh)
+            params = sharding_lib.shard_params(params, self.model_config, self.mesh)
         temperature = cfg.rollout.temperature
         # the KL reference: the initial policy in the compute dtype, a copy (the step donates its state); with LoRA,
         # the frozen base read from the state each step (the adapters switched off: no second copy)
@@ -324,68 +324,9 @@ class Trainer:
                        valid.reshape(shape))
 
     def rollout(self, step: int) -> tuple[Rollout, dict[str, float]]:
-        """Samples P groups; with degenerate_groups=resample, keeps drawing prompts until P informative groups are
-        held or `algo.resample_max_rounds` rounds of P prompts are spent (DAPO's dynamic sampling, Yu et al. 2025,
-        arXiv:2503.14476; with the engine at the group level: each group is scored as it completes and the next
-        prompt takes its slot). A shortfall is filled with degenerate groups (the step masks them)."""
-        key = jax.random.fold_in(jax.random.fold_in(self.key, step), 0)
-        a = self.cfg.algo
-        self.rollout_stats = {}
-        if self.scheduler is not None:  # degeneracy-aware admission and group sizes (jaxgrpo.scheduled)
-            return scheduled_rollout(self, step, key)
-        if a.degenerate_groups != "resample":
-            first = self.sample(self.iterator.next_batch(), key)
-            return first, {"tokens/sampled": sampled_tokens([first]), **self.rollout_stats}
-        if self.use_engine:
-            return self.stream_resample(key)
-        first = self.sample(self.iterator.next_batch(), key)
-        want = len(first.prompt_ids)
-        pool, informative, degenerate = [first], [], []
-        while True:
-            r_i, cur = len(pool) - 1, pool[-1]
-            deg = np.asarray(degeneracy.degenerate_mask(cur.rewards, cur.valid, atol=a.degenerate_atol,
-                                                        rtol=a.degenerate_rtol))
-            informative += [(r_i, p) for p in np.flatnonzero(~deg)]
-            degenerate += [(r_i, p) for p in np.flatnonzero(deg)]
-            if len(informative) >= want or len(pool) >= a.resample_max_rounds:
-                break
-            pool.append(self.sample(self.iterator.next_batch(), jax.random.fold_in(key, len(pool))))
-        kept = (informative + degenerate)[:want]
-        sampled = sum(len(r.prompt_ids) for r in pool)
-        return merge_groups(pool, kept), resample_metrics(len(pool), sampled, want, len(informative), len(degenerate),
-                                                          sampled_tokens(pool))  # fmt: skip
-
-    def stream_resample(self, key: jax.Array) -> tuple[Rollout, dict[str, float]]:
-        """Dynamic sampling at the group level: rounds of P prompts are drawn as slots free up; each completed group
-        is scored at once; the run stops when P informative groups are done (groups in flight are dropped)."""
-        a = self.cfg.algo
-        rounds = [self.iterator.next_batch()]
-        want = len(rounds[0])
-        done: list[tuple[int, Rollout, bool]] = []  # (prompt number, its one-group rollout, degenerate)
-
-        def more():
-            if len(rounds) >= a.resample_max_rounds:
-                return None
-            rounds.append(self.iterator.next_batch())
-            return [self.encoded[i] for i in rounds[-1]]
-
-        def on_group(p: int, grp) -> bool:
-            comp = sampling.Completions(grp.tokens, grp.logprobs, grp.mask, grp.mask.sum(-1, dtype=np.int32),
-                                        ~grp.eos, grp.entropy)  # fmt: skip
-            one = self.score([rounds[p // want][p % want]], comp)
-            deg = bool(np.asarray(degeneracy.degenerate_mask(one.rewards, one.valid, atol=a.degenerate_atol,
-                                                             rtol=a.degenerate_rtol))[0])  # fmt: skip
-            done.append((p, one, deg))
-            return sum(not d for _, _, d in done) >= want
-
-        _, stats = self.drive([self.encoded[i] for i in rounds[0]], key, on_group=on_group, more=more)
-        self.rollout_stats = stats.metrics()
-        informative = [one for _, one, d in done if not d]
-        degenerate = [one for _, one, d in done if d]
-        pool = informative + degenerate
-        kept = merge_groups(pool, [(i, 0) for i in range(min(want, len(pool)))])
-        return kept, {**resample_metrics(len(rounds), stats.admitted, want, len(informative), len(degenerate),
-                                         sampled_tokens(pool)), **self.rollout_stats}  # fmt: skip
+        """Samples the step's P groups (`jaxgrpo.dynamic_sampling.rollout`: with degenerate_groups=resample, DAPO's
+        dynamic sampling)."""
+        return dynamic_sampling.rollout(self, step)
 
     def step(self, step: int) -> dict[str, float]:
         if self.multiturn is not None:

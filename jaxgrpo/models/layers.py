@@ -52,7 +52,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxgrpo.models.config import ModelConfig
 from jaxgrpo.models.params import PROJECTIONS, Params
 
-RematPolicy = Literal["none", "projections", "projections+norms", "full"]
+RematPolicy = Literal["none", "projections", "full", "projections+norms"]
 MatmulBackward = Literal["auto", "explicit", "xla"]
 REMAT_POLICIES: tuple[str, ...] = RematPolicy.__args__
 MATMUL_BACKWARDS: tuple[str, ...] = MatmulBackward.__args__
