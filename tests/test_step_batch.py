@@ -16,7 +16,7 @@ from test_train_step import TEMP, V, assert_trees_close, tiny_config
 
 from jaxgrpo import models, sharding, step_batch
 from jaxgrpo import train_step as ts
-from jaxgrpo.config_sections import AlgoConfig, PerfConfig
+from jaxgrpo.config_sections import AlgoConfig, OptimConfig, PerfConfig
 from jaxgrpo.groups import Rollout, make_batch
 from jaxgrpo.rollout.record import Completions
 
@@ -150,3 +150,20 @@ def test_untrimmed_when_switched_off_or_blocked():
 
 def completion_width_of(roll: Rollout) -> int:
     return step_batch.completion_width(int(roll.completions.mask.sum(-1).max()), TC)
+
+
+@pytest.mark.slow
+def test_full_metrics_are_the_untrimmed_steps():
+    """The metrics the trainer takes from the host when groups are left out (`full_metrics`: degeneracy diagnostics,
+    masked groups, prompt and completion tokens) equal the ones the train step computes on the full padded batch."""
+    config = tiny_config()
+    algo = step_batch.step_algo(AlgoConfig(degenerate_groups="mask", estimator="rloo"), TC)
+    roll = hand_rollout(5, 8, 2, [1, 6], longest=9)
+    roll.valid[3, 1] = False  # a dropped sample: group 3 has one valid member
+    init_fn, step_fn = ts.make_train_step(config, algo, OptimConfig(), temperature=TEMP, total_steps=2)
+    state = init_fn(models.init_params(config, jax.random.key(0)), jax.random.key(1))
+    _, want = step_fn(state, make_batch(roll, 16, 0))
+    got = step_batch.full_metrics(algo, roll)
+    assert {"degeneracy/collapse_rate", "advantage/abs_max", "tokens/completion"} <= set(got)
+    for k, v in got.items():
+        np.testing.assert_allclose(v, float(want[k]), rtol=1e-6, atol=1e-7, err_msg=k)
