@@ -204,10 +204,10 @@ def reset_trainer(tr: trainer_lib.Trainer, params: Any, examples: list[data_lib.
     tr.key = jax.random.key(seed)
     if shape_examples is not None:
         tr.set_prompts(shape_examples)
-        width, ladders = tr.prompt_width, tr.ladders
+        fixed = tr.prompt_width, tr.ladders, tr.shapes
     tr.set_prompts(examples)  # with the shapes they fix
-    if shape_examples is not None:
-        tr.prompt_width, tr.ladders = width, ladders
+    if shape_examples is not None:  # (the train step's batch reads `shapes`; the sampler `prompt_width`, `ladders`)
+        tr.prompt_width, tr.ladders, tr.shapes = fixed
     tr.iterator = data_lib.PromptIterator(list(range(len(examples))), tr.cfg.rollout.prompts_per_step, seed, True)
     tr.state = tr.init_fn(jax.tree.map(jnp.array, params), jax.random.fold_in(tr.key, 2 * 10**9))
     tr.sampled_tokens = 0

@@ -148,14 +148,19 @@ def long_run(steps: int, warmup: int, config: str | None = None, overrides: tupl
     jax.monitoring.register_event_duration_secs_listener(on_event)
     cfg = config_lib.load_config(config, [*overrides, f"train.steps={steps}", "checkpoint.every=0",
                                           "log.tensorboard=false"])
-    rss, compiled_after_warmup = [], 0
+    rss, compiled_after_warmup, compile_steps, shapes = [], 0, {}, {}
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = trainer_lib.Trainer(cfg, run_dir)
         t0 = time.perf_counter()
         for s in range(steps):
             if s == warmup:
                 compiled_after_warmup = -compiles["n"]
-            trainer.step(s)
+            before = compiles["n"]
+            m = trainer.step(s)
+            if compiles["n"] > before:
+                compile_steps[s] = compiles["n"] - before
+            shape = f"{m.get('batch/completion_width', 0):.0f}x{m.get('batch/groups', 0):.0f}"  # perf.trim_batch
+            shapes[shape] = shapes.get(shape, 0) + 1
             rss.append(_rss_bytes())
         wall = time.perf_counter() - t0
     compiled_after_warmup += compiles["n"]
@@ -164,7 +169,8 @@ def long_run(steps: int, warmup: int, config: str | None = None, overrides: tupl
     result = {
         "config": config or "default", "overrides": list(overrides), "steps": steps, "warmup": warmup,
         "wall_s": wall, "compiles_total": compiles["n"],
-        "compiles_after_warmup": compiled_after_warmup, "rss_second_quarter_mib": second / 2**20,
+        "compiles_after_warmup": compiled_after_warmup, "compiles_by_step": compile_steps,
+        "steps_by_width_x_groups": shapes, "rss_second_quarter_mib": second / 2**20,
         "rss_last_quarter_mib": last / 2**20, "peak_rss_mib": _peak_rss_bytes() / 2**20,
     }  # fmt: skip
     print(json.dumps(result), flush=True)

@@ -164,7 +164,9 @@ class PerfConfig:
 
     prefix_sharing: bool = True  # train step encodes each group's prompt once for its G completions
     prompt_packing: bool = True  # with prefix sharing, the train step runs the prompts packed end to end (no padding)
-    remat: RematPolicy = "projections"  # backward keeps: none = everything, projections = dense outputs, full = nothing
+    # backward keeps: none = everything, projections = dense outputs, projections+norms = those and the layers' RMSNorm
+    # outputs, full = nothing
+    remat: RematPolicy = "projections"
     logprob_chunk: int = 0  # LM-head sequence chunk in the train step; 0 = automatic
     # the sampler records dense-projection outputs, the step takes them as given (library: generate(record_projections)
     # + Batch.projections); the trainer's rollout engine records none, so it does not apply to a trainer run
@@ -175,6 +177,9 @@ class PerfConfig:
     # scores: the accelerator path); auto = dense on CPU, chunked elsewhere
     attention: AttentionKind = "auto"
     attention_chunk: int = 512  # keys per chunk of the chunked attention
+    # the trainer sizes each step's batch to what was sampled: completion width on a ladder up to
+    # rollout.max_new_tokens, masked degenerate groups dropped (row count on a ladder too; jaxgrpo.step_batch)
+    trim_batch: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

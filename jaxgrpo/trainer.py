@@ -24,15 +24,14 @@ import yaml
 from jaxgrpo import (
     async_rollout,
     build,
-    degeneracy,
     diversity,
+    dynamic_sampling,
     metrics_log,
     models,
     objectives,
     padding,
     rewards,
     sampling,
-    sharding,
 )
 from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import config as config_lib
@@ -42,14 +41,15 @@ from jaxgrpo import multiturn_step as mt_step
 from jaxgrpo import optim as optim_lib
 from jaxgrpo import retain as retain_lib
 from jaxgrpo import run_dir as run_dir_lib
+from jaxgrpo import sharding as sharding_lib
+from jaxgrpo import step_batch as step_batch_lib
 from jaxgrpo import train_step as ts
-from jaxgrpo.groups import Rollout, make_batch, merge_groups, process_share, resample_metrics, sampled_tokens
+from jaxgrpo.groups import Rollout
 from jaxgrpo.host import to_host
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.models import lora
 from jaxgrpo.rollout import driver as rollout_driver
 from jaxgrpo.rollout.params import SamplingParams
-from jaxgrpo.scheduled import rollout as scheduled_rollout
 from jaxgrpo.scheduler import from_config as make_scheduler
 
 PERF_FILE = "perf.yaml"  # in the run directory: the perf switches as applied, and why any requested one is off
@@ -80,7 +80,7 @@ class Trainer:
         self.config_changes = run_dir_lib.check_resume_config(cfg, self.run_dir, allow_config_change)
         self.key = jax.random.key(cfg.seed)
         if cfg.mesh.distributed:
-            sharding.initialize_distributed()
+            sharding_lib.initialize_distributed()
         created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.lock = run_dir_lib.RunLock(self.run_dir)
@@ -117,6 +117,7 @@ class Trainer:
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
 
         self.set_prompts(examples)
+        self.perf_notes += self.shapes.notes()
         self.retain_examples: dict[str, list[data_lib.Example]] = {}
         self.iterator = data_lib.PromptIterator(list(range(len(examples))), cfg.rollout.prompts_per_step, cfg.seed,
                                                 cfg.data.shuffle)
@@ -131,7 +132,7 @@ class Trainer:
                           if mt_step.enabled(cfg) else None)  # fmt: skip
 
         if self.mesh is not None:
-            params = sharding.shard_params(params, self.model_config, self.mesh)
+            params = sharding_lib.shard_params(params, self.model_config, self.mesh)
         temperature = cfg.rollout.temperature
         # the KL reference: the initial policy in the compute dtype, a copy (the step donates its state); with LoRA,
         # the frozen base read from the state each step (the adapters switched off: no second copy)
@@ -143,9 +144,13 @@ class Trainer:
             self.ref_logprobs = jax.jit(lambda prm, b: compute_logprobs(self.model_config, prm, b, temperature, chunk,
                                                                          top_k=k, top_p=p)[0])  # fmt: skip
         # the learner's log-probs are of the sampler's distribution (top-k / top-p truncated: jaxgrpo.logprobs)
+        # max_tokens fixed: the single-turn batch's completion width varies (`jaxgrpo.step_batch`)
+        r = cfg.rollout
+        algo = cfg.algo if self.multiturn is not None else step_batch_lib.step_algo(cfg.algo, r.max_new_tokens)
         self.init_fn, self.step_fn = ts.make_train_step(
-            self.model_config, cfg.algo, cfg.optim, perf=self.perf, mesh=self.mesh, temperature=temperature,
-            top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p, total_steps=cfg.train.steps)
+            self.model_config, algo, cfg.optim,
+            perf=self.perf, mesh=self.mesh, temperature=temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
+            total_steps=cfg.train.steps)
         self.state = self.init_fn(params, jax.random.fold_in(self.key, 2 * 10**9))
         self.ckpt = ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(self.run_dir), keep=cfg.checkpoint.keep,
                                                save_interval=cfg.checkpoint.every)
@@ -280,10 +285,11 @@ class Trainer:
                 f"the longest prompt ({longest} tokens) + rollout.max_new_tokens ({cfg.rollout.max_new_tokens}) "
                 f"exceeds the model's context ({self.model_config.max_position_embeddings}); lower "
                 "data.max_prompt_tokens or rollout.max_new_tokens")
-        self.prompt_width = padding.train_prompt_width([longest])
         r = cfg.rollout
         slots = r.prompts_per_step if r.engine == "static" else (r.slots or r.prompts_per_step)
-        self.ladders = ts.shape_ladders([len(x) for x in self.encoded], r.prompts_per_step, slots, cfg.algo, self.mesh)
+        self.shapes = step_batch_lib.StepShapes.for_prompts([len(x) for x in self.encoded], r.prompts_per_step, slots,
+                                                        cfg.algo, self.perf, self.mesh, r.max_new_tokens, self.pad_id)
+        self.prompt_width, self.ladders = self.shapes.prompt_width, self.shapes.ladders
         self.examples = examples
 
     def saved_state(self) -> ts.TrainState:
@@ -343,68 +349,9 @@ class Trainer:
                        valid.reshape(shape))
 
     def rollout(self, step: int) -> tuple[Rollout, dict[str, float]]:
-        """Samples P groups; with degenerate_groups=resample, keeps drawing prompts until P informative groups are
-        held or `algo.resample_max_rounds` rounds of P prompts are spent (DAPO's dynamic sampling, Yu et al. 2025,
-        arXiv:2503.14476; with the engine at the group level: each group is scored as it completes and the next
-        prompt takes its slot). A shortfall is filled with degenerate groups (the step masks them)."""
-        key = jax.random.fold_in(jax.random.fold_in(self.key, step), 0)
-        a = self.cfg.algo
-        self.rollout_stats = {}
-        if self.scheduler is not None:  # degeneracy-aware admission and group sizes (jaxgrpo.scheduled)
-            return scheduled_rollout(self, step, key)
-        if a.degenerate_groups != "resample":
-            first = self.sample(self.iterator.next_batch(), key)
-            return first, {"tokens/sampled": sampled_tokens([first]), **self.rollout_stats}
-        if self.use_engine:
-            return self.stream_resample(key)
-        first = self.sample(self.iterator.next_batch(), key)
-        want = len(first.prompt_ids)
-        pool, informative, degenerate = [first], [], []
-        while True:
-            r_i, cur = len(pool) - 1, pool[-1]
-            deg = np.asarray(degeneracy.degenerate_mask(cur.rewards, cur.valid, atol=a.degenerate_atol,
-                                                        rtol=a.degenerate_rtol))
-            informative += [(r_i, p) for p in np.flatnonzero(~deg)]
-            degenerate += [(r_i, p) for p in np.flatnonzero(deg)]
-            if len(informative) >= want or len(pool) >= a.resample_max_rounds:
-                break
-            pool.append(self.sample(self.iterator.next_batch(), jax.random.fold_in(key, len(pool))))
-        kept = (informative + degenerate)[:want]
-        sampled = sum(len(r.prompt_ids) for r in pool)
-        return merge_groups(pool, kept), resample_metrics(len(pool), sampled, want, len(informative), len(degenerate),
-                                                          sampled_tokens(pool))  # fmt: skip
-
-    def stream_resample(self, key: jax.Array) -> tuple[Rollout, dict[str, float]]:
-        """Dynamic sampling at the group level: rounds of P prompts are drawn as slots free up; each completed group
-        is scored at once; the run stops when P informative groups are done (groups in flight are dropped)."""
-        a = self.cfg.algo
-        rounds = [self.iterator.next_batch()]
-        want = len(rounds[0])
-        done: list[tuple[int, Rollout, bool]] = []  # (prompt number, its one-group rollout, degenerate)
-
-        def more():
-            if len(rounds) >= a.resample_max_rounds:
-                return None
-            rounds.append(self.iterator.next_batch())
-            return [self.encoded[i] for i in rounds[-1]]
-
-        def on_group(p: int, grp) -> bool:
-            comp = sampling.Completions(grp.tokens, grp.logprobs, grp.mask, grp.mask.sum(-1, dtype=np.int32),
-                                        ~grp.eos, grp.entropy)  # fmt: skip
-            one = self.score([rounds[p // want][p % want]], comp)
-            deg = bool(np.asarray(degeneracy.degenerate_mask(one.rewards, one.valid, atol=a.degenerate_atol,
-                                                             rtol=a.degenerate_rtol))[0])  # fmt: skip
-            done.append((p, one, deg))
-            return sum(not d for _, _, d in done) >= want
-
-        _, stats = self.drive([self.encoded[i] for i in rounds[0]], key, on_group=on_group, more=more)
-        self.rollout_stats = stats.metrics()
-        informative = [one for _, one, d in done if not d]
-        degenerate = [one for _, one, d in done if d]
-        pool = informative + degenerate
-        kept = merge_groups(pool, [(i, 0) for i in range(min(want, len(pool)))])
-        return kept, {**resample_metrics(len(rounds), stats.admitted, want, len(informative), len(degenerate),
-                                         sampled_tokens(pool)), **self.rollout_stats}  # fmt: skip
+        """Samples the step's P groups (`jaxgrpo.dynamic_sampling.rollout`: with degenerate_groups=resample, DAPO's
+        dynamic sampling)."""
+        return dynamic_sampling.rollout(self, step)
 
     def step(self, step: int) -> dict[str, float]:
         if self.multiturn is not None:
@@ -417,24 +364,18 @@ class Trainer:
         else:
             roll, extra = self.rollout(step)
         t1 = time.perf_counter()
-        # Prompt width: the data set's longest prompt rounded up, the same every step (with prefix sharing and packing
-        # the decoder never runs on it); the packed width climbs a ladder capped by the data: a few programs per run.
-        width = self.prompt_width
-        batch = make_batch(roll, width, self.pad_id)
-        if self.cfg.algo.overlong_filter:  # DAPO overlong filtering: truncated completions leave the loss
-            batch = batch.replace(truncated=jnp.asarray(np.asarray(roll.completions.truncated), bool))
-        if self.mesh is not None:
-            batch = ts.global_batch(process_share(batch, len(roll.prompt_ids)), self.mesh)
+        # The prompt width is the run's (the data's longest prompt, rounded up); the completion width and the groups
+        # are what this step sampled, on bounded ladders, and the packed prompt width climbs its ladder
+        # (`jaxgrpo.step_batch`): a few programs per run.
+        batch, packed, _, overrides = self.shapes.batch(roll, self.cfg.algo.overlong_filter)
         if self.cfg.algo.kl_coef > 0:
             ref = lora.split(self.state.params)[0] if self.lora else self.ref_params
             batch = batch.replace(ref_logprobs=self.ref_logprobs(ref, batch))
-        # With prefix sharing the step runs the prompts packed end to end (a static width: one compile per rung).
-        packed = ts.packed_prompt_width([len(p) for p in roll.prompt_ids], width, self.cfg.algo, self.perf, self.mesh,
-                                        ladder=self.ladders["train"])
         self.state, metrics = self.step_fn(self.state, batch, packed_prompt_width=packed)
         if self.producer is not None:  # the next version, for the rollout thread
             self.producer.publish(step + 1, self.state.params)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        metrics.update(overrides)  # what reads the whole rollout, when groups were dropped from the batch
         t2 = time.perf_counter()
         if self.producer is not None:
             self.producer.mark("learner", step, t1, t2)

@@ -141,7 +141,7 @@ def test_choices_are_the_literal_types_of_the_modules_that_implement_them():
     assert advantages.ESTIMATORS == typing.get_args(advantages.Estimator)
     assert degeneracy.DEGENERATE_MODES == ("keep", "mask", "resample")
     assert rewards.ON_REWARD_ERROR == ("error", "invalidate") and C.SCHEDULES == ("constant", "cosine")
-    assert C.CHOICES[("perf", "remat")] == ("none", "projections", "full")
+    assert C.CHOICES[("perf", "remat")] == ("none", "projections", "full", "projections+norms")
     assert C.CHOICES[("perf", "matmul_backward")] == ("auto", "explicit", "xla")
 
 

@@ -7,6 +7,7 @@ the former per-batch widths several values."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -126,3 +127,58 @@ def test_no_compilation_after_the_first_step(tmp_path, sampler):
     # the test has teeth: the former per-batch rules give these batches several shapes
     assert len({padding.packed_width(n, 1) for n in lengths}) == 2
     assert len({padding.prompt_bucket(sum(n)) for n in lengths}) == 2
+
+
+# (longest loss-carrying completion, informative groups) of each step: the first three reach the three (completion
+# width, groups) rungs the run uses, (16, 8), (32, 2), (64, 4) of max_new_tokens 64 and 8 groups; the next three are
+# other values on the same rungs.
+TRIM_SCHEDULE = [(5, 8), (20, 1), (40, 3), (12, 7), (30, 2), (60, 4)]
+
+
+@pytest.mark.slow
+def test_trimmed_batches_compile_during_warm_up_only(tmp_path):
+    """`perf.trim_batch` with `algo.degenerate_groups=mask`: the step's completion width and group count follow what
+    was sampled, on ladders (`jaxgrpo.step_batch`); after three warm-up steps that reach the run's three (width,
+    groups) rungs, three steps with other widths and other informative counts compile nothing. Each warm-up step
+    compiles (a new shape: the count has teeth). The rollouts are the engine's, their masks cut and their rewards
+    set to the schedule."""
+    P, G = 8, 2
+    overrides = ["rollout.prompts_per_step=8", f"rollout.group_size={G}", "rollout.max_new_tokens=64",
+                 "model.max_position_embeddings=96", "algo.degenerate_groups=mask", "log.progress=false",
+                 "log.tensorboard=false", "log.sample_every=0", "checkpoint.every=0", "checkpoint.export_final=false",
+                 f"train.steps={len(TRIM_SCHEDULE)}"]  # fmt: skip
+    cfg = config_lib.load_config("default", overrides)
+    compiles = [0]
+
+    def listener(event: str, secs: float, **kw) -> None:
+        compiles[0] += event in (COMPILE_EVENT, CACHE_HIT_EVENT)
+
+    t = trainer.Trainer(cfg, tmp_path / "run")
+    rollout = t.rollout
+
+    def shaped(step):
+        roll, extra = rollout(step)
+        longest, informative = TRIM_SCHEDULE[step]
+        mask = np.asarray(roll.completions.mask).copy()
+        mask[:, longest:] = False
+        mask[0, :longest] = True  # group 0 is informative: its row 0 is the longest completion that carries loss
+        rewards = np.zeros((P, G), np.float32)
+        rewards[:informative, 0] = 1.0
+        comp = dataclasses.replace(roll.completions, mask=mask, lengths=mask.sum(-1).astype(np.int32))
+        return dataclasses.replace(roll, completions=comp, rewards=rewards, valid=np.ones((P, G), bool)), extra
+
+    t.rollout = shaped
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    per_step, shapes = [], []
+    try:
+        for step in range(cfg.train.steps):
+            before = compiles[0]
+            m = t.step(step)
+            per_step.append(compiles[0] - before)
+            shapes.append((m["batch/completion_width"], m["batch/groups"]))
+            assert m["degeneracy/masked_groups"] == P - TRIM_SCHEDULE[step][1]
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+        t.close()
+    assert shapes == [(16, 8), (32, 2), (64, 4)] * 2
+    assert all(n > 0 for n in per_step[:3]) and per_step[3:] == [0, 0, 0], per_step

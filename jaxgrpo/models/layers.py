@@ -26,7 +26,9 @@ returned updated; ``out`` is stacked over the layers (the prefill's per-prompt k
 **Remat** (`RematPolicy`, the backward pass's memory/compute trade): ``"none"`` — no `jax.checkpoint`, XLA keeps
 what it needs; ``"projections"`` — the dense projections' outputs are kept and the elementwise work between them
 (RMSNorm, RoPE, softmax, SwiGLU) is recomputed, so no matmul runs twice and a layer keeps 2 MLP-width activations
-instead of 6; ``"full"`` — only the residual stream between layers is kept, the whole layer is recomputed.
+instead of 6; ``"projections+norms"`` — the same plus the two RMSNorm outputs of each layer (``[B, T, D]`` each, in
+the compute dtype), so the backward recomputes no norm (2·D more kept per token and layer, no float32 norm pass
+re-read); ``"full"`` — only the residual stream between layers is kept, the whole layer is recomputed.
 
 **Matmul backward** (`MatmulBackward`): ``"explicit"`` uses `matmul`'s hand-written VJP (the same math as XLA's
 transpose rule; on XLA:CPU it makes the weight gradient transpose the matmul input instead of the elementwise
@@ -50,11 +52,12 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxgrpo.models.config import ModelConfig
 from jaxgrpo.models.params import PROJECTIONS, Params
 
-RematPolicy = Literal["none", "projections", "full"]
+RematPolicy = Literal["none", "projections", "full", "projections+norms"]
 MatmulBackward = Literal["auto", "explicit", "xla"]
 REMAT_POLICIES: tuple[str, ...] = RematPolicy.__args__
 MATMUL_BACKWARDS: tuple[str, ...] = MatmulBackward.__args__
 _PROJ = "jaxgrpo_projection"  # the name of every dense projection's output, for the "projections" remat policy
+_NORM = "jaxgrpo_norm"  # the name of a layer's two RMSNorm outputs, for "projections+norms"
 
 
 # --------------------------------------------------------------------------------------------------- elementwise
@@ -244,7 +247,7 @@ def decoder_layer(
         ys[name] = dense(x, lp[name], n_in, None if given is None else given[name], explicit, adapter)
         return ys[name].reshape(*x.shape[: x.ndim - n_in], *lp[name].shape[n_in:])
 
-    h_BTD = rms_norm(x_BTD, lp["attn_norm"], eps)
+    h_BTD = checkpoint_name(rms_norm(x_BTD, lp["attn_norm"], eps), _NORM)
     q_BTNH, k_BTKH, v_BTKH = proj("q", h_BTD, 1), proj("k", h_BTD, 1), proj("v", h_BTD, 1)
     if c.qkv_bias:
         bias = {k: lp[f"{k}_bias"].astype(x_BTD.dtype) for k in "qkv"}
@@ -254,7 +257,7 @@ def decoder_layer(
     q_BTNH, k_BTKH = apply_rope(q_BTNH, *rope), apply_rope(k_BTKH, *rope)
     a_BTKRH, aux = attend(q_BTNH.reshape(B, T, c.num_kv_heads, c.heads_per_kv, c.head_dim), k_BTKH, v_BTKH)
     x_BTD = x_BTD + proj("o", a_BTKRH.reshape(B, T, c.num_heads, c.head_dim), 2)
-    h_BTD = rms_norm(x_BTD, lp["mlp_norm"], eps)
+    h_BTD = checkpoint_name(rms_norm(x_BTD, lp["mlp_norm"], eps), _NORM)
     u_BTF = jax.nn.silu(proj("gate", h_BTD, 1)) * proj("up", h_BTD, 1)
     return x_BTD + proj("down", u_BTF, 1), aux, ys
 
@@ -287,6 +290,8 @@ def _policy(remat: RematPolicy) -> Any:
         return None
     if remat == "full":
         return jax.checkpoint_policies.nothing_saveable
+    if remat == "projections+norms":
+        return jax.checkpoint_policies.save_only_these_names(_PROJ, _NORM)
     return jax.checkpoint_policies.save_only_these_names(_PROJ)
 
 

@@ -1,0 +1,83 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""One step's rollout for the trainer: P groups, or with ``algo.degenerate_groups=resample`` DAPO's dynamic sampling
+(Yu et al. 2025, arXiv:2503.14476): prompts are drawn until P informative groups are held or
+``algo.resample_max_rounds`` rounds of P prompts are spent, in rounds (the previous sampler) or group by group (the
+engine); a degeneracy-aware schedule (``rollout.schedule``) is `jaxgrpo.scheduled`'s."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxgrpo import degeneracy, sampling
+from jaxgrpo.groups import Rollout, merge_groups, resample_metrics, sampled_tokens
+from jaxgrpo.scheduled import rollout as scheduled_rollout
+
+
+def rollout(tr: Any, step: int) -> tuple[Rollout, dict[str, float]]:
+    """Samples P groups; with degenerate_groups=resample, keeps drawing prompts until P informative groups are
+    held or `algo.resample_max_rounds` rounds of P prompts are spent (DAPO's dynamic sampling, Yu et al. 2025,
+    arXiv:2503.14476; with the engine at the group level: each group is scored as it completes and the next
+    prompt takes its slot). A shortfall is filled with degenerate groups (the step masks them). ``tr``: the
+    `jaxgrpo.trainer.Trainer`."""
+    key = jax.random.fold_in(jax.random.fold_in(tr.key, step), 0)
+    a = tr.cfg.algo
+    tr.rollout_stats = {}
+    if tr.scheduler is not None:  # degeneracy-aware admission and group sizes (jaxgrpo.scheduled)
+        return scheduled_rollout(tr, step, key)
+    if a.degenerate_groups != "resample":
+        first = tr.sample(tr.iterator.next_batch(), key)
+        return first, {"tokens/sampled": sampled_tokens([first]), **tr.rollout_stats}
+    if tr.use_engine:
+        return stream_resample(tr, key)
+    first = tr.sample(tr.iterator.next_batch(), key)
+    want = len(first.prompt_ids)
+    pool, informative, degenerate = [first], [], []
+    while True:
+        r_i, cur = len(pool) - 1, pool[-1]
+        deg = np.asarray(degeneracy.degenerate_mask(cur.rewards, cur.valid, atol=a.degenerate_atol,
+                                                    rtol=a.degenerate_rtol))
+        informative += [(r_i, p) for p in np.flatnonzero(~deg)]
+        degenerate += [(r_i, p) for p in np.flatnonzero(deg)]
+        if len(informative) >= want or len(pool) >= a.resample_max_rounds:
+            break
+        pool.append(tr.sample(tr.iterator.next_batch(), jax.random.fold_in(key, len(pool))))
+    kept = (informative + degenerate)[:want]
+    sampled = sum(len(r.prompt_ids) for r in pool)
+    return merge_groups(pool, kept), resample_metrics(len(pool), sampled, want, len(informative), len(degenerate),
+                                                      sampled_tokens(pool))  # fmt: skip
+
+
+def stream_resample(tr: Any, key: jax.Array) -> tuple[Rollout, dict[str, float]]:
+    """Dynamic sampling at the group level: rounds of P prompts are drawn as slots free up; each completed group
+    is scored at once; the run stops when P informative groups are done (groups in flight are dropped)."""
+    a = tr.cfg.algo
+    rounds = [tr.iterator.next_batch()]
+    want = len(rounds[0])
+    done: list[tuple[int, Rollout, bool]] = []  # (prompt number, its one-group rollout, degenerate)
+
+    def more():
+        if len(rounds) >= a.resample_max_rounds:
+            return None
+        rounds.append(tr.iterator.next_batch())
+        return [tr.encoded[i] for i in rounds[-1]]
+
+    def on_group(p: int, grp) -> bool:
+        comp = sampling.Completions(grp.tokens, grp.logprobs, grp.mask, grp.mask.sum(-1, dtype=np.int32),
+                                    ~grp.eos, grp.entropy)  # fmt: skip
+        one = tr.score([rounds[p // want][p % want]], comp)
+        deg = bool(np.asarray(degeneracy.degenerate_mask(one.rewards, one.valid, atol=a.degenerate_atol,
+                                                         rtol=a.degenerate_rtol))[0])  # fmt: skip
+        done.append((p, one, deg))
+        return sum(not d for _, _, d in done) >= want
+
+    _, stats = tr.drive([tr.encoded[i] for i in rounds[0]], key, on_group=on_group, more=more)
+    tr.rollout_stats = stats.metrics()
+    informative = [one for _, one, d in done if not d]
+    degenerate = [one for _, one, d in done if d]
+    pool = informative + degenerate
+    kept = merge_groups(pool, [(i, 0) for i in range(min(want, len(pool)))])
+    return kept, {**resample_metrics(len(rounds), stats.admitted, want, len(informative), len(degenerate),
+                                     sampled_tokens(pool)), **tr.rollout_stats}  # fmt: skip
