@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from test_train import deterministic, small_config
 
-from jaxgrpo import async_rollout, trainer
+from jaxgrpo import async_rollout, step_batch, trainer
 from jaxgrpo import config as config_lib
 
 
@@ -68,13 +68,13 @@ def jax_leaves(tree):
 
 def test_a_resumed_run_trains_every_prompt_once_in_order(tmp_path, monkeypatch, capfd):
     trained: list[list[str]] = []
-    real = trainer.make_batch
+    real = step_batch.StepShapes.batch
 
-    def make_batch(roll, *a, **kw):
+    def batch(self, roll, *a, **kw):  # the learner's batch of each trained step
         trained.append([e.prompt for e in roll.examples])
-        return real(roll, *a, **kw)
+        return real(self, roll, *a, **kw)
 
-    monkeypatch.setattr(trainer, "make_batch", make_batch)
+    monkeypatch.setattr(step_batch.StepShapes, "batch", batch)
     base = ["rollout.max_staleness=2", "checkpoint.every=2", "checkpoint.export_final=false", "data.num_examples=64"]
     trainer.run(small_config(*base, "train.steps=6"), tmp_path / "whole")
     whole, trained[:] = list(trained), []
