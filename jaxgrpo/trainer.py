@@ -36,7 +36,6 @@ from jaxgrpo import (
 from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
-from jaxgrpo import eval as eval_lib
 from jaxgrpo import multiturn_step as mt_step
 from jaxgrpo import optim as optim_lib
 from jaxgrpo import retain as retain_lib
@@ -403,41 +402,12 @@ class Trainer:
         return metrics
 
     def evaluate(self, step: int) -> dict[str, float]:
-        """pass@1 / pass@G and measured vs i.i.d. degeneracy at G on `train.eval_examples` held-out prompts
-        (the dataset's "test" split), sampled like the rollouts; written to <run_dir>/eval/step<N>/ too."""
-        if self.eval_examples is None:
-            data_cfg = dataclasses.replace(self.cfg.data, split="test", num_examples=self.cfg.train.eval_examples)
-            self.eval_examples = data_lib.load_dataset(data_cfg, self.cfg.seed)
-        r = self.cfg.rollout
-        result = eval_lib.evaluate(
-            self.model_config, self.state.params, self.tokenizer, self.eval_examples,
-            eval_lib.correctness_reward(self.cfg, None), num_samples=r.group_size, group_sizes=[r.group_size],
-            key=jax.random.fold_in(jax.random.fold_in(self.key, step), 1), max_new_tokens=r.max_new_tokens,
-            temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, eos_token_ids=self.eos_token_ids,
-            data_config=self.cfg.data, mesh=self.mesh)
-        eval_lib.write_report(result, self.run_dir / "eval" / f"step{step}")
-        (deg,) = result["degeneracy"]
-        out = {f"eval/pass@{k}": v for k, v in result["pass@k"].items()}
-        out.update({"eval/mean_reward": result["mean_reward"], "eval/degeneracy_measured": deg["measured"],
-                    "eval/degeneracy_iid": deg["iid"]})
-        return out
-
+        """The in-training evaluation of the policy (`jaxgrpo.retain.evaluate_held_out`)."""
+        return retain_lib.evaluate_held_out(self, step)
 
     def retain(self, step: int) -> dict[str, float]:
-        """``retain/<name>/accuracy`` (mean success rate) of the policy on each `train.retain` set, G samples per prompt
-        sampled like the rollouts (`jaxgrpo.retain`)."""
-        r, out = self.cfg.rollout, {}
-        for i, rs in enumerate(self.retain_sets):
-            if rs.name not in self.retain_examples:
-                self.retain_examples[rs.name] = data_lib.load_dataset(rs.data, self.cfg.seed)
-            result = eval_lib.evaluate(
-                self.model_config, self.state.params, self.tokenizer, self.retain_examples[rs.name], rs.reward,
-                num_samples=r.group_size, group_sizes=[], key=jax.random.fold_in(jax.random.fold_in(self.key, step),
-                                                                                   2 + i),
-                max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                eos_token_ids=self.eos_token_ids, data_config=rs.data, mesh=self.mesh)  # fmt: skip
-            out[f"retain/{rs.name}/accuracy"] = result["mean_success_rate"]
-        return out
+        """``retain/<name>/accuracy`` on each `train.retain` set (`jaxgrpo.retain.retain_accuracy`)."""
+        return retain_lib.retain_accuracy(self, step)
 
 
 def check_prompt_count(cfg: config_lib.Config, num_examples: int) -> None:
