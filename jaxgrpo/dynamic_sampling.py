@@ -11,8 +11,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxgrpo import degeneracy, sampling
-from jaxgrpo.groups import Rollout, merge_groups, resample_metrics, sampled_tokens
+from jaxgrpo import degeneracy
+from jaxgrpo.groups import Rollout, merge_groups, resample_metrics, sampled_tokens, stream_groups
 from jaxgrpo.scheduled import rollout as scheduled_rollout
 
 
@@ -53,31 +53,13 @@ def rollout(tr: Any, step: int) -> tuple[Rollout, dict[str, float]]:
 def stream_resample(tr: Any, key: jax.Array) -> tuple[Rollout, dict[str, float]]:
     """Dynamic sampling at the group level: rounds of P prompts are drawn as slots free up; each completed group
     is scored at once; the run stops when P informative groups are done (groups in flight are dropped)."""
-    a = tr.cfg.algo
-    rounds = [tr.iterator.next_batch()]
-    want = len(rounds[0])
-    done: list[tuple[int, Rollout, bool]] = []  # (prompt number, its one-group rollout, degenerate)
-
-    def more():
-        if len(rounds) >= a.resample_max_rounds:
-            return None
-        rounds.append(tr.iterator.next_batch())
-        return [tr.encoded[i] for i in rounds[-1]]
-
-    def on_group(p: int, grp) -> bool:
-        comp = sampling.Completions(grp.tokens, grp.logprobs, grp.mask, grp.mask.sum(-1, dtype=np.int32),
-                                    ~grp.eos, grp.entropy)  # fmt: skip
-        one = tr.score([rounds[p // want][p % want]], comp)
-        deg = bool(np.asarray(degeneracy.degenerate_mask(one.rewards, one.valid, atol=a.degenerate_atol,
-                                                         rtol=a.degenerate_rtol))[0])  # fmt: skip
-        done.append((p, one, deg))
-        return sum(not d for _, _, d in done) >= want
-
-    _, stats = tr.drive([tr.encoded[i] for i in rounds[0]], key, on_group=on_group, more=more)
+    want = tr.cfg.rollout.prompts_per_step
+    done, rounds, stats = stream_groups(tr, key, lambda _: tr.iterator.next_batch(), tr.cfg.algo.resample_max_rounds,
+                                        want)  # fmt: skip
     tr.rollout_stats = stats.metrics()
     informative = [one for _, one, d in done if not d]
     degenerate = [one for _, one, d in done if d]
     pool = informative + degenerate
     kept = merge_groups(pool, [(i, 0) for i in range(min(want, len(pool)))])
-    return kept, {**resample_metrics(len(rounds), stats.admitted, want, len(informative), len(degenerate),
+    return kept, {**resample_metrics(rounds, stats.admitted, want, len(informative), len(degenerate),
                                      sampled_tokens(pool)), **tr.rollout_stats}  # fmt: skip

@@ -6,13 +6,15 @@ and keeps, whole groups merged from resampling rounds (`merge_groups`), the trai
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxgrpo import data as data_lib
-from jaxgrpo import sampling
+from jaxgrpo import degeneracy, sampling
 from jaxgrpo.batch import Batch, left_pad_prompts
 
 
@@ -99,3 +101,35 @@ def resample_metrics(rounds: int, sampled: int, want: int, informative: int, deg
 def sampled_tokens(rollouts: list[Rollout]) -> float:
     """Completion tokens sampled in these rollouts (every round of a step, discarded groups included)."""
     return float(sum(np.asarray(r.completions.mask).sum() for r in rollouts))
+
+
+def stream_groups(tr: Any, key: jax.Array, draw_round: Callable[[int], list[int]], max_rounds: int, want: int
+                  ) -> tuple[list[tuple[int, Rollout, bool]], int, Any]:
+    """Dynamic sampling at the group level on the engine (``tr`` the `jaxgrpo.trainer.Trainer`): rounds of prompts
+    ``draw_round(r)`` are admitted as slots free up (at most ``max_rounds``), each completed group is scored at once,
+    and admission stops when ``want`` informative groups are done (groups still in flight are dropped). Returns the
+    completed groups in completion order as (prompt index, its one-group rollout, degenerate), the rounds drawn and
+    the engine's stats."""
+    a = tr.cfg.algo
+    rounds = [draw_round(0)]
+    n = len(rounds[0])
+    done: list[tuple[int, Rollout, bool]] = []
+
+    def more() -> list[list[int]] | None:
+        if len(rounds) >= max_rounds:
+            return None
+        rounds.append(draw_round(len(rounds)))
+        return [tr.encoded[i] for i in rounds[-1]]
+
+    def on_group(p: int, grp: Any) -> bool:
+        comp = sampling.Completions(grp.tokens, grp.logprobs, grp.mask, grp.mask.sum(-1, dtype=np.int32), ~grp.eos,
+                                    grp.entropy)  # fmt: skip
+        prompt = rounds[p // n][p % n]
+        one = tr.score([prompt], comp)
+        deg = bool(np.asarray(degeneracy.degenerate_mask(one.rewards, one.valid, atol=a.degenerate_atol,
+                                                         rtol=a.degenerate_rtol))[0])  # fmt: skip
+        done.append((prompt, one, deg))
+        return sum(not d for _, _, d in done) >= want
+
+    _, stats = tr.drive([tr.encoded[i] for i in rounds[0]], key, on_group=on_group, more=more)
+    return done, len(rounds), stats

@@ -5,9 +5,9 @@
 Per round: the scheduler picks P prompts from the prompt iterator (skipping predicted-degenerate ones, GRESO) and a
 group size for each (adaptive G); the groups are sampled, scored, and, with ``algo.degenerate_groups=resample``,
 rounds repeat until P informative groups are held or ``algo.resample_max_rounds`` rounds were drawn (as the
-trainer's own round-based dynamic sampling; with ``skip`` alone on the engine, `stream` does it at the group level
-as `Trainer.stream_resample` does). The history is updated once, after every round of the step was scored,
-so a step that fails in its reward functions leaves the history as it was (the trainer retries the step).
+trainer's own round-based dynamic sampling; with ``skip`` alone on the engine, `stream` does it at the group level).
+The history is updated once, after every round of the step was scored, so a step that fails in its reward functions
+leaves the history as it was (the trainer retries the step).
 
 Groups of unequal size share the step's ``[P, G]`` arrays (G = ``rollout.group_size``, the largest size): a prompt
 with G_i < G samples G_i rows; rows G_i..G-1 are padding (``valid`` False, empty completion mask), which the
@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 from jaxgrpo import degeneracy, objectives, sampling
-from jaxgrpo.groups import Rollout, merge_groups, resample_metrics, sampled_tokens
+from jaxgrpo.groups import Rollout, merge_groups, resample_metrics, sampled_tokens, stream_groups
 from jaxgrpo.host import to_host
 from jaxgrpo.rollout import driver as rollout_driver
 from jaxgrpo.rollout.params import SamplingParams
@@ -98,45 +98,30 @@ def schedule_metrics(sch: Any, skipped: int, informative: int, tokens: float, si
 
 
 def stream(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, float]]:
-    """``skip`` with ``degenerate_groups=resample`` on the engine: dynamic sampling at the group level (as
-    `Trainer.stream_resample`) with the schedule's admission. Each round's P prompts are picked by the skip rule (the
-    same draws as the round-based path: ``default_rng([seed, step, round])``) when slots free up, each completed group
-    is scored at once, and admission stops when P informative groups are done or ``algo.resample_max_rounds`` rounds
-    were admitted; groups still in flight are dropped, unobserved (the history records the completed groups only)."""
+    """``skip`` with ``degenerate_groups=resample`` on the engine: dynamic sampling at the group level
+    (`jaxgrpo.groups.stream_groups`, as `jaxgrpo.dynamic_sampling.stream_resample`) with the schedule's admission. Each
+    round's P prompts are picked by the skip rule (the same draws as the round-based path: ``default_rng([seed, step,
+    round])``) when slots free up, each completed group is scored at once, and admission stops when P informative
+    groups are done or ``algo.resample_max_rounds`` rounds were admitted; groups still in flight are dropped,
+    unobserved (the history records the completed groups only)."""
     sch, a = tr.scheduler, tr.cfg.algo
     want = tr.cfg.rollout.prompts_per_step
-    rounds: list[list[int]] = []
     skipped = [0]
-    done: list[tuple[int, Rollout, bool]] = []  # (prompt, its one-group rollout, degenerate), in completion order
 
-    def admit() -> list[list[int]]:
-        kept, skip = sch.select(lambda n: tr.iterator.next_batch(n), want, step, len(rounds),
+    def draw_round(r: int) -> list[int]:
+        kept, skip = sch.select(lambda n: tr.iterator.next_batch(n), want, step, r,
                                 max_draws=max(100 * want, len(tr.examples)))  # fmt: skip
-        rounds.append(kept)
         skipped[0] += len(skip)
-        return [tr.encoded[i] for i in kept]
+        return kept
 
-    def more() -> list[list[int]] | None:
-        return None if len(rounds) >= a.resample_max_rounds else admit()
-
-    def on_group(p: int, grp: Any) -> bool:
-        comp = sampling.Completions(grp.tokens, grp.logprobs, grp.mask, grp.mask.sum(-1, dtype=np.int32), ~grp.eos,
-                                    grp.entropy)  # fmt: skip
-        prompt = rounds[p // want][p % want]
-        one = tr.score([prompt], comp)
-        deg = bool(np.asarray(degeneracy.degenerate_mask(one.rewards, one.valid, atol=a.degenerate_atol,
-                                                         rtol=a.degenerate_rtol))[0])  # fmt: skip
-        done.append((prompt, one, deg))
-        return sum(not d for _, _, d in done) >= want
-
-    _, stats = tr.drive(admit(), key, on_group=on_group, more=more)
+    done, rounds, stats = stream_groups(tr, key, draw_round, a.resample_max_rounds, want)
     counts = sch.record([p for p, _, _ in done], np.concatenate([o.rewards for _, o, _ in done]),
                         np.concatenate([o.valid for _, o, _ in done]), np.asarray([d for _, _, d in done]))
     informative = [o for _, o, d in done if not d]
     pool = informative + [o for _, o, d in done if d]
     tokens = sampled_tokens(pool)
     out = merge_groups(pool, [(i, 0) for i in range(min(want, len(pool)))])
-    extra = resample_metrics(len(rounds), stats.admitted, want, len(informative), len(pool) - len(informative), tokens)
+    extra = resample_metrics(rounds, stats.admitted, want, len(informative), len(pool) - len(informative), tokens)
     extra.update(schedule_metrics(sch, skipped[0], len(informative), tokens, [tr.cfg.rollout.group_size] * len(done),
                                   counts))  # fmt: skip
     return out, {**extra, **stats.metrics()}
