@@ -355,7 +355,10 @@ def format_train_report(step: dict[str, float], text: str, vocab: int, chip: Chi
                                      else " (bytes-bound)")  # fmt: skip
     lines = [f"  train step: {flops / 1e12:.2f} TFLOP per chip (counted from the shapes), {moved / gib:.2f} GiB HBM "
              f"traffic (optimized HLO, loops by trip count), roofline {seconds:.3f} s{bound}"]  # fmt: skip
-    for k in hlo.program_bytes(text).top(top):
+    rep = hlo.program_bytes(text)
+    if rep.unknown_trip_counts:
+        lines.append(f"    ({rep.unknown_trip_counts} loops of unknown trip count counted once: a lower bound)")
+    for k in rep.top(top):
         lines.append(f"    {k.count:>5d} x {k.kind[:40]:<40s} {(k.read + k.write) * k.count / gib:8.2f} GiB  {k.shape}")
     wide = hlo.wide_buffers(text, "f32", vocab)
     lines.append(f"  float32 [*, {vocab}] buffers written by the train step's kernels: {len(wide)}"
