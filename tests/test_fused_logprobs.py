@@ -6,6 +6,8 @@ against its chunked XLA head: values and gradients of a policy loss, with LoRA, 
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -185,3 +187,27 @@ def test_fused_refuses_truncation_and_auto_keeps_it():
     auto = ts.compute_logprobs(config, params, batch, TEMP, top_k=5)
     xla = ts.compute_logprobs(config, params, batch, TEMP, lm_head="xla", top_k=5)
     np.testing.assert_array_equal(auto[0], xla[0])
+
+
+@pytest.mark.slow
+def test_policy_gradient_through_the_fused_head(monkeypatch):
+    """The train step's loss and gradients (`train_step.policy_gradient`: prefix sharing, the clipped loss, grouped
+    advantages, a degenerate group masked) with the fused head in place of the XLA one, against jax.grad of the
+    independent full-logits reference loss that `tests/test_train_step.py` holds the XLA head's step to."""
+    from jaxgrpo import minibatch
+    from jaxgrpo.config import AlgoConfig
+    from tests.test_train_step import reference_loss_fn, to_batch
+
+    config = tiny_config()
+    params = random_params(config, scale=0.3)
+    rewards = np.array([[1, 0, 0, 1], [1, 1, 1, 1]], np.float32)
+    batch = to_batch(config, params, make_batch_np(6, 2, 4, rewards), noise=0.2)
+    algo = AlgoConfig()
+    fused = functools.partial(ts.compute_logprobs, lm_head="fused")
+    monkeypatch.setattr(minibatch, "compute_logprobs", fused)
+    loss, grads, metrics = ts.policy_gradient(config, algo, params, batch, temperature=TEMP)
+    ref_loss, ref_grads = jax.jit(jax.value_and_grad(reference_loss_fn(config, algo, batch)))(params)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * max(float(jnp.abs(b).max()), 1.0))
+    assert all(bool(jnp.isfinite(v).all()) for v in jax.tree.leaves(metrics))
