@@ -345,14 +345,14 @@ def decode_step_report(text: str, ideal: dict[str, float], vocab: int, min_bytes
 
 
 def format_train_report(step: dict[str, float], text: str, vocab: int, chip: Chip | None, top: int = 5) -> list[str]:
-    """The train step's model FLOPs, HBM bytes (`compile_train_step`'s ``hbm_bytes``) and roofline time on ``chip``,
-    its heaviest kernels and every float32 ``[*, vocab]`` buffer its kernels write (`jaxgrpo.hlo.wide_buffers` of
-    its optimized HLO ``text``), as printable lines."""
+    """The train step's model FLOPs, HBM bytes (`compile_train_step`'s ``hbm_bytes``), roofline time on ``chip`` and
+    the MFU it allows (FLOPs / peak over the roofline time), its heaviest kernels and every float32 ``[*, vocab]``
+    buffer its kernels write (`jaxgrpo.hlo.wide_buffers` of its optimized HLO ``text``), as printable lines."""
     gib = float(GiB)
     flops, moved = step["counted_flops"], step["hbm_bytes"]
     seconds = roofline_seconds(flops, moved, chip)
-    bound = "" if chip is None else (" (FLOP-bound)" if flops / chip.peak_flops >= moved / chip.hbm_bandwidth
-                                     else " (bytes-bound)")  # fmt: skip
+    bound = "" if chip is None else (" (FLOP-bound" if flops / chip.peak_flops >= moved / chip.hbm_bandwidth
+                                     else " (bytes-bound") + f"; MFU at most {flops / chip.peak_flops / seconds:.0%})"
     lines = [f"  train step: {flops / 1e12:.2f} TFLOP per chip (counted from the shapes), {moved / gib:.2f} GiB HBM "
              f"traffic (optimized HLO, loops by trip count), roofline {seconds:.3f} s{bound}"]  # fmt: skip
     rep = hlo.program_bytes(text)
