@@ -148,6 +148,8 @@ def _fusion_reads(fused: list[Instr]) -> tuple[dict[int, int | None], int | None
         return out
 
     root = next(i for i in fused if i.root)
+    while root.op == "bitcast" and root.operands and root.operands[0] in by_name:  # TPU: bitcast(dynamic-update-slice)
+        root = by_name[root.operands[0]]
     target = update = None
     if root.op == "dynamic-update-slice":
         target = root.operands[0]

@@ -283,3 +283,28 @@ def test_qwen_train_step_for_an_h100_has_no_float32_vocab_buffer(capsys):
     assert step["hbm_bytes"] == hlo.program_bytes(text).bytes_per_iteration > step["weights"]
     lines = aot.format_train_report(step, text, mcfg.vocab_size, aot.CHIPS["h100"])
     assert "GiB HBM traffic" in lines[0] and lines[-1].endswith("buffers written by the train step's kernels: 0")
+
+
+def test_in_place_update_under_a_bitcast_root_writes_its_update_only():
+    """TPU HLO roots an in-place update fusion in a bitcast of the dynamic-update-slice: still the update's bytes
+    (read and written) plus the index, not the whole [4, 8, 1024] float32 buffer."""
+    module = """HloModule bitcast_root
+
+%fused_bdus (q0: f32[4,8,1024], q1: f32[1,8,1024], q2: s32[]) -> f32[32,1024] {
+  %q0 = f32[4,8,1024]{2,1,0} parameter(0)
+  %q1 = f32[1,8,1024]{2,1,0} parameter(1)
+  %q2 = s32[] parameter(2)
+  %z = s32[] constant(0)
+  %dus = f32[4,8,1024]{2,1,0} dynamic-update-slice(%q0, %q1, %q2, %z, %z)
+  ROOT %b = f32[32,1024]{1,0} bitcast(%dus)
+}
+
+ENTRY %m (p0: f32[4,8,1024], p1: f32[1,8,1024], p2: s32[]) -> f32[32,1024] {
+  %p0 = f32[4,8,1024]{2,1,0} parameter(0)
+  %p1 = f32[1,8,1024]{2,1,0} parameter(1)
+  %p2 = s32[] parameter(2)
+  ROOT %f = f32[32,1024]{1,0} fusion(%p0, %p1, %p2), kind=kLoop, calls=%fused_bdus
+}
+"""
+    update = 8 * 1024 * 4
+    assert hlo.program_bytes(module).bytes_per_iteration == update + 4 + update
