@@ -17,8 +17,9 @@ A second Pallas kernel recomputes each ``[bm, bv]`` logits tile from ``h`` and `
 writes ``dz`` in the compute dtype (bf16); the two GEMMs are XLA's (cuBLAS: bf16 operands, float32 accumulation and
 output for ``dW``, so no float32 copy of the head), in row chunks of at most ``_DZ_CHUNK_ELEMENTS`` elements of
 ``dz`` with ``dW`` accumulated in float32 across chunks. The same formulas as the chunked XLA path of
-`jaxgrpo.logprobs` (Liger-Kernel's and Apple's cut-cross-entropy fused linear cross-entropy use the same split: an
-online-softmax forward, a ``dz`` tile recomputed in the backward).
+`jaxgrpo.logprobs`; Liger-Kernel's fused linear cross-entropy likewise materialises the logits' gradient one row
+chunk at a time, and cut-cross-entropy (Wijmans et al. 2024, arXiv:2411.09009) recomputes the logits tiles in the
+backward as the ``dz`` kernel here does.
 
 The head ``w`` is given as the parameter is stored: ``[V, D]`` (a tied embedding, ``vocab_major=True``) or ``[D, V]``,
 in its master dtype; it is cast to ``h``'s dtype inside and its gradient comes back in the master dtype and layout
