@@ -1,7 +1,8 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
 """Does every packaged accelerator config fit its hardware? Each is compiled ahead of time (`jaxgrpo.aot`: the train
 step, the rollout's prefill and decode loop, on abstract weights; nothing is downloaded) for the TPU topology it is
-checked on, and its per-chip memory, FLOPs and roofline step time go to a JSON file and a Markdown table (the
+checked on, and its per-chip memory, FLOPs, train-step HBM traffic (`jaxgrpo.hlo.program_bytes`) and roofline step
+time go to a JSON file and a Markdown table (the
 BENCHMARKS.md compile table).
 
 The checks (`CHECKS`): the 8B pod config on the slice its first comment names; the single-GPU configs (Qwen2.5-0.5B,
@@ -63,7 +64,8 @@ def check(name: str, topology: str | None, judge: str | None) -> dict:
         caches=decode.get("arguments", 0.0) - rollout["weights"]["total"],
         rollout_weights=rollout["weights"]["total"], train_step=step, rollout=rollout, totals=totals,
         fits=all(aot.fits(t, chip) for t in totals.values()), tflop=step["counted_flops"] / 1e12,
-        roofline_s=aot.roofline_seconds(step["counted_flops"], step["bytes_accessed"], chip),
+        hbm_gib=step["hbm_bytes"] / 2**30,  # the train step's HBM traffic per chip (optimized HLO, loops by trip count)
+        roofline_s=aot.roofline_seconds(step["counted_flops"], step["hbm_bytes"], chip),
         compile_s=time.perf_counter() - t0,
     )  # fmt: skip
 
@@ -71,15 +73,15 @@ def check(name: str, topology: str | None, judge: str | None) -> dict:
 def table(rows: list[dict], commit: str) -> str:
     gib = lambda b: f"{b / 2**30:.2f}"  # noqa: E731
     lines = ["| config | compiled for (judged as) | weights | optimizer | KV caches | train temporaries | train total "
-             "| prefill total | decode total | HBM | fits | TFLOP/step/chip | roofline s/step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| prefill total | decode total | HBM | fits | TFLOP/step/chip | train GiB/step/chip | roofline s/step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         t = r["totals"]
         lines.append(
             f"| {r['config']} | {r['topology']} ({r['judged_as']}) | {gib(r['resident']['weights'])} | "
             f"{gib(r['resident']['optimizer'])} | {gib(r['caches'])} | {gib(r['train_step']['temporaries'])} | "
             f"{gib(t['train step'])} | {gib(t['prefill'])} | {gib(t.get('decode', 0.0))} | {gib(r['hbm'])} | "
-            f"{'yes' if r['fits'] else 'NO'} | {r['tflop']:.1f} | {r['roofline_s']:.2f} |"
+            f"{'yes' if r['fits'] else 'NO'} | {r['tflop']:.1f} | {r['hbm_gib']:.0f} | {r['roofline_s']:.2f} |"
         )
     return "\n".join(lines) + f"\n\nGiB per chip; commit {commit}; `python benchmarks/compile_configs.py`."
 

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxgrpo import models, padding, sharding
+from jaxgrpo import hlo, models, padding, sharding
 from jaxgrpo import train_step as ts
 from jaxgrpo.config import Config
 from jaxgrpo.errors import ConfigError
@@ -181,8 +181,12 @@ def abstract_batch(cfg: Config, mesh: Mesh, prompt_width: int) -> ts.Batch:
                     truncated=sds((B,), bool) if cfg.algo.overlong_filter else None)  # fmt: skip
 
 
-def compile_train_step(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]) -> dict[str, float]:
-    """Compile the train step for ``devices``; per-chip bytes (arguments, outputs, temporaries) and cost figures."""
+def compile_train_step(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], texts: dict[str, str] | None = None
+                       ) -> dict[str, float]:  # fmt: skip
+    """Compile the train step for ``devices``; per-chip bytes (arguments, outputs, temporaries) and cost figures:
+    ``counted_flops`` (`train_step_flops`) and ``hbm_bytes``, the compulsory HBM traffic of one step by
+    `jaxgrpo.hlo.program_bytes` (every loop counted by its trip count). ``texts``, when given, receives the optimized
+    HLO text under ``"train"``."""
     m = cfg.mesh
     mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
     shards = int(mesh.shape["data"] * mesh.shape["fsdp"])
@@ -198,10 +202,14 @@ def compile_train_step(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]
     state = ts.abstract_state(mcfg, cfg.algo, cfg.optim, mesh, cfg.train.steps)
     lowered = step_fn.lower(state, abstract_batch(cfg, mesh, width), packed_prompt_width=packed)
     compiled = lowered.compile(compiler_options=compiler_options(devices))
+    text = compiled.as_text()
+    if texts is not None:
+        texts["train"] = text
     parts = cfg.algo.num_minibatches * cfg.algo.grad_accum_steps * shards  # one packed row each
     flops = train_step_flops(cfg, mcfg, width, parts * packed if perf.prefix_sharing else 0) / len(devices)
     return dict(weights=per_chip_bytes(state.params), optimizer=per_chip_bytes(state.opt_state), batch_shards=shards,
-                **program_figures(compiled), counted_flops=flops)  # fmt: skip
+                **program_figures(compiled), counted_flops=flops,
+                hbm_bytes=float(hlo.program_bytes(text).bytes_per_iteration))  # fmt: skip
 
 
 def resident_bytes(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]) -> dict[str, float]:
@@ -334,6 +342,30 @@ def decode_step_report(text: str, ideal: dict[str, float], vocab: int, min_bytes
     return dict(bytes_per_step=moved, ideal_bytes_per_step=ideal["total"], ratio=moved / ideal["total"],
                 launches_per_step=loop.launches_per_iteration, unknown_trip_counts=loop.unknown_trip_counts,
                 findings=loop.findings, top=loop.top(8))  # fmt: skip
+
+
+def format_train_report(step: dict[str, float], text: str, vocab: int, chip: Chip | None, top: int = 5) -> list[str]:
+    """The train step's model FLOPs, HBM bytes (`compile_train_step`'s ``hbm_bytes``), roofline time on ``chip`` and
+    the MFU it allows (FLOPs / peak over the roofline time), its heaviest kernels and every float32 ``[*, vocab]``
+    buffer its kernels write (`jaxgrpo.hlo.wide_buffers` of its optimized HLO ``text``), as printable lines."""
+    gib = float(GiB)
+    flops, moved = step["counted_flops"], step["hbm_bytes"]
+    seconds = roofline_seconds(flops, moved, chip)
+    bound = "" if chip is None else (" (FLOP-bound" if flops / chip.peak_flops >= moved / chip.hbm_bandwidth
+                                     else " (bytes-bound") + f"; MFU at most {flops / chip.peak_flops / seconds:.0%})"
+    lines = [f"  train step: {flops / 1e12:.2f} TFLOP per chip (counted from the shapes), {moved / gib:.2f} GiB HBM "
+             f"traffic (optimized HLO, loops by trip count), roofline {seconds:.3f} s{bound}"]  # fmt: skip
+    rep = hlo.program_bytes(text)
+    if rep.unknown_trip_counts:
+        lines.append(f"    ({rep.unknown_trip_counts} loops of unknown trip count counted once: a lower bound)")
+    for k in rep.top(top):
+        lines.append(f"    {k.count:>5d} x {k.kind[:40]:<40s} {(k.read + k.write) * k.count / gib:8.2f} GiB  {k.shape}")
+    wide = hlo.wide_buffers(text, "f32", vocab)
+    lines.append(f"  float32 [*, {vocab}] buffers written by the train step's kernels: {len(wide)}"
+                 + (":" if wide else ""))  # fmt: skip
+    for f in wide[:top]:
+        lines.append(f"    {f.op:<13s} {f.bytes / 2**20:9.1f} MiB  {f.shape}  ({f.source[-60:] or f.where})")
+    return lines
 
 
 def format_decode_report(rep: dict[str, Any], top: int = 5) -> list[str]:

@@ -7,11 +7,14 @@ Compiles the config's train step and its rollout (the sampler's prefill and deco
 for NVIDIA GPUs without one (``--platform cuda --chip h100|h200``: `aot.gpu_devices`, needs ``pip install
 "jax[cuda13-local]==<jax version>"`` and ptxas) or for the local devices, and prints per chip: weights, optimizer
 state, each program's temporaries and total against the chip's memory, FLOPs per step and a roofline step time
-(`jaxgrpo.aot`); then the decode loop's bytes moved per token step against the ideal (weights once + the KV attended,
+(`jaxgrpo.aot`); the train step's HBM bytes per step (`jaxgrpo.hlo.program_bytes` of its optimized HLO, loops by
+trip count) and roofline time, its heaviest kernels and every float32 ``[*, vocab]`` buffer it writes; then the
+decode loop's bytes moved per token step against the ideal (weights once + the KV attended,
 `aot.decode_ideal_bytes`), its kernels per step and the copies/transposes/pads/sorts inside it (`jaxgrpo.hlo`).
-``--dump-hlo DIR`` writes each program's optimized HLO (``DIR/decode.hlo.txt``, ``DIR/prefill.hlo.txt``). Exits 1
-when the train step, the prefill or the decode loop does not fit (a rollout whose KV caches cannot fit even spread
-over every chip is refused before anything compiles), 2 on a bad config or a missing compiler.
+``--dump-hlo DIR`` writes each program's optimized HLO (``DIR/train.hlo.txt``, ``DIR/decode.hlo.txt``,
+``DIR/prefill.hlo.txt``). Exits 1 when the train step, the prefill or the decode loop does not fit (a rollout whose
+KV caches cannot fit even spread over every chip is refused before anything compiles), 2 on a bad config or a
+missing compiler.
 """
 
 from __future__ import annotations
@@ -76,9 +79,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"(a bound from the shapes, nothing compiled); lower rollout.prompts_per_step, group_size or "
                   "max_new_tokens, or use more chips")  # fmt: skip
             return 1
-        step = aot.compile_train_step(cfg, mcfg, devices)
-        program = "rollout"
         texts: dict[str, str] = {}
+        step = aot.compile_train_step(cfg, mcfg, devices, texts)
+        program = "rollout"
         rollout = aot.compile_rollout(cfg, mcfg, devices, texts)
     except ConfigError as e:
         return cli_error(str(e))
@@ -102,9 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         if value == 0 and name in ("reference weights (KL)", "rollout weights (compute)"):
             continue  # no KL term; the sampler reads the masters themselves
         print(f"  {name:<28s}{aot.human(value)}")
-    flops = step["counted_flops"]
-    seconds = aot.roofline_seconds(flops, step["bytes_accessed"], chip)
-    print(f"  train step: {flops / 1e12:.2f} TFLOP per chip (counted from the shapes), roofline {seconds:.3f} s")
+    print("\n".join(aot.format_train_report(step, texts["train"], mcfg.vocab_size, chip)))
     if "decode" in texts:
         ideal = aot.decode_ideal_bytes(cfg, mcfg, len(devices))
         report = aot.decode_step_report(texts["decode"], ideal, mcfg.vocab_size, aot.smallest_moved_buffer(mcfg, cfg))

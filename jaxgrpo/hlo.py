@@ -148,6 +148,8 @@ def _fusion_reads(fused: list[Instr]) -> tuple[dict[int, int | None], int | None
         return out
 
     root = next(i for i in fused if i.root)
+    while root.op == "bitcast" and root.operands and root.operands[0] in by_name:  # TPU: bitcast(dynamic-update-slice)
+        root = by_name[root.operands[0]]
     target = update = None
     if root.op == "dynamic-update-slice":
         target = root.operands[0]
@@ -293,4 +295,50 @@ def sorts(text: str, min_last_dim: int = 0) -> list[Finding]:
             last = [int(d) for d in dims.group(2).split(",") if d] if dims else []
             if dims and (last[-1] if last else 1) >= min_last_dim:
                 out.append(Finding("sort", i.shape[:80], _largest_array(i.shape), name, _source(i)))
+    return out
+
+
+def program_bytes(text: str, *, min_bytes: int = 1 << 20, vocab: int | None = None) -> LoopReport:
+    """`body_report` of the whole program (the entry computation, every loop in it counted by its trip count): the
+    compulsory HBM bytes of one call, e.g. one train step."""
+    return body_report(parse(text), "__entry__", min_bytes=min_bytes, vocab=vocab)
+
+
+def _kernel_computations(comps: dict[str, list[Instr]]) -> list[str]:
+    """The computations whose instructions are kernels (their outputs live in HBM): the entry and, reachable from it,
+    loop bodies and conditions, conditional branches and called computations (not fusions' or reducers' bodies)."""
+    seen, todo = [], ["__entry__"]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in comps:
+            continue
+        seen.append(name)
+        for ins in comps[name]:
+            if ins.op == "while":
+                todo += _called(ins, "body") + _called(ins, "condition")
+            elif ins.op == "conditional":
+                todo += _called(ins, "branch_computations") + _called(ins, "true_computation") + _called(
+                    ins, "false_computation")  # fmt: skip
+            elif ins.op == "call":
+                todo += _called(ins, "to_apply")
+    return seen
+
+
+def wide_buffers(text: str, dtype: str, dim: int) -> list[Finding]:
+    """Every buffer a kernel writes to HBM (a top-level instruction's output, not a value inside a fusion) holding an
+    array of ``dtype`` (``"f32"``) whose last dimension, logical or in memory (its layout's minor-most), is ``dim``:
+    e.g. float32 ``[*, vocab]`` logits, probabilities or a transposed float32 copy of a ``[vocab, D]`` head."""
+    comps = parse(text)
+    out = []
+    for name in _kernel_computations(comps):
+        for ins in comps[name]:
+            if ins.op in _FREE:
+                continue
+            for m in re.finditer(r"\b" + dtype + r"\[([0-9,]+)\](\{[0-9,]*)?", ins.shape):
+                dims = [int(d) for d in m.group(1).split(",") if d]
+                layout = [int(d) for d in (m.group(2) or "{").lstrip("{").split(",") if d]
+                minor = dims[layout[0]] if layout else dims[-1]
+                if len(dims) >= 2 and dim in (dims[-1], minor):
+                    out.append(Finding(ins.op, m.group(0), math.prod(dims) * _ITEMSIZE[dtype], name, _source(ins)))
+                    break
     return out

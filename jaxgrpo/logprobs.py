@@ -5,7 +5,10 @@
 states — of the whole rows (`models.hidden_states`), or with prefix sharing of each group's prompt encoded once
 (`jaxgrpo.models.prefix.prefix_shared_predictors`) — and only the states that predict completion tokens go through
 the LM head, in sequence chunks under `lax.map` with a hand-written backward, in float32: no float32 ``[B, T, V]``
-tensor exists and prompt positions cost no LM-head work.
+tensor exists and prompt positions cost no LM-head work. On an NVIDIA GPU (``lm_head="auto"``, lowered for CUDA) the
+head is `jaxgrpo.fused_head` instead: Pallas kernels with bf16 GEMMs and float32 accumulation, an online log-sum-exp
+over vocabulary blocks and a bf16 ``dz`` in the backward, so no float32 ``[tokens, V]`` array reaches HBM (the same
+values and gradients within bf16 rounding of ``dz``).
 
 Top-k / top-p (``top_k > 0``, ``top_p < 1``): the log-prob is taken under the distribution the sampler drew from
 (`jaxgrpo.token_sampling`: temperature, then top-k, then top-p, renormalised), ``logp = z_t − logsumexp_{v∈K} z_v``
@@ -26,12 +29,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo import models, token_sampling
+from jaxgrpo import fused_head, models, token_sampling
 from jaxgrpo.models import prefix as prefix_lib
 from jaxgrpo.models.attention import DENSE, Kernel
 from jaxgrpo.models.layers import MatmulBackward, RematPolicy
@@ -42,6 +45,7 @@ _AUTO_CHUNK_ELEMENTS = 1 << 26
 _KEEP_PROBS_BYTES = 1 << 29
 
 Params = Any
+LMHead = Literal["auto", "xla", "fused"]
 
 
 class Rows(Protocol):
@@ -74,6 +78,7 @@ def compute_logprobs(
     projections: dict[str, jax.Array] | None = None,
     top_k: int = 0,
     top_p: float = 1.0,
+    lm_head: LMHead = "auto",
 ) -> tuple[jax.Array, jax.Array]:
     """Per-token log-probs and entropies ``([B, Tc], [B, Tc])`` float32 of the completion tokens of `batch`.
 
@@ -94,6 +99,10 @@ def compute_logprobs(
     the completion tokens' dense-projection outputs recorded by the sampler with these ``params`` (see
     `Batch.projections`), taken as given in the forward. ``top_k`` (0 = off), ``top_p`` (1 = off): the sampler's
     truncation; the log-probs and entropies are then of the truncated, renormalised distribution (module docstring).
+    ``lm_head``: "xla" = the chunked head above; "fused" = `jaxgrpo.fused_head` (Pallas kernels: Triton on an NVIDIA
+    GPU, the Pallas interpreter elsewhere; no float32 ``[tokens, V]`` array; no truncation); "auto" = fused when the
+    program is lowered for CUDA with no truncation and one batch shard (``pack_rows <= 1``: XLA does not partition the
+    kernels' rows), the chunked XLA head otherwise (CPU, TPU).
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 (greedy rollouts have no log-probs to train on), got {temperature}")
@@ -111,6 +120,10 @@ def compute_logprobs(
         raise ValueError(f"top_p must be in (0, 1] (1 = no nucleus truncation), got {top_p!r}")
     if chunk < 0:
         raise ValueError(f"chunk must be >= 0 (0 = automatic), got {chunk}")
+    if lm_head not in ("auto", "xla", "fused"):
+        raise ValueError(f"lm_head must be 'auto', 'xla' or 'fused', got {lm_head!r}")
+    if lm_head == "fused" and (top_k or top_p < 1.0):
+        raise ValueError("lm_head='fused' has no top-k/top-p truncation; use lm_head='xla' (or 'auto')")
     if group_size < 0 or (group_size > 1 and B % group_size):
         raise ValueError(f"group_size={group_size} must be 0/1 (no prefix sharing) or divide the {B} rows (B = P*G)")
     if projections is not None and group_size <= 1:
@@ -138,7 +151,38 @@ def compute_logprobs(
                                      constrain_rows=constrain_rows)  # fmt: skip
         h_BCD = h_BTD[:, Tp - 1 : Tp + Tc - 1]  # the hidden state at position i predicts token i+1
     targets_BC = batch.tokens[:, Tp:]
-    w_DV = models.lm_head(model_config, params)
+    head = _head_param(model_config, params)
+    vocab = head.shape[0 if model_config.tie_word_embeddings else 1]
+    trunc = (int(top_k) if top_k < vocab else 0, float(top_p) if top_p < 1.0 else None)  # k >= V keeps all
+    xla = functools.partial(_xla_head, temperature=temperature, chunk=chunk, pack_rows=pack_rows, trunc=trunc,
+                            tied=model_config.tie_word_embeddings, dtype=model_config.dtype)  # fmt: skip
+    if lm_head == "xla" or (lm_head == "auto" and (trunc != (0, None) or pack_rows > 1)):
+        return xla(h_BCD, targets_BC, head)
+    fused = functools.partial(_fused_head, temperature=temperature, tied=model_config.tie_word_embeddings)
+    if lm_head == "fused":
+        return fused(h_BCD, targets_BC, head)
+    return jax.lax.platform_dependent(h_BCD, targets_BC, head, cuda=fused, default=xla)
+
+
+def _head_param(model_config: models.ModelConfig, params: Params) -> jax.Array:
+    """The LM head as stored: the embedding ``[V, D]`` when tied, else ``lm_head`` ``[D, V]``."""
+    return params["embed"] if model_config.tie_word_embeddings else params["lm_head"]
+
+
+def _fused_head(h_BCD: jax.Array, targets_BC: jax.Array, w: jax.Array, *, temperature: float, tied: bool
+                ) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """`fused_head.fused_logprobs` of every completion position at once ``([B, Tc], [B, Tc])``."""
+    B, Tc, D = h_BCD.shape
+    logp, ent = fused_head.fused_logprobs(h_BCD.reshape(B * Tc, D), targets_BC.reshape(-1), w,
+                                          temperature=temperature, vocab_major=tied)  # fmt: skip
+    return logp.reshape(B, Tc), ent.reshape(B, Tc)
+
+
+def _xla_head(h_BCD: jax.Array, targets_BC: jax.Array, w: jax.Array, *, temperature: float, chunk: int,
+              pack_rows: int, trunc: Truncation, tied: bool, dtype: Any) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """The LM head in sequence chunks under `lax.map`, float32 logits per chunk (`_chunk_logprobs`)."""
+    B, Tc = targets_BC.shape
+    w_DV = (w.T if tied else w).astype(dtype)  # as `models.lm_head`
     # chunks sized for the rows one device holds (the batch is split over `pack_rows` shards)
     c = min(chunk or _auto_chunk(B // max(pack_rows, 1), Tc, w_DV.shape[1]), Tc)
     n = -(-Tc // c)
@@ -149,7 +193,6 @@ def compute_logprobs(
     t_NBc = jnp.pad(targets_BC, ((0, 0), (0, pad))).reshape(B, n, c).swapaxes(0, 1)
     inv_temp = 1.0 / float(temperature)
     keep = n * B * c * w_DV.shape[1] * 4 <= _KEEP_PROBS_BYTES
-    trunc = (int(top_k) if top_k < w_DV.shape[1] else 0, float(top_p) if top_p < 1.0 else None)  # k >= V keeps all
     logp_NBc, ent_NBc = jax.lax.map(lambda xs: _chunk_logprobs(xs[0], xs[1], w_DV, inv_temp, keep, trunc),
                                     (h_NBcD, t_NBc))
     unchunk = lambda x: x.swapaxes(0, 1).reshape(B, n * c)[:, :Tc]

@@ -112,7 +112,8 @@ ALLOWED_SKIPS: dict[str, str] = {
         )
         for name in ("test_cli_compiles_for_an_h100_and_dumps_the_decode_hlo", "test_qwen_decode_report_fields",
                      "test_qwen_decode_near_the_roofline", "test_h100_token_draw_with_top_p_sorts_no_vocabulary",
-                     "test_pallas_decode_attention_lowers_for_an_h100")
+                     "test_pallas_decode_attention_lowers_for_an_h100",
+                     "test_qwen_train_step_for_an_h100_has_no_float32_vocab_buffer")
     },
 }
 # Optional extras whose skips become failures where the run installed them (.ci/run sets both)

@@ -246,3 +246,65 @@ def test_pallas_decode_attention_lowers_for_an_h100():
     cache = P * G * K * M * H * 2  # one decode cache (k or v), bf16
     moved = [k for k in kernels if "triton" not in k.kind and max(k.read, k.write) >= cache // 8]
     assert moved == [], moved
+
+
+def test_program_bytes_and_wide_buffers_of_the_hand_written_module():
+    """The whole program's bytes: the entry's two loops by their trip counts (the token loop's 10 x 858,232 bytes and
+    the small loop's 3 x (add + transpose)); the float32 [*, 1024] buffers its kernels write: the token loop's carry,
+    the in-place update's output and the sort's keys (the 1024 may be the logical or the in-memory last dimension)."""
+    layer = 256 * 128 * 2
+    rep = hlo.program_bytes(MODULE)
+    assert rep.bytes_per_iteration == 10 * 858_232 + 3 * ((4 + 4) + 4 + 2 * layer)
+    assert rep.unknown_trip_counts == 0
+    assert sorted(f.op for f in hlo.wide_buffers(MODULE, "f32", 1024)) == ["fusion", "sort", "while"]
+    assert hlo.wide_buffers(MODULE, "f32", 1025) == [] and hlo.wide_buffers(MODULE, "s32", 8) == []
+    transposed = "HloModule t\n\nENTRY %m (p: f32[1024,8]) -> f32[1024,8] {\n  %p = f32[1024,8]{1,0} parameter(0)\n" \
+                 "  ROOT %c = f32[1024,8]{0,1} copy(%p)\n}\n"  # fmt: skip
+    assert [f.op for f in hlo.wide_buffers(transposed, "f32", 1024)] == ["copy"]  # [8, 1024] in memory
+
+
+@needs_cuda
+@pytest.mark.slow
+def test_qwen_train_step_for_an_h100_has_no_float32_vocab_buffer(capsys):
+    """The Qwen2.5-0.5B config's train step (a small rollout: the vocabulary and the model are the config's) compiled
+    for an H100: the LM head is the fused Pallas one (Triton kernels), so no kernel writes a float32 ``[*, 151936]``
+    buffer (logits, probabilities or a transposed float32 copy of the head); the report's bytes are counted."""
+    overrides = ["rollout.prompts_per_step=4", "rollout.group_size=2", "rollout.max_new_tokens=32",
+                 "data.max_prompt_tokens=32", "algo.grad_accum_steps=2"]  # fmt: skip
+    if not aot.has_cudnn():  # as `python -m jaxgrpo.compile` does
+        overrides.append("perf.attention=chunked")
+    cfg = config_lib.load_config("qwen2.5-0.5b-instruct_gsm8k", overrides)
+    mcfg = aot.model_config(cfg)
+    texts: dict[str, str] = {}
+    step = aot.compile_train_step(cfg, mcfg, aot.gpu_devices("h100"), texts)
+    text = texts["train"]
+    assert "__gpu$xla.gpu.triton" in text  # the fused head's kernels
+    assert hlo.wide_buffers(text, "f32", mcfg.vocab_size) == []
+    assert step["hbm_bytes"] == hlo.program_bytes(text).bytes_per_iteration > step["weights"]
+    lines = aot.format_train_report(step, text, mcfg.vocab_size, aot.CHIPS["h100"])
+    assert "GiB HBM traffic" in lines[0] and lines[-1].endswith("buffers written by the train step's kernels: 0")
+
+
+def test_in_place_update_under_a_bitcast_root_writes_its_update_only():
+    """TPU HLO roots an in-place update fusion in a bitcast of the dynamic-update-slice: still the update's bytes
+    (read and written) plus the index, not the whole [4, 8, 1024] float32 buffer."""
+    module = """HloModule bitcast_root
+
+%fused_bdus (q0: f32[4,8,1024], q1: f32[1,8,1024], q2: s32[]) -> f32[32,1024] {
+  %q0 = f32[4,8,1024]{2,1,0} parameter(0)
+  %q1 = f32[1,8,1024]{2,1,0} parameter(1)
+  %q2 = s32[] parameter(2)
+  %z = s32[] constant(0)
+  %dus = f32[4,8,1024]{2,1,0} dynamic-update-slice(%q0, %q1, %q2, %z, %z)
+  ROOT %b = f32[32,1024]{1,0} bitcast(%dus)
+}
+
+ENTRY %m (p0: f32[4,8,1024], p1: f32[1,8,1024], p2: s32[]) -> f32[32,1024] {
+  %p0 = f32[4,8,1024]{2,1,0} parameter(0)
+  %p1 = f32[1,8,1024]{2,1,0} parameter(1)
+  %p2 = s32[] parameter(2)
+  ROOT %f = f32[32,1024]{1,0} fusion(%p0, %p1, %p2), kind=kLoop, calls=%fused_bdus
+}
+"""
+    update = 8 * 1024 * 4
+    assert hlo.program_bytes(module).bytes_per_iteration == update + 4 + update
