@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxgrpo import eval as eval_lib  # (eval imports this module: names are read at call time)
 from jaxgrpo import scheduler as scheduler_lib
+from jaxgrpo.eval_stats import degenerate_probability
 
 
 def informative_per_1k_tokens(counts: Sequence[int] | np.ndarray, n: int, lengths: Sequence[float] | np.ndarray,
@@ -45,7 +45,7 @@ def informative_per_1k_tokens(counts: Sequence[int] | np.ndarray, n: int, length
         raise ValueError(f"counts {c.shape}, lengths {lengths.shape} and keep {k.shape} must have one entry per prompt")
     if sizes.size and int(sizes.max()) > n:
         raise ValueError(f"group size {int(sizes.max())} > n = {n} samples per prompt: evaluate with more samples")
-    d = np.asarray([eval_lib.degenerate_probability(n, int(ci), int(g)) for ci, g in zip(c, sizes)], np.float64)
+    d = np.asarray([degenerate_probability(n, int(ci), int(g)) for ci, g in zip(c, sizes)], np.float64)
     tokens = float(np.sum(k * sizes * lengths))
     return 1000.0 * float(np.sum(k * (1.0 - d))) / tokens if tokens > 0 else 0.0
 
@@ -79,7 +79,7 @@ def schedule_report(result: dict[str, Any], sched: scheduler_lib.Scheduler, indi
         sizes = scheduler_lib.allocate(ps, s.group_size, s.min_group)
     else:
         sizes = np.full(len(c), s.group_size, np.int64)
-    d = np.asarray([eval_lib.degenerate_probability(n, int(ci), s.group_size) for ci in c], np.float64)
+    d = np.asarray([degenerate_probability(n, int(ci), s.group_size) for ci in c], np.float64)
     predicted = np.asarray([k and sched.predicts_degenerate(i) for i, k in zip(indices, known)], bool)
     values, counts = np.unique(sizes, return_counts=True)
     return {

@@ -26,6 +26,7 @@ from jaxgrpo import (
     build,
     diversity,
     dynamic_sampling,
+    in_training,
     metrics_log,
     models,
     objectives,
@@ -402,12 +403,12 @@ class Trainer:
         return metrics
 
     def evaluate(self, step: int) -> dict[str, float]:
-        """The in-training evaluation of the policy (`jaxgrpo.retain.evaluate_held_out`)."""
-        return retain_lib.evaluate_held_out(self, step)
+        """The in-training evaluation of the policy (`jaxgrpo.in_training.evaluate_held_out`)."""
+        return in_training.evaluate_held_out(self, step)
 
     def retain(self, step: int) -> dict[str, float]:
-        """``retain/<name>/accuracy`` on each `train.retain` set (`jaxgrpo.retain.retain_accuracy`)."""
-        return retain_lib.retain_accuracy(self, step)
+        """``retain/<name>/accuracy`` on each `train.retain` set (`jaxgrpo.in_training.retain_accuracy`)."""
+        return in_training.retain_accuracy(self, step)
 
 
 def check_prompt_count(cfg: config_lib.Config, num_examples: int) -> None:
