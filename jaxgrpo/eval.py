@@ -48,7 +48,7 @@ from jaxgrpo.build import Params, Tokenizer
 from jaxgrpo.config import Config, DataConfig
 from jaxgrpo.errors import CheckpointError, ConfigError, cli_error
 from jaxgrpo.eval_report import format_summary, write_report
-from jaxgrpo.eval_stats import _check_counts, degenerate_probability, pass_at_k_unbiased  # noqa: F401 (public names)
+from jaxgrpo.eval_stats import degenerate_probability, pass_at_k_unbiased
 from jaxgrpo.example import Example
 
 DEFAULT_NUM_SAMPLES = 16
