@@ -87,6 +87,33 @@ def part_check() -> dict:
                 "loss": float(loss), "dense_loss": float(ref_loss), "grad_rel_err": (num / den) ** 0.5}
             _log(f"check prefix_sharing={sharing} {kind}: loss {float(loss):.6f} vs dense {float(ref_loss):.6f}, "
                  f"grad rel err {(num / den) ** 0.5:.2e}")  # fmt: skip
+    out["lm_head"] = _check_lm_head(mcfg, params, batch)
+    return out
+
+
+def _check_lm_head(mcfg: models.ModelConfig, params, batch: ts.Batch) -> dict:
+    """The fused Pallas LM head (Triton) against the chunked XLA head on the GPU: log-probs, loss and gradients."""
+    from jaxgrpo.logprobs import compute_logprobs
+
+    res = {}
+    for head in ("xla", "fused"):
+        perf = PerfConfig(attention="cudnn", lm_head=head)
+        lp = jax.jit(lambda p, b, h=head: compute_logprobs(mcfg, p, b, 1.0, lm_head=h)[0])(params, batch)
+        fn = jax.jit(lambda p, b, perf=perf: ts.policy_gradient(mcfg, AlgoConfig(), p, b, perf=perf,
+                                                                temperature=1.0)[:2])  # fmt: skip
+        res[head] = (np.asarray(lp, np.float32), *jax.device_get(fn(params, batch)))
+    mask = np.asarray(batch.completion_mask, bool)
+    (lp_x, loss_x, g_x), (lp_f, loss_f, g_f) = res["xla"], res["fused"]
+    num = sum(float(np.sum((np.float32(a) - np.float32(b)) ** 2)) for a, b in zip(jax.tree.leaves(g_f),
+                                                                                  jax.tree.leaves(g_x)))  # fmt: skip
+    den = sum(float(np.sum(np.float32(b) ** 2)) for b in jax.tree.leaves(g_x))
+    out = {"logp_max_abs_diff": float(np.max(np.abs(lp_f - lp_x)[mask])),
+           "logp_mean_abs_diff": float(np.mean(np.abs(lp_f - lp_x)[mask])), "loss_xla": float(loss_x),
+           "loss_fused": float(loss_f), "grad_rel_err": (num / den) ** 0.5,
+           "finite": bool(np.isfinite(lp_f[mask]).all() and np.isfinite(loss_f))}  # fmt: skip
+    _log(f"check lm_head fused vs xla: |dlogp| max {out['logp_max_abs_diff']:.2e} "
+         f"mean {out['logp_mean_abs_diff']:.2e}, "
+         f"loss {out['loss_fused']:.6f} vs {out['loss_xla']:.6f}, grad rel err {out['grad_rel_err']:.2e}")
     return out
 
 
@@ -97,47 +124,46 @@ def part_train(cfg: config_lib.Config, args: argparse.Namespace, chip: aot.Chip)
     batch = jax.device_put(make_batch(P, G, args.prompt_len, args.completion_len, mcfg.vocab_size))
     lengths = np.asarray(batch.prompt_mask)[::G].sum(1)
     out = {}
-    for kind in args.attention:
-        for remat in args.remat:
-            perf = PerfConfig(attention=kind, remat=remat)
-            run_cfg = dataclasses.replace(cfg, perf=perf, rollout=dataclasses.replace(
-                r, max_new_tokens=args.completion_len))
-            width = ts.packed_prompt_width(lengths, args.prompt_len, cfg.algo, perf)
-            init_fn, step_fn = ts.make_train_step(mcfg, cfg.algo, cfg.optim, perf=perf, temperature=1.0,
-                                                  total_steps=cfg.train.steps)  # fmt: skip
-            name = f"{kind}/{remat}"
-            try:
-                state = init_fn(models.init_params(mcfg, jax.random.key(0)), jax.random.key(1))
+    for kind, remat, head in [(k, r, h) for k in args.attention for r in args.remat for h in args.lm_head]:
+        perf = PerfConfig(attention=kind, remat=remat, lm_head=head)
+        run_cfg = dataclasses.replace(cfg, perf=perf, rollout=dataclasses.replace(
+            r, max_new_tokens=args.completion_len))
+        width = ts.packed_prompt_width(lengths, args.prompt_len, cfg.algo, perf)
+        init_fn, step_fn = ts.make_train_step(mcfg, cfg.algo, cfg.optim, perf=perf, temperature=1.0,
+                                              total_steps=cfg.train.steps)  # fmt: skip
+        name = f"{kind}/{remat}/{head}"
+        try:
+            state = init_fn(models.init_params(mcfg, jax.random.key(0)), jax.random.key(1))
+            t0 = time.perf_counter()
+            state, m = step_fn(state, batch, packed_prompt_width=width)
+            jax.block_until_ready(m)
+            first = time.perf_counter() - t0
+            times = []
+            for _ in range(args.repeats):
                 t0 = time.perf_counter()
                 state, m = step_fn(state, batch, packed_prompt_width=width)
                 jax.block_until_ready(m)
-                first = time.perf_counter() - t0
-                times = []
-                for _ in range(args.repeats):
-                    t0 = time.perf_counter()
-                    state, m = step_fn(state, batch, packed_prompt_width=width)
-                    jax.block_until_ready(m)
-                    times.append(time.perf_counter() - t0)
-            except Exception as e:  # noqa: BLE001 -- e.g. out of memory at remat=none: recorded, not fatal
-                out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-                _log(f"train {name}: FAILED {out[name]['error']}")
-                continue
-            finally:
-                state = None
-            step_s = statistics.median(times)
-            prompt_tokens = int(lengths.sum()) if width else 0  # packed prompts: the decoder runs their real tokens
-            no_remat = dataclasses.replace(run_cfg, perf=dataclasses.replace(run_cfg.perf, remat="none"))
-            flops = aot.train_step_flops(no_remat, mcfg, args.prompt_len, prompt_tokens)  # model FLOPs: no recompute
-            tokens = int(np.asarray(batch.prompt_mask).sum() + np.asarray(batch.completion_mask).sum())
-            stats = jax.devices()[0].memory_stats() or {}
-            out[name] = {"first_step_s": first, "step_s": times, "median_step_s": step_s, "model_flops": flops,
-                         "mfu": flops / step_s / chip.peak_flops, "tokens_per_s": tokens / step_s,
-                         "packed_prompt_width": int(width),
-                         # the process's peak so far: this configuration's own only for the first one run
-                         "process_peak_bytes_in_use": stats.get("peak_bytes_in_use"),
-                         "loss": float(m["loss"])}  # fmt: skip
-            _log(f"train {name}: {step_s:.3f} s/step (first {first:.1f} s), {out[name]['tokens_per_s']:.0f} tokens/s, "
-                 f"MFU {out[name]['mfu']:.3f}, process peak {stats.get('peak_bytes_in_use', 0) / 2**30:.1f} GiB")
+                times.append(time.perf_counter() - t0)
+        except Exception as e:  # noqa: BLE001 -- e.g. out of memory at remat=none: recorded, not fatal
+            out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            _log(f"train {name}: FAILED {out[name]['error']}")
+            continue
+        finally:
+            state = None
+        step_s = statistics.median(times)
+        prompt_tokens = int(lengths.sum()) if width else 0  # packed prompts: the decoder runs their real tokens
+        no_remat = dataclasses.replace(run_cfg, perf=dataclasses.replace(run_cfg.perf, remat="none"))
+        flops = aot.train_step_flops(no_remat, mcfg, args.prompt_len, prompt_tokens)  # model FLOPs: no recompute
+        tokens = int(np.asarray(batch.prompt_mask).sum() + np.asarray(batch.completion_mask).sum())
+        stats = jax.devices()[0].memory_stats() or {}
+        out[name] = {"first_step_s": first, "step_s": times, "median_step_s": step_s, "model_flops": flops,
+                     "mfu": flops / step_s / chip.peak_flops, "tokens_per_s": tokens / step_s,
+                     "packed_prompt_width": int(width),
+                     # the process's peak so far: this configuration's own only for the first one run
+                     "process_peak_bytes_in_use": stats.get("peak_bytes_in_use"),
+                     "loss": float(m["loss"])}  # fmt: skip
+        _log(f"train {name}: {step_s:.3f} s/step (first {first:.1f} s), {out[name]['tokens_per_s']:.0f} tokens/s, "
+             f"MFU {out[name]['mfu']:.3f}, process peak {stats.get('peak_bytes_in_use', 0) / 2**30:.1f} GiB")
     return out
 
 
@@ -177,6 +203,7 @@ def main() -> None:
     ap.add_argument("--parts", nargs="+", default=["check", "train", "decode"], choices=["check", "train", "decode"])
     ap.add_argument("--attention", nargs="+", default=["cudnn", "chunked"])
     ap.add_argument("--remat", nargs="+", default=["projections"])
+    ap.add_argument("--lm-head", nargs="+", default=["auto"], choices=["auto", "xla", "fused"])
     ap.add_argument("--prompt-len", type=int, default=384)
     ap.add_argument("--completion-len", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3)

@@ -370,6 +370,9 @@ def validate(cfg: Config) -> None:
     _require(r.temperature >= 0, "rollout.temperature", r.temperature, ">= 0 (0 = greedy)")
     _require(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "in (0, 1]")
     _require(r.top_k >= 0, "rollout.top_k", r.top_k, ">= 0 (0 = off)")
+    if cfg.perf.lm_head == "fused" and (r.top_k or r.top_p < 1):
+        raise ConfigError(f"perf.lm_head=fused has no top-k/top-p truncation (rollout.top_k={r.top_k}, rollout.top_p="
+                          f"{r.top_p}); set perf.lm_head=auto or xla, or sample without truncation")
     _require(r.slots >= 0, "rollout.slots", r.slots, ">= 0 (0 = prompts_per_step)")
     _require(r.decode_block >= 1, "rollout.decode_block", r.decode_block, ">= 1")
     scheduler.validate(cfg)  # rollout.schedule_*

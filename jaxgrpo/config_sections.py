@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from jaxgrpo.advantages import Estimator
 from jaxgrpo.degeneracy import DegenerateMode
+from jaxgrpo.logprobs import LMHead
 from jaxgrpo.losses import Aggregation, KLEstimator, Objective, RatioLevel, SamplerCorrection
 from jaxgrpo.models.attention import AttentionKind
 from jaxgrpo.models.config import LORA_TARGETS, LoraTarget
@@ -180,6 +181,9 @@ class PerfConfig:
     # the trainer sizes each step's batch to what was sampled: completion width on a ladder up to
     # rollout.max_new_tokens, masked degenerate groups dropped (row count on a ladder too; jaxgrpo.step_batch)
     trim_batch: bool = True
+    # the train step's LM head: xla = chunked float32 logits; fused = jaxgrpo.fused_head's Pallas kernels (no float32
+    # [tokens, V] array); auto = fused on an NVIDIA GPU with no top-k/top-p and one batch shard, xla elsewhere
+    lm_head: LMHead = "auto"
 
 
 @dataclasses.dataclass(frozen=True)

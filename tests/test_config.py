@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 import jaxgrpo
-from jaxgrpo import advantages, coerce, config_sections, degeneracy, losses, objectives, rewards, scheduler
+from jaxgrpo import advantages, coerce, config_sections, degeneracy, logprobs, losses, objectives, rewards, scheduler
 from jaxgrpo import config as C
 from jaxgrpo.models import attention, gguf_export, layers
 from jaxgrpo.rollout import params as rollout_params
@@ -132,6 +132,7 @@ def test_choices_are_the_literal_types_of_the_modules_that_implement_them():
         ("perf", "remat"): layers.RematPolicy,
         ("perf", "matmul_backward"): layers.MatmulBackward,
         ("perf", "attention"): attention.AttentionKind,
+        ("perf", "lm_head"): logprobs.LMHead,
         ("optim", "schedule"): config_sections.Schedule,
         ("checkpoint", "export_gguf_dtype"): gguf_export.GgufDtype | None,
     }
@@ -260,6 +261,10 @@ def test_every_estimator_of_the_advantages_module_is_accepted():
         (["perf.remat=partial"], ["perf.remat='partial' is not a valid choice", "none, projections, full"]),
         (["perf.matmul_backward=cuda"], ["perf.matmul_backward='cuda' is not a valid choice", "auto, explicit, xla"]),
         (["perf.prompt_packing=maybe"], ["perf.prompt_packing must be bool"]),
+        (["perf.lm_head=triton"], ["perf.lm_head='triton' is not a valid choice", "auto, xla, fused"]),
+        (["perf.lm_head=fused", "rollout.top_p=0.9"], ["perf.lm_head=fused has no top-k/top-p truncation",
+                                                       "set perf.lm_head=auto or xla"]),
+        (["perf.lm_head=fused", "rollout.top_k=50"], ["rollout.top_k=50"]),
         (["perf.rematt=full"], ["unknown key 'perf.rematt'", "did you mean 'perf.remat'"]),
         (["algo.remat.x=1"], ["algo.remat moved to perf.remat"]),
         (["train.steps=0"], ["train.steps must be >= 1"]),

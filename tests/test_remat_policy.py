@@ -62,7 +62,8 @@ def test_same_loss_and_gradients_as_projections():
     got = {r: value_and_grad(r) for r in ("none", "projections", "projections+norms")}
     for r in ("none", "projections"):
         np.testing.assert_allclose(float(got["projections+norms"][0]), float(got[r][0]), rtol=1e-6)
-        assert_trees_close(got["projections+norms"][1], got[r][1], rtol=1e-5, atol=1e-7)
+        # float32 reassociation only; gradient entries reach ~40 (one of 0.094 differed by 4e-6 under -O0 codegen)
+        assert_trees_close(got["projections+norms"][1], got[r][1], rtol=1e-5, atol=1e-5)
 
 
 def test_config_accepts_the_policy_by_name():
