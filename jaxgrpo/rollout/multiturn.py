@@ -15,7 +15,9 @@ Per trajectory (G per example, each with its own environment instance, `jaxgrpo.
    prompt or the model's ``max_position_embeddings`` (``truncated``).
 
 This is the simple loop (the whole batch waits for each turn's slowest row, and each turn re-encodes its
-contexts); the engine's continuous batching with per-row caches replaces it, keeping `TurnHistory` and the record.
+contexts): ``rollout.engine=static``. The multi-turn engine (`jaxgrpo.rollout.turn_driver`, the default) runs the same
+turns with per-row caches: a row waiting on its tools leaves the decode batch and comes back with its cache. Both
+apply the same turn rules (`Trajectories`) and return the same `MultiTurnRollout` with its `TurnHistory` record.
 """
 
 from __future__ import annotations
