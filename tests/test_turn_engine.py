@@ -126,11 +126,12 @@ def test_record_equals_teacher_forced_forward(params):
     hs = out.histories
     assert sum(h.tool_calls for h in hs) > 0 and any(not h.truncated for h in hs)  # both paths taken
     assert stats.forced_tokens > 0 and 0 < stats.metrics()["rollout/row_utilization"] <= 1
+    fulls = [out.prompt_ids[p // 2] + h.tokens for p, h in enumerate(hs)]
+    width = max(len(f) for f in fulls)  # right-padded: causal attention, the padding is never attended
+    tokens = jnp.asarray([f + [0] * (width - len(f)) for f in fulls], jnp.int32)
+    lps = np.asarray(jax.nn.log_softmax(models.forward(CONFIG, params, tokens).astype(jnp.float32) / temp, axis=-1))
     for p, h in enumerate(hs):
-        full = out.prompt_ids[p // 2] + h.tokens
-        logits = models.forward(CONFIG, params, jnp.asarray([full], jnp.int32))[0]
-        lp = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32) / temp, axis=-1))
-        n0 = len(out.prompt_ids[p // 2])
+        lp, n0 = lps[p], len(out.prompt_ids[p // 2])
         want = np.array([lp[n0 + j - 1, t] if a else 0.0 for j, (t, a) in enumerate(zip(h.tokens, h.action))])
         np.testing.assert_allclose(np.array(h.logprobs), want, atol=2e-5, err_msg=f"trajectory {p}")
         policy = sum(h.action)
