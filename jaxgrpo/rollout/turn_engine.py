@@ -106,7 +106,7 @@ def init_state(spec: TurnSpec, key: jax.Array, seq: np.ndarray, known: np.ndarra
     length, ``limit`` its first turn's token limit, ``active`` whether it decodes at all."""
     B = spec.rows
     row_key = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(B, dtype=jnp.uint32))
-    i32 = lambda x: jnp.asarray(x, jnp.int32)  # noqa: E731
+    i32 = lambda x: jnp.array(x, jnp.int32)  # noqa: E731  (a copy: the host keeps writing its own buffers)
     return TurnState(i32(seq), jnp.zeros(seq.shape, jnp.float32), jnp.zeros(B, jnp.int32), i32(known),
                      jnp.asarray(active, bool), jnp.zeros(B, jnp.int32), i32(limit), jnp.zeros(B, jnp.int32),
                      i32(base), row_key, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))  # fmt: skip
