@@ -10,8 +10,9 @@ probability about ``eos_frac`` and contains a call with probability about ``1 - 
 geometric length, trajectories of 1 to ``--max-turns`` turns. The tool sleeps ``x / 15 * --tool-ms`` ms.
 
 Both schedulers run the same prompts and settings (different samples: the loop draws per-turn keys, the engine
-per-row keys; the same distribution). Each runs once untimed (compiles; the loop may still meet a new batch size
-later, which then counts in its time), then the two are timed alternately ``--rounds`` times. Reported per scheduler:
+per-row keys; the same distribution). Each runs once untimed with the key of the timed rounds (so every program
+either needs, one per batch size and context width the loop meets, is compiled before the timing), then the two are
+timed alternately ``--rounds`` times, redrawing the same trajectories. Reported per scheduler:
 wall seconds, policy tokens, policy tokens/s (best and median round), turns and tool calls per trajectory; for the
 engine its `turn_driver.TurnStats` metrics. Writes ``benchmarks/results/multiturn_engine_<device>.json`` (or
 ``--out``).
@@ -143,10 +144,10 @@ def main() -> None:
     settings = MT.TurnSettings(max_turns=a.max_turns, max_new_tokens=a.max_new_tokens, temperature=1.0)
     args = (cfg, params, tok, examples, settings, eos)
     result = {"device": str(jax.devices()[0].device_kind), "jax": jax.__version__, "args": vars(a), "rounds": []}
-    for engine in (False, True):  # warm-up: compiles
-        one(engine, *args, seed=0, group_size=a.samples, block=a.block)
-    for r in range(a.rounds):
-        row = {name: one(engine, *args, seed=r + 1, group_size=a.samples, block=a.block)
+    for engine in (False, True):  # warm-up: compiles every program the timed rounds run (same key, same shapes)
+        one(engine, *args, seed=1, group_size=a.samples, block=a.block)
+    for _ in range(a.rounds):
+        row = {name: one(engine, *args, seed=1, group_size=a.samples, block=a.block)
                for name, engine in (("loop", False), ("engine", True))}  # fmt: skip
         result["rounds"].append(row)
         print(json.dumps(row), flush=True)
