@@ -137,6 +137,7 @@ class MultiTurn:
         chat = ChatFormat(self.tokenizer, episode.schemas, self.cfg.data.system_prompt)
         longest = max(examples, key=lambda e: len(e.prompt))
         n = len(chat.prompt_tokens(chat.prompt_messages(longest.prompt, episode.observation)))
+        self.prompt_width = n  # the engine's prefix-cache width for the run (turn_driver.rollout)
         room = model_config.max_position_embeddings - n
         if room < self.settings.max_new_tokens:
             raise ConfigError(
@@ -154,7 +155,8 @@ class MultiTurn:
                   system_prompt=self.cfg.data.system_prompt)  # fmt: skip
         if self.generate is None and r.engine == "continuous":
             out, stats = turn_driver.rollout(model_config, params, self.tokenizer, self.toolbox, self.runner,
-                                             examples, block=r.decode_block, **kw)  # fmt: skip
+                                             examples, block=r.decode_block, prompt_width=self.prompt_width,
+                                             **kw)  # fmt: skip
             self.rollout_stats = stats.metrics()
         else:
             out = MT.rollout(model_config, params, self.tokenizer, self.toolbox, self.runner, examples,

@@ -88,13 +88,13 @@ class _Run:
     """Host state of one engine rollout."""
 
     def __init__(self, config: models.ModelConfig, params: Any, t: Trajectories, settings: TurnSettings,
-                 eos: tuple[int, ...], key: jax.Array, group_size: int, block: int):  # fmt: skip
+                 eos: tuple[int, ...], key: jax.Array, group_size: int, block: int, prompt_width: int):  # fmt: skip
         self.config, self.t, self.settings, self.eos = config, t, settings, eos
         self.limit = int(config.max_position_embeddings)
         prefixes, firsts, W = _layout(t.hist, group_size, settings.budget)
         greedy = settings.temperature <= 0
         top_k = int(settings.top_k) if (not greedy and 0 < settings.top_k < config.vocab_size) else 0
-        tp = padding.prompt_bucket(max(max(len(p) for p in prefixes), 1))
+        tp = padding.prompt_bucket(max(max(len(p) for p in prefixes), prompt_width, 1))
         self.spec = TE.TurnSpec(len(prefixes), group_size, W, tp, int(block), greedy, top_k,
                                 (not greedy) and settings.top_p < 1.0, eos)  # fmt: skip
         B = self.spec.rows
@@ -178,14 +178,17 @@ def rollout(
     key: jax.Array,
     system_prompt: str | None = None,
     block: int = DEFAULT_BLOCK,
+    prompt_width: int = 0,
 ) -> tuple[MultiTurnRollout, TurnStats]:
     """G trajectories per example on the engine (module docstring); `multiturn.rollout`'s arguments (``params``:
-    compute-dtype params, `models.compute_params`) and ``block``, decode steps per block. Returns the rollout and
-    the engine's stats."""
+    compute-dtype params, `models.compute_params`), ``block``, decode steps per block, and ``prompt_width``, the least
+    prefix-cache width (a run's longest prompt: one decode program for the run, not one per prompt bucket met).
+    Returns the rollout and the engine's stats."""
     if block < 1:
         raise ValueError(f"decode block ({block}) must be >= 1")
     t = Trajectories.start(tokenizer, toolbox, examples, group_size, system_prompt)
-    run = _Run(model_config, params, t, settings, tuple(int(e) for e in eos_token_ids), key, group_size, block)
+    eos = tuple(int(e) for e in eos_token_ids)
+    run = _Run(model_config, params, t, settings, eos, key, group_size, block, prompt_width)
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxgrpo-tools")
     pending: tuple[concurrent.futures.Future, list[Any]] | None = None
     try:
