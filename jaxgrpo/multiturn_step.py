@@ -3,9 +3,11 @@
 
 One RL step, with the same prompts, keys, checkpoint and resume as a single-turn step (`jaxgrpo.trainer`):
 
-1. P prompts from the trainer's iterator; G trajectories each, run to the end by `jaxgrpo.rollout.multiturn.rollout`
-   over `sampling.generate` (the engine, one call per turn for the trajectories still running) with the key
-   ``fold_in(fold_in(key(seed), step), 0)``, tools in worker threads with ``rollout.tool_timeout``;
+1. P prompts from the trainer's iterator; G trajectories each, run to the end with the key
+   ``fold_in(fold_in(key(seed), step), 0)`` by the multi-turn engine (`jaxgrpo.rollout.turn_driver`, per-row caches:
+   a row waiting on its tools leaves the decode batch and comes back with its cache; ``rollout.engine=continuous``,
+   the default) or the simple loop (`jaxgrpo.rollout.multiturn.rollout`, one `sampling.generate` call per turn;
+   ``rollout.engine=static``), tools in worker threads with ``rollout.tool_timeout``;
 2. rewards: ``sum_i w_i fn_i(answer, example)`` over the ``data.rewards`` functions, where ``answer`` is the text of
    the trajectory's last policy turn (its answer; "" when a limit stopped it), plus, with the reserved name
    ``environment`` in ``data.rewards``, ``w * env.get_reward()`` of the trajectory's environment instance;
@@ -43,7 +45,7 @@ from jaxgrpo.errors import ConfigError, RewardError
 from jaxgrpo.example import Example
 from jaxgrpo.models import lora
 from jaxgrpo.rewards import Scorer
-from jaxgrpo.rollout import history
+from jaxgrpo.rollout import history, turn_driver
 from jaxgrpo.rollout import multiturn as MT
 from jaxgrpo.rollout.env import Toolbox
 from jaxgrpo.rollout.history import ChatFormat
@@ -107,9 +109,13 @@ class Scored:
 class MultiTurn:
     """What a multi-turn run holds between steps: the toolbox, the tool runner and the turn settings.
 
-    ``generate``: the sampler, `sampling.generate` (a test may put a scripted policy in its place)."""
+    The sampler: with ``rollout.engine=continuous`` (the default) the multi-turn engine (`jaxgrpo.rollout.turn_driver`:
+    per-row caches, a row waiting on its tools leaves the decode batch); with ``static`` the simple loop
+    (`jaxgrpo.rollout.multiturn.rollout`: one `sampling.generate` call per turn for the trajectories still running).
+    ``generate``: a `sampling.generate` stand-in for the simple loop (a test's scripted policy; it implies the loop).
+    ``rollout_stats``: the engine's metrics of the last `sample` (`turn_driver.TurnStats`; none for the loop)."""
 
-    generate: Callable[..., sampling.Completions] = staticmethod(sampling.generate)
+    generate: Callable[..., sampling.Completions] | None = None
 
     def __init__(self, cfg: Config, tokenizer: Any, model_config: models.ModelConfig,
                  eos_token_ids: Sequence[int], examples: Sequence[Example]):  # fmt: skip
@@ -122,6 +128,7 @@ class MultiTurn:
                                         top_p=r.top_p, top_k=r.top_k)  # fmt: skip
         self.check_context(model_config, examples)
         self.runner = ToolRunner(workers=max(1, d.reward_workers), timeout=r.tool_timeout)
+        self.rollout_stats: dict[str, float] = {}
 
     def check_context(self, model_config: models.ModelConfig, examples: Sequence[Example]) -> None:
         """`ConfigError` when the longest prompt, rendered with the tools' description, leaves no room for a turn
@@ -130,6 +137,7 @@ class MultiTurn:
         chat = ChatFormat(self.tokenizer, episode.schemas, self.cfg.data.system_prompt)
         longest = max(examples, key=lambda e: len(e.prompt))
         n = len(chat.prompt_tokens(chat.prompt_messages(longest.prompt, episode.observation)))
+        self.prompt_width = n  # the engine's prefix-cache width for the run (turn_driver.rollout)
         room = model_config.max_position_embeddings - n
         if room < self.settings.max_new_tokens:
             raise ConfigError(
@@ -141,10 +149,19 @@ class MultiTurn:
     def sample(self, model_config: models.ModelConfig, params: Any, examples: Sequence[Example], key: jax.Array,
                scorer: Scorer | None) -> Scored:  # fmt: skip
         """G trajectories per example, scored (rewards as in the module docstring)."""
-        g = self.cfg.rollout.group_size
-        out = MT.rollout(model_config, params, self.tokenizer, self.toolbox, self.runner, examples, group_size=g,
-                         settings=self.settings, eos_token_ids=self.eos_token_ids, key=key,
-                         system_prompt=self.cfg.data.system_prompt, generate=self.generate)  # fmt: skip
+        r = self.cfg.rollout
+        g = r.group_size
+        kw = dict(group_size=g, settings=self.settings, eos_token_ids=self.eos_token_ids, key=key,
+                  system_prompt=self.cfg.data.system_prompt)  # fmt: skip
+        if self.generate is None and r.engine == "continuous":
+            out, stats = turn_driver.rollout(model_config, params, self.tokenizer, self.toolbox, self.runner,
+                                             examples, block=r.decode_block, prompt_width=self.prompt_width,
+                                             **kw)  # fmt: skip
+            self.rollout_stats = stats.metrics()
+        else:
+            out = MT.rollout(model_config, params, self.tokenizer, self.toolbox, self.runner, examples,
+                             generate=self.generate or sampling.generate, **kw)  # fmt: skip
+            self.rollout_stats = {}
         rows = [e for e in examples for _ in range(g)]
         n = len(rows)
         rewards, valid = np.zeros(n, np.float32), np.ones(n, bool)
@@ -223,6 +240,7 @@ def train_step(trainer: Any, step: int) -> dict[str, float]:
     t2 = time.perf_counter()
     g = trainer.cfg.rollout.group_size
     metrics.update(step_metrics(scored, g))
+    metrics.update(mt.rollout_stats)
     if trainer.scorer is not None:
         metrics.update(trainer.scorer.take_stats())
     metrics["time/sample_s"], metrics["time/train_s"] = t1 - t0, t2 - t1

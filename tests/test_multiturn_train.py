@@ -4,7 +4,7 @@
 A tiny random model with SmolLM2's tokenizer and chat template (one compiled shape set for the module):
 
 * a killed run resumes exactly: 1 step, then resumed to 3, against an uninterrupted 3-step run (every metric and
-  every parameter equal), the pattern of tests/test_faults.py;
+  every parameter equal), the pattern of tests/test_faults.py; it samples on the multi-turn engine (the default);
 * tools that hang, raise or return something unprintable, called by a scripted policy inside a trainer run: each
   is answered as an error, counted in the metrics (the expected counts follow from the script), and the run goes on;
 * the README's ten-line environment trains with only its own ``get_reward`` as the reward;
@@ -149,6 +149,7 @@ def test_killed_multiturn_run_resumes_exactly(reference, smollm2_gguf, tmp_path)
     want = metrics_log.read_metrics(reference)
     assert [r["step"] for r in want] == [1, 2, 3]
     assert {"multiturn/turns", "multiturn/tool_calls", "multiturn/action_token_share"} <= set(want[0])
+    assert {"rollout/row_utilization", "rollout/forced_tokens"} <= set(want[0])  # on the multi-turn engine
     run = tmp_path / "run"
     trainer.run(small(smollm2_gguf, "train.steps=1"), run)
     history = trainer.run(small(smollm2_gguf, "train.steps=3"), run)

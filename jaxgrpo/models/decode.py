@@ -268,12 +268,14 @@ def decode_step(
     mask_BM: jax.Array,
 ) -> tuple[jax.Array, list[KVCache]]:
     """One token per row: row ``b`` (of ``B = S * G``, slot-major: row ``b`` reads prefix slot ``b // G``) feeds
-    ``tokens_B[b]`` at RoPE position ``positions_B[b]``, writes its key/value at decode slot ``slot`` (one slot for
-    every row: an in-place `lax.dynamic_update_slice`) and attends to its prompt's prefix (``prefix`` per layer
-    ``k [S, K, Tp, H]``, ``v [S, K, H, Tp]``, masked by ``prefix_mask [S, Tp]``) and to its decode slots where
-    ``mask_BM`` (which must include ``slot``; ``cache`` per layer ``k [B, K, M, H]``, ``v [B, K, H, M]``). Keys carry
-    their RoPE position, so the order of the slots does not matter: the engine writes them as a ring. Returns the
-    final-normed hidden state ``[B, D]`` and the cache (donate it when jitting)."""
+    ``tokens_B[b]`` at RoPE position ``positions_B[b]``, writes its key/value at decode slot ``slot`` and attends to its
+    prompt's prefix (``prefix`` per layer ``k [S, K, Tp, H]``, ``v [S, K, H, Tp]``, masked by ``prefix_mask [S, Tp]``)
+    and to its decode slots where ``mask_BM`` (which must include ``slot``; ``cache`` per layer ``k [B, K, M, H]``,
+    ``v [B, K, H, M]``). ``slot``: a scalar, one slot for every row (an in-place `lax.dynamic_update_slice`), or
+    ``[B]``, a slot per row (a scatter; a row whose slot is past the cache writes nothing: the multi-turn engine's
+    per-row linear caches, `jaxgrpo.rollout.turn_engine`). Keys carry their RoPE position, so the order of the slots
+    does not matter: the single-turn engine writes them as a ring. Returns the final-normed hidden state ``[B, D]``
+    and the cache (donate it when jitting)."""
     x = embed(config, weights, tokens_B[:, None])
     rope = rope_tables(config, positions_B[:, None])
     zero = jnp.zeros((), jnp.int32)
@@ -281,8 +283,14 @@ def decode_step(
     for w, (kp, vp), (ck, cv) in zip(weights["layers"], prefix, cache):
 
         def attend(q, k, v, ck=ck, cv=cv, kp=kp, vp=vp):
-            ck = jax.lax.dynamic_update_slice(ck, k.transpose(0, 2, 1, 3).astype(ck.dtype), (zero, zero, slot, zero))
-            cv = jax.lax.dynamic_update_slice(cv, v.transpose(0, 2, 3, 1).astype(cv.dtype), (zero, zero, zero, slot))
+            if jnp.ndim(slot):  # a slot per row (a scatter; a slot past the cache drops that row's write)
+                rows = jnp.arange(ck.shape[0])
+                ck = ck.at[rows, :, slot].set(k[:, 0].astype(ck.dtype), mode="drop")
+                cv = cv.at[rows, :, :, slot].set(v[:, 0].astype(cv.dtype), mode="drop")
+            else:
+                kt, vt = k.transpose(0, 2, 1, 3).astype(ck.dtype), v.transpose(0, 2, 3, 1).astype(cv.dtype)
+                ck = jax.lax.dynamic_update_slice(ck, kt, (zero, zero, slot, zero))
+                cv = jax.lax.dynamic_update_slice(cv, vt, (zero, zero, zero, slot))
             new_cache.append(KVCache(ck, cv))
             a = attend_decode(q[:, 0], kp.astype(q.dtype), vp.astype(q.dtype), prefix_mask, ck.astype(q.dtype),
                               cv.astype(q.dtype), mask_BM)  # fmt: skip

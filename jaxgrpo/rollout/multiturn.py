@@ -15,7 +15,9 @@ Per trajectory (G per example, each with its own environment instance, `jaxgrpo.
    prompt or the model's ``max_position_embeddings`` (``truncated``).
 
 This is the simple loop (the whole batch waits for each turn's slowest row, and each turn re-encodes its
-contexts); the engine's continuous batching with per-row caches replaces it, keeping `TurnHistory` and the record.
+contexts): ``rollout.engine=static``. The multi-turn engine (`jaxgrpo.rollout.turn_driver`, the default) runs the same
+turns with per-row caches: a row waiting on its tools leaves the decode batch and comes back with its cache. Both
+apply the same turn rules (`Trajectories`) and return the same `MultiTurnRollout` with its `TurnHistory` record.
 """
 
 from __future__ import annotations
@@ -79,6 +81,79 @@ def _shared_prompts(histories: list[TurnHistory], group_size: int) -> list[list[
     return prompts
 
 
+@dataclasses.dataclass
+class Trajectories:
+    """The host side of ``B = P * G`` trajectories in flight, shared by the simple loop and the engine
+    (`jaxgrpo.rollout.turn_driver`): environments, chat format, conversations and token histories."""
+
+    episodes: list[Episode]
+    chat: ChatFormat
+    messages: list[list[dict[str, Any]]]
+    base: list[list[dict[str, Any]]]  # each trajectory's first messages
+    hist: list[TurnHistory]
+    answers: list[str]
+
+    @classmethod
+    def start(cls, tokenizer: Any, toolbox: Toolbox | None, examples: Sequence[Any], group_size: int,
+              system_prompt: str | None) -> Trajectories:  # fmt: skip
+        rows = [ex for ex in examples for _ in range(group_size)]
+        episodes = toolbox.episodes(rows) if toolbox is not None else [Episode(None, {}, []) for _ in rows]
+        chat = ChatFormat(tokenizer, episodes[0].schemas, system_prompt)
+        messages = [chat.prompt_messages(_prompt_of(ex), ep.observation) for ex, ep in zip(rows, episodes)]
+        hist = [TurnHistory(prompt=chat.prompt_tokens(m)) for m in messages]
+        return cls(episodes, chat, messages, [list(m) for m in messages], hist, [""] * len(hist))
+
+    def no_room(self, i: int, settings: TurnSettings, limit: int) -> bool:
+        """Whether trajectory ``i`` has no room for another turn (then it is marked truncated)."""
+        h = self.hist[i]
+        if len(h.tokens) >= settings.budget or h.total_tokens + settings.max_new_tokens > limit:
+            h.done = h.truncated = True
+        return h.done
+
+    def end_turn(self, i: int, tokens: Sequence[int], logprobs: Sequence[float], settings: TurnSettings,
+                 eos_token_ids: Sequence[int]) -> tuple[list[Any], int | None] | None:  # fmt: skip
+        """Append a policy turn (cut at the token budget) to trajectory ``i``; returns its tool calls and its
+        end-of-turn token (None: cut off) when tools are to run, None when the trajectory is done."""
+        h = self.hist[i]
+        n = min(len(tokens), settings.budget - len(h.tokens))
+        toks = [int(t) for t in tokens[:n]]
+        h.add_policy(toks, logprobs[:n])
+        text = self.chat.tok.decode(toks, skip_special_tokens=True)
+        found = parse_tool_calls(text, self.chat.format)
+        self.messages[i].append({"role": "assistant", "content": text})
+        if not found:
+            h.done, self.answers[i] = True, text
+        elif h.turns >= settings.max_turns or len(h.tokens) >= settings.budget:
+            h.done = h.truncated = True
+        if h.done:
+            return None
+        return found, (toks[-1] if n > 0 and toks[-1] in eos_token_ids else None)
+
+    def add_replies(self, i: int, found: Sequence[Any], results: Sequence[Any], last: int | None,
+                    settings: TurnSettings) -> list[int] | None:  # fmt: skip
+        """Count trajectory ``i``'s tool results and append their template tokens; returns them, or None when they
+        pass the token budget (the trajectory is then truncated)."""
+        h = self.hist[i]
+        h.tool_calls += len(found)
+        h.tool_errors += sum(r.error for r in results)  # malformed calls, unknown tools, raises, timeouts
+        h.tool_timeouts += sum(r.timed_out for r in results)
+        replies = [r.message() for r in results]
+        self.messages[i] += replies
+        delta = self.chat.reply_tokens(self.base[i], replies, last)
+        if len(h.tokens) + len(delta) >= settings.budget:
+            h.done = h.truncated = True
+            return None
+        h.add_context(delta)
+        return delta
+
+    def finish(self, group_size: int) -> MultiTurnRollout:
+        for h in self.hist:
+            if not h.done:
+                h.done = h.truncated = True
+        prompts = _shared_prompts(self.hist, group_size)
+        return MultiTurnRollout(prompts, self.hist, self.episodes, self.messages, self.answers)
+
+
 def rollout(
     model_config: Any,
     params: Any,
@@ -96,20 +171,11 @@ def rollout(
 ) -> MultiTurnRollout:
     """Runs G trajectories per example to the end (see the module docstring). ``generate``: the sampler, with
     `sampling.generate`'s signature (a test may script the policy). ``toolbox=None``: no tools (one answer turn)."""
-    rows = [ex for ex in examples for _ in range(group_size)]
-    episodes = toolbox.episodes(rows) if toolbox is not None else [Episode(None, {}, []) for _ in rows]
-    chat = ChatFormat(tokenizer, episodes[0].schemas, system_prompt)
-    messages = [chat.prompt_messages(_prompt_of(ex), ep.observation) for ex, ep in zip(rows, episodes)]
-    base = [list(m) for m in messages]
-    hist = [TurnHistory(prompt=chat.prompt_tokens(m)) for m in messages]
-    answers = [""] * len(hist)
+    t = Trajectories.start(tokenizer, toolbox, examples, group_size, system_prompt)
+    hist = t.hist
     limit = int(model_config.max_position_embeddings)
     for _ in range(settings.max_turns):
-        live = [i for i, h in enumerate(hist) if not h.done]
-        for i in live:  # no room for another turn
-            if len(hist[i].tokens) >= settings.budget or hist[i].total_tokens + settings.max_new_tokens > limit:
-                hist[i].done = hist[i].truncated = True
-        live = [i for i in live if not hist[i].done]
+        live = [i for i, h in enumerate(hist) if not h.done and not t.no_room(i, settings, limit)]
         if not live:
             break
         key, sub = jax.random.split(key)
@@ -117,40 +183,16 @@ def rollout(
                        temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
                        eos_token_ids=tuple(eos_token_ids), key=sub)  # fmt: skip
         toks, lps, lens = np.asarray(out.tokens), np.asarray(out.logprobs), np.asarray(out.lengths)
-        pending, calls = [], []
+        pending = []
         for r, i in enumerate(live):
-            h, n = hist[i], int(lens[r])
-            n = min(n, settings.budget - len(h.tokens))
-            h.add_policy(toks[r, :n], lps[r, :n])
-            text = tokenizer.decode(toks[r, :n], skip_special_tokens=True)
-            found = parse_tool_calls(text, chat.format)
-            messages[i].append({"role": "assistant", "content": text})
-            if not found:
-                h.done, answers[i] = True, text
-            elif h.turns >= settings.max_turns or len(h.tokens) >= settings.budget:
-                h.done = h.truncated = True
-            else:
-                ended = n > 0 and int(toks[r, n - 1]) in eos_token_ids
-                pending.append((i, int(toks[r, n - 1]) if ended else None))
-                calls.append(found)
-        results = runner.run(calls, [episodes[i].tools for i, _ in pending]) if calls else []
-        for (i, last), found, res in zip(pending, calls, results):
-            h = hist[i]
-            h.tool_calls += len(found)
-            h.tool_errors += sum(r.error for r in res)  # malformed calls, unknown tools, raises, timeouts
-            h.tool_timeouts += sum(r.timed_out for r in res)
-            replies = [r.message() for r in res]
-            messages[i] += replies
-            delta = chat.reply_tokens(base[i], replies, last)
-            if len(h.tokens) + len(delta) >= settings.budget:
-                h.done = h.truncated = True
-            else:
-                h.add_context(delta)
-    for h in hist:
-        if not h.done:
-            h.done = h.truncated = True
-    prompts = _shared_prompts(hist, group_size)
-    return MultiTurnRollout(prompts, hist, episodes, messages, answers)
+            ended = t.end_turn(i, toks[r, : lens[r]], lps[r, : lens[r]], settings, eos_token_ids)
+            if ended is not None:
+                pending.append((i, *ended))
+        tools = [t.episodes[i].tools for i, _, _ in pending]
+        results = runner.run([c for _, c, _ in pending], tools) if pending else []
+        for (i, found, last), res in zip(pending, results):
+            t.add_replies(i, found, res, last, settings)
+    return t.finish(group_size)
 
 
 def _prompt_of(example: Any) -> str:
