@@ -138,7 +138,9 @@ def reference(smollm2_gguf, tmp_path_factory):
 
 def assert_same_metrics(got: dict, want: dict, what: str) -> None:
     for k, v in want.items():
-        if not k.startswith(("time/", "throughput/")) and not k.endswith("_per_s"):  # timings
+        # timings; the engine's step count and row utilization depend on when each tool returns
+        if (not k.startswith(("time/", "throughput/")) and not k.endswith("_per_s")
+                and k not in ("rollout/decode_steps", "rollout/row_utilization")):
             np.testing.assert_allclose(got[k], v, rtol=1e-5, atol=1e-6, err_msg=f"{what}: {k}")
 
 

@@ -102,17 +102,39 @@ def params():
     RELEASE.set()
 
 
-def run(params, settings, key=0, engine_loop=True, block=4):
+class SlowEnv(CalcEnv):
+    """`CalcEnv` whose ``calc`` never raises or hangs but sleeps ``delay`` seconds, noting the decode blocks the
+    driver ran meanwhile (``BLOCKS``: the count so far, kept by a patched `turn_driver._Run.decode`)."""
+
+    delay = 0.0
+    during: list[int] = []
+
+    def calc(self, x: int) -> str:
+        """Squares a number.
+
+        Args:
+            x: the number
+        """
+        before = BLOCKS[0]
+        threading.Event().wait(self.delay)
+        SlowEnv.during.append(BLOCKS[0] - before)
+        return str(x * x)
+
+
+BLOCKS = [0]
+
+
+def run(params, settings, key=0, engine_loop=True, block=4, env=CalcEnv, timeout=0.2):
     CalcEnv.count = 0
-    tok, runner = FakeTokenizer(), ToolRunner(workers=2, timeout=0.2)
+    tok, runner = FakeTokenizer(), ToolRunner(workers=2, timeout=timeout)
     examples = [{"prompt": f"what is {i}?"} for i in range(3)]
     kw = dict(group_size=2, settings=settings, eos_token_ids=EOS, key=jax.random.key(key))
     try:
         if engine_loop:
-            out, stats = turn_driver.rollout(CONFIG, params, tok, Toolbox(CalcEnv), runner, examples, block=block,
+            out, stats = turn_driver.rollout(CONFIG, params, tok, Toolbox(env), runner, examples, block=block,
                                              **kw)  # fmt: skip
             return out, stats
-        return MT.rollout(CONFIG, params, tok, Toolbox(CalcEnv), runner, examples, **kw), None
+        return MT.rollout(CONFIG, params, tok, Toolbox(env), runner, examples, **kw), None
     finally:
         runner.close()
 
@@ -194,3 +216,27 @@ def test_paused_row_cache_survives_other_rows_decoding(params):
     sampled = [2] + list(range(6, n))  # the first turn's token and the second turn's
     want = [float(lp[len(prefix) + j - 1, history[len(prefix) + j]]) for j in sampled]
     np.testing.assert_allclose(np.asarray(state.logprobs[0])[sampled], want, atol=2e-5)
+
+
+def test_a_slow_tool_delays_its_row_only(params, monkeypatch):
+    """Every tool call sleeps 0.3 s: the trajectories, sampled at temperature 0.7, are those of instant tools (a
+    row's tokens depend on its key and its own cache, not on when it returns), and the other rows decode while a tool
+    runs (several blocks during a call; a driver that takes each result after one block would run at most one)."""
+    decode = turn_driver._Run.decode
+
+    def counted(self):
+        BLOCKS[0] += 1
+        return decode(self)
+
+    monkeypatch.setattr(turn_driver._Run, "decode", counted)
+    settings = MT.TurnSettings(max_turns=3, max_new_tokens=6, max_total_tokens=300, temperature=0.7)
+    outs = []
+    for delay in (0.0, 0.3):
+        SlowEnv.delay, SlowEnv.during = delay, []
+        outs.append(run(params, settings, key=3, env=SlowEnv, timeout=10.0)[0])
+    (fast, slow), during = outs, SlowEnv.during
+    assert sum(h.tool_calls for h in slow.histories) > 0 and slow.answers == fast.answers
+    for i, (g, w) in enumerate(zip(slow.histories, fast.histories)):
+        assert (g.tokens, g.action, g.turns, g.tool_calls) == (w.tokens, w.action, w.turns, w.tool_calls), i
+        np.testing.assert_array_equal(g.logprobs, w.logprobs)
+    assert max(during) >= 3, during

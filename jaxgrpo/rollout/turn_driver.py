@@ -10,12 +10,16 @@ budget and truncation rules (`multiturn.Trajectories`, shared by both), the same
   each row's prompt is its first known tokens, fed by forcing;
 * the host runs decode blocks of ``block`` steps; after each, every row that ended a turn in it is handed to
   `multiturn.Trajectories.end_turn` (its sampled tokens, never re-tokenized); its tool calls are submitted to a
-  tool thread (`tools.ToolRunner`, ``rollout.tool_timeout``) and run while the next block decodes the other rows;
-  after that block the host takes their results (waiting if they are not there yet), appends the tool messages'
-  template tokens to the row's buffer and puts the row back (`turn_engine.resume`).
+  tool thread (`tools.ToolRunner`, ``rollout.tool_timeout``) and run while the following blocks decode the other
+  rows; after each block the host takes the results that are ready (it waits only when no row is left to decode),
+  appends the tool messages' template tokens to their rows' buffers and puts the rows back (`turn_engine.resume`).
 
-The schedule depends only on the tokens, never on how long a tool takes (a tool's results are taken after exactly
-one block), so a run and its metrics are reproducible: a resumed training run redraws the same trajectories.
+A row's tokens do not depend on the schedule: its token ``n`` is drawn with ``fold_in(fold_in(key, row), n)`` and
+computed from its own cache alone, so a slow tool delays its row, never changes a trajectory, and a resumed training
+run redraws the same trajectories. What a tool's duration does change is when its row returns, and so
+``rollout/decode_steps`` and ``rollout/row_utilization`` (timings, like ``decode_tokens_per_s``). Taking each
+result after a fixed one block instead made the schedule reproducible but stalled every other row behind the
+slowest tool: on an H200, with tools of up to 200 ms, that ran at 0.49x the simple loop (BENCHMARKS §9).
 
 Metrics (`TurnStats`): ``rollout/row_utilization`` = row-steps on rows in the batch / (decode steps * B);
 ``rollout/forced_tokens`` = tokens prefilled by forcing (the rows' prompt rests and the appended template and tool
@@ -189,18 +193,20 @@ def rollout(
     t = Trajectories.start(tokenizer, toolbox, examples, group_size, system_prompt)
     eos = tuple(int(e) for e in eos_token_ids)
     run = _Run(model_config, params, t, settings, eos, key, group_size, block, prompt_width)
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxgrpo-tools")
-    pending: tuple[concurrent.futures.Future, list[Any]] | None = None
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxgrpo-tools")  # batches run in order
+    pending: list[tuple[concurrent.futures.Future, list[Any]]] = []
     try:
-        while run.active.any() or pending is not None:
+        while run.active.any() or pending:
             ended = run.decode() if run.active.any() else np.zeros(0, int)
             calls = run.end_turns(ended)
-            if pending is not None:  # submitted after the previous block: ran while this one decoded
-                run.resume(pending[1], pending[0].result())
-            pending = None
+            if pending and not run.active.any() and not calls:  # nothing to decode: wait for the oldest batch
+                pending[0][0].result()
+            while pending and pending[0][0].done():  # the batches whose tools finished, in submission order
+                future, done = pending.pop(0)
+                run.resume(done, future.result())
             if calls:
                 tools = [t.episodes[b].tools for b, _, _ in calls]
-                pending = (pool.submit(runner.run, [c for _, c, _ in calls], tools), calls)
+                pending.append((pool.submit(runner.run, [c for _, c, _ in calls], tools), calls))
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     st = jax.device_get((run.state.active_steps, run.state.forced_steps))
