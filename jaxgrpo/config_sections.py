@@ -97,6 +97,9 @@ class RolloutConfig:
     max_turns: int = 4
     max_total_tokens: int | None = None
     tool_timeout: float | None = 10.0
+    # multi-turn on the per-row-cache engine (jaxgrpo.rollout.turn_driver) instead of the simple loop (one batched
+    # generate call per turn); off by default: measured slower than the loop on a CPU (BENCHMARKS §9, docs/multiturn.md)
+    turn_engine: bool = False
     # degeneracy-aware scheduling (jaxgrpo.scheduler, docs/degeneracy.md §4): none = every drawn prompt gets G samples;
     # skip = a prompt whose last z groups were all-pass (or all-fail) is skipped with probability
     # 1 - max(schedule_explore^z, schedule_min_keep) (GRESO); adaptive = G_i from the prompt's estimated success

@@ -5,9 +5,9 @@ One RL step, with the same prompts, keys, checkpoint and resume as a single-turn
 
 1. P prompts from the trainer's iterator; G trajectories each, run to the end with the key
    ``fold_in(fold_in(key(seed), step), 0)`` by the multi-turn engine (`jaxgrpo.rollout.turn_driver`, per-row caches:
-   a row waiting on its tools leaves the decode batch and comes back with its cache; ``rollout.engine=continuous``,
-   the default) or the simple loop (`jaxgrpo.rollout.multiturn.rollout`, one `sampling.generate` call per turn;
-   ``rollout.engine=static``), tools in worker threads with ``rollout.tool_timeout``;
+   a row waiting on its tools leaves the decode batch and comes back with its cache; ``rollout.turn_engine=true``)
+   or the simple loop (`jaxgrpo.rollout.multiturn.rollout`, one `sampling.generate` call per turn; the default),
+   tools in worker threads with ``rollout.tool_timeout``;
 2. rewards: ``sum_i w_i fn_i(answer, example)`` over the ``data.rewards`` functions, where ``answer`` is the text of
    the trajectory's last policy turn (its answer; "" when a limit stopped it), plus, with the reserved name
    ``environment`` in ``data.rewards``, ``w * env.get_reward()`` of the trajectory's environment instance;
@@ -109,8 +109,8 @@ class Scored:
 class MultiTurn:
     """What a multi-turn run holds between steps: the toolbox, the tool runner and the turn settings.
 
-    The sampler: with ``rollout.engine=continuous`` (the default) the multi-turn engine (`jaxgrpo.rollout.turn_driver`:
-    per-row caches, a row waiting on its tools leaves the decode batch); with ``static`` the simple loop
+    The sampler: with ``rollout.turn_engine=true`` the multi-turn engine (`jaxgrpo.rollout.turn_driver`: per-row
+    caches, a row waiting on its tools leaves the decode batch); else (the default) the simple loop
     (`jaxgrpo.rollout.multiturn.rollout`: one `sampling.generate` call per turn for the trajectories still running).
     ``generate``: a `sampling.generate` stand-in for the simple loop (a test's scripted policy; it implies the loop).
     ``rollout_stats``: the engine's metrics of the last `sample` (`turn_driver.TurnStats`; none for the loop)."""
@@ -153,7 +153,7 @@ class MultiTurn:
         g = r.group_size
         kw = dict(group_size=g, settings=self.settings, eos_token_ids=self.eos_token_ids, key=key,
                   system_prompt=self.cfg.data.system_prompt)  # fmt: skip
-        if self.generate is None and r.engine == "continuous":
+        if self.generate is None and r.turn_engine:
             out, stats = turn_driver.rollout(model_config, params, self.tokenizer, self.toolbox, self.runner,
                                              examples, block=r.decode_block, prompt_width=self.prompt_width,
                                              **kw)  # fmt: skip

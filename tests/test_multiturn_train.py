@@ -4,7 +4,8 @@
 A tiny random model with SmolLM2's tokenizer and chat template (one compiled shape set for the module):
 
 * a killed run resumes exactly: 1 step, then resumed to 3, against an uninterrupted 3-step run (every metric and
-  every parameter equal), the pattern of tests/test_faults.py; it samples on the multi-turn engine (the default);
+  every parameter equal), the pattern of tests/test_faults.py; it samples on the multi-turn engine
+  (``rollout.turn_engine=true``; the other runs here use the simple loop, the default);
 * tools that hang, raise or return something unprintable, called by a scripted policy inside a trainer run: each
   is answered as an error, counted in the metrics (the expected counts follow from the script), and the run goes on;
 * the README's ten-line environment trains with only its own ``get_reward`` as the reward;
@@ -115,6 +116,9 @@ def tok(smollm2_gguf):
     return load_tokenizer(str(smollm2_gguf))
 
 
+ENGINE = "rollout.turn_engine=true"  # the multi-turn engine (the reference run and its resume)
+
+
 def small(gguf: pathlib.Path, *extra: str) -> config_lib.Config:
     """A tiny random model with SmolLM2's vocabulary and template, on one-digit sums in words, P = G = 2."""
     base = ["model.name_or_path=tiny", f"model.tokenizer={gguf}", "model.hidden_size=32", "model.intermediate_size=64",
@@ -132,7 +136,7 @@ def small(gguf: pathlib.Path, *extra: str) -> config_lib.Config:
 def reference(smollm2_gguf, tmp_path_factory):
     """An uninterrupted 3-step multi-turn run, checkpointed after every step."""
     run = tmp_path_factory.mktemp("mt_reference") / "run"
-    trainer.run(small(smollm2_gguf, "train.steps=3"), run)
+    trainer.run(small(smollm2_gguf, "train.steps=3", ENGINE), run)
     return run
 
 
@@ -153,14 +157,14 @@ def test_killed_multiturn_run_resumes_exactly(reference, smollm2_gguf, tmp_path)
     assert {"multiturn/turns", "multiturn/tool_calls", "multiturn/action_token_share"} <= set(want[0])
     assert {"rollout/row_utilization", "rollout/forced_tokens"} <= set(want[0])  # on the multi-turn engine
     run = tmp_path / "run"
-    trainer.run(small(smollm2_gguf, "train.steps=1"), run)
-    history = trainer.run(small(smollm2_gguf, "train.steps=3"), run)
+    trainer.run(small(smollm2_gguf, "train.steps=1", ENGINE), run)
+    history = trainer.run(small(smollm2_gguf, "train.steps=3", ENGINE), run)
     assert len(history) == 2  # steps 2 and 3, from the step-1 checkpoint
     got = metrics_log.read_metrics(run)
     assert [r["step"] for r in got] == [1, 2, 3]
     for i in range(3):
         assert_same_metrics(got[i], want[i], f"step {i + 1}")
-    cfg = small(smollm2_gguf, "train.steps=3")
+    cfg = small(smollm2_gguf, "train.steps=3", ENGINE)
     a = eval_lib.load_policy_for_eval(cfg, reference, 3).params
     b = eval_lib.load_policy_for_eval(cfg, run, 3).params
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):

@@ -48,6 +48,9 @@ from jaxgrpo.rollout.tools import ToolRunner
 DEFAULT_BLOCK = 8
 
 
+_BATCH_THREADS = 64  # batches of tool calls in flight at once (a block's ended rows make one batch)
+
+
 @dataclasses.dataclass
 class TurnStats:
     decode_steps: int = 0
@@ -193,16 +196,18 @@ def rollout(
     t = Trajectories.start(tokenizer, toolbox, examples, group_size, system_prompt)
     eos = tuple(int(e) for e in eos_token_ids)
     run = _Run(model_config, params, t, settings, eos, key, group_size, block, prompt_width)
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxgrpo-tools")  # batches run in order
+    # one thread per batch of calls in flight, so batches run side by side (each call on the runner's workers, which
+    # bound how many run at once): one thread would queue a block's calls behind every earlier block's
+    pool = concurrent.futures.ThreadPoolExecutor(_BATCH_THREADS, thread_name_prefix="jaxgrpo-tools")
     pending: list[tuple[concurrent.futures.Future, list[Any]]] = []
     try:
         while run.active.any() or pending:
             ended = run.decode() if run.active.any() else np.zeros(0, int)
             calls = run.end_turns(ended)
-            if pending and not run.active.any() and not calls:  # nothing to decode: wait for the oldest batch
-                pending[0][0].result()
-            while pending and pending[0][0].done():  # the batches whose tools finished, in submission order
-                future, done = pending.pop(0)
+            if pending and not run.active.any() and not calls:  # nothing to decode: wait for a batch
+                concurrent.futures.wait([f for f, _ in pending], return_when=concurrent.futures.FIRST_COMPLETED)
+            for future, done in [p for p in pending if p[0].done()]:  # the batches whose tools have finished
+                pending.remove((future, done))
                 run.resume(done, future.result())
             if calls:
                 tools = [t.episodes[b].tools for b, _, _ in calls]
