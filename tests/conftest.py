@@ -42,7 +42,9 @@ if os.environ.get("JAXGRPO_TEST_FAST_COMPILE") is None:
                             env={**os.environ, "XLA_FLAGS": f"{os.environ['XLA_FLAGS']} {FAST_COMPILE_FLAGS}"},
                             capture_output=True)
     os.environ["JAXGRPO_TEST_FAST_COMPILE"] = "1" if _probe.returncode == 0 else "0"
-if os.environ["JAXGRPO_TEST_FAST_COMPILE"] == "1" and FAST_COMPILE_FLAGS not in os.environ["XLA_FLAGS"]:
+# what a test that sets its subprocess's own XLA_FLAGS (one device, a two-process mesh) adds to them
+os.environ["JAXGRPO_TEST_XLA_EXTRA"] = FAST_COMPILE_FLAGS if os.environ["JAXGRPO_TEST_FAST_COMPILE"] == "1" else ""
+if os.environ["JAXGRPO_TEST_XLA_EXTRA"] and FAST_COMPILE_FLAGS not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " " + FAST_COMPILE_FLAGS
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

@@ -18,7 +18,7 @@ import numpy as np
 
 PRELUDE = r"""
 import os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4 " + os.environ.get("JAXGRPO_TEST_XLA_EXTRA", "")
 os.environ["JAX_PLATFORMS"] = "cpu"
 import jax
 jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -188,7 +188,7 @@ def test_process_killed_mid_save_restores_last_complete(tmp_path):
     env = dict(
         os.environ,
         JAX_PLATFORMS="cpu",
-        XLA_FLAGS="",
+        XLA_FLAGS=os.environ.get("JAXGRPO_TEST_XLA_EXTRA", ""),  # one device (conftest's compile flags)
         PYTHONPATH=os.pathsep.join([repo, *filter(None, [os.environ.get("PYTHONPATH")])]),
     )
     proc = subprocess.run(

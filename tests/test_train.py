@@ -148,7 +148,7 @@ def _train_cmd(run_dir: pathlib.Path, *extra: str) -> list[str]:
 def _env() -> dict:
     env = dict(os.environ)
     env.pop("JAXGRPO_MALLOC", None)  # the CLI's default malloc mode, whatever the developer's shell exports
-    env["XLA_FLAGS"] = ""  # one CPU device, like a laptop
+    env["XLA_FLAGS"] = os.environ.get("JAXGRPO_TEST_XLA_EXTRA", "")  # one CPU device, like a laptop (conftest)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
