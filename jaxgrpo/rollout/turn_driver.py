@@ -9,17 +9,19 @@ budget and truncation rules (`multiturn.Trajectories`, shared by both), the same
 * each group's longest common prompt prefix less its last token is prefilled once (the prefix cache); the rest of
   each row's prompt is its first known tokens, fed by forcing;
 * the host runs decode blocks of ``block`` steps; after each, every row that ended a turn in it is handed to
-  `multiturn.Trajectories.end_turn` (its sampled tokens, never re-tokenized); its tool calls are submitted to a
-  tool thread (`tools.ToolRunner`, ``rollout.tool_timeout``) and run while the following blocks decode the other
-  rows; after each block the host takes the results that are ready (it waits only when no row is left to decode),
-  appends the tool messages' template tokens to their rows' buffers and puts the rows back (`turn_engine.resume`).
+  `multiturn.Trajectories.end_turn` (its sampled tokens, never re-tokenized); the block's tool calls go, as one
+  batch, to a thread of their own (`tools.ToolRunner`'s workers, ``rollout.tool_timeout``; batches run side by side)
+  and run while the following blocks decode the other rows; after each block the host takes the results that are
+  ready (it waits only when no row is left to decode), appends the tool messages' template tokens to their rows'
+  buffers and puts the rows back (`turn_engine.resume`).
 
 A row's tokens do not depend on the schedule: its token ``n`` is drawn with ``fold_in(fold_in(key, row), n)`` and
 computed from its own cache alone, so a slow tool delays its row, never changes a trajectory, and a resumed training
 run redraws the same trajectories. What a tool's duration does change is when its row returns, and so
 ``rollout/decode_steps`` and ``rollout/row_utilization`` (timings, like ``decode_tokens_per_s``). Taking each
 result after a fixed one block instead made the schedule reproducible but stalled every other row behind the
-slowest tool: on an H200, with tools of up to 200 ms, that ran at 0.49x the simple loop (BENCHMARKS §9).
+slowest tool: on an H200, with tools of up to 200 ms, that ran at 0.49x the simple loop (BENCHMARKS §9), and so
+did one tool thread for all batches (0.40x: each block's calls queued behind the earlier blocks').
 
 Metrics (`TurnStats`): ``rollout/row_utilization`` = row-steps on rows in the batch / (decode steps * B);
 ``rollout/forced_tokens`` = tokens prefilled by forcing (the rows' prompt rests and the appended template and tool
@@ -46,8 +48,6 @@ from jaxgrpo.rollout.multiturn import MultiTurnRollout, Trajectories, TurnSettin
 from jaxgrpo.rollout.tools import ToolRunner
 
 DEFAULT_BLOCK = 8
-
-
 _BATCH_THREADS = 64  # batches of tool calls in flight at once (a block's ended rows make one batch)
 
 
