@@ -63,13 +63,23 @@ class Spec:
 
     @property
     def cache_width(self) -> int:
-        return -(-max(self.max_new_tokens - 1, 1) // CACHE_MULTIPLE) * CACHE_MULTIPLE
+        return cache_slots(self.max_new_tokens - 1)
+
+
+def cache_slots(tokens: int) -> int:
+    """Decode-cache slots for ``tokens`` tokens: rounded up to a multiple of `CACHE_MULTIPLE` (at least one)."""
+    return -(-max(int(tokens), 1) // CACHE_MULTIPLE) * CACHE_MULTIPLE
+
+
+def truncation(config: models.ModelConfig, greedy: bool, top_k: int, top_p: float) -> tuple[int, bool]:
+    """``(top_k, use_top_p)`` as the jitted programs take them: none when greedy; k >= V truncates nothing."""
+    return (int(top_k) if (not greedy and top_k < config.vocab_size) else 0), (not greedy) and top_p < 1.0
 
 
 def make_spec(config: models.ModelConfig, sp: SamplingParams, slots: int, prompt_width: int, block: int) -> Spec:
-    use_top_k = int(sp.top_k) if (not sp.greedy and sp.top_k < config.vocab_size) else 0  # k >= V truncates nothing
-    return Spec(slots, sp.num_samples, sp.max_new_tokens, prompt_width, block, sp.greedy, use_top_k,
-                (not sp.greedy) and sp.top_p < 1.0, sp.eos_token_ids)  # fmt: skip
+    top_k, use_top_p = truncation(config, sp.greedy, sp.top_k, sp.top_p)
+    return Spec(slots, sp.num_samples, sp.max_new_tokens, prompt_width, block, sp.greedy, top_k, use_top_p,
+                sp.eos_token_ids)  # fmt: skip
 
 
 @flax.struct.dataclass

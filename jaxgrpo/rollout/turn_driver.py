@@ -88,7 +88,7 @@ def _layout(hist: Sequence[Any], group_size: int, budget: int) -> tuple[list[lis
             raise ValueError(f"the {group_size} trajectories of example {p} share no prompt token")
         prefixes.append(list(prompts[0][: n - 1]))
         firsts += [list(x[n - 1 :]) for x in prompts]
-    return prefixes, firsts, TE.row_width(max(len(f) for f in firsts) + budget + 1)
+    return prefixes, firsts, engine.cache_slots(max(len(f) for f in firsts) + budget + 1)
 
 
 class _Run:
@@ -100,10 +100,9 @@ class _Run:
         self.limit = int(config.max_position_embeddings)
         prefixes, firsts, W = _layout(t.hist, group_size, settings.budget)
         greedy = settings.temperature <= 0
-        top_k = int(settings.top_k) if (not greedy and 0 < settings.top_k < config.vocab_size) else 0
+        top_k, use_top_p = engine.truncation(config, greedy, settings.top_k, settings.top_p)
         tp = padding.prompt_bucket(max(max(len(p) for p in prefixes), prompt_width, 1))
-        self.spec = TE.TurnSpec(len(prefixes), group_size, W, tp, int(block), greedy, top_k,
-                                (not greedy) and settings.top_p < 1.0, eos)  # fmt: skip
+        self.spec = TE.TurnSpec(len(prefixes), group_size, W, tp, int(block), greedy, top_k, use_top_p, eos)
         B = self.spec.rows
         self.weights = engine.prepare_weights(config, params)
         tok, mask = engine.left_pad(prefixes, tp, len(prefixes))  # an empty prefix: no real token

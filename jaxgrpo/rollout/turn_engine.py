@@ -41,7 +41,6 @@ import numpy as np
 from jaxgrpo import models
 from jaxgrpo.models.attention import KVCache
 from jaxgrpo.models.decode import DecodeWeights, decode_step
-from jaxgrpo.rollout.engine import CACHE_MULTIPLE
 from jaxgrpo.token_sampling import sample_from_logits
 
 
@@ -51,7 +50,7 @@ class TurnSpec:
 
     groups: int  # S
     group_size: int  # G
-    width: int  # W, per-row cache and token-buffer slots (a multiple of CACHE_MULTIPLE)
+    width: int  # W, per-row cache and token-buffer slots (`engine.cache_slots`: a multiple of 128)
     prompt_width: int  # Tp, prefix cache slots
     block: int  # decode steps per block
     greedy: bool
@@ -62,11 +61,6 @@ class TurnSpec:
     @property
     def rows(self) -> int:
         return self.groups * self.group_size
-
-
-def row_width(tokens: int) -> int:
-    """A row's cache width for ``tokens`` tokens after its prefix: rounded up to a multiple of `CACHE_MULTIPLE`."""
-    return -(-max(int(tokens), 1) // CACHE_MULTIPLE) * CACHE_MULTIPLE
 
 
 @flax.struct.dataclass
