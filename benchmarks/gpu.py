@@ -80,15 +80,20 @@ def part_check() -> dict:
         ref_loss, ref_grad = res["dense"]
         for kind in ("chunked", "cudnn"):
             loss, grad = res[kind]
-            num = sum(float(np.sum((np.float32(a) - np.float32(b)) ** 2))
-                      for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(ref_grad)))  # fmt: skip
-            den = sum(float(np.sum(np.float32(b) ** 2)) for b in jax.tree.leaves(ref_grad))
+            err = _rel_l2(grad, ref_grad)
             out[f"{kind}_vs_dense_prefix{int(sharing)}"] = {
-                "loss": float(loss), "dense_loss": float(ref_loss), "grad_rel_err": (num / den) ** 0.5}
+                "loss": float(loss), "dense_loss": float(ref_loss), "grad_rel_err": err}
             _log(f"check prefix_sharing={sharing} {kind}: loss {float(loss):.6f} vs dense {float(ref_loss):.6f}, "
-                 f"grad rel err {(num / den) ** 0.5:.2e}")  # fmt: skip
+                 f"grad rel err {err:.2e}")  # fmt: skip
     out["lm_head"] = _check_lm_head(mcfg, params, batch)
     return out
+
+
+def _rel_l2(tree, ref) -> float:
+    """Relative L2 distance of two gradient trees, over all their leaves, in float32."""
+    num = sum(float(np.sum((np.float32(a) - np.float32(b)) ** 2)) for a, b in zip(jax.tree.leaves(tree),
+                                                                                  jax.tree.leaves(ref)))  # fmt: skip
+    return (num / sum(float(np.sum(np.float32(b) ** 2)) for b in jax.tree.leaves(ref))) ** 0.5
 
 
 def _check_lm_head(mcfg: models.ModelConfig, params, batch: ts.Batch) -> dict:
@@ -104,12 +109,9 @@ def _check_lm_head(mcfg: models.ModelConfig, params, batch: ts.Batch) -> dict:
         res[head] = (np.asarray(lp, np.float32), *jax.device_get(fn(params, batch)))
     mask = np.asarray(batch.completion_mask, bool)
     (lp_x, loss_x, g_x), (lp_f, loss_f, g_f) = res["xla"], res["fused"]
-    num = sum(float(np.sum((np.float32(a) - np.float32(b)) ** 2)) for a, b in zip(jax.tree.leaves(g_f),
-                                                                                  jax.tree.leaves(g_x)))  # fmt: skip
-    den = sum(float(np.sum(np.float32(b) ** 2)) for b in jax.tree.leaves(g_x))
     out = {"logp_max_abs_diff": float(np.max(np.abs(lp_f - lp_x)[mask])),
            "logp_mean_abs_diff": float(np.mean(np.abs(lp_f - lp_x)[mask])), "loss_xla": float(loss_x),
-           "loss_fused": float(loss_f), "grad_rel_err": (num / den) ** 0.5,
+           "loss_fused": float(loss_f), "grad_rel_err": _rel_l2(g_f, g_x),
            "finite": bool(np.isfinite(lp_f[mask]).all() and np.isfinite(loss_f))}  # fmt: skip
     _log(f"check lm_head fused vs xla: |dlogp| max {out['logp_max_abs_diff']:.2e} "
          f"mean {out['logp_mean_abs_diff']:.2e}, "
