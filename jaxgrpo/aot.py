@@ -77,11 +77,10 @@ def model_config(cfg: Config) -> models.ModelConfig:
         return models.get_preset(preset, dtype=m.dtype).replace(param_dtype=m.param_dtype, lora=lora)
     path = build.resolve_model_path(name)
     if path.endswith(".gguf"):
-        from gguf import GGUFReader
-
+        from jaxgrpo.files import gguf_reader
         from jaxgrpo.models.gguf_import import gguf_config
 
-        return gguf_config(GGUFReader(path), m.dtype).replace(param_dtype=m.param_dtype, lora=lora)
+        return gguf_config(gguf_reader(path), m.dtype).replace(param_dtype=m.param_dtype, lora=lora)
     cfg_json = json.loads((pathlib.Path(path) / "config.json").read_text())
     return models.from_hf_config(cfg_json, dtype=m.dtype).replace(param_dtype=m.param_dtype, lora=lora)
 

@@ -1,9 +1,11 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""File-system helpers shared by the exporters; imports nothing of the package."""
+"""File-system helpers shared by the loaders and exporters; imports nothing of the package."""
 
 from __future__ import annotations
 
+import functools
 import os
+from typing import Any
 
 
 def user_mode(*paths: str | os.PathLike) -> None:
@@ -13,3 +15,21 @@ def user_mode(*paths: str | os.PathLike) -> None:
     os.umask(umask)
     for p in paths:
         os.chmod(p, 0o666 & ~umask)
+
+
+def gguf_reader(path: str | os.PathLike) -> Any:
+    """A `gguf.GGUFReader` of ``path``, parsed once per process and file version.
+
+    The reader builds a NumPy view per metadata element; for a vocabulary of 49k tokens and their merges that is ~7 s
+    of CPU, and the model loader, the tokenizer and the compile tool each read the same file. The reader is read-only
+    (its tensors are ``mode="r"`` memory maps), so sharing one is safe; a rewritten file (other size or mtime) is parsed
+    again."""
+    st = os.stat(path)
+    return _gguf_reader(os.path.realpath(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _gguf_reader(path: str, size: int, mtime_ns: int) -> Any:
+    import gguf
+
+    return gguf.GGUFReader(path)

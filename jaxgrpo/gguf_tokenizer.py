@@ -28,6 +28,7 @@ import transformers
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
 from jaxgrpo.errors import ConfigError
+from jaxgrpo.files import gguf_reader
 
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types (gguf.TokenType)
 SPIECE_SPACE = "\u2581"  # SentencePiece's word-boundary marker
@@ -64,9 +65,7 @@ def byte_alphabet() -> dict[int, str]:
 
 def read_tokenizer_metadata(path: str | os.PathLike) -> dict[str, Any]:
     """The ``tokenizer.*`` metadata of a GGUF file (keys without the ``tokenizer.`` prefix), read with `gguf`."""
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
+    reader = gguf_reader(path)
     meta = {k[len("tokenizer.") :]: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
     if "ggml.tokens" not in meta:
         raise ConfigError(f"{path}: the GGUF file has no tokenizer (tokenizer.ggml.tokens); set model.tokenizer")

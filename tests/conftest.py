@@ -53,10 +53,31 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import gc  # noqa: E402
 
+import gguf  # noqa: E402
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+# transformers parses a GGUF file with `gguf.GGUFReader` up to three times per load (config, tokenizer, weights), ~7 s
+# each for SmolLM2's 49k-token vocabulary, and jaxgrpo's loader once more. Within a process, every read-only parse of a
+# large file is shared: the reader holds read-only memory maps, so each reference still reads the file's own bytes,
+# and a rewritten file (other size or mtime) is parsed again.
+_GGUFReader = gguf.GGUFReader
+_SHARED_READERS: dict = {}
+
+
+def _shared_gguf_reader(path, mode="r"):
+    st = os.stat(path)
+    if mode != "r" or st.st_size < 1 << 24:
+        return _GGUFReader(path, mode)
+    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    if key not in _SHARED_READERS:
+        _SHARED_READERS[key] = _GGUFReader(path, mode)
+    return _SHARED_READERS[key]
+
+
+gguf.GGUFReader = _shared_gguf_reader
 
 SHARED = REPO.parent / "shared"
 GSM8K_DIR = SHARED / "data" / "gsm8k"

@@ -22,6 +22,7 @@ import pytest
 import torch  # noqa: F401  (required: transformers converts the GGUF tokenizer with it)
 
 from jaxgrpo.errors import ConfigError
+from jaxgrpo.files import gguf_reader
 from jaxgrpo.gguf_tokenizer import byte_alphabet, gguf_tokenizer
 from jaxgrpo.models import load_tokenizer as transformers_gguf_tokenizer
 
@@ -146,6 +147,18 @@ def test_sentencepiece_gguf_matches_transformers(tmp_path, add_bos):
              "", "e e e"]  # fmt: skip
     _assert_same(ours, ref, texts, [[{"role": "user", "content": "hello the 12"}]], np.random.default_rng(1))
     assert (ours("the")["input_ids"][0] == 1) == (add_bos is None)  # llama.cpp adds BOS unless the file says not
+
+
+def test_a_gguf_file_is_parsed_once_per_version(tmp_path):
+    """The model loader, the tokenizer and the compile tool share one parse of a file; a rewritten file is parsed
+    again."""
+    path = _write_sentencepiece_gguf(tmp_path / "sp.gguf", None)
+    first = gguf_reader(path)
+    assert gguf_reader(str(tmp_path / "." / "sp.gguf")) is first
+    assert "tokenizer.ggml.add_bos_token" not in first.fields
+    _write_sentencepiece_gguf(path, False)
+    again = gguf_reader(path)
+    assert again is not first and again.fields["tokenizer.ggml.add_bos_token"].contents() is False
 
 
 def test_unsupported_tokenizer_type_is_a_config_error(tmp_path):

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxgrpo.files import gguf_reader
 from jaxgrpo.models.config import ModelConfig, ModelConfigError, RopeScaling
 from jaxgrpo.models.layout import CheckpointError, Params, assemble, check_shape, check_unexpected
 
@@ -162,10 +163,8 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def load_gguf(path: pathlib.Path, dtype: str, param_dtype: str, shardings: Any) -> tuple[ModelConfig, Params]:
-    from gguf import GGUFReader
-
     try:
-        reader = GGUFReader(str(path))
+        reader = gguf_reader(path)
     except Exception as e:  # the gguf package raises ValueError/struct errors for truncated or foreign files
         raise CheckpointError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from e
     config = gguf_config(reader, dtype).replace(param_dtype=param_dtype)
