@@ -278,11 +278,11 @@ def _block_sums_one_pass(z_NBC: jax.Array) -> tuple[jax.Array, jax.Array, jax.Ar
 def _draw_vocabulary(logits: jax.Array, temperature: jax.Array | float, u: jax.Array, keep: jax.Array | None
                      ) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
     """The inverse-CDF draw over the whole vocabulary (`invert_cdf`'s rule on ``q = exp(z - max z)``, ``z = logits /
-    temperature``, ``-inf`` where ``keep`` is False) in two passes over the logits: their row max, then per block of
-    `_CDF_BLOCK` tokens the mass ``sum exp(z - max)`` and its first moment ``sum exp(z - max) z``, from which come
-    ``lse = max + log(sum of masses)``, the block to draw from, and the entropy ``lse - sum of moments / sum of
-    masses``; only the drawn block's logits are read again (and the drawn token's, for its log-prob ``z_x - lse``).
-    Returns ``(tokens, logprobs, entropy)``."""
+    temperature``, ``-inf`` where ``keep`` is False) from per-block sums: per block of `_CDF_BLOCK` tokens the mass
+    ``sum exp(z - max)`` and its first moment ``sum exp(z - max) z`` (one pass over the logits on accelerators,
+    `_block_sums_one_pass`; two on CPU), from which come ``lse = max + log(sum of masses)``, the block to draw from,
+    and the entropy ``lse - sum of moments / sum of masses``; then only the drawn block's logits are read again (its
+    128 values, from which the token and its log-prob ``z_x - lse``). Returns ``(tokens, logprobs, entropy)``."""
     n, v = logits.shape
     t = jnp.asarray(temperature, jnp.float32)
 

@@ -39,7 +39,6 @@ from jaxgrpo.models.attention import _NEG, KVCache
 from jaxgrpo.models.config import ModelConfig
 from jaxgrpo.models.layers import (
     Stream,
-    apply_rope,
     check_tokens,
     decoder_layer,
     embed,
@@ -205,6 +204,16 @@ def decode_weights(config: ModelConfig, params: Params) -> DecodeWeights:
             "lm_head": lm_head(config, params)}  # fmt: skip
 
 
+def _rope(x_BTXH: jax.Array, cos_BTh: jax.Array, sin_BTh: jax.Array) -> jax.Array:
+    """`layers.apply_rope`'s values (the same float32 products and sums per element) as ``x * cos + partner * sin``
+    with ``partner = [-x2, x1]``: its kernel ends in that sum, not in a concatenation of the two halves (which the
+    decode report would count as a copy of the queries)."""
+    xf = x_BTXH.astype(jnp.float32)
+    x1, x2 = jnp.split(xf, 2, axis=-1)
+    cos, sin = (jnp.concatenate([t, t], axis=-1)[:, :, None, :] for t in (cos_BTh, sin_BTh))
+    return (xf * cos + jnp.concatenate([-x2, x1], axis=-1) * sin).astype(x_BTXH.dtype)
+
+
 def _fused_layer(config: ModelConfig, w: Params, x_BTD: jax.Array, rope, attend) -> jax.Array:
     """`layers.decoder_layer`'s math on `decode_weights`' fused per-layer weights (one q|k|v and one gate|up
     product)."""
@@ -219,7 +228,7 @@ def _fused_layer(config: ModelConfig, w: Params, x_BTD: jax.Array, rope, attend)
         q, k, v = q + w["q_bias"].astype(q.dtype), k + w["k_bias"].astype(q.dtype), v + w["v_bias"].astype(q.dtype)
     if c.qk_norm:
         q, k = rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)
-    q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    q, k = _rope(q, *rope), _rope(k, *rope)
     a, _ = attend(q.reshape(B, T, K, c.heads_per_kv, H), k, v)
     x_BTD = x_BTD + jnp.einsum("bte,ed->btd", a.reshape(B, T, N * H), w["o"])
     gu = jnp.einsum("btd,df->btf", rms_norm(x_BTD, w["mlp_norm"], eps), w["gate_up"])
@@ -254,6 +263,18 @@ def attend_decode(q_BKRH: jax.Array, kp_PKSH: jax.Array, vp_PKHS: jax.Array, pre
     out_p = jnp.einsum("pkgrs,pkhs->pkgrh", (ep * inv_PKGR[..., None]).astype(vp_PKHS.dtype), vp_PKHS)
     out_o = jnp.einsum("bkrm,bkhm->bkrh", (eo * inv_BKR[..., None]).astype(vo_BKHM.dtype), vo_BKHM)
     return out_p.transpose(0, 2, 1, 3, 4).reshape(B, K, R, H) + out_o
+
+
+def _attend(*args: jax.Array) -> jax.Array:
+    """`attend_decode` on CPU and TPU; on an NVIDIA GPU the same math as one Pallas kernel per layer
+    (`pallas_attention.decode_attend`: no score tensor in HBM, no padded or regrouped queries) where it takes the
+    shapes (`pallas_attention.decode_attend_fits`)."""
+    from jaxgrpo.models import pallas_attention
+
+    q, kp, ko = args[0], args[1], args[4]
+    if not pallas_attention.decode_attend_fits(q.shape[2], kp.shape[2], ko.shape[2]):
+        return attend_decode(*args)
+    return jax.lax.platform_dependent(*args, cuda=pallas_attention.decode_attend, default=attend_decode)
 
 
 def decode_step(
@@ -292,8 +313,8 @@ def decode_step(
                 ck = jax.lax.dynamic_update_slice(ck, kt, (zero, zero, slot, zero))
                 cv = jax.lax.dynamic_update_slice(cv, vt, (zero, zero, zero, slot))
             new_cache.append(KVCache(ck, cv))
-            a = attend_decode(q[:, 0], kp.astype(q.dtype), vp.astype(q.dtype), prefix_mask, ck.astype(q.dtype),
-                              cv.astype(q.dtype), mask_BM)  # fmt: skip
+            a = _attend(q[:, 0], kp.astype(q.dtype), vp.astype(q.dtype), prefix_mask, ck.astype(q.dtype),
+                        cv.astype(q.dtype), mask_BM)  # fmt: skip
             return a[:, None], None
 
         if "lora" in w:
