@@ -293,10 +293,11 @@ def decode_step(
     prompt's prefix (``prefix`` per layer ``k [S, K, Tp, H]``, ``v [S, K, H, Tp]``, masked by ``prefix_mask [S, Tp]``)
     and to its decode slots where ``mask_BM`` (which must include ``slot``; ``cache`` per layer ``k [B, K, M, H]``,
     ``v [B, K, H, M]``). ``slot``: a scalar, one slot for every row (an in-place `lax.dynamic_update_slice`), or
-    ``[B]``, a slot per row (a scatter; a row whose slot is past the cache writes nothing: the multi-turn engine's
-    per-row linear caches, `jaxgrpo.rollout.turn_engine`). Keys carry their RoPE position, so the order of the slots
-    does not matter: the single-turn engine writes them as a ring. Returns the final-normed hidden state ``[B, D]``
-    and the cache (donate it when jitting)."""
+    ``[B]``, a slot per row (an in-place scatter; a row whose slot is past the cache writes nothing: the engines'
+    per-row linear caches, `jaxgrpo.rollout.engine` and `jaxgrpo.rollout.turn_engine`). Keys carry their RoPE
+    position, so the order of the slots does not matter. Attention: `attend_decode`, or on an NVIDIA GPU its fused
+    Pallas kernel (`_attend`). Returns the final-normed hidden state ``[B, D]`` and the cache (donate it when
+    jitting)."""
     x = embed(config, weights, tokens_B[:, None])
     rope = rope_tables(config, positions_B[:, None])
     zero = jnp.zeros((), jnp.int32)
