@@ -26,6 +26,11 @@ Sampling distribution (per row, per step), with raw float32 logits ``l`` over th
     reported under, ``H = -sum_{j kept} q_j log q_j = lse - sum_j q_j z_j`` with ``q = softmax(z)`` over the kept set
     (after temperature, top-k and top-p; greedy: of ``softmax(l)``). It reuses the ``q`` and ``lse`` the draw needs:
     one multiply-add over the candidates, no extra forward.
+
+Without top-k the draw over the whole vocabulary never materialises ``q``: per block of 128 tokens it sums
+``exp(z - max)`` and ``exp(z - max) z`` (on accelerators in one pass over the logits, merging blocks as online softmax
+does; `_draw_vocabulary`), takes ``lse``, the block to draw from and the entropy from those sums, and reads only the
+drawn block's logits again: the same law and the same log-prob, up to float32 rounding of the sums.
 """
 
 from __future__ import annotations

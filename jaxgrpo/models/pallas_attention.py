@@ -1,9 +1,15 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""Decode attention through the Pallas kernels jax itself ships, with the calling convention of the XLA path.
+"""Decode attention as Pallas GPU kernels, with the calling convention of the XLA path.
 
-`decode_attend_shared_prefix` computes what `attention.attend_shared_prefix` computes for one decode token per row
-(``T = 1``): one softmax over ``[the row's prompt keys (shared by its G rows) ; the row's own decode keys]``, with
-``jax.experimental.pallas.ops.gpu.decode_attention.mqa`` (a split-k flash-decoding kernel in Triton; Dao et al.,
+`decode_attend` (what the rollout engine's decode step runs on an NVIDIA GPU, `models.decode._attend`) computes
+`models.decode.attend_decode` in ONE Triton kernel per layer: a program per (row, kv head) loads the row's ``R``
+queries of that kv head once and runs one online softmax (Milakov & Gimelshein 2018; the running max, sum and output
+of flash attention, Dao et al. 2022) first over its prompt's cached keys, then over its own decode keys, each masked
+as the XLA path masks them, and writes its output; the scores never reach HBM and no cache or query is copied.
+
+`decode_attend_shared_prefix` (jax's own kernel, run twice and merged) computes what `attention.attend_shared_prefix`
+computes for one decode token per row (``T = 1``): one softmax over ``[the row's prompt keys (shared by its G rows) ;
+the row's own decode keys]``, with ``jax.experimental.pallas.ops.gpu.decode_attention.mqa`` (a split-k flash-decoding kernel in Triton; Dao et al.,
 "Flash-Decoding for long-context inference", 2023) run twice, each reading only the keys it is told are valid:
 
   * prefix part: per prompt and kv head, the ``G * R`` queries of its rows (``R`` query heads per kv head) against
