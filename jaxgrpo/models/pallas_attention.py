@@ -10,7 +10,8 @@ as the XLA path masks them, and writes its output; the scores never reach HBM an
 `decode_attend_shared_prefix` (jax's own kernel, run twice and merged) computes what `attention.attend_shared_prefix`
 computes for one decode token per row (``T = 1``): one softmax over ``[the row's prompt keys (shared by its G rows) ;
 the row's own decode keys]``, with ``jax.experimental.pallas.ops.gpu.decode_attention.mqa`` (a split-k
-flash-decoding kernel in Triton; Dao et al., "Flash-Decoding for long-context inference", 2023) run twice, each reading only the keys it is told are valid:
+flash-decoding kernel in Triton; Dao et al., "Flash-Decoding for long-context inference", 2023) run twice, each
+reading only the keys it is told are valid:
 
   * prefix part: per prompt and kv head, the ``G * R`` queries of its rows (``R`` query heads per kv head) against
     the prompt's ``Tp`` cached keys, valid from ``start = Tp - len`` (prompts are left-padded: the mask's True slots
