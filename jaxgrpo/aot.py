@@ -375,6 +375,10 @@ def format_decode_report(rep: dict[str, Any], top: int = 5) -> list[str]:
              f"{rep['launches_per_step']} kernels per step"]  # fmt: skip
     if rep["unknown_trip_counts"]:
         lines.append(f"    ({rep['unknown_trip_counts']} inner loops of unknown trip count counted once)")
+    if rep.get("windows"):
+        each = ", ".join(f"{w}: {n} x {b / mib:.1f}" for w, (n, b) in rep["windows"].items())
+        lines.append(f"    mean over the windows of decode slots a full-length rollout runs (width: steps x MiB per "
+                     f"step): {each}")  # fmt: skip
     for k in rep["top"][:top]:
         lines.append(f"    {k.count:>3d} x {k.kind[:40]:<40s} {(k.read + k.write) * k.count / mib:9.1f} MiB  {k.shape}")
     found = rep["findings"]
@@ -391,6 +395,7 @@ def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], te
     ``rollout.slots`` prompts, ``decode_block`` of ``rollout.decode_block`` steps) for one device on abstract
     compute-dtype weights, for prompts of ``data.max_prompt_tokens``; `program_figures` of each, and the optimized HLO
     texts into ``texts`` (``decode``: the block, whose loop body is one token step)."""
+    from jaxgrpo.models.attention import KVCache
     from jaxgrpo.rollout import engine
     from jaxgrpo.rollout.params import SamplingParams
 
@@ -403,7 +408,7 @@ def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], te
                         top_p=r.top_p, top_k=r.top_k, eos_token_ids=tuple(mcfg.eos_token_ids))  # fmt: skip
     slots = r.slots or r.prompts_per_step
     width = padding.prompt_bucket(cfg.data.max_prompt_tokens)
-    spec = engine.make_spec(mcfg, sp, slots, width, r.decode_block)
+    spec = engine.make_spec(mcfg, sp, slots, width, r.decode_block, devices[0].platform)
     options = compiler_options(devices)
     weights = put(jax.eval_shape(lambda p: engine.prepare_weights(mcfg, p), params))
     caches, state = put(jax.eval_shape(lambda: engine.init(mcfg, spec)))
@@ -416,12 +421,58 @@ def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], te
     out = dict(weights=dict(total=per_chip_bytes(weights)))
     packed = padding.sampler_packed_width([cfg.data.max_prompt_tokens] * slots, 1)
     prefill = engine.prefill.lower(mcfg, spec, packed, params, weights, caches, state, *prompts, f32, f32)
-    programs = dict(prefill=prefill, decode=engine.decode_block.lower(mcfg, spec, weights, caches, state, f32, f32))
+    programs = dict(prefill=prefill)
+    widest = max(engine.windows(spec))
+    for w in engine.windows(spec):  # one decode program per window of slots (`engine.window`); "decode": the widest
+        at = caches.replace(decode=[KVCache(_slots(c.k, 2, w), _slots(c.v, 3, w)) for c in caches.decode])
+        name = "decode" if w == widest else f"decode_w{w}"
+        programs[name] = engine.decode_block.lower(mcfg, spec, weights, at, state, f32, f32)
     for name, lowered in programs.items():
         compiled = lowered.compile(options)
         texts[name] = compiled.as_text()
-        out[name] = program_figures(compiled)
+        if not name.startswith("decode_w"):
+            out[name] = program_figures(compiled)
     return out
+
+
+def _slots(x: jax.ShapeDtypeStruct, axis: int, width: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(x.shape[:axis] + (width,) + x.shape[axis + 1:], x.dtype, sharding=x.sharding)
+
+
+def engine_windows(cfg: Config, mcfg: models.ModelConfig, platform: str = "gpu") -> dict[int, int]:
+    """``{decode cache width: token steps}`` of a full-length rollout of this config on the engine
+    (`rollout.engine.windows`): the weights of the decode report's mean."""
+    from jaxgrpo.rollout import engine
+    from jaxgrpo.rollout.params import SamplingParams
+
+    r = cfg.rollout
+    sp = SamplingParams(max_new_tokens=r.max_new_tokens, num_samples=r.group_size, temperature=r.temperature,
+                        top_p=r.top_p, top_k=r.top_k, eos_token_ids=tuple(mcfg.eos_token_ids))  # fmt: skip
+    spec = engine.make_spec(mcfg, sp, r.slots or r.prompts_per_step, padding.prompt_bucket(cfg.data.max_prompt_tokens),
+                            r.decode_block, platform)  # fmt: skip
+    return engine.windows(spec)
+
+
+def decode_report(cfg: Config, mcfg: models.ModelConfig, texts: dict[str, str], ideal: dict[str, float],
+                  platform: str = "gpu") -> dict[str, Any]:  # fmt: skip
+    """The decode report of the compiled programs in ``texts``: `decode_step_report` of ``texts["decode"]``, or, when
+    the engine compiled one decode program per window of cache slots (``decode_w<width>``; ``decode`` the widest),
+    their bytes per token step averaged over a full-length rollout's steps (`engine_windows`), which is what the
+    ideal (at the mean step) is compared with; launches, findings and the heaviest kernels are the widest's, and
+    ``windows`` gives each window's ``(steps, bytes per step)``. ``platform``: the devices' (`engine.window_multiple`).
+    """
+    args = (ideal, mcfg.vocab_size, smallest_moved_buffer(mcfg, cfg))
+    rep = decode_step_report(texts["decode"], *args)
+    if not any(name.startswith("decode_w") for name in texts):
+        return rep
+    steps = engine_windows(cfg, mcfg, platform)
+    widest = max(steps)
+    per = {w: (decode_step_report(texts[f"decode_w{w}"], *args) if w != widest else rep) for w in steps}
+    moved = sum(per[w]["bytes_per_step"] * n for w, n in steps.items()) / sum(steps.values())
+    findings = [f for w in steps for f in per[w]["findings"]]
+    unknown = sum(per[w]["unknown_trip_counts"] for w in steps)
+    return dict(rep, bytes_per_step=moved, ratio=moved / ideal["total"], findings=findings, unknown_trip_counts=unknown,
+                windows={w: (n, per[w]["bytes_per_step"]) for w, n in sorted(steps.items())})  # fmt: skip
 
 
 def dump_hlo(directory: str, texts: dict[str, str]) -> None:

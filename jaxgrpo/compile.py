@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(aot.format_train_report(step, texts["train"], mcfg.vocab_size, chip)))
     if "decode" in texts:
         ideal = aot.decode_ideal_bytes(cfg, mcfg, len(devices))
-        report = aot.decode_step_report(texts["decode"], ideal, mcfg.vocab_size, aot.smallest_moved_buffer(mcfg, cfg))
+        report = aot.decode_report(cfg, mcfg, texts, ideal, devices[0].platform)
         print("\n".join(aot.format_decode_report(report)))
     if args.dump_hlo:
         aot.dump_hlo(args.dump_hlo, texts)

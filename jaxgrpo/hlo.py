@@ -7,9 +7,10 @@ after the method of ``shared/gpu-aot/hlo_bytes.py``:
   * every top-level instruction of a computation is one kernel, except the free ones (parameters, constants, tuples,
     get-tuple-elements, bitcasts: no data moves);
   * bytes written = the output's size; a cuBLAS custom call's ``s8`` workspace is not counted; an in-place
-    dynamic-update-slice (a top-level one, or a fusion whose root is one) writes its update only;
-  * bytes read = each operand's size, except a fusion parameter used only through dynamic-slice/gather ops (the slices
-    are read) and the buffer a dynamic-update-slice updates in place (not read);
+    dynamic-update-slice or scatter (a top-level one, or a fusion whose root is one; XLA updates its operand's buffer
+    in place and inserts an explicit copy where it cannot) writes its updates only;
+  * bytes read = each operand's size, except a fusion parameter used only through slice/dynamic-slice/gather ops (the
+    slices are read) and the buffer a dynamic-update-slice or scatter updates in place (not read);
   * a nested ``while`` counts ``trip count x`` its body (``known_trip_count`` of its backend config, or its condition's
     ``counter < constant``; else 1, and flagged), a ``conditional`` its most expensive branch (the worst case of one
     iteration).
@@ -133,8 +134,9 @@ def _called(ins: Instr, attr: str) -> list[str]:
 
 
 def _fusion_reads(fused: list[Instr]) -> tuple[dict[int, int | None], int | None]:
-    """Per parameter index of a fused computation: bytes read when only sliced (dynamic-slice/gather) or updated in
-    place (0), ``None`` when read whole; and the update's bytes when the root is an in-place dynamic-update-slice."""
+    """Per parameter index of a fused computation: bytes read when only sliced (slice/dynamic-slice/gather) or
+    updated in place (0), ``None`` when read whole; and the update's bytes when the root is an in-place
+    dynamic-update-slice or scatter."""
     by_name = {i.name: i for i in fused}
     users = collections.defaultdict(list)
     for i in fused:
@@ -151,14 +153,14 @@ def _fusion_reads(fused: list[Instr]) -> tuple[dict[int, int | None], int | None
     while root.op == "bitcast" and root.operands and root.operands[0] in by_name:  # TPU: bitcast(dynamic-update-slice)
         root = by_name[root.operands[0]]
     target = update = None
-    if root.op == "dynamic-update-slice":
-        target = root.operands[0]
-        update = array_bytes(by_name[root.operands[1]].shape) if root.operands[1] in by_name else None
+    if root.op == "dynamic-update-slice" or (root.op == "scatter" and len(root.operands) == 3):
+        target, new = root.operands[0], root.operands[-1 if root.op == "scatter" else 1]
+        update = array_bytes(by_name[new].shape) if new in by_name else None
     reads: dict[int, int | None] = {}
     for p in (i for i in fused if i.op == "parameter"):
         index = int(re.match(r"\s*(\d+)", p.line.split("parameter(", 1)[1]).group(1))
         us = real_users(p.name)
-        if us and all(u.op in ("dynamic-slice", "gather") and u.operands[0] == src for src, u in us):
+        if us and all(u.op in ("slice", "dynamic-slice", "gather") and u.operands[0] == src for src, u in us):
             reads[index] = sum(array_bytes(u.shape) for _, u in us)
         elif target is not None and any(u is root and root.operands[0] == src for src, u in us) or p.name == target:
             reads[index] = 0
@@ -184,6 +186,8 @@ def _kernel(comps: dict[str, list[Instr]], ins: Instr, shapes: dict[str, str]) -
     else:
         if ins.op == "dynamic-update-slice":
             write, ops = array_bytes(shapes.get(ops[1], "")), ops[1:2] + ops[2:]
+        elif ins.op == "scatter" and len(ops) == 3:  # in place: the indices and updates read, the updates written
+            write, ops = array_bytes(shapes.get(ops[2], "")), ops[1:]
         read = sum(array_bytes(shapes.get(o, "")) for o in ops)
     return Kernel(ins.name, kind, read, write, ins.shape[:80])
 

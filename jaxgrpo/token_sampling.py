@@ -26,6 +26,11 @@ Sampling distribution (per row, per step), with raw float32 logits ``l`` over th
     reported under, ``H = -sum_{j kept} q_j log q_j = lse - sum_j q_j z_j`` with ``q = softmax(z)`` over the kept set
     (after temperature, top-k and top-p; greedy: of ``softmax(l)``). It reuses the ``q`` and ``lse`` the draw needs:
     one multiply-add over the candidates, no extra forward.
+
+Without top-k the draw over the whole vocabulary never materialises ``q``: per block of 128 tokens it sums
+``exp(z - max)`` and ``exp(z - max) z`` (on accelerators in one pass over the logits, merging blocks as online softmax
+does; `_draw_vocabulary`), takes ``lse``, the block to draw from and the entropy from those sums, and reads only the
+drawn block's logits again: the same law and the same log-prob, up to float32 rounding of the sums.
 """
 
 from __future__ import annotations
@@ -224,15 +229,91 @@ def sample_from_logits(
         if return_entropy:
             return tokens, logp, entropy_from_probs(jnp.exp(logits - lse[:, None]), logits, lse)
         return tokens, logp
-    z, ids = truncated_logits(logits, temperature, top_k=top_k, top_p=top_p)
-    lse = jax.nn.logsumexp(z, axis=-1)
-    u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
-    q = jnp.exp(z - lse[:, None])
-    slot = invert_cdf(q, u)
-    logp = jnp.take_along_axis(z, slot[:, None], axis=-1)[:, 0] - lse
-    tokens = (slot if ids is None else jnp.take_along_axis(ids, slot[:, None], axis=-1)[:, 0]).astype(jnp.int32)
-    if return_entropy:
-        return tokens, logp, entropy_from_probs(q, z, lse)
-    return tokens, logp
+    if 0 < top_k < logits.shape[-1]:  # k candidates: small, drawn as they are
+        z, ids = truncated_logits(logits, temperature, top_k=top_k, top_p=top_p)
+        lse = jax.nn.logsumexp(z, axis=-1)
+        u = _uniforms(keys)
+        q = jnp.exp(z - lse[:, None])
+        slot = invert_cdf(q, u)
+        logp = jnp.take_along_axis(z, slot[:, None], axis=-1)[:, 0] - lse
+        tokens = jnp.take_along_axis(ids, slot[:, None], axis=-1)[:, 0].astype(jnp.int32)
+        return (tokens, logp, entropy_from_probs(q, z, lse)) if return_entropy else (tokens, logp)
+    keep = None
+    if top_p is not None:
+        z, _ = truncated_logits(logits, temperature, top_p=top_p)
+        keep = jnp.isfinite(z)
+    tokens, logp, entropy = _draw_vocabulary(logits, temperature, _uniforms(keys), keep)
+    return (tokens, logp, entropy) if return_entropy else (tokens, logp)
 
 
+def _uniforms(keys: jax.Array) -> jax.Array:
+    return jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)
+
+
+def _block_sums_two_pass(z_NBC: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per row the max ``m`` of ``z [N, nb, C]``, and per block ``sum exp(z - m)`` and ``sum exp(z - m) z``: a max
+    pass, then one pass for both sums."""
+    top = jnp.max(z_NBC, axis=(1, 2))
+    e_NBC = jnp.exp(z_NBC - top[:, None, None])
+    return top, jnp.sum(e_NBC, axis=-1), jnp.sum(e_NBC * jnp.where(e_NBC > 0, z_NBC, 0.0), axis=-1)
+
+
+def _combine(a, b):
+    """Online softmax sums (Milakov & Gimelshein 2018): ``(m, s, t)`` = (max, ``sum exp(z - m)``, ``sum exp(z - m)
+    z``) of two sets merged; ``m = -inf`` is the empty set."""
+    (ma, sa, ta), (mb, sb, tb) = a, b
+    m = jnp.maximum(ma, mb)
+    fa = jnp.where(ma == -jnp.inf, 0.0, jnp.exp(ma - m))
+    fb = jnp.where(mb == -jnp.inf, 0.0, jnp.exp(mb - m))
+    return m, sa * fa + sb * fb, ta * fa + tb * fb
+
+
+def _block_sums_one_pass(z_NBC: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`_block_sums_two_pass` in one pass over ``z``: each block's max and sums by one variadic reduction with the
+    online-softmax combiner (`_combine`), rescaled to the row's max afterwards (on accelerators, where the logits'
+    HBM reads are the cost)."""
+    finite = z_NBC > -jnp.inf
+    m_NB, s_NB, t_NB = jax.lax.reduce((z_NBC, finite.astype(jnp.float32), jnp.where(finite, z_NBC, 0.0)),
+                                      (-jnp.inf, 0.0, 0.0), _combine, (2,))  # fmt: skip
+    top = jnp.max(m_NB, axis=-1)
+    scale = jnp.where(m_NB == -jnp.inf, 0.0, jnp.exp(m_NB - top[:, None]))
+    return top, s_NB * scale, t_NB * scale
+
+
+def _draw_vocabulary(logits: jax.Array, temperature: jax.Array | float, u: jax.Array, keep: jax.Array | None
+                     ) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
+    """The inverse-CDF draw over the whole vocabulary (`invert_cdf`'s rule on ``q = exp(z - max z)``, ``z = logits /
+    temperature``, ``-inf`` where ``keep`` is False) from per-block sums: per block of `_CDF_BLOCK` tokens the mass
+    ``sum exp(z - max)`` and its first moment ``sum exp(z - max) z`` (one pass over the logits on accelerators,
+    `_block_sums_one_pass`; two on CPU), from which come ``lse = max + log(sum of masses)``, the block to draw from,
+    and the entropy ``lse - sum of moments / sum of masses``; then only the drawn block's logits are read again (its
+    128 values, from which the token and its log-prob ``z_x - lse``). Returns ``(tokens, logprobs, entropy)``."""
+    n, v = logits.shape
+    t = jnp.asarray(temperature, jnp.float32)
+
+    def scaled(x, kept):
+        z = x.astype(jnp.float32) / t
+        return z if kept is None else jnp.where(kept, z, -jnp.inf)
+
+    z = scaled(logits, keep)
+    nb = -(-v // _CDF_BLOCK)
+    z_NBC = jnp.pad(z, ((0, 0), (0, nb * _CDF_BLOCK - v)), constant_values=-jnp.inf).reshape(n, nb, _CDF_BLOCK)
+    top, mass, moment = jax.lax.platform_dependent(z_NBC, cpu=_block_sums_two_pass, default=_block_sums_one_pass)
+    # the barrier keeps XLA from folding the sums of the block sums into sums over the logits (another pass)
+    mass, moment = jax.lax.optimization_barrier((mass, moment))
+    cdf = jnp.cumsum(mass, axis=-1)
+    total = cdf[:, -1]
+    lse = top + jnp.log(total)
+    target = u * total
+    block = jnp.minimum(jnp.sum(cdf <= target[:, None], axis=-1, dtype=jnp.int32), _last_positive(mass))
+    rest = target - jnp.take_along_axis(cdf - mass, block[:, None], axis=-1)[:, 0]
+    ids = block[:, None] * _CDF_BLOCK + jnp.arange(_CDF_BLOCK, dtype=jnp.int32)[None, :]
+    inside = jnp.minimum(ids, v - 1)
+    kept = None if keep is None else jnp.take_along_axis(keep, inside, axis=-1)
+    z_NC = jnp.where(ids < v, scaled(jnp.take_along_axis(logits, inside, axis=-1), kept), -jnp.inf)
+    e_NC = jnp.exp(z_NC - top[:, None])
+    within = jnp.minimum(jnp.sum(jnp.cumsum(e_NC, axis=-1) <= rest[:, None], axis=-1, dtype=jnp.int32),
+                         _last_positive(e_NC))  # fmt: skip
+    logp = jnp.take_along_axis(z_NC, within[:, None], axis=-1)[:, 0] - lse
+    entropy = lse - jnp.sum(moment, axis=-1) / total
+    return (block * _CDF_BLOCK + within).astype(jnp.int32), logp, entropy

@@ -10,6 +10,7 @@ different blocks; every group returned whole and exactly once; the slot utilizat
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import jax
@@ -100,6 +101,37 @@ def test_cache_width_is_a_multiple_of_128(tiny):
     for m, want in ((1, 128), (8, 128), (129, 128), (130, 256), (512, 512)):
         spec = engine.make_spec(config, SamplingParams(max_new_tokens=m), 2, 16, 4)
         assert spec.cache_width == want
+
+
+def test_windows_counted_by_hand(tiny):
+    # M = 20, blocks of 4 from step 1: a block from step s needs s + 3 slots -> 4, 8, 12, 16, 20 -> windows of 8
+    spec = engine.make_spec(tiny[0], SamplingParams(max_new_tokens=20), 2, 16, 4)
+    assert engine.windows(dataclasses.replace(spec, window_multiple=8)) == {8: 8, 16: 8, 24: 3}
+    assert engine.windows(spec) == {128: 19}  # CPU: windows of 128 slots, capped at the cache width
+
+
+@pytest.mark.slow
+def test_decode_windows_change_no_sample(tiny, monkeypatch):
+    """The decode cache resized between blocks to the slots the rows have written (windows of 8 instead of CPU's 128:
+    grown as rows advance, cut when a slot's long rows are replaced by new ones) samples what the full-width cache
+    samples, in static and continuous mode, with teacher-forced log-probs."""
+    config, params = tiny
+    sp = SamplingParams(max_new_tokens=24, num_samples=2, temperature=1.0, eos_token_ids=(3, 9))
+    _, _, full = _run(tiny, MORE_PROMPTS, sp, 11, block=3)
+    widths: list[int] = []
+    resize = engine.resize
+    monkeypatch.setattr(engine, "WINDOW_MULTIPLE_CPU", 8)
+    monkeypatch.setattr(engine, "resize", lambda decode, width: widths.append(width) or resize(decode, width))
+    for kw in (dict(block=3), dict(slots=2, block=3)):
+        widths.clear()
+        _, _, comp = _run(tiny, MORE_PROMPTS, sp, 11, **kw)
+        assert len(set(widths)) > 1, widths  # the windows changed during the run
+        np.testing.assert_array_equal(comp.tokens, full.tokens)
+        np.testing.assert_array_equal(comp.mask, full.mask)
+        np.testing.assert_allclose(comp.logprobs, full.logprobs, atol=1e-5, rtol=0)
+    assert any(b < a for a, b in zip(widths, widths[1:])), widths  # continuous: a window cut
+    ref = _gather(_log_softmax(_teacher_forced_logits(config, params, MORE_PROMPTS, comp, 2)), comp.tokens)
+    np.testing.assert_allclose(comp.logprobs, np.where(comp.mask, ref, 0.0), atol=1e-5, rtol=0)
 
 
 def test_record_masks(tiny):

@@ -39,7 +39,6 @@ from jaxgrpo.models.attention import _NEG, KVCache
 from jaxgrpo.models.config import ModelConfig
 from jaxgrpo.models.layers import (
     Stream,
-    apply_rope,
     check_tokens,
     decoder_layer,
     embed,
@@ -205,6 +204,16 @@ def decode_weights(config: ModelConfig, params: Params) -> DecodeWeights:
             "lm_head": lm_head(config, params)}  # fmt: skip
 
 
+def _rope(x_BTXH: jax.Array, cos_BTh: jax.Array, sin_BTh: jax.Array) -> jax.Array:
+    """`layers.apply_rope`'s values (the same float32 products and sums per element) as ``x * cos + partner * sin``
+    with ``partner = [-x2, x1]``: its kernel ends in that sum, not in a concatenation of the two halves (which the
+    decode report would count as a copy of the queries)."""
+    xf = x_BTXH.astype(jnp.float32)
+    x1, x2 = jnp.split(xf, 2, axis=-1)
+    cos, sin = (jnp.concatenate([t, t], axis=-1)[:, :, None, :] for t in (cos_BTh, sin_BTh))
+    return (xf * cos + jnp.concatenate([-x2, x1], axis=-1) * sin).astype(x_BTXH.dtype)
+
+
 def _fused_layer(config: ModelConfig, w: Params, x_BTD: jax.Array, rope, attend) -> jax.Array:
     """`layers.decoder_layer`'s math on `decode_weights`' fused per-layer weights (one q|k|v and one gate|up
     product)."""
@@ -219,7 +228,7 @@ def _fused_layer(config: ModelConfig, w: Params, x_BTD: jax.Array, rope, attend)
         q, k, v = q + w["q_bias"].astype(q.dtype), k + w["k_bias"].astype(q.dtype), v + w["v_bias"].astype(q.dtype)
     if c.qk_norm:
         q, k = rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)
-    q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    q, k = _rope(q, *rope), _rope(k, *rope)
     a, _ = attend(q.reshape(B, T, K, c.heads_per_kv, H), k, v)
     x_BTD = x_BTD + jnp.einsum("bte,ed->btd", a.reshape(B, T, N * H), w["o"])
     gu = jnp.einsum("btd,df->btf", rms_norm(x_BTD, w["mlp_norm"], eps), w["gate_up"])
@@ -256,6 +265,18 @@ def attend_decode(q_BKRH: jax.Array, kp_PKSH: jax.Array, vp_PKHS: jax.Array, pre
     return out_p.transpose(0, 2, 1, 3, 4).reshape(B, K, R, H) + out_o
 
 
+def _attend(*args: jax.Array) -> jax.Array:
+    """`attend_decode` on CPU and TPU; on an NVIDIA GPU the same math as one Pallas kernel per layer
+    (`pallas_attention.decode_attend`: no score tensor in HBM, no padded or regrouped queries) where it takes the
+    shapes (`pallas_attention.decode_attend_fits`)."""
+    from jaxgrpo.models import pallas_attention
+
+    q, kp, ko = args[0], args[1], args[4]
+    if not pallas_attention.decode_attend_fits(q.shape[2], kp.shape[2], ko.shape[2]):
+        return attend_decode(*args)
+    return jax.lax.platform_dependent(*args, cuda=pallas_attention.decode_attend, default=attend_decode)
+
+
 def decode_step(
     config: ModelConfig,
     weights: DecodeWeights,
@@ -272,10 +293,11 @@ def decode_step(
     prompt's prefix (``prefix`` per layer ``k [S, K, Tp, H]``, ``v [S, K, H, Tp]``, masked by ``prefix_mask [S, Tp]``)
     and to its decode slots where ``mask_BM`` (which must include ``slot``; ``cache`` per layer ``k [B, K, M, H]``,
     ``v [B, K, H, M]``). ``slot``: a scalar, one slot for every row (an in-place `lax.dynamic_update_slice`), or
-    ``[B]``, a slot per row (a scatter; a row whose slot is past the cache writes nothing: the multi-turn engine's
-    per-row linear caches, `jaxgrpo.rollout.turn_engine`). Keys carry their RoPE position, so the order of the slots
-    does not matter: the single-turn engine writes them as a ring. Returns the final-normed hidden state ``[B, D]``
-    and the cache (donate it when jitting)."""
+    ``[B]``, a slot per row (an in-place scatter; a row whose slot is past the cache writes nothing: the engines'
+    per-row linear caches, `jaxgrpo.rollout.engine` and `jaxgrpo.rollout.turn_engine`). Keys carry their RoPE
+    position, so the order of the slots does not matter. Attention: `attend_decode`, or on an NVIDIA GPU its fused
+    Pallas kernel (`_attend`). Returns the final-normed hidden state ``[B, D]`` and the cache (donate it when
+    jitting)."""
     x = embed(config, weights, tokens_B[:, None])
     rope = rope_tables(config, positions_B[:, None])
     zero = jnp.zeros((), jnp.int32)
@@ -292,8 +314,8 @@ def decode_step(
                 ck = jax.lax.dynamic_update_slice(ck, kt, (zero, zero, slot, zero))
                 cv = jax.lax.dynamic_update_slice(cv, vt, (zero, zero, zero, slot))
             new_cache.append(KVCache(ck, cv))
-            a = attend_decode(q[:, 0], kp.astype(q.dtype), vp.astype(q.dtype), prefix_mask, ck.astype(q.dtype),
-                              cv.astype(q.dtype), mask_BM)  # fmt: skip
+            a = _attend(q[:, 0], kp.astype(q.dtype), vp.astype(q.dtype), prefix_mask, ck.astype(q.dtype),
+                        cv.astype(q.dtype), mask_BM)  # fmt: skip
             return a[:, None], None
 
         if "lora" in w:

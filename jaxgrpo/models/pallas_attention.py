@@ -1,10 +1,17 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""Decode attention through the Pallas kernels jax itself ships, with the calling convention of the XLA path.
+"""Decode attention as Pallas GPU kernels, with the calling convention of the XLA path.
 
-`decode_attend_shared_prefix` computes what `attention.attend_shared_prefix` computes for one decode token per row
-(``T = 1``): one softmax over ``[the row's prompt keys (shared by its G rows) ; the row's own decode keys]``, with
-``jax.experimental.pallas.ops.gpu.decode_attention.mqa`` (a split-k flash-decoding kernel in Triton; Dao et al.,
-"Flash-Decoding for long-context inference", 2023) run twice, each reading only the keys it is told are valid:
+`decode_attend` (what the rollout engine's decode step runs on an NVIDIA GPU, `models.decode._attend`) computes
+`models.decode.attend_decode` in ONE Triton kernel per layer: a program per (row, kv head) loads the row's ``R``
+queries of that kv head once and runs one online softmax (Milakov & Gimelshein 2018; the running max, sum and output
+of flash attention, Dao et al. 2022) first over its prompt's cached keys, then over its own decode keys, each masked
+as the XLA path masks them, and writes its output; the scores never reach HBM and no cache or query is copied.
+
+`decode_attend_shared_prefix` (jax's own kernel, run twice and merged) computes what `attention.attend_shared_prefix`
+computes for one decode token per row (``T = 1``): one softmax over ``[the row's prompt keys (shared by its G rows) ;
+the row's own decode keys]``, with ``jax.experimental.pallas.ops.gpu.decode_attention.mqa`` (a split-k
+flash-decoding kernel in Triton; Dao et al., "Flash-Decoding for long-context inference", 2023) run twice, each
+reading only the keys it is told are valid:
 
   * prefix part: per prompt and kv head, the ``G * R`` queries of its rows (``R`` query heads per kv head) against
     the prompt's ``Tp`` cached keys, valid from ``start = Tp - len`` (prompts are left-padded: the mask's True slots
@@ -26,8 +33,13 @@ key axis minor (``v [.., H, S]``, `attention.kv_major`) and are transposed here 
 
 from __future__ import annotations
 
+import functools
+import math
+
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 from jax.experimental.pallas.ops.gpu import decode_attention
 
 
@@ -93,3 +105,74 @@ def decode_attend_shared_prefix(
     total = w1 + w2
     a = (w1[..., None] * o1 + w2[..., None] * o2) / jnp.where(total > 0, total, 1.0)[..., None]
     return a[:, None].astype(dt)
+
+
+# ------------------------------------------------------------------- one kernel: both key sets, any masks, no merge
+_BLOCK_H = 16  # query heads per program, padded (the loads are masked): Triton's dot takes at least 16 rows
+_NEG = -1e30
+
+
+def _fused_kernel(q_ref, kp_ref, vp_ref, pm_ref, ko_ref, vo_ref, om_ref, o_ref, *, group: int, heads: int,
+                  block_k: int, scale: float):  # fmt: skip
+    """Program (row b, kv head k): the row's ``heads`` queries against its prompt's keys (``kp [S, K, Tp, H]``,
+    ``vp [S, K, H, Tp]``, masked by ``pm [S, Tp]``) and its own (``ko [B, K, W, H]``, ``vo [B, K, H, W]``, masked by
+    ``om [B, W]``), one online softmax over both (flash attention's running max and sum), ``o [B, K, R, H]``."""
+    b, k = pl.program_id(0), pl.program_id(1)
+    p = b // group
+    rows = (jnp.arange(_BLOCK_H) < heads)[:, None]
+    q = plgpu.load(q_ref.at[b, k, pl.ds(0, _BLOCK_H), :], mask=rows, other=0.0)
+
+    def part(k_ref, v_ref, mask_ref, n, carry):  # the key set of batch entry n of [*, K, S, H] (one indexer per load)
+        def body(i, carry):
+            acc, m, den = carry
+            sl = pl.ds(i * block_k, block_k)
+            s = plgpu.dot(q, k_ref[n, k, sl, :], trans_b=True).astype(jnp.float32) * scale
+            valid = mask_ref[n, sl][None, :]
+            s = jnp.where(valid, s, _NEG)
+            m_next = jnp.maximum(m, jnp.max(s, axis=-1))
+            e = jnp.where(valid, jnp.exp(s - m_next[:, None]), 0.0)
+            c = jnp.exp(m - m_next)
+            pv = plgpu.dot(e.astype(v_ref.dtype), v_ref[n, k, :, sl], trans_b=True).astype(jnp.float32)
+            return acc * c[:, None] + pv, m_next, den * c + jnp.sum(e, axis=-1)
+
+        return jax.lax.fori_loop(0, k_ref.shape[2] // block_k, body, carry)
+
+    head = q_ref.shape[-1]
+    carry = (jnp.zeros((_BLOCK_H, head), jnp.float32), jnp.full((_BLOCK_H,), _NEG, jnp.float32),
+             jnp.zeros((_BLOCK_H,), jnp.float32))  # fmt: skip
+    carry = part(kp_ref, vp_ref, pm_ref, p, carry)
+    acc, _, den = part(ko_ref, vo_ref, om_ref, b, carry)
+    out = jnp.where(den[:, None] > 0, acc / jnp.where(den > 0, den, 1.0)[:, None], 0.0)
+    plgpu.store(o_ref.at[b, k, pl.ds(0, _BLOCK_H), :], out.astype(o_ref.dtype), mask=rows)
+
+
+def decode_attend_fits(heads: int, prefix_slots: int, decode_slots: int, block_k: int = 128) -> bool:
+    """Whether `decode_attend` takes these shapes: at most `_BLOCK_H` query heads per kv head, and key blocks of
+    ``gcd(block_k, prefix_slots, decode_slots)`` keys, a power of two of at least 16 (Triton's smallest dot)."""
+    g = math.gcd(block_k, prefix_slots, decode_slots)
+    return heads <= _BLOCK_H and g >= 16 and g & (g - 1) == 0
+
+
+def decode_attend(q_BKRH: jax.Array, kp_PKSH: jax.Array, vp_PKHS: jax.Array, prefix_mask_PS: jax.Array,
+                  ko_BKMH: jax.Array, vo_BKHM: jax.Array, mask_BM: jax.Array, *, interpret: bool = False,
+                  block_k: int = 128) -> jax.Array:  # fmt: skip
+    """`models.decode.attend_decode` (one query per row, its prompt's keys and its own, one softmax over both) as ONE
+    Pallas GPU kernel per layer: a program per (row, kv head) runs an online softmax over its prompt's cached keys
+    and then its own decode keys, reading the caches in their stored layouts (values ``[.., H, S]``) and writing the
+    output ``[B, K, R, H]`` in the layout the output projection reads: no score tensor, no partial outputs to merge,
+    no copy of a cache or of the queries. The ``R`` query heads of a kv head are padded to `_BLOCK_H` by masked loads.
+    Keys are read ``gcd(block_k, Tp, M)`` per iteration (`decode_attend_fits`). A query with no visible key gets 0."""
+    B, K, R, H = q_BKRH.shape
+    P, _, Tp, _ = kp_PKSH.shape
+    M = ko_BKMH.shape[2]
+    if not decode_attend_fits(R, Tp, M, block_k):
+        raise ValueError(f"the fused decode kernel needs key counts ({Tp}, {M}) with a common power-of-two "
+                         f"divisor >= 16 and at most {_BLOCK_H} query heads per kv head (got {R}); use the XLA path")
+    block_k = math.gcd(block_k, Tp, M)
+    kernel = functools.partial(_fused_kernel, group=B // P, heads=R, block_k=block_k, scale=H**-0.5)
+    dt = q_BKRH.dtype
+    return pl.pallas_call(kernel, grid=(B, K), out_shape=jax.ShapeDtypeStruct((B, K, R, H), dt), interpret=interpret,
+                          compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+                          name="decode_attend")(q_BKRH, kp_PKSH.astype(dt), vp_PKHS.astype(dt),
+                                                prefix_mask_PS.astype(bool), ko_BKMH.astype(dt), vo_BKHM.astype(dt),
+                                                mask_BM.astype(bool))  # fmt: skip

@@ -133,6 +133,10 @@ class _Run:
     def decode(self) -> None:
         t0 = time.perf_counter()
         before = self.stats.decode_steps
+        steps = np.asarray(self.state.step)[~np.asarray(self.state.done)]
+        width = engine.window(self.spec, int(steps.max(initial=1)))
+        if width != self.caches.decode[0].k.shape[2]:  # the block's window of decode slots (`engine.window`)
+            self.caches = self.caches.replace(decode=engine.resize(self.caches.decode, width))
         self.caches, self.state = engine.decode_block(self.config, self.spec, self.weights, self.caches, self.state,
                                                       self.temp, self.top_p)  # fmt: skip
         jax.block_until_ready(self.state.done)

@@ -4,10 +4,15 @@
 Layout: ``S`` group slots of ``G`` rows each, ``B = S * G`` rows slot-major (row ``b`` belongs to slot ``b // G``).
 Slot ``s`` holds one prompt: its keys/values in the prefix cache (per layer ``k [S, K, Tp, H]``, ``v [S, K, H, Tp]``,
 written once by `prefill`, read by its G rows), and each row its own decode cache (per layer ``k [B, K, Mc, H]``,
-``v [B, K, H, Mc]``, ``Mc`` = ``M - 1`` rounded up to a multiple of 128). Every row carries its own step count, so
-rows admitted at different times share one batch: at step ``i`` (it has generated tokens ``0 .. i-1``) a row feeds
-token ``i - 1`` at RoPE position ``len(prompt) + i - 1``, writes its key/value at decode slot ``i - 1``, attends to its
-prompt and its decode slots ``0 .. i-1`` (`models.decode.decode_step`) and samples token ``i``.
+``v [B, K, H, W]``). Every row carries its own step count, so rows admitted at different times share one batch: at
+step ``i`` (it has generated tokens ``0 .. i-1``) a row feeds token ``i - 1`` at RoPE position ``len(prompt) + i - 1``,
+writes its key/value at decode slot ``i - 1`` (a per-row in-place scatter), attends to its prompt and its decode slots
+``0 .. i-1`` (`models.decode.decode_step`) and samples token ``i``.
+
+Window: the decode cache holds ``W`` slots, the block's `window` (the most steps of an unfinished row + the block,
+rounded up to `WINDOW_MULTIPLE`, 128 on CPU, at most ``Mc`` = ``M - 1`` rounded up to a multiple of 128); the driver
+`resize`s it between blocks, so a token step reads the slots its rows have written (up to the rounding), not ``Mc`` of
+them: one `decode_block` program per width.
 
 `prefill(prompts -> slots)` encodes the prompts (`models.prefill`, packed end to end), writes their prefix, samples
 each row's token 0 from its prompt's last logits and resets the rows' state. `decode_block` runs ``k`` steps in a
@@ -41,6 +46,10 @@ from jaxgrpo.rollout.params import SamplingParams
 from jaxgrpo.token_sampling import sample_from_logits
 
 CACHE_MULTIPLE = 128  # decode cache width granularity (no odd widths for the matmul libraries to pad)
+# the decode cache's width during a block: the slots its rows have written, rounded up to this (on accelerators,
+# where a token step's bytes are the cost; on CPU, 128: fewer programs to compile, each token step is compute-bound)
+WINDOW_MULTIPLE = 32
+WINDOW_MULTIPLE_CPU = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +65,7 @@ class Spec:
     top_k: int
     use_top_p: bool
     eos_token_ids: tuple[int, ...]
+    window_multiple: int = WINDOW_MULTIPLE
 
     @property
     def rows(self) -> int:
@@ -76,10 +86,17 @@ def truncation(config: models.ModelConfig, greedy: bool, top_k: int, top_p: floa
     return (int(top_k) if (not greedy and top_k < config.vocab_size) else 0), (not greedy) and top_p < 1.0
 
 
-def make_spec(config: models.ModelConfig, sp: SamplingParams, slots: int, prompt_width: int, block: int) -> Spec:
+def window_multiple(platform: str | None = None) -> int:
+    """`WINDOW_MULTIPLE`, or `WINDOW_MULTIPLE_CPU` on CPU (``platform``: default jax's default backend)."""
+    return WINDOW_MULTIPLE_CPU if (platform or jax.default_backend()) == "cpu" else WINDOW_MULTIPLE
+
+
+def make_spec(config: models.ModelConfig, sp: SamplingParams, slots: int, prompt_width: int, block: int,
+              platform: str | None = None) -> Spec:  # fmt: skip
+    """The engine's `Spec` (``platform``: the devices it compiles for, default jax's default backend)."""
     top_k, use_top_p = truncation(config, sp.greedy, sp.top_k, sp.top_p)
     return Spec(slots, sp.num_samples, sp.max_new_tokens, prompt_width, block, sp.greedy, top_k, use_top_p,
-                sp.eos_token_ids)  # fmt: skip
+                sp.eos_token_ids, window_multiple(platform))  # fmt: skip
 
 
 @flax.struct.dataclass
@@ -88,7 +105,7 @@ class DecodeState:
     ``done``: finished (EOS, ``M`` tokens, or an empty slot); ``eos``: ended with an EOS id; ``length``: the prompt's
     length; ``row_key``: the row's PRNG key; ``tokens``/``logprobs``/``entropy``/``mask`` ``[B, M]`` the outputs;
     ``active_steps``: row-steps run on unfinished rows (for the slot utilization); ``clock``: decode steps run;
-    ``start``: the clock at the row's admission (the ring slot of its first decode key)."""
+    ``start``: the clock at the row's admission."""
 
     step: jax.Array
     last: jax.Array
@@ -115,9 +132,9 @@ class Caches:
 
 
 def init(config: models.ModelConfig, spec: Spec) -> tuple[Caches, DecodeState]:
-    """Empty slots: zero caches, every row done."""
+    """Empty slots: zero caches (the decode cache at the first block's `window`), every row done."""
     L, K, H, dt = config.num_layers, config.num_kv_heads, config.head_dim, jnp.dtype(config.dtype)
-    S, B, Tp, Mc, M = spec.slots, spec.rows, spec.prompt_width, spec.cache_width, spec.max_new_tokens
+    S, B, Tp, Mc, M = spec.slots, spec.rows, spec.prompt_width, window(spec, 1), spec.max_new_tokens
     prefix = [KVCache(jnp.zeros((S, K, Tp, H), dt), jnp.zeros((S, K, H, Tp), dt)) for _ in range(L)]
     decode = [KVCache(jnp.zeros((B, K, Mc, H), dt), jnp.zeros((B, K, H, Mc), dt)) for _ in range(L)]
     caches = Caches(prefix, jnp.zeros((S, Tp), bool).at[:, -1].set(True), decode)
@@ -179,13 +196,13 @@ def _decode_one(config, spec: Spec, weights, caches: Caches, st: DecodeState, te
     """One token step for every row (finished rows run masked: their outputs are not written)."""
     B, M = spec.rows, spec.max_new_tokens
     active = ~st.done
-    # the decode cache is a ring written at one slot per step for every row (clock mod Mc); a row admitted at clock
-    # c0 has written slots c0 .. clock (mod Mc), at most M - 1 < Mc of them, so it never overwrites its own keys
-    mc = spec.cache_width
-    age_B = st.clock - st.start
-    mask_BM = jnp.mod(jnp.arange(mc, dtype=jnp.int32)[None, :] - st.start[:, None], mc) <= age_B[:, None]
+    # row b writes its key/value at decode slot step - 1 and attends slots 0 .. step - 1; the cache holds the
+    # block's window of slots (`window`: the driver resizes it between blocks), a finished row writes nothing
+    width = caches.decode[0].k.shape[2]
+    slot_B = jnp.where(active, st.step - 1, width)
+    mask_BM = jnp.arange(width, dtype=jnp.int32)[None, :] < st.step[:, None]
     hidden, cache = decode_step(config, weights, st.last, st.length + st.step - 1, caches.prefix,
-                                caches.prefix_mask, caches.decode, jnp.mod(st.clock, mc), mask_BM)  # fmt: skip
+                                caches.prefix_mask, caches.decode, slot_B, mask_BM)  # fmt: skip
     keys = jax.vmap(jax.random.fold_in)(st.row_key, st.step.astype(jnp.uint32))
     tok, logp, ent = _sample(spec, keys, _logits(weights, hidden), temperature, top_p)
     rows = jnp.arange(B)
@@ -203,12 +220,45 @@ def _decode_one(config, spec: Spec, weights, caches: Caches, st: DecodeState, te
 @functools.partial(jax.jit, static_argnames=("config", "spec"), donate_argnames=("caches", "state"))
 def decode_block(config, spec: Spec, weights: DecodeWeights, caches: Caches, state: DecodeState, temperature,
                  top_p) -> tuple[Caches, DecodeState]:
-    """``spec.block`` token steps (a `lax.fori_loop`; cache and state donated, updated in place)."""
+    """``spec.block`` token steps (a `lax.fori_loop`; cache and state donated, updated in place). The decode cache's
+    width (its slots, `window`) must cover every unfinished row's step + ``spec.block`` - 1: one compiled program
+    per width, each reading only its window of slots."""
 
     def body(_, carry):
         return _decode_one(config, spec, weights, *carry, temperature, top_p)
 
     return jax.lax.fori_loop(0, spec.block, body, (caches, state))
+
+
+def window(spec: Spec, steps: int) -> int:
+    """Decode-cache slots a block needs when its rows have generated at most ``steps`` tokens (a row at step ``i``
+    attends slots ``0 .. i - 1``; a block runs ``spec.block`` steps): rounded up to a multiple of
+    ``spec.window_multiple``, at most `Spec.cache_width`."""
+    need, m = max(int(steps), 1) + spec.block - 1, spec.window_multiple
+    return min(spec.cache_width, -(-need // m) * m)
+
+
+def windows(spec: Spec) -> dict[int, int]:
+    """The windows a rollout whose rows all run ``max_new_tokens`` steps decodes with (static mode, admitted
+    together): ``{width: token steps run with it}`` (the decode report's weights)."""
+    out: dict[int, int] = {}
+    for start in range(1, spec.max_new_tokens, spec.block):
+        w = window(spec, start)
+        out[w] = out.get(w, 0) + min(spec.block, spec.max_new_tokens - start)
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("width",))
+def resize(decode: list[KVCache], width: int) -> list[KVCache]:
+    """The decode cache cut or zero-padded to ``width`` slots (between blocks: slots past every unfinished row's
+    step hold nothing a later step reads)."""
+
+    def fit(x, axis):
+        if width <= x.shape[axis]:
+            return jax.lax.slice_in_dim(x, 0, width, axis=axis)
+        return jnp.pad(x, [(0, width - x.shape[axis]) if a == axis else (0, 0) for a in range(x.ndim)])
+
+    return [KVCache(fit(c.k, 2), fit(c.v, 3)) for c in decode]
 
 
 def prepare_weights(config: models.ModelConfig, params: Any) -> DecodeWeights:

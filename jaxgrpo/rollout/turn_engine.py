@@ -8,8 +8,7 @@ group's shared prompt prefix is prefilled once into the prefix cache (per layer 
 ``v [B, K, H, W]``) and a token buffer ``seq [B, W]``: everything the row reads after its group's prefix (the rest
 of its own prompt, its policy turns, the template and tool tokens between them), in order. Slot ``j`` of the cache
 holds the key/value of ``seq[j]`` at RoPE position ``base + j`` (``base``: the prefix length), written by the row
-itself at its own position (``pos``, tokens fed so far), never at a shared clock (the single-turn engine's ring,
-`jaxgrpo.rollout.engine`, where every row writes every step and a paused row's keys would be overwritten).
+itself at its own position (``pos``, tokens fed so far), so a paused row's keys are never overwritten.
 
 A decode step (`decode_block` runs ``k`` of them, state and caches donated), for each ACTIVE row: feed ``seq[pos]``
 at slot ``pos``; if that was the last known token (``pos + 1 == known``) sample the next one (appended to ``seq``
