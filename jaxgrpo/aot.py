@@ -263,21 +263,22 @@ def _sampler_mode(cfg: Config, mcfg: models.ModelConfig, mesh: Mesh, record: boo
     return mode, shards
 
 
-def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], texts: dict[str, str] | None = None
-                    ) -> dict[str, dict[str, float]]:  # fmt: skip
+def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], texts: dict[str, str] | None = None,
+                    windows: int | None = None) -> dict[str, dict[str, float]]:  # fmt: skip
     """Compile the sampler's prefill and decode loop (`jaxgrpo.sampling`) for ``devices`` on abstract compute-dtype
     weights, for ``rollout.prompts_per_step`` prompts of ``data.max_prompt_tokens`` tokens each (padded as
     `sampling.generate` pads them); `program_figures` of each (``decode`` absent when ``max_new_tokens == 1``), and
     ``weights``: the per-chip bytes of the compute-dtype weights the programs read. ``texts``, when given, receives
     each program's optimized HLO text (``compiled.as_text()``) under the same names. On one device these are the
     rollout engine's public programs (`compile_engine`), which the trainer runs there; with a mesh, the sampler's,
-    which it runs then (the trainer records no projections: `perf.reuse_projections` does not apply to it)."""
+    which it runs then (the trainer records no projections: `perf.reuse_projections` does not apply to it).
+    ``windows``: compile only that many of the engine's decode windows (`compile_engine`)."""
     from jaxgrpo import sampling
 
     m, r = cfg.mesh, cfg.rollout
     mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
     if len(devices) == 1 and r.max_new_tokens > 1:  # what the engine runs
-        return compile_engine(cfg, mcfg, devices, texts)
+        return compile_engine(cfg, mcfg, devices, texts, windows)
     mode, shards = _sampler_mode(cfg, mcfg, mesh, record=False)
     num_prompts = padding.batch_bucket(r.prompts_per_step, shards)
     width = padding.prompt_bucket(cfg.data.max_prompt_tokens)
@@ -389,12 +390,14 @@ def format_decode_report(rep: dict[str, Any], top: int = 5) -> list[str]:
     return lines
 
 
-def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], texts: dict[str, str] | None = None
-                   ) -> dict[str, dict[str, float]]:  # fmt: skip
+def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], texts: dict[str, str] | None = None,
+                   windows: int | None = None) -> dict[str, dict[str, float]]:  # fmt: skip
     """Compile the rollout engine's public programs (`jaxgrpo.rollout.engine`: ``prepare_weights``, ``prefill`` of
     ``rollout.slots`` prompts, ``decode_block`` of ``rollout.decode_block`` steps) for one device on abstract
     compute-dtype weights, for prompts of ``data.max_prompt_tokens``; `program_figures` of each, and the optimized HLO
-    texts into ``texts`` (``decode``: the block, whose loop body is one token step)."""
+    texts into ``texts`` (``decode``: the block, whose loop body is one token step, at the widest decode window;
+    ``decode_w<slots>`` the other windows). ``windows``: compile only that many windows, evenly spread from the
+    narrowest to the widest (`decode_report` interpolates the others); default all."""
     from jaxgrpo.models.attention import KVCache
     from jaxgrpo.rollout import engine
     from jaxgrpo.rollout.params import SamplingParams
@@ -423,7 +426,7 @@ def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], te
     prefill = engine.prefill.lower(mcfg, spec, packed, params, weights, caches, state, *prompts, f32, f32)
     programs = dict(prefill=prefill)
     widest = max(engine.windows(spec))
-    for w in engine.windows(spec):  # one decode program per window of slots (`engine.window`); "decode": the widest
+    for w in spread(sorted(engine.windows(spec)), windows):  # one decode program per window (`engine.window`)
         at = caches.replace(decode=[KVCache(_slots(c.k, 2, w), _slots(c.v, 3, w)) for c in caches.decode])
         name = "decode" if w == widest else f"decode_w{w}"
         programs[name] = engine.decode_block.lower(mcfg, spec, weights, at, state, f32, f32)
@@ -433,6 +436,15 @@ def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], te
         if not name.startswith("decode_w"):
             out[name] = program_figures(compiled)
     return out
+
+
+def spread(items: list[int], n: int | None) -> list[int]:
+    """``n`` (at least 2) of the sorted ``items``, evenly spaced, the first and the last included; all when ``n`` is
+    None or not smaller."""
+    if n is None or n >= len(items):
+        return items
+    n = max(n, 2)
+    return [items[i] for i in sorted({round(k * (len(items) - 1) / (n - 1)) for k in range(n)})]
 
 
 def _slots(x: jax.ShapeDtypeStruct, axis: int, width: int) -> jax.ShapeDtypeStruct:
@@ -459,20 +471,31 @@ def decode_report(cfg: Config, mcfg: models.ModelConfig, texts: dict[str, str], 
     the engine compiled one decode program per window of cache slots (``decode_w<width>``; ``decode`` the widest),
     their bytes per token step averaged over a full-length rollout's steps (`engine_windows`), which is what the
     ideal (at the mean step) is compared with; launches, findings and the heaviest kernels are the widest's, and
-    ``windows`` gives each window's ``(steps, bytes per step)``. ``platform``: the devices' (`engine.window_multiple`).
-    """
+    ``windows`` gives each window's ``(steps, bytes per step)``; ``interpolated`` the windows not compiled
+    (`compile_engine`'s ``windows``), whose bytes are linear between their compiled neighbours. ``platform``: the
+    devices' (`engine.window_multiple`)."""
     args = (ideal, mcfg.vocab_size, smallest_moved_buffer(mcfg, cfg))
     rep = decode_step_report(texts["decode"], *args)
     if not any(name.startswith("decode_w") for name in texts):
         return rep
     steps = engine_windows(cfg, mcfg, platform)
     widest = max(steps)
-    per = {w: (decode_step_report(texts[f"decode_w{w}"], *args) if w != widest else rep) for w in steps}
-    moved = sum(per[w]["bytes_per_step"] * n for w, n in steps.items()) / sum(steps.values())
-    findings = [f for w in steps for f in per[w]["findings"]]
-    unknown = sum(per[w]["unknown_trip_counts"] for w in steps)
+    per = {w: (decode_step_report(texts[f"decode_w{w}"], *args) if w != widest else rep) for w in steps
+           if w == widest or f"decode_w{w}" in texts}  # fmt: skip
+    if min(steps) not in per:
+        raise ValueError(f"the narrowest decode window ({min(steps)} slots) was not compiled")
+    known = sorted(per)
+    per_step = {w: per[w]["bytes_per_step"] for w in known}
+    for w in steps:  # a window not compiled: linear between its compiled neighbours (a window's bytes are affine in
+        if w not in per_step:  # its width: the test of the Qwen config checks it on the compiled ones)
+            lo, hi = max(k for k in known if k < w), min(k for k in known if k > w)
+            per_step[w] = per_step[lo] + (per_step[hi] - per_step[lo]) * (w - lo) / (hi - lo)
+    moved = sum(per_step[w] * n for w, n in steps.items()) / sum(steps.values())
+    findings = [f for w in known for f in per[w]["findings"]]
+    unknown = sum(per[w]["unknown_trip_counts"] for w in known)
     return dict(rep, bytes_per_step=moved, ratio=moved / ideal["total"], findings=findings, unknown_trip_counts=unknown,
-                windows={w: (n, per[w]["bytes_per_step"]) for w, n in sorted(steps.items())})  # fmt: skip
+                windows={w: (n, per_step[w]) for w, n in sorted(steps.items())},
+                interpolated=sorted(set(steps) - set(known)))  # fmt: skip
 
 
 def dump_hlo(directory: str, texts: dict[str, str]) -> None:

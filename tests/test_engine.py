@@ -108,6 +108,11 @@ def test_windows_counted_by_hand(tiny):
     spec = engine.make_spec(tiny[0], SamplingParams(max_new_tokens=20), 2, 16, 4)
     assert engine.windows(dataclasses.replace(spec, window_multiple=8)) == {8: 8, 16: 8, 24: 3}
     assert engine.windows(spec) == {128: 19}  # CPU: windows of 128 slots, capped at the cache width
+    # on an accelerator: windows of 32 slots up to 16 of them (512 new tokens); 2,048 new tokens -> windows of 128
+    for m, step in ((512, 32), (514, 64), (2048, 128)):
+        long = engine.make_spec(tiny[0], SamplingParams(max_new_tokens=m), 2, 16, 8, "gpu")
+        assert long.window_multiple == step and len(engine.windows(long)) <= engine.MAX_WINDOWS
+        assert max(engine.windows(long)) <= long.cache_width
 
 
 @pytest.mark.slow

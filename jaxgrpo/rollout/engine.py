@@ -50,6 +50,9 @@ CACHE_MULTIPLE = 128  # decode cache width granularity (no odd widths for the ma
 # where a token step's bytes are the cost; on CPU, 128: fewer programs to compile, each token step is compute-bound)
 WINDOW_MULTIPLE = 32
 WINDOW_MULTIPLE_CPU = 128
+# at most this many windows (decode programs) per rollout: past 16 x 32 = 512 new tokens the window step grows with
+# the cache (2,048 new tokens: windows of 128), so long rollouts compile a bounded number of programs
+MAX_WINDOWS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,9 +89,12 @@ def truncation(config: models.ModelConfig, greedy: bool, top_k: int, top_p: floa
     return (int(top_k) if (not greedy and top_k < config.vocab_size) else 0), (not greedy) and top_p < 1.0
 
 
-def window_multiple(platform: str | None = None) -> int:
-    """`WINDOW_MULTIPLE`, or `WINDOW_MULTIPLE_CPU` on CPU (``platform``: default jax's default backend)."""
-    return WINDOW_MULTIPLE_CPU if (platform or jax.default_backend()) == "cpu" else WINDOW_MULTIPLE
+def window_multiple(platform: str | None = None, max_new_tokens: int = 1) -> int:
+    """The step of the decode windows: `WINDOW_MULTIPLE`, or `WINDOW_MULTIPLE_CPU` on CPU (``platform``: default
+    jax's default backend), raised to a multiple of itself when ``max_new_tokens`` would need more than `MAX_WINDOWS`
+    windows."""
+    base = WINDOW_MULTIPLE_CPU if (platform or jax.default_backend()) == "cpu" else WINDOW_MULTIPLE
+    return base * max(-(-cache_slots(max_new_tokens - 1) // (base * MAX_WINDOWS)), 1)
 
 
 def make_spec(config: models.ModelConfig, sp: SamplingParams, slots: int, prompt_width: int, block: int,
@@ -96,7 +102,7 @@ def make_spec(config: models.ModelConfig, sp: SamplingParams, slots: int, prompt
     """The engine's `Spec` (``platform``: the devices it compiles for, default jax's default backend)."""
     top_k, use_top_p = truncation(config, sp.greedy, sp.top_k, sp.top_p)
     return Spec(slots, sp.num_samples, sp.max_new_tokens, prompt_width, block, sp.greedy, top_k, use_top_p,
-                sp.eos_token_ids, window_multiple(platform))  # fmt: skip
+                sp.eos_token_ids, window_multiple(platform, sp.max_new_tokens))  # fmt: skip
 
 
 @flax.struct.dataclass
