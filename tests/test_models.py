@@ -294,6 +294,9 @@ def test_models_package_has_one_layer_loop():
     scans = {str(p.relative_to(root)): len(re.findall(r"\blax\.(?:scan|fori_loop|while_loop)\(", p.read_text()))
              for p in root.rglob("*.py")}  # fmt: skip
     in_models = {k: v for k, v in scans.items() if k.startswith("models") and v}
-    # models/chunked.py loops over key chunks inside one attention call (memory-efficient attention), not over layers
-    assert {k: v for k, v in in_models.items() if k != "models/chunked.py"} == {"models/layers.py": 1}, in_models
-    assert "layers" not in (root / "models" / "chunked.py").read_text().replace("layers.py", "")
+    # models/chunked.py loops over key chunks inside one attention call (memory-efficient attention), and
+    # models/pallas_attention.py over key blocks inside one decode kernel: neither over layers
+    within = ("models/chunked.py", "models/pallas_attention.py")
+    assert {k: v for k, v in in_models.items() if k not in within} == {"models/layers.py": 1}, in_models
+    for name in within:
+        assert "layers" not in (root / name).read_text().replace("layers.py", ""), name
