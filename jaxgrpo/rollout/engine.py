@@ -10,9 +10,9 @@ writes its key/value at decode slot ``i - 1`` (a per-row in-place scatter), atte
 ``0 .. i-1`` (`models.decode.decode_step`) and samples token ``i``.
 
 Window: the decode cache holds ``W`` slots, the block's `window` (the most steps of an unfinished row + the block,
-rounded up to `WINDOW_MULTIPLE`, 128 on CPU, at most ``Mc`` = ``M - 1`` rounded up to a multiple of 128); the driver
-`resize`s it between blocks, so a token step reads the slots its rows have written (up to the rounding), not ``Mc`` of
-them: one `decode_block` program per width.
+rounded up to `window_multiple`: 32, 128 on CPU, coarser past `MAX_WINDOWS` windows; at most ``Mc`` = ``M - 1``
+rounded up to a multiple of 128); the driver `resize`s it between blocks, so a token step reads the slots its rows
+have written (up to the rounding), not ``Mc`` of them: one `decode_block` program per width.
 
 `prefill(prompts -> slots)` encodes the prompts (`models.prefill`, packed end to end), writes their prefix, samples
 each row's token 0 from its prompt's last logits and resets the rows' state. `decode_block` runs ``k`` steps in a
