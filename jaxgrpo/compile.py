@@ -10,7 +10,7 @@ state, each program's temporaries and total against the chip's memory, FLOPs per
 (`jaxgrpo.aot`); the train step's HBM bytes per step (`jaxgrpo.hlo.program_bytes` of its optimized HLO, loops by
 trip count) and roofline time, its heaviest kernels and every float32 ``[*, vocab]`` buffer it writes; then the
 decode loop's bytes moved per token step against the ideal (weights once + the KV attended,
-`aot.decode_ideal_bytes`), its kernels per step and the copies/transposes/pads/sorts inside it (`jaxgrpo.hlo`).
+`jaxgrpo.decode_report`), its kernels per step and the copies/transposes/pads/sorts inside it (`jaxgrpo.hlo`).
 ``--dump-hlo DIR`` writes each program's optimized HLO (``DIR/train.hlo.txt``, ``DIR/decode.hlo.txt``,
 ``DIR/prefill.hlo.txt``). Exits 1 when the train step, the prefill or the decode loop does not fit (a rollout whose
 KV caches cannot fit even spread over every chip is refused before anything compiles), 2 on a bad config or a
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_lib.load_config(args.config, args.overrides)
         from jaxgrpo import aot  # after validation: a bad key fails before JAX starts
+        from jaxgrpo import decode_report as dr
 
         m = cfg.mesh
         topology = args.topology or m.topology
@@ -107,9 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<28s}{aot.human(value)}")
     print("\n".join(aot.format_train_report(step, texts["train"], mcfg.vocab_size, chip)))
     if "decode" in texts:
-        ideal = aot.decode_ideal_bytes(cfg, mcfg, len(devices))
-        report = aot.decode_report(cfg, mcfg, texts, ideal, devices[0].platform)
-        print("\n".join(aot.format_decode_report(report)))
+        ideal = dr.decode_ideal_bytes(cfg, mcfg, len(devices))
+        report = dr.decode_report(cfg, mcfg, texts, ideal, devices[0].platform)
+        print("\n".join(dr.format_decode_report(report)))
     if args.dump_hlo:
         aot.dump_hlo(args.dump_hlo, texts)
     over = [name for name, total in totals.items() if not aot.fits(total, chip)]

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxgrpo import aot, hlo
+from jaxgrpo import aot, decode_report, hlo
 from jaxgrpo import compile as compile_cli
 from jaxgrpo import config as config_lib
 from jaxgrpo.errors import ConfigError
@@ -175,8 +175,8 @@ def qwen_decode():
     mcfg = aot.model_config(cfg)
     texts: dict[str, str] = {}
     aot.compile_rollout(cfg, mcfg, aot.gpu_devices("h100"), texts, windows=4)  # of its 16 windows: 32, 192, 352, 512
-    ideal = aot.decode_ideal_bytes(cfg, mcfg)
-    return cfg, mcfg, ideal, aot.decode_report(cfg, mcfg, texts, ideal)
+    ideal = decode_report.decode_ideal_bytes(cfg, mcfg)
+    return cfg, mcfg, ideal, decode_report.decode_report(cfg, mcfg, texts, ideal)
 
 
 @needs_cuda
@@ -192,7 +192,7 @@ def test_qwen_decode_report_fields(qwen_decode):
     assert rep["bytes_per_step"] > ideal["weights"]  # every weight is read each step
     assert rep["launches_per_step"] > 24  # at least one kernel per layer
     assert rep["top"] and all(k.read + k.write > 0 for k in rep["top"])
-    assert "\n".join(aot.format_decode_report(rep)).count("MiB") >= 3
+    assert "\n".join(decode_report.format_decode_report(rep)).count("MiB") >= 3
 
 
 @needs_cuda
