@@ -344,18 +344,13 @@ def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], te
     narrowest to the widest (`jaxgrpo.decode_report` interpolates the others); default all."""
     from jaxgrpo.models.attention import KVCache
     from jaxgrpo.rollout import engine
-    from jaxgrpo.rollout.params import SamplingParams
 
-    r = cfg.rollout
     mesh = sharding.make_mesh(1, 1, 1, devices=devices[:1])
     put = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(  # noqa: E731
         mesh, PartitionSpec())), tree)  # fmt: skip
     params = put(jax.eval_shape(lambda: models.compute_params(mcfg, models.init_params(mcfg, jax.random.key(0)))))
-    sp = SamplingParams(max_new_tokens=r.max_new_tokens, num_samples=r.group_size, temperature=r.temperature,
-                        top_p=r.top_p, top_k=r.top_k, eos_token_ids=tuple(mcfg.eos_token_ids))  # fmt: skip
-    slots = r.slots or r.prompts_per_step
-    width = padding.prompt_bucket(cfg.data.max_prompt_tokens)
-    spec = engine.make_spec(mcfg, sp, slots, width, r.decode_block, devices[0].platform)
+    spec = engine_spec(cfg, mcfg, devices[0].platform)
+    slots, width = spec.slots, spec.prompt_width
     options = compiler_options(devices)
     weights = put(jax.eval_shape(lambda p: engine.prepare_weights(mcfg, p), params))
     caches, state = put(jax.eval_shape(lambda: engine.init(mcfg, spec)))
@@ -369,10 +364,10 @@ def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], te
     packed = padding.sampler_packed_width([cfg.data.max_prompt_tokens] * slots, 1)
     prefill = engine.prefill.lower(mcfg, spec, packed, params, weights, caches, state, *prompts, f32, f32)
     programs = dict(prefill=prefill)
-    widest = max(engine.windows(spec))
-    for w in spread(sorted(engine.windows(spec)), windows):  # one decode program per window (`engine.window`)
+    widths = sorted(engine.windows(spec))
+    for w in spread(widths, windows):  # one decode program per window (`engine.window`)
         at = caches.replace(decode=[KVCache(_slots(c.k, 2, w), _slots(c.v, 3, w)) for c in caches.decode])
-        name = "decode" if w == widest else f"decode_w{w}"
+        name = "decode" if w == widths[-1] else f"decode_w{w}"
         programs[name] = engine.decode_block.lower(mcfg, spec, weights, at, state, f32, f32)
     for name, lowered in programs.items():
         compiled = lowered.compile(options)
@@ -380,6 +375,19 @@ def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], te
         if not name.startswith("decode_w"):
             out[name] = program_figures(compiled)
     return out
+
+
+def engine_spec(cfg: Config, mcfg: models.ModelConfig, platform: str) -> Any:
+    """The rollout engine's `Spec` for this config on ``platform``'s devices: ``rollout.slots`` prompts of
+    ``data.max_prompt_tokens`` (bucketed), ``rollout.decode_block`` steps per block, the rollout's sampling."""
+    from jaxgrpo.rollout import engine
+    from jaxgrpo.rollout.params import SamplingParams
+
+    r = cfg.rollout
+    sp = SamplingParams(max_new_tokens=r.max_new_tokens, num_samples=r.group_size, temperature=r.temperature,
+                        top_p=r.top_p, top_k=r.top_k, eos_token_ids=tuple(mcfg.eos_token_ids))  # fmt: skip
+    return engine.make_spec(mcfg, sp, r.slots or r.prompts_per_step, padding.prompt_bucket(cfg.data.max_prompt_tokens),
+                            r.decode_block, platform)  # fmt: skip
 
 
 def spread(items: list[int], n: int | None) -> list[int]:

@@ -73,15 +73,10 @@ def format_decode_report(rep: dict[str, Any], top: int = 5) -> list[str]:
 def engine_windows(cfg: Config, mcfg: models.ModelConfig, platform: str = "gpu") -> dict[int, int]:
     """``{decode cache width: token steps}`` of a full-length rollout of this config on the engine
     (`rollout.engine.windows`): the weights of the decode report's mean."""
+    from jaxgrpo import aot
     from jaxgrpo.rollout import engine
-    from jaxgrpo.rollout.params import SamplingParams
 
-    r = cfg.rollout
-    sp = SamplingParams(max_new_tokens=r.max_new_tokens, num_samples=r.group_size, temperature=r.temperature,
-                        top_p=r.top_p, top_k=r.top_k, eos_token_ids=tuple(mcfg.eos_token_ids))  # fmt: skip
-    spec = engine.make_spec(mcfg, sp, r.slots or r.prompts_per_step, padding.prompt_bucket(cfg.data.max_prompt_tokens),
-                            r.decode_block, platform)  # fmt: skip
-    return engine.windows(spec)
+    return engine.windows(aot.engine_spec(cfg, mcfg, platform))
 
 
 def decode_report(cfg: Config, mcfg: models.ModelConfig, texts: dict[str, str], ideal: dict[str, float],
@@ -89,10 +84,10 @@ def decode_report(cfg: Config, mcfg: models.ModelConfig, texts: dict[str, str], 
     """The decode report of the compiled programs in ``texts``: `decode_step_report` of ``texts["decode"]``, or, when
     the engine compiled one decode program per window of cache slots (``decode_w<width>``; ``decode`` the widest),
     their bytes per token step averaged over a full-length rollout's steps (`engine_windows`), which is what the
-    ideal (at the mean step) is compared with; launches, findings and the heaviest kernels are the widest's, and
-    ``windows`` gives each window's ``(steps, bytes per step)``; ``interpolated`` the windows not compiled
-    (`compile_engine`'s ``windows``), whose bytes are linear between their compiled neighbours. ``platform``: the
-    devices' (`engine.window_multiple`)."""
+    ideal (at the mean step) is compared with; launches and the heaviest kernels are the widest's, the findings
+    those of every compiled window, and ``windows`` gives each window's ``(steps, bytes per step)``;
+    ``interpolated`` the windows not compiled (`compile_engine`'s ``windows``), whose bytes are linear between their
+    compiled neighbours. ``platform``: the devices' (`engine.window_multiple`)."""
     args = (ideal, mcfg.vocab_size, smallest_moved_buffer(mcfg, cfg))
     rep = decode_step_report(texts["decode"], *args)
     if not any(name.startswith("decode_w") for name in texts):
