@@ -27,6 +27,7 @@ The prompt stream (`prompt_stream`) is the same one the prefix-shared train step
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -185,23 +186,31 @@ def decode_weights(config: ModelConfig, params: Params) -> DecodeWeights:
     per-layer dicts with ``qkv [D, (N + 2K) H]`` and ``gate_up [D, 2F]`` concatenated, ``o [N H, D]``, ``down``, the
     norms and biases; plus ``embed``, ``final_norm`` and ``lm_head [D, V]``. With unmerged LoRA adapters (a
     low-precision compute dtype, `models.compute_params`) the per-layer dicts keep the original projections and their
-    adapters instead (`layers.decoder_layer` runs them)."""
+    adapters instead (`layers.decoder_layer` runs them).
+
+    One small jitted program re-lays out one layer, its index a runtime argument, and runs once per layer: one
+    compilation per model shape and L dispatches per rollout (eagerly it was ~15 dispatches per layer; as one program
+    over all layers XLA:CPU took minutes to compile it for a 30-layer model)."""
+    dt = jnp.dtype(config.dtype)
+    layers = [_layer_weights(config, params["layers"], i) for i in range(config.num_layers)]
+    embed = params["embed"] if params["embed"].dtype == dt else params["embed"].astype(dt)
+    return {"layers": layers, "embed": embed, "final_norm": params["final_norm"],
+            "lm_head": lm_head(config, params)}  # fmt: skip
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _layer_weights(config: ModelConfig, stacked: Params, i: jax.Array) -> dict[str, Any]:
+    """Layer ``i`` of the stacked layer params in `decode_weights`' layout."""
     dt = jnp.dtype(config.dtype)
     cast = lambda x: x if x.dtype == dt else x.astype(dt)  # noqa: E731
-    stacked = params["layers"]
-    layers = []
-    for i in range(config.num_layers):
-        lp = jax.tree.map(lambda x, i=i: x[i], stacked)
-        if "lora" in lp:
-            layers.append({k: (v if k == "lora" else jax.tree.map(cast, v)) for k, v in lp.items()})
-            continue
-        w = {k: cast(lp[k]) for k in lp if k not in ("q", "k", "v", "o", "gate", "up")}
-        w["qkv"] = jnp.concatenate([cast(lp[k]).reshape(config.hidden_size, -1) for k in "qkv"], axis=1)
-        w["gate_up"] = jnp.concatenate([cast(lp["gate"]), cast(lp["up"])], axis=1)
-        w["o"] = cast(lp["o"]).reshape(-1, config.hidden_size)
-        layers.append(w)
-    return {"layers": layers, "embed": cast(params["embed"]), "final_norm": params["final_norm"],
-            "lm_head": lm_head(config, params)}  # fmt: skip
+    lp = jax.tree.map(lambda x: x[i], stacked)
+    if "lora" in lp:
+        return {k: (v if k == "lora" else jax.tree.map(cast, v)) for k, v in lp.items()}
+    w = {k: cast(lp[k]) for k in lp if k not in ("q", "k", "v", "o", "gate", "up")}
+    w["qkv"] = jnp.concatenate([cast(lp[k]).reshape(config.hidden_size, -1) for k in "qkv"], axis=1)
+    w["gate_up"] = jnp.concatenate([cast(lp["gate"]), cast(lp["up"])], axis=1)
+    w["o"] = cast(lp["o"]).reshape(-1, config.hidden_size)
+    return w
 
 
 def _rope(x_BTXH: jax.Array, cos_BTh: jax.Array, sin_BTh: jax.Array) -> jax.Array:

@@ -137,8 +137,10 @@ class Caches:
     decode: list[KVCache]
 
 
+@functools.partial(jax.jit, static_argnames=("config", "spec"))
 def init(config: models.ModelConfig, spec: Spec) -> tuple[Caches, DecodeState]:
-    """Empty slots: zero caches (the decode cache at the first block's `window`), every row done."""
+    """Empty slots: zero caches (the decode cache at the first block's `window`), every row done. One program per
+    (config, spec): eagerly, its ~4L + 15 buffers were as many dispatches at the start of every rollout."""
     L, K, H, dt = config.num_layers, config.num_kv_heads, config.head_dim, jnp.dtype(config.dtype)
     S, B, Tp, Mc, M = spec.slots, spec.rows, spec.prompt_width, window(spec, 1), spec.max_new_tokens
     prefix = [KVCache(jnp.zeros((S, K, Tp, H), dt), jnp.zeros((S, K, H, Tp), dt)) for _ in range(L)]
@@ -268,8 +270,8 @@ def resize(decode: list[KVCache], width: int) -> list[KVCache]:
 
 
 def prepare_weights(config: models.ModelConfig, params: Any) -> DecodeWeights:
-    """`models.decode.decode_weights`, run eagerly (a handful of slice/concatenate programs shared by every layer; as
-    one jitted program XLA:CPU took minutes to compile it for a 30-layer model)."""
+    """`models.decode.decode_weights`, called outside jit: one small program per layer, shared by every layer (as
+    one jitted program over all layers XLA:CPU took minutes to compile it for a 30-layer model)."""
     return decode_weights(config, params)
 
 
