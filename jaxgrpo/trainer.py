@@ -350,7 +350,10 @@ class Trainer:
 
     def rollout(self, step: int) -> tuple[Rollout, dict[str, float]]:
         """Samples the step's P groups (`jaxgrpo.dynamic_sampling.rollout`: with degenerate_groups=resample, DAPO's
-        dynamic sampling)."""
+        dynamic sampling); multi-turn: `jaxgrpo.multiturn_step.rollout`. The rollout thread of an asynchronous run
+        calls this."""
+        if self.multiturn is not None:
+            return mt_step.rollout(self, step)
         return dynamic_sampling.rollout(self, step)
 
     def step(self, step: int) -> dict[str, float]:

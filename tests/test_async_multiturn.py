@@ -1,0 +1,136 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Asynchronous rollouts (`jaxgrpo.async_rollout`) of multi-turn runs (`jaxgrpo.multiturn_step`): the rollout thread
+runs the turns (either turn scheduler) with the lagged weights while the learner trains.
+
+The tiny random model on SmolLM2's tokenizer with the calculator environment of tests/test_multiturn_train.py (its
+config and its uninterrupted 3-step run on the multi-turn engine, the synchronous reference):
+
+* ``max_staleness = 0`` with the rollout on a device of its own (``mesh.rollout=1``; the multi-turn sampler runs on
+  one device, so the 4 + 4 split of single-turn runs does not apply) is the synchronous run, step for step, and ends
+  with the same parameters;
+* k = 1: every step's trajectories are sampled with exactly the weights of version max(s − 1, 0), as published by
+  the learner (never older than one update, and not a newer one);
+* a run killed (SIGINT) while the rollout thread had sampled two steps ahead resumes and trains every prompt of the
+  uninterrupted run once, in order: none of the drawn-ahead prompts lost or trained twice.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import jax
+import numpy as np
+import pytest
+from test_multiturn_train import ENGINE, assert_same_metrics, small
+
+from jaxgrpo import async_rollout, metrics_log, multiturn_step, trainer
+from jaxgrpo import checkpoint as ckpt_lib
+from jaxgrpo import config as config_lib
+from jaxgrpo import eval as eval_lib
+
+
+@pytest.mark.slow
+def test_staleness_zero_on_a_device_of_its_own_is_the_synchronous_multiturn_run(smollm2_gguf, tmp_path):
+    reference = tmp_path / "synchronous"  # as test_multiturn_train's reference run
+    trainer.run(small(smollm2_gguf, "train.steps=3", ENGINE), reference)
+    want = metrics_log.read_metrics(reference)
+    run = tmp_path / "run"
+    trainer.run(small(smollm2_gguf, "train.steps=3", ENGINE, "mesh.rollout=1"), run)
+    got = metrics_log.read_metrics(run)
+    assert [r["step"] for r in got] == [1, 2, 3]
+    for i in range(3):
+        assert {k for k in got[i] if not k.startswith("async/")} == set(want[i]), f"step {i + 1}"
+        assert_same_metrics(got[i], want[i], f"step {i + 1}")
+        assert got[i]["async/policy_version"] == i and got[i]["async/staleness"] == 0
+    assert {"multiturn/tool_calls", "rollout/forced_tokens", "degeneracy/collapse_rate"} <= set(got[0])
+    cfg = small(smollm2_gguf, "train.steps=3", ENGINE)
+    a = eval_lib.load_policy_for_eval(cfg, reference, 3).params
+    b = eval_lib.load_policy_for_eval(cfg, run, 3).params
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+
+
+def leaves(tree) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+@pytest.mark.slow
+def test_every_step_samples_its_turns_with_version_s_minus_one(smollm2_gguf, tmp_path, monkeypatch):
+    """k = 1 on a rollout device of its own, the simple turn loop: the recorded versions are max(s − 1, 0), and the
+    weights the turns were sampled with are those the learner published as that version (compared leaf for leaf),
+    not the next one."""
+    used, published = [], {}
+    real_publish, real_rollout = async_rollout.Producer.publish, multiturn_step.rollout
+
+    def publish(self, version, params):
+        real_publish(self, version, params)
+        published[version] = leaves(self.versions[version])
+
+    def rollout(tr, step):
+        used.append((step, leaves(tr.sampler_params()), threading.current_thread().name))
+        return real_rollout(tr, step)
+
+    monkeypatch.setattr(async_rollout.Producer, "publish", publish)
+    monkeypatch.setattr(multiturn_step, "rollout", rollout)
+    # sign advantages: every group has a gradient (the tiny policy's groups are mostly all-fail), so every update
+    # moves the weights and the versions differ
+    out = trainer.run(small(smollm2_gguf, "train.steps=3", "rollout.max_staleness=1", "mesh.rollout=1",
+                            "algo.estimator=sign", "checkpoint.every=0"), tmp_path / "run")  # fmt: skip
+    assert [m["async/policy_version"] for m in out] == [0.0, 0.0, 1.0]
+    assert [m["async/staleness"] for m in out] == [0.0, 1.0, 1.0]
+    assert [s for s, _, _ in used] == [0, 1, 2] and {t for _, _, t in used} == {"jaxgrpo-rollout"}
+    for step, got, _ in used:
+        want = published[max(step - 1, 0)]
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True)), step
+        if step >= 1:  # the update moved the weights: the next version differs
+            assert not all(np.array_equal(a, b) for a, b in zip(got, published[step], strict=True)), step
+    assert all(np.isfinite(m["loss"]) and m["multiturn/turns"] >= 1 for m in out)
+
+
+@pytest.mark.slow
+def test_a_killed_multiturn_run_trains_every_prompt_once_in_order(smollm2_gguf, tmp_path, monkeypatch, capfd):
+    """k = 2, 4 steps: the uninterrupted run against a run stopped by SIGINT after step 2 (checkpointed there) while
+    the rollout thread had already sampled steps 3 and 4, then resumed: the trained prompts are the same, step by
+    step, and no prompt is trained twice (the uninterrupted run draws each prompt once per epoch)."""
+    trained: list[list[str]] = []
+    real_batch, real_step = multiturn_step.MultiTurn.batch, trainer.Trainer.step
+
+    def batch(self, scored, pad_id):  # the learner's batch of each trained step
+        trained.append([e.prompt for e in scored.examples])
+        return real_batch(self, scored, pad_id)
+
+    monkeypatch.setattr(multiturn_step.MultiTurn, "batch", batch)
+    cfg = small(smollm2_gguf, "train.steps=4", "rollout.max_staleness=2", "checkpoint.every=0")
+    trainer.run(cfg, tmp_path / "whole")
+    whole, trained[:] = list(trained), []
+    assert len(whole) == 4 and len({p for ps in whole for p in ps}) == 8
+
+    def step_then_signal(self, step):
+        out = real_step(self, step)
+        if step == 1:  # once the rollout thread holds steps 2 and 3 (indices), sampled ahead
+            with self.producer.cond:
+                self.producer.cond.wait_for(lambda: {2, 3} <= set(self.producer.ready), timeout=300)
+                assert {2, 3} <= set(self.producer.ready)
+            threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT)).start()
+            threading.Event().wait(0.5)  # the handler runs in the main thread, between bytecodes
+        return out
+
+    monkeypatch.setattr(trainer.Trainer, "step", step_then_signal)
+    with pytest.raises(ckpt_lib.Preempted) as info:
+        trainer.run(cfg, tmp_path / "cut")
+    assert info.value.step == 2
+    monkeypatch.setattr(trainer.Trainer, "step", real_step)
+    resumed = trainer.run(cfg, tmp_path / "cut")
+    assert "asynchronous run resumed at step 2" in capfd.readouterr().err
+    assert trained == whole
+    assert [m["async/policy_version"] for m in resumed] == [2.0, 2.0]  # versions 0, 1 are not checkpointed
+
+
+def test_what_remains_refused_is_one_line(smollm2_gguf):
+    for over, msg in [(["mesh.rollout=2"], "multi-turn rollouts .* sample on one device; set mesh.rollout=1"),
+                      (["rollout.max_staleness=1", "mesh.distributed=true"], "run on one host so far")]:
+        with pytest.raises(config_lib.ConfigError, match=msg) as info:
+            small(smollm2_gguf, *over)
+        assert "\n" not in str(info.value)
