@@ -18,6 +18,10 @@ over an ``R``-device data mesh otherwise) and the others to the learner's ``mesh
 both on the same devices. After each update the learner publishes its weights in the compute dtype, copied onto the
 rollout devices (`jax.device_put`; a copy also when colocated, since the train step donates its state).
 
+**Multi-turn** runs (``data.environment`` / ``data.tools``): ``trainer.rollout`` is the multi-turn rollout
+(`jaxgrpo.multiturn_step.rollout`), so the thread runs the turns, their tool calls (in the tool workers) and the
+rewards with the lagged weights; the multi-turn sampler uses one device (``mesh.rollout`` 0 or 1).
+
 **Resume.** A checkpoint holds the prompt iterator's position (and the schedule's history) as of the last *trained*
 step, so the rollouts sampled ahead are dropped and drawn again after a resume: no prompt is lost or duplicated. The
 older weights are not checkpointed, so the first k steps after a resume at s0 sample with version s0 (less stale than
