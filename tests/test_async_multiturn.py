@@ -11,24 +11,28 @@ config and its uninterrupted 3-step run on the multi-turn engine, the synchronou
 * k = 1: every step's trajectories are sampled with exactly the weights of version max(s − 1, 0), as published by
   the learner (never older than one update, and not a newer one);
 * a run killed (SIGINT) while the rollout thread had sampled two steps ahead resumes and trains every prompt of the
-  uninterrupted run once, in order: none of the drawn-ahead prompts lost or trained twice.
+  uninterrupted run once, in order: none of the drawn-ahead prompts lost or trained twice;
+* an environment's ``get_reward`` that raises in the rollout thread stops the run at that step with the one-line
+  `RewardError`, checkpointed at the prompt position of the last trained step (not the thread's, which drew ahead).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 
 import jax
 import numpy as np
 import pytest
-from test_multiturn_train import ENGINE, assert_same_metrics, small
+from test_multiturn_train import ENGINE, assert_same_metrics, scripted, small
 
 from jaxgrpo import async_rollout, metrics_log, multiturn_step, trainer
 from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import config as config_lib
 from jaxgrpo import eval as eval_lib
+from jaxgrpo.errors import RewardError
 
 
 @pytest.mark.slow
@@ -126,6 +130,58 @@ def test_a_killed_multiturn_run_trains_every_prompt_once_in_order(smollm2_gguf, 
     assert "asynchronous run resumed at step 2" in capfd.readouterr().err
     assert trained == whole
     assert [m["async/policy_version"] for m in resumed] == [2.0, 2.0]  # versions 0, 1 are not checkpointed
+
+
+FLAKY_ENV = '''
+calls = [0]
+
+
+class FailsAfterStepZero:
+    def reset(self, **kwargs):
+        return None
+
+    def get_reward(self):
+        calls[0] += 1
+        if calls[0] > 4:  # P x G = 4 trajectories a step: step 0 scores, step 1 raises
+            raise KeyError("score")
+        return 1.0
+
+    def noop(self, x: int) -> str:
+        """Does nothing.
+
+        Args:
+            x: anything
+        """
+        return "ok"
+'''
+
+
+@pytest.mark.slow
+def test_an_environment_reward_that_raises_in_the_rollout_thread_stops_at_its_step(smollm2_gguf, tmp_path,
+                                                                                   monkeypatch):  # fmt: skip
+    """k = 1, a scripted one-turn policy: step 0 trains; step 1's rewards raise in the rollout thread (which drew its
+    prompts ahead); the learner raises the error at step 1 and the checkpoint holds the position after step 0."""
+    from jaxgrpo.build import load_tokenizer
+
+    (tmp_path / "flaky_env.py").write_text(FLAKY_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(multiturn_step.MultiTurn, "generate",
+                        staticmethod(scripted(load_tokenizer(str(smollm2_gguf)), ["I am done."])))  # fmt: skip
+    cfg = small(smollm2_gguf, "train.steps=3", "rollout.max_staleness=1", "checkpoint.every=0",
+                "data.environment=flaky_env:FailsAfterStepZero", "data.rewards={environment: 1.0}")  # fmt: skip
+    try:
+        with pytest.raises(RewardError, match=r"FailsAfterStepZero.get_reward\(\) failed .* KeyError") as info:
+            trainer.run(cfg, tmp_path / "run")
+    finally:
+        sys.modules.pop("flaky_env", None)
+    assert "\n" not in str(info.value) and "step 1 is checkpointed" in str(info.value)
+    manager = ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(tmp_path / "run"))
+    try:
+        assert manager.latest_step() == 1
+        position = manager.read_extra(1)["iterator"]
+    finally:
+        manager.close()
+    assert (position["epoch"], position["position"]) == (0, 2)  # after step 0's P = 2 prompts: step 1 is redrawn
 
 
 def test_what_remains_refused_is_one_line(smollm2_gguf):
