@@ -34,6 +34,7 @@ too), dynamic sampling (``degenerate_groups=resample``), ``algo.overlong_buffer`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -152,8 +153,10 @@ class MultiTurn:
                 "rollout.max_new_tokens")  # fmt: skip
 
     def sample(self, model_config: models.ModelConfig, params: Any, examples: Sequence[Example], key: jax.Array,
-               scorer: Scorer | None) -> Scored:  # fmt: skip
-        """G trajectories per example, scored (rewards as in the module docstring)."""
+               scorer: Scorer | None, mesh: Any = None) -> Scored:  # fmt: skip
+        """G trajectories per example, scored (rewards as in the module docstring). ``mesh``: the simple loop's
+        sampler runs over its batch axes (`sampling.generate`'s mesh path; an asynchronous run's ``mesh.rollout``
+        devices), ``params`` placed on it."""
         r = self.cfg.rollout
         g = r.group_size
         kw = dict(group_size=g, settings=self.settings, eos_token_ids=self.eos_token_ids, key=key,
@@ -164,8 +167,10 @@ class MultiTurn:
                                              **kw)  # fmt: skip
             self.rollout_stats = stats.metrics()
         else:
+            generate = self.generate or (sampling.generate if mesh is None else
+                                         functools.partial(sampling.generate, mesh=mesh))  # fmt: skip
             out = MT.rollout(model_config, params, self.tokenizer, self.toolbox, self.runner, examples,
-                             generate=self.generate or sampling.generate, **kw)  # fmt: skip
+                             generate=generate, **kw)  # fmt: skip
             self.rollout_stats = {}
         rows = [e for e in examples for _ in range(g)]
         n = len(rows)
@@ -234,7 +239,8 @@ def rollout(trainer: Any, step: int) -> tuple[Scored, dict[str, float]]:
     mt: MultiTurn = trainer.multiturn
     key = jax.random.fold_in(jax.random.fold_in(trainer.key, step), 0)
     examples = [trainer.examples[i] for i in trainer.iterator.next_batch()]
-    scored = mt.sample(trainer.model_config, trainer.sampler_params(), examples, key, trainer.scorer)
+    scored = mt.sample(trainer.model_config, trainer.sampler_params(), examples, key, trainer.scorer,
+                       mesh=trainer.rollout_mesh)  # a mesh only for mesh.rollout > 1 (the learner runs on one device)
     return scored, {**step_metrics(scored, trainer.cfg.rollout.group_size), **mt.rollout_stats}
 
 

@@ -5,9 +5,10 @@ runs the turns (either turn scheduler) with the lagged weights while the learner
 The tiny random model on SmolLM2's tokenizer with the calculator environment of tests/test_multiturn_train.py (its
 config and its uninterrupted 3-step run on the multi-turn engine, the synchronous reference):
 
-* ``max_staleness = 0`` with the rollout on a device of its own (``mesh.rollout=1``; the multi-turn sampler runs on
-  one device, so the 4 + 4 split of single-turn runs does not apply) is the synchronous run, step for step, and ends
-  with the same parameters;
+* ``max_staleness = 0`` with the rollout on a device of its own (``mesh.rollout=1``, the multi-turn engine) is the
+  synchronous run, step for step, and ends with the same parameters; and with the simple loop sampling over four
+  rollout devices (``mesh.rollout=4``; the learner of a multi-turn run takes no mesh, so 1 + 4 devices) it is the
+  synchronous run that samples with the same sampler on one device;
 * k = 1: every step's trajectories are sampled with exactly the weights of version max(s − 1, 0), as published by
   the learner (never older than one update, and not a newer one);
 * a run killed (SIGINT) while the rollout thread had sampled two steps ahead resumes and trains every prompt of the
@@ -18,6 +19,7 @@ config and its uninterrupted 3-step run on the multi-turn engine, the synchronou
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -28,7 +30,7 @@ import numpy as np
 import pytest
 from test_multiturn_train import ENGINE, assert_same_metrics, scripted, small
 
-from jaxgrpo import async_rollout, metrics_log, multiturn_step, trainer
+from jaxgrpo import async_rollout, metrics_log, multiturn_step, sampling, sharding, trainer
 from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import config as config_lib
 from jaxgrpo import eval as eval_lib
@@ -54,6 +56,35 @@ def test_staleness_zero_on_a_device_of_its_own_is_the_synchronous_multiturn_run(
     b = eval_lib.load_policy_for_eval(cfg, run, 3).params
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_the_simple_loop_on_four_rollout_devices_is_the_synchronous_run(smollm2_gguf, tmp_path, monkeypatch):
+    """k = 0 with the simple turn loop sampling over a 4-device rollout group (``mesh.rollout=4``: the last four of
+    the 8 fake devices, the learner on the first), against the synchronous run whose loop samples with the same
+    sampler (`sampling.generate`'s mesh path) on one device: the same run, step for step. (The learner of a
+    multi-turn run takes no mesh, so the 4 + 4 split of single-turn runs is 1 + 4 here.)"""
+    one = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    monkeypatch.setattr(multiturn_step.MultiTurn, "generate", staticmethod(functools.partial(sampling.generate,
+                                                                                             mesh=one)))  # fmt: skip
+    sync = trainer.run(small(smollm2_gguf, "train.steps=2", "checkpoint.every=0"), tmp_path / "sync")
+    monkeypatch.setattr(multiturn_step.MultiTurn, "generate", None)
+    calls, real_generate = [], sampling.generate
+
+    def generate(*args, mesh=None, **kw):  # each turn's sampler call: its mesh and where its tokens came out
+        out = real_generate(*args, mesh=mesh, **kw)
+        calls.append((mesh, out.tokens.sharding.device_set))
+        return out
+
+    monkeypatch.setattr(sampling, "generate", generate)
+    split = trainer.run(small(smollm2_gguf, "train.steps=2", "checkpoint.every=0", "mesh.rollout=4"),
+                        tmp_path / "split")  # fmt: skip
+    assert len(calls) >= 2 and all(set(m.devices.flat) == d == set(jax.devices()[4:]) for m, d in calls)
+    assert len(split) == len(sync) == 2
+    for s, (got, want) in enumerate(zip(split, sync)):
+        assert {k for k in got if not k.startswith("async/")} == set(want)
+        assert_same_metrics(got, want, f"step {s + 1}")
+        assert got["async/policy_version"] == s
 
 
 def leaves(tree) -> list[np.ndarray]:
@@ -185,7 +216,7 @@ def test_an_environment_reward_that_raises_in_the_rollout_thread_stops_at_its_st
 
 
 def test_what_remains_refused_is_one_line(smollm2_gguf):
-    for over, msg in [(["mesh.rollout=2"], "multi-turn rollouts .* sample on one device; set mesh.rollout=1"),
+    for over, msg in [(["mesh.rollout=2", "rollout.turn_engine=true"], "the multi-turn engine samples on one device"),
                       (["rollout.max_staleness=1", "mesh.distributed=true"], "run on one host so far")]:
         with pytest.raises(config_lib.ConfigError, match=msg) as info:
             small(smollm2_gguf, *over)
