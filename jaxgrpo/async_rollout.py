@@ -20,7 +20,8 @@ rollout devices (`jax.device_put`; a copy also when colocated, since the train s
 
 **Multi-turn** runs (``data.environment`` / ``data.tools``): ``trainer.rollout`` is the multi-turn rollout
 (`jaxgrpo.multiturn_step.rollout`), so the thread runs the turns, their tool calls (in the tool workers) and the
-rewards with the lagged weights; the multi-turn sampler uses one device (``mesh.rollout`` 0 or 1).
+rewards with the lagged weights; the multi-turn engine uses one device (``mesh.rollout`` ≤ 1), the simple turn loop
+samples over the ``mesh.rollout`` devices.
 
 **Resume.** A checkpoint holds the prompt iterator's position (and the schedule's history) as of the last *trained*
 step, so the rollouts sampled ahead are dropped and drawn again after a resume: no prompt is lost or duplicated. The

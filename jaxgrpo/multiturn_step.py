@@ -21,14 +21,14 @@ A tool that hangs, raises or returns something unprintable is answered to the mo
 trajectory, so nothing of them needs checkpointing: a resumed run redraws exactly the prompts and keys of the
 uninterrupted one.
 
-Asynchronous rollouts (``rollout.max_staleness``, ``mesh.rollout=1``: `jaxgrpo.async_rollout`) run 1 and 2 (the
+Asynchronous rollouts (``rollout.max_staleness``, ``mesh.rollout``: `jaxgrpo.async_rollout`) run 1 and 2 (the
 turns and their rewards) in the rollout thread (`rollout`, with the lagged weights), 3 and 4 in the learner
 (`train_step`).
 
-Not supported with multi-turn (one-line errors at startup, `check_config`): a device mesh (``mesh.rollout`` > 1
-too), dynamic sampling (``degenerate_groups=resample``), ``algo.overlong_buffer``, in-training evaluation
-(``train.eval_every``; run ``python -m jaxgrpo.eval`` on a checkpoint instead, which runs the turns) and
-``data.template=plain``.
+Not supported with multi-turn (one-line errors at startup, `check_config`): a learner mesh (``mesh.data`` /
+``fsdp`` / ``tensor``; ``mesh.rollout`` > 1 only for the simple loop's sampler), dynamic sampling
+(``degenerate_groups=resample``), ``algo.overlong_buffer``, in-training evaluation (``train.eval_every``; run
+``python -m jaxgrpo.eval`` on a checkpoint instead, which runs the turns) and ``data.template=plain``.
 """
 
 from __future__ import annotations
