@@ -13,6 +13,9 @@ config and its uninterrupted 3-step run on the multi-turn engine, the synchronou
   the learner (never older than one update, and not a newer one);
 * a run killed (SIGINT) while the rollout thread had sampled two steps ahead resumes and trains every prompt of the
   uninterrupted run once, in order: none of the drawn-ahead prompts lost or trained twice;
+* a scripted policy that calls the calculator and then answers: the tool calls run in the tool worker threads (not
+  the rollout thread, not the learner's), their replies reach the second turn, and the rewards, turns and tool
+  counts are those the script implies;
 * an environment's ``get_reward`` that raises in the rollout thread stops the run at that step with the one-line
   `RewardError`, checkpointed at the prompt position of the last trained step (not the thread's, which drew ahead).
 """
@@ -28,7 +31,7 @@ import threading
 import jax
 import numpy as np
 import pytest
-from test_multiturn_train import ENGINE, assert_same_metrics, scripted, small
+from test_multiturn_train import ENGINE, assert_same_metrics, calculating_policy, scripted, small
 
 from jaxgrpo import async_rollout, metrics_log, multiturn_step, sampling, sharding, trainer
 from jaxgrpo import checkpoint as ckpt_lib
@@ -161,6 +164,32 @@ def test_a_killed_multiturn_run_trains_every_prompt_once_in_order(smollm2_gguf, 
     assert "asynchronous run resumed at step 2" in capfd.readouterr().err
     assert trained == whole
     assert [m["async/policy_version"] for m in resumed] == [2.0, 2.0]  # versions 0, 1 are not checkpointed
+
+
+@pytest.mark.slow
+def test_tool_calls_of_the_rollout_thread_run_in_the_tool_workers(smollm2_gguf, tmp_path, monkeypatch):
+    """k = 1, the rollout on a device of its own; a scripted policy: turn 1 asks the calculator for the question's
+    a + b, turn 2 answers the tool's reply. Every trajectory: 2 turns, 1 tool call, no error, reward 1 (gsm8k_lenient)
+    + 0.5 × 1 (CalculatorEnv: a result equal to the gold), so all 4 trajectories of a step score 1.5."""
+    from jaxgrpo.build import load_tokenizer
+    from jaxgrpo.rollout import tools
+
+    threads, real_calculator = [], tools.calculator
+
+    def calculator(expression):
+        threads.append(threading.current_thread().name)
+        return real_calculator(expression)
+
+    monkeypatch.setattr(tools, "calculator", calculator)
+    monkeypatch.setattr(multiturn_step.MultiTurn, "generate",
+                        staticmethod(calculating_policy(load_tokenizer(str(smollm2_gguf)), 0)))  # fmt: skip
+    out = trainer.run(small(smollm2_gguf, "train.steps=2", "rollout.max_staleness=1", "mesh.rollout=1",
+                            "checkpoint.every=0"), tmp_path / "run")  # fmt: skip
+    assert [m["async/policy_version"] for m in out] == [0.0, 0.0]
+    for m in out:
+        assert m["multiturn/turns"] == 2 and m["multiturn/tool_calls"] == 1 and m["multiturn/tool_error_rate"] == 0
+        assert m["reward/mean"] == 1.5 and np.isfinite(m["loss"])
+    assert len(threads) == 8 and not {"MainThread", "jaxgrpo-rollout"} & set(threads)
 
 
 FLAKY_ENV = '''
