@@ -141,6 +141,9 @@ def device_groups(cfg: Any) -> tuple[Any, Any, Any]:
 
     m, devices = cfg.mesh, jax.devices()
     size, r = m.data * m.fsdp * m.tensor, m.rollout
+    if (r or cfg.rollout.max_staleness) and jax.process_count() > 1:  # (jax.distributed set up by the caller)
+        raise ConfigError(f"asynchronous rollouts (rollout.max_staleness > 0 or mesh.rollout > 0) run on one process "
+                          f"so far, and this run has {jax.process_count()}: set rollout.max_staleness=0 mesh.rollout=0")
     copy = lambda p: jax.tree.map(lambda x: jnp.array(x, copy=True), p)  # noqa: E731 (the step donates its state)
     if not r:
         mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor) if size > 1 else None

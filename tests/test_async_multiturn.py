@@ -17,7 +17,9 @@ config and its uninterrupted 3-step run on the multi-turn engine, the synchronou
   the rollout thread, not the learner's), their replies reach the second turn, and the rewards, turns and tool
   counts are those the script implies;
 * an environment's ``get_reward`` that raises in the rollout thread stops the run at that step with the one-line
-  `RewardError`, checkpointed at the prompt position of the last trained step (not the thread's, which drew ahead).
+  `RewardError`, checkpointed at the prompt position of the last trained step (not the thread's, which drew ahead);
+* what stays refused is one line: the multi-turn engine on several rollout devices, several hosts (also when the
+  caller set up jax.distributed without ``mesh.distributed``).
 """
 
 from __future__ import annotations
@@ -250,3 +252,13 @@ def test_what_remains_refused_is_one_line(smollm2_gguf):
         with pytest.raises(config_lib.ConfigError, match=msg) as info:
             small(smollm2_gguf, *over)
         assert "\n" not in str(info.value)
+
+
+def test_several_processes_are_refused_even_without_mesh_distributed(smollm2_gguf, monkeypatch):
+    """jax.distributed set up by the caller (mesh.distributed=false): the device groups refuse in one line."""
+    cfg = small(smollm2_gguf, "rollout.max_staleness=1")
+    assert async_rollout.device_groups(cfg)[2] is not None  # one process: accepted
+    monkeypatch.setattr(async_rollout.jax, "process_count", lambda: 2)
+    with pytest.raises(config_lib.ConfigError, match="run on one process so far, and this run has 2") as info:
+        async_rollout.device_groups(cfg)
+    assert "\n" not in str(info.value)
