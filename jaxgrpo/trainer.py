@@ -348,10 +348,10 @@ class Trainer:
         return Rollout([self.encoded[i] for i in indices], examples, comp, texts, rw.reshape(shape),
                        valid.reshape(shape))
 
-    def rollout(self, step: int) -> tuple[Rollout, dict[str, float]]:
+    def rollout(self, step: int) -> tuple[Rollout | mt_step.Scored, dict[str, float]]:
         """Samples the step's P groups (`jaxgrpo.dynamic_sampling.rollout`: with degenerate_groups=resample, DAPO's
-        dynamic sampling)."""
-        return dynamic_sampling.rollout(self, step)
+        dynamic sampling; multi-turn: `jaxgrpo.multiturn_step.rollout`); the async rollout thread calls it too."""
+        return (mt_step.rollout if self.multiturn is not None else dynamic_sampling.rollout)(self, step)
 
     def step(self, step: int) -> dict[str, float]:
         if self.multiturn is not None:
