@@ -192,6 +192,28 @@ def packed_rungs(shapes: step_batch_lib.StepShapes, prompt_lengths: list[int], g
     return sorted(out)
 
 
+def place_batch(tr: Any, groups: int, width: int) -> Batch:
+    """A zero batch of ``groups`` groups and completion width ``width`` made and placed as `StepShapes.batch` makes
+    and places a step's (``jnp.asarray`` of a host array compiles a transfer program per shape and dtype)."""
+    from jaxgrpo.batch import global_batch
+    from jaxgrpo.groups import Rollout, make_batch, process_share
+    from jaxgrpo.rollout.record import Completions
+
+    G = tr.cfg.rollout.group_size
+    B = groups * G
+    cols = lambda dt: np.zeros((B, width), dt)  # noqa: E731
+    comp = Completions(tokens=cols(np.int32), logprobs=cols(np.float32), mask=cols(bool),
+                       lengths=np.zeros(B, np.int32), truncated=np.zeros(B, bool), entropy=cols(np.float32))
+    roll = Rollout([[tr.pad_id]] * groups, [None] * groups, comp, [""] * B, np.zeros((groups, G), np.float32),
+                   np.ones((groups, G), bool))  # fmt: skip
+    batch = make_batch(roll, tr.prompt_width, tr.pad_id)
+    if tr.cfg.algo.overlong_filter:
+        batch = batch.replace(truncated=jnp.asarray(np.asarray(comp.truncated), bool))
+    if tr.mesh is not None:
+        batch = global_batch(process_share(batch, groups), tr.mesh)
+    return batch
+
+
 def train_step_jobs(tr: Any, template: Batch, first: tuple[int, int, int]) -> list[tuple[str, Callable[[], Any]]]:
     """One job per train-step shape ``(groups, completion width, packed width)`` the run can take but ``first`` (the
     first step's), nearest to it first; with ``algo.kl_coef > 0`` the reference log-probs' program of each batch
@@ -210,13 +232,15 @@ def train_step_jobs(tr: Any, template: Batch, first: tuple[int, int, int]) -> li
         from jaxgrpo.models import lora
 
         ref = jax.tree.map(abstract, lora.split(tr.state.params)[0] if tr.lora else tr.ref_params)
-    done_ref = {(g1, w1)}
+    seen = {(g1, w1)}
     for g, w, p in shapes:
         batch = batch_struct(template, g, w)
-        if ref is not None and (g, w) not in done_ref:
-            done_ref.add((g, w))
-            no_ref = batch.replace(ref_logprobs=None)
-            jobs.append((f"reference log-probs {g}x{w}", lambda b=no_ref: tr.ref_logprobs.lower(ref, b).compile()))
+        if (g, w) not in seen:
+            seen.add((g, w))
+            jobs.append((f"batch transfer {g}x{w}", lambda g=g, w=w: place_batch(tr, g, w)))
+            if ref is not None:
+                no_ref = batch.replace(ref_logprobs=None)
+                jobs.append((f"reference log-probs {g}x{w}", lambda b=no_ref: tr.ref_logprobs.lower(ref, b).compile()))
         if (g, w, p) != first:
             jobs.append((f"train step {g} groups x {w} tokens, packed {p}",
                          lambda b=batch, p=p: tr.step_fn.jitted.lower(state, b, hparams,
@@ -255,7 +279,7 @@ def engine_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
     jobs: list[tuple[str, Callable[[], Any]]] = [
         (f"decode window {w}", lambda w=w: engine.decode_block.lower(mcfg, spec, weights, at(w), state, f32,
                                                                      f32).compile()) for w in wins]  # fmt: skip
-    refills = slots < P or cfg.algo.degenerate_groups == "resample" or r.schedule is not None
+    refills = slots < P or cfg.algo.degenerate_groups == "resample" or tr.scheduler is not None
     ups = {(engine.window(spec, s), engine.window(spec, s + k)) for s in range(1, M)}
     downs = {(b, a) for a in wins for b in wins if a < b} if refills else set()
     for a, b in sorted(p for p in ups | downs if p[0] != p[1]):

@@ -176,6 +176,7 @@ def test_preemption_stops_the_precompile_thread(tmp_path, monkeypatch):
     assert p.join(0) and 0 < p.compiled < 200 and p.failed == []
 
 
+@pytest.mark.slow
 def test_engine_windows_compile_in_the_background():
     """The engine's programs for every decode window, window change and admission (`precompile.engine_jobs`):
     after a warm-up of one block (what a run's first, short rollout compiles) and the jobs, a continuous-batching
