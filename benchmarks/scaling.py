@@ -17,7 +17,7 @@ subprocess per cell, so each peak is that cell's own. ``--skip MODEL,G,L ...`` r
 Long-run mode (``--long-run N``): the real `jaxgrpo.trainer.Trainer` on the default synthetic-arithmetic config
 (tiny model, varying completion lengths with EOS stops), or on ``--config NAME`` with ``--set key=value ...``, for N
 steps. Asserted: after the warm-up steps (``--warmup``, default 1: issue 34 asks for no recompilation after the first
-step) no XLA compilation happens on the step path (the trainer's ``perf/compiles``: ``jax.monitoring`` compile
+step) no XLA compilation happens on the step path (the trainer's ``time/compiles``: ``jax.monitoring`` compile
 events in every thread but the background precompile thread's, `jaxgrpo.precompile`; ``compiles_total`` counts every
 thread), and the resident memory is flat (mean RSS of the last quarter of the run <= mean of the second quarter ×
 1.05 + 64 MiB). ``--set perf.precompile=background`` compiles the run's other shapes in the background after step 1;
@@ -161,7 +161,7 @@ def long_run(steps: int, warmup: int, config: str | None = None, overrides: tupl
             t0 = time.perf_counter()
             for s in range(steps):
                 m = trainer.step(s)
-                step_path = int(m["perf/compiles"])  # this step's own: the precompile thread's are not counted
+                step_path = int(m["time/compiles"])  # this step's own: the precompile thread's are not counted
                 if step_path:
                     compile_steps[s] = step_path
                 compiled_after_warmup += step_path if s >= warmup else 0

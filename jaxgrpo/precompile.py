@@ -23,8 +23,9 @@ lowers as unspecified: `abstract`). A shape the thread has not reached yet is co
 this module. Nothing here reads or writes the run's state, so results do not change.
 
 `CompileCounter` counts XLA compilations (and reads from the persistent compilation cache, which also make a new
-program) per thread, from ``jax.monitoring`` events: the trainer's ``perf/compiles`` is the count of the step's own
-(every thread but the precompile thread's).
+program) per thread, from ``jax.monitoring`` events: the trainer's ``time/compiles`` is the count of the step's own
+(every thread but the precompile thread's) and ``time/compile_s`` their seconds. They sit under ``time/``: like the
+timings, they depend on the process's history (a resumed run compiles again), not on the config, seed and step.
 """
 
 from __future__ import annotations
@@ -56,11 +57,13 @@ def enabled(setting: str, platform: str) -> bool:
 
 
 class CompileCounter:
-    """XLA compilations since construction, split into ``step_path`` (every thread but a precompile thread) and
-    ``background`` (`Precompiler` threads). ``close()`` unregisters the listener."""
+    """XLA compilations since construction, split into ``step_path`` (every thread but a precompile thread; its
+    backend compile seconds in ``step_path_s``) and ``background`` (`Precompiler` threads). ``close()`` unregisters
+    the listener."""
 
     def __init__(self) -> None:
         self.step_path = 0
+        self.step_path_s = 0.0
         self.background = 0
         self._lock = threading.Lock()
         jax.monitoring.register_event_duration_secs_listener(self._on_event)
@@ -72,6 +75,7 @@ class CompileCounter:
                     self.background += 1
                 else:
                     self.step_path += 1
+                    self.step_path_s += float(secs) if event == COMPILE_EVENT else 0.0
 
     def close(self) -> None:
         jax.monitoring.unregister_event_duration_listener(self._on_event)

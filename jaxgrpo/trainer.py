@@ -162,7 +162,7 @@ class Trainer:
         run_dir_lib.record_changes(self.run_dir, self.start_step, self.config_changes)
         (self.run_dir / "config.yaml").write_text(config_lib.to_yaml(self.cfg))
         self.report_perf()
-        # perf/compiles counts the step path's compilations; after the first step a background thread compiles the
+        # time/compiles counts the step path's compilations; after the first step a background thread compiles the
         # other shapes the run can take (`jaxgrpo.precompile`, perf.precompile)
         self.precompiler: precompile.Precompiler | None = None
         self.first_shapes: tuple[ts.Batch, tuple[int, int, int]] | None = None
@@ -365,16 +365,18 @@ class Trainer:
         return dynamic_sampling.rollout(self, step)
 
     def step(self, step: int) -> dict[str, float]:
-        """One RL step; its metrics, with ``perf/compiles`` (XLA compilations on the step path, this step) and, once
-        the background precompiler runs, ``perf/precompiled`` (programs it has compiled so far)."""
-        before = self.compiles.step_path
+        """One RL step; its metrics, with ``time/compiles`` and ``time/compile_s`` (XLA compilations on the step path
+        in this step, their seconds) and, once the background precompiler runs, ``time/precompiled`` (programs it has
+        compiled so far)."""
+        before, seconds = self.compiles.step_path, self.compiles.step_path_s
         metrics = mt_step.train_step(self, step) if self.multiturn is not None else self.rl_step(step)
-        metrics["perf/compiles"] = float(self.compiles.step_path - before)
+        metrics["time/compiles"] = float(self.compiles.step_path - before)
+        metrics["time/compile_s"] = self.compiles.step_path_s - seconds
         if self.first_shapes is not None:  # after the first step: the other shapes, in the background
             self.precompiler = precompile.start(self, *self.first_shapes)
             self.first_shapes = None
         if self.precompiler is not None:
-            metrics["perf/precompiled"] = float(self.precompiler.compiled)
+            metrics["time/precompiled"] = float(self.precompiler.compiled)
         return metrics
 
     def rl_step(self, step: int) -> dict[str, float]:

@@ -114,7 +114,7 @@ def _shaped(t: trainer.Trainer):
 def test_no_compilation_after_the_first_step_and_same_metrics(tmp_path):
     """`TRIM_SCHEDULE`'s steps reach three (completion width, groups) rungs, two of them after step 1: with
     ``perf.precompile=background`` and the thread joined after step 1, steps 2..6 compile nothing on the step path
-    (``perf/compiles`` = 0; the thread compiled them), and every metric but the timings equals the run with
+    (``time/compiles`` = 0; the thread compiled them), and every metric but the timings equals the run with
     ``perf.precompile=off`` step for step, where steps 2 and 3 compile (the count has teeth)."""
     runs = {}
     for mode in ("background", "off"):
@@ -133,9 +133,10 @@ def test_no_compilation_after_the_first_step_and_same_metrics(tmp_path):
         runs[mode] = out
     on, off = runs["background"], runs["off"]
     assert [(m["batch/completion_width"], m["batch/groups"]) for m in on] == [(16, 8), (32, 2), (64, 4)] * 2
-    assert on[0]["perf/compiles"] > 0 and [m["perf/compiles"] for m in on[1:]] == [0.0] * 5, on
-    assert off[1]["perf/compiles"] > 0 and off[2]["perf/compiles"] > 0 and "perf/precompiled" not in off[1]
-    timing = ("time/", "throughput/", "perf/", "rollout/prefill_tokens_per_s", "rollout/decode_tokens_per_s")
+    assert on[0]["time/compiles"] > 0 and [m["time/compiles"] for m in on[1:]] == [0.0] * 5, on
+    assert [m["time/compile_s"] for m in on[1:]] == [0.0] * 5
+    assert off[1]["time/compiles"] > 0 and off[2]["time/compiles"] > 0 and "time/precompiled" not in off[1]
+    timing = ("time/", "throughput/", "rollout/prefill_tokens_per_s", "rollout/decode_tokens_per_s")
     for a, b in zip(on, off):
         keys = {k for k in a if not k.startswith(timing)}
         assert keys == {k for k in b if not k.startswith(timing)}
