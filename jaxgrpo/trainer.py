@@ -161,12 +161,14 @@ class Trainer:
         self.start_step = self.restore()
         run_dir_lib.record_changes(self.run_dir, self.start_step, self.config_changes)
         (self.run_dir / "config.yaml").write_text(config_lib.to_yaml(self.cfg))
-        self.report_perf()
         # time/compiles counts the step path's compilations; after the first step a background thread compiles the
-        # other shapes the run can take (`jaxgrpo.precompile`, perf.precompile)
+        # other shapes the run can take (`jaxgrpo.precompile`, perf.precompile; "auto" resolved for the platform)
+        on = precompile.enabled(self.perf.precompile, jax.default_backend())
+        self.perf = dataclasses.replace(self.perf, precompile="background" if on else "off")
+        self.report_perf()
         self.precompiler: precompile.Precompiler | None = None
         self.first_shapes: tuple[ts.Batch, tuple[int, int, int]] | None = None
-        self.precompile_pending = precompile.enabled(self.perf.precompile, jax.default_backend())
+        self.precompile_pending = on
         self.compiles = precompile.CompileCounter()
 
     def close(self) -> None:
