@@ -30,6 +30,7 @@ timings, they depend on the process's history (a resumed run compiles again), no
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import math
 import sys
@@ -84,7 +85,8 @@ class CompileCounter:
 class Precompiler:
     """Runs ``jobs`` (``(name, thunk)``; a thunk lowers and compiles one program) one at a time in a daemon thread.
     A job that raises is reported once (stderr) and skipped: the step compiles that shape itself when it needs it.
-    ``close()`` stops before the next job and waits for the one in flight (a compile cannot be interrupted)."""
+    ``close()`` stops before the next job and waits for the one in flight (a compile cannot be interrupted); it also
+    runs at interpreter exit, before jax's own exit handlers tear the backend down under a compile."""
 
     def __init__(self, jobs: list[tuple[str, Callable[[], Any]]], quiet: bool = False):
         self.jobs = list(jobs)
@@ -95,6 +97,7 @@ class Precompiler:
         self._thread = threading.Thread(target=self._run, name="jaxgrpo-precompile", daemon=True)
 
     def start(self) -> Precompiler:
+        atexit.register(self.close)  # an interpreter exiting without `close` waits for the compile in flight
         self._thread.start()
         return self
 
@@ -124,6 +127,7 @@ class Precompiler:
 
     def close(self) -> None:
         self._stop.set()
+        atexit.unregister(self.close)
         if self._thread.is_alive():
             self._thread.join()
 

@@ -230,3 +230,21 @@ def test_engine_windows_compile_in_the_background():
         counter.close()
     assert len(groups) == 8 and all(g.mask.all() for g in groups.values())  # every row ran max_new_tokens
     assert cold > 0 and warm == 0, (cold, warm)
+
+
+def test_interpreter_exit_stops_the_thread(tmp_path):
+    """A process that exits without `close` (a script that never closes its trainer) stops the thread at exit: it
+    finishes the job in flight, starts no other, and the process exits 0 without waiting for the rest."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "jobs.txt"
+    code = ("import os, time; from jaxgrpo import precompile\n"
+            f"def job(i):\n    open({str(log)!r}, 'a').write(f'start{{i}} ')\n    time.sleep(0.3)\n"
+            f"    open({str(log)!r}, 'a').write(f'end{{i}} ')\n"
+            "precompile.Precompiler([(str(i), lambda i=i: job(i)) for i in range(100)]).start()\n"
+            f"while not os.path.exists({str(log)!r}):\n    time.sleep(0.01)\n")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert log.read_text().split() == ["start0", "end0"]  # the job in flight at exit finished; none started after
