@@ -13,6 +13,8 @@ What varies over a single-turn run (everything else is fixed at startup):
   ``s = 1 .. max_new_tokens - 1``; one ``resize`` per window change a run makes (up by one block's steps; down,
   when slots are refilled, to any narrower window); the first ``prefill`` per packed width of the ``"engine"`` ladder,
   and, when slots are refilled, one later ``prefill`` per (admission size, window).
+* with a mesh, the sampler instead (`sampling.generate`): its prefill per packed width of the ``"sampler"`` ladder;
+* the host-to-device transfers of each batch shape (``jnp.asarray`` compiles a small program per shape and dtype).
 
 After the first step, when the first real arguments exist, `start` lowers each of these with
 ``jitted.lower(*abstract_args).compile()`` in a daemon thread, nearest to the first step's shapes first. Such an
@@ -313,9 +315,44 @@ def engine_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
     return jobs
 
 
+def sampler_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
+    """With a mesh the trainer samples with `sampling.generate`, whose only varying shape is its prefill's packed
+    width on the run's ``"sampler"`` ladder: one job per rung a batch of the data can reach, its arguments placed as
+    `generate` places them (the compute-dtype weights as the trainer passes them, the prompts on the batch axes)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from jaxgrpo import sampling
+
+    r = tr.cfg.rollout
+    if tr.use_engine or tr.rollout_mesh is None or tr.producer is not None or r.max_staleness:
+        return []
+    mesh, P, G = tr.rollout_mesh, r.prompts_per_step, r.group_size
+    axes = sampling._batch_axes(mesh)
+    shards = math.prod(int(mesh.shape[a]) for a in axes) if axes else 1
+    batch_sh = cache_sh = None
+    if axes:
+        spec = axes if len(axes) > 1 else axes[0]
+        batch_sh = NamedSharding(mesh, PartitionSpec(spec))
+        cache_sh = NamedSharding(mesh, PartitionSpec(None, spec, *([PartitionSpec.UNCONSTRAINED] * 3)))
+    mcfg, greedy = tr.model_config, r.temperature == 0.0
+    mode = sampling._Mode(G, r.max_new_tokens, greedy, int(r.top_k) if (not greedy and r.top_k < mcfg.vocab_size)
+                          else 0, (not greedy) and r.top_p < 1.0, tuple(tr.eos_token_ids), batch_sh, cache_sh, False)
+    params = jax.tree.map(abstract, tr.sampler_params())
+    rows = padding.batch_bucket(P, shards)
+    width = padding.prompt_bucket(tr.prompt_width)  # the trainer's one prompt bucket
+    arg = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=batch_sh)  # noqa: E731
+    prompts = (arg((rows, width), jnp.int32), arg((rows, width), jnp.bool_), arg((rows * G,), jnp.bool_))
+    key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
+    f32 = jax.ShapeDtypeStruct((), jnp.float32)
+    floor, cap = tr.ladders["sampler"]
+    rungs = sorted({max(padding.ladder_bucket(n, padding.MIN_PROMPT_BUCKET, cap), floor) for n in range(1, cap + 1)})
+    return [(f"sampler prefill packed {w}", lambda w=w: sampling._prefill.lower(
+        mcfg, mode, (w, shards), params, *prompts, key, f32, f32).compile()) for w in rungs]  # fmt: skip
+
+
 def start(tr: Any, template: Batch, first: tuple[int, int, int]) -> Precompiler | None:
     """The background precompiler of a single-turn `Trainer` after its first step (``template``: that step's batch as
     `abstract` structs; ``first``: its ``(groups, width, packed)``), started; None when nothing is left to compile."""
-    train, rollout = train_step_jobs(tr, template, first), engine_jobs(tr)
+    train, rollout = train_step_jobs(tr, template, first), engine_jobs(tr) + sampler_jobs(tr)
     jobs = [j for pair in itertools.zip_longest(train, rollout) for j in pair if j is not None]  # both, nearest first
     return Precompiler(jobs, quiet=jax.process_index() != 0).start() if jobs else None

@@ -248,3 +248,46 @@ def test_interpreter_exit_stops_the_thread(tmp_path):
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert log.read_text().split() == ["start0", "end0"]  # the job in flight at exit finished; none started after
+
+
+@pytest.mark.slow
+def test_sampler_rungs_on_a_mesh(tmp_path):
+    """With a mesh (data 4 x fsdp 2) the trainer samples with `sampling.generate`, whose prefill's packed width climbs
+    the run's "sampler" ladder: 2,000 prompts of 8-14 tokens and one of 26, drawn in order, put the long one in step
+    2's batch, above the floor (16, where > 99% of batches fall) on the cap's rung. With the thread joined after step
+    1, step 2 compiles nothing on the step path; with ``perf.precompile=off`` it compiles (the count has teeth); the
+    metrics agree step for step."""
+    import json
+
+    data = tmp_path / "data"
+    data.mkdir()
+    ks = [1 + i % 4 for i in range(2000)]
+    ks[8] = 10  # the second batch's first prompt: "1+" x 10 "1=" is 26 tokens
+    (data / "train.jsonl").write_text("".join(json.dumps({"question": "1+" * k + "1=", "answer": f"#### {k + 1}"})
+                                              + "\n" for k in ks))  # fmt: skip
+    runs = {}
+    for mode in ("off", "background"):
+        jax.clear_caches()  # the sampler's programs are module-level: each run compiles (or reads) its own
+        cfg = config_lib.load_config("default", [
+            "rollout.prompts_per_step=8", "rollout.group_size=2", "rollout.max_new_tokens=2", "log.progress=false",
+            "log.tensorboard=false", "log.sample_every=0", "checkpoint.every=0", "checkpoint.export_final=false",
+            "train.steps=2", "data.source=gsm8k", f"data.path={data}", "data.shuffle=false",
+            "data.max_prompt_tokens=32", "data.rewards={gsm8k: 1.0}", "mesh.data=4", "mesh.fsdp=2",
+            f"perf.precompile={mode}"])  # fmt: skip
+        t = trainer.Trainer(cfg, tmp_path / mode)
+        out = []
+        try:
+            assert not t.use_engine and t.ladders["sampler"] == (16, 28)
+            for step in range(2):
+                out.append(t.step(step))
+                if step == 0 and mode == "background":
+                    assert t.precompiler is not None and t.precompiler.join(300) and t.precompiler.failed == []
+                    assert "sampler prefill packed 28" in [n for n, _ in t.precompiler.jobs]
+        finally:
+            t.close()
+        runs[mode] = out
+    on, off = runs["background"], runs["off"]
+    assert on[1]["time/compiles"] == 0 and off[1]["time/compiles"] > 0, (on[1], off[1])
+    for a, b in zip(on, off):
+        keys = {k for k in a if not k.startswith(("time/", "throughput/"))}
+        assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
