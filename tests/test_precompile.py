@@ -87,7 +87,7 @@ def test_precompiler_reports_failures_and_stops_between_jobs(capsys):
 def _trim_config(tmp_path, precompile_mode: str) -> config_lib.Config:
     return config_lib.load_config("default", [
         "rollout.prompts_per_step=8", "rollout.group_size=2", "rollout.max_new_tokens=64",
-        "model.max_position_embeddings=96", "algo.degenerate_groups=mask", "log.progress=false",
+        "model.max_position_embeddings=96", "algo.degenerate_groups=mask", "algo.kl_coef=0.01", "log.progress=false",
         "log.tensorboard=false", "log.sample_every=0", "checkpoint.every=0", "checkpoint.export_final=false",
         f"train.steps={len(TRIM_SCHEDULE)}", f"perf.precompile={precompile_mode}"])  # fmt: skip
 
@@ -114,6 +114,7 @@ def _shaped(t: trainer.Trainer):
 def test_no_compilation_after_the_first_step_and_same_metrics(tmp_path):
     """`TRIM_SCHEDULE`'s steps reach three (completion width, groups) rungs, two of them after step 1: with
     ``perf.precompile=background`` and the thread joined after step 1, steps 2..6 compile nothing on the step path
+    (train step, batch transfers and, with ``algo.kl_coef > 0``, the reference log-probs)
     (``time/compiles`` = 0; the thread compiled them), and every metric but the timings equals the run with
     ``perf.precompile=off`` step for step, where steps 2 and 3 compile (the count has teeth)."""
     runs = {}
