@@ -114,8 +114,8 @@ def _shaped(t: trainer.Trainer):
 def test_no_compilation_after_the_first_step_and_same_metrics(tmp_path):
     """`TRIM_SCHEDULE`'s steps reach three (completion width, groups) rungs, two of them after step 1: with
     ``perf.precompile=background`` and the thread joined after step 1, steps 2..6 compile nothing on the step path
-    (train step, batch transfers and, with ``algo.kl_coef > 0``, the reference log-probs)
-    (``time/compiles`` = 0; the thread compiled them), and every metric but the timings equals the run with
+    (``time/compiles`` = 0: the thread compiled the train steps, the batch transfers and, with ``algo.kl_coef > 0``,
+    the reference log-probs), and every metric but the timings equals the run with
     ``perf.precompile=off`` step for step, where steps 2 and 3 compile (the count has teeth)."""
     runs = {}
     for mode in ("background", "off"):
