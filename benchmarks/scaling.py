@@ -17,12 +17,17 @@ subprocess per cell, so each peak is that cell's own. ``--skip MODEL,G,L ...`` r
 Long-run mode (``--long-run N``): the real `jaxgrpo.trainer.Trainer` on the default synthetic-arithmetic config
 (tiny model, varying completion lengths with EOS stops), or on ``--config NAME`` with ``--set key=value ...``, for N
 steps. Asserted: after the warm-up steps (``--warmup``, default 1: issue 34 asks for no recompilation after the first
-step) no XLA compilation happens (a `jax.monitoring` listener counts ``/jax/core/compile/backend_compile_duration``
-events), and the resident memory is flat (mean RSS of the last quarter of the run <= mean of the second quarter ×
-1.05 + 64 MiB).
+step) no XLA compilation happens on the step path (the trainer's ``time/compiles``: ``jax.monitoring`` compile
+events in every thread but the background precompile thread's, `jaxgrpo.precompile`; ``compiles_total`` counts every
+thread), and the resident memory is flat (mean RSS of the last quarter of the run <= mean of the second quarter ×
+1.05 + 64 MiB). ``--set perf.precompile=background`` compiles the run's other shapes in the background after step 1;
+``--wait-precompile`` waits for that thread after the warm-up (on a 2-core CPU the thread is slower than the tiny
+model's steps, so later steps would otherwise compile rungs it has not reached yet).
 
   python benchmarks/scaling.py --models tiny 135m --prompts 1 --groups 4 8 16 --lengths 64 256 1024   # the grid
   python benchmarks/scaling.py --long-run 200                                           # leak / recompile check
+  python benchmarks/scaling.py --long-run 60 --set rollout.max_new_tokens=64 model.max_position_embeddings=96 \
+      algo.degenerate_groups=mask perf.precompile=background --wait-precompile      # varying shapes, precompiled
   python benchmarks/scaling.py --long-run 20 --config smollm2_gsm8k --set data.path=../shared/data/gsm8k   # GPU
 
 Results go to ``--out`` (JSON) and a table on stdout. On a 2-core CPU the 135M × 1024-token cells take many minutes
@@ -133,7 +138,8 @@ def run_cell(
     }  # fmt: skip
 
 
-def long_run(steps: int, warmup: int, config: str | None = None, overrides: tuple[str, ...] = ()) -> dict:
+def long_run(steps: int, warmup: int, config: str | None = None, overrides: tuple[str, ...] = (),
+             wait_precompile: bool = False) -> dict:
     import jax
 
     from jaxgrpo import config as config_lib
@@ -148,28 +154,37 @@ def long_run(steps: int, warmup: int, config: str | None = None, overrides: tupl
     jax.monitoring.register_event_duration_secs_listener(on_event)
     cfg = config_lib.load_config(config, [*overrides, f"train.steps={steps}", "checkpoint.every=0",
                                           "log.tensorboard=false"])
-    rss, compiled_after_warmup, compile_steps, shapes = [], 0, {}, {}
+    rss, compiled_after_warmup, compile_steps, shapes, waited = [], 0, {}, {}, 0.0
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = trainer_lib.Trainer(cfg, run_dir)
-        t0 = time.perf_counter()
-        for s in range(steps):
-            if s == warmup:
-                compiled_after_warmup = -compiles["n"]
-            before = compiles["n"]
-            m = trainer.step(s)
-            if compiles["n"] > before:
-                compile_steps[s] = compiles["n"] - before
-            shape = f"{m.get('batch/completion_width', 0):.0f}x{m.get('batch/groups', 0):.0f}"  # perf.trim_batch
-            shapes[shape] = shapes.get(shape, 0) + 1
-            rss.append(_rss_bytes())
-        wall = time.perf_counter() - t0
-    compiled_after_warmup += compiles["n"]
+        try:
+            t0 = time.perf_counter()
+            for s in range(steps):
+                m = trainer.step(s)
+                step_path = int(m["time/compiles"])  # this step's own: the precompile thread's are not counted
+                if step_path:
+                    compile_steps[s] = step_path
+                compiled_after_warmup += step_path if s >= warmup else 0
+                if wait_precompile and s == warmup - 1 and trainer.precompiler is not None:
+                    t = time.perf_counter()
+                    trainer.precompiler.join()
+                    waited = time.perf_counter() - t
+                shape = f"{m.get('batch/completion_width', 0):.0f}x{m.get('batch/groups', 0):.0f}"  # perf.trim_batch
+                shapes[shape] = shapes.get(shape, 0) + 1
+                rss.append(_rss_bytes())
+            wall = time.perf_counter() - t0
+            pre = trainer.precompiler
+            background = {"precompile": trainer.perf.precompile, "precompiled": pre.compiled if pre else 0,
+                          "precompile_failed": pre.failed if pre else [],
+                          "compiles_background": trainer.compiles.background, "precompile_wait_s": waited}  # fmt: skip
+        finally:
+            trainer.close()
     q = max(len(rss) // 4, 1)
     second, last = statistics.mean(rss[q : 2 * q]), statistics.mean(rss[-q:])
     result = {
         "config": config or "default", "overrides": list(overrides), "steps": steps, "warmup": warmup,
         "wall_s": wall, "compiles_total": compiles["n"],
-        "compiles_after_warmup": compiled_after_warmup, "compiles_by_step": compile_steps,
+        "compiles_after_warmup": compiled_after_warmup, "compiles_by_step": compile_steps, **background,
         "steps_by_width_x_groups": shapes, "rss_second_quarter_mib": second / 2**20,
         "rss_last_quarter_mib": last / 2**20, "peak_rss_mib": _peak_rss_bytes() / 2**20,
     }  # fmt: skip
@@ -196,6 +211,8 @@ def main() -> None:
     ap.add_argument("--cell-timeout", type=float, default=0, help="seconds per cell (0 = none)")
     ap.add_argument("--long-run", type=int, default=0, help="run the leak/recompile check for this many steps")
     ap.add_argument("--warmup", type=int, default=1, help="long run: steps before compilations are counted")
+    ap.add_argument("--wait-precompile", action="store_true",
+                    help="long run: wait after the warm-up for the background precompile thread (perf.precompile)")
     ap.add_argument("--config", default=None, help="long run: a packaged config name or YAML file (default: the demo)")
     ap.add_argument("--set", nargs="*", default=[], help="long run: config overrides (key=value ...)")
     ap.add_argument("--cell", default=None, help=argparse.SUPPRESS)
@@ -211,7 +228,7 @@ def main() -> None:
     out = {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv),
            "machine": f"{platform.machine()} {os.cpu_count()} CPUs", "load_before": list(os.getloadavg())}  # fmt: skip
     if args.long_run:
-        out["long_run"] = long_run(args.long_run, args.warmup, args.config, tuple(args.set))
+        out["long_run"] = long_run(args.long_run, args.warmup, args.config, tuple(args.set), args.wait_precompile)
     else:
         cells = []
         print(f"{'model':<6}{'G':>4}{'L':>6}{'sample s':>10}{'train s':>9}{'peak RSS MiB':>14}", flush=True)

@@ -28,6 +28,7 @@ ModelDtype = Literal["float32", "bfloat16"]
 DataSource = Literal["synthetic", "gsm8k", "words", "hf"]
 PromptTemplate = Literal["chat", "plain"]
 Schedule = Literal["constant", "cosine"]
+Precompile = Literal["auto", "background", "off"]
 SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)
 
 
@@ -187,6 +188,9 @@ class PerfConfig:
     # the train step's LM head: xla = chunked float32 logits; fused = jaxgrpo.fused_head's Pallas kernels (no float32
     # [tokens, V] array); auto = fused on an NVIDIA GPU with no top-k/top-p and one batch shard, xla elsewhere
     lm_head: LMHead = "auto"
+    # after the first step, a background thread compiles every other shape the run's step path can take (train-step
+    # ladder rungs, decode windows: jaxgrpo.precompile); auto = background on accelerators, off on CPU
+    precompile: Precompile = "auto"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,6 +31,7 @@ from jaxgrpo import (
     models,
     objectives,
     padding,
+    precompile,
     rewards,
     sampling,
 )
@@ -160,11 +161,23 @@ class Trainer:
         self.start_step = self.restore()
         run_dir_lib.record_changes(self.run_dir, self.start_step, self.config_changes)
         (self.run_dir / "config.yaml").write_text(config_lib.to_yaml(self.cfg))
+        # time/compiles counts the step path's compilations; after the first step a background thread compiles the
+        # other shapes the run can take (`jaxgrpo.precompile`, perf.precompile; "auto" resolved for the platform)
+        on = precompile.enabled(self.perf.precompile, jax.default_backend())
+        self.perf = dataclasses.replace(self.perf, precompile="background" if on else "off")
         self.report_perf()
+        self.precompiler: precompile.Precompiler | None = None
+        self.first_shapes: tuple[ts.Batch, tuple[int, int, int]] | None = None
+        self.precompile_pending = on
+        self.compiles = precompile.CompileCounter()
 
     def close(self) -> None:
         """Stops the rollout thread, waits for pending saves, stops the reward workers and releases the run lock."""
         try:
+            if getattr(self, "precompiler", None) is not None:
+                self.precompiler.close()
+            if getattr(self, "compiles", None) is not None:
+                self.compiles.close()
             if getattr(self, "producer", None) is not None:
                 self.producer.close()
             self.ckpt.close()
@@ -354,8 +367,22 @@ class Trainer:
         return (mt_step.rollout if self.multiturn is not None else dynamic_sampling.rollout)(self, step)
 
     def step(self, step: int) -> dict[str, float]:
-        if self.multiturn is not None:
-            return mt_step.train_step(self, step)
+        """One RL step; its metrics, with ``time/compiles`` and ``time/compile_s`` (XLA compilations on the step path
+        in this step, their seconds) and, once the background precompiler runs, ``time/precompiled`` (programs it has
+        compiled so far)."""
+        before, seconds = self.compiles.step_path, self.compiles.step_path_s
+        metrics = mt_step.train_step(self, step) if self.multiturn is not None else self.rl_step(step)
+        metrics["time/compiles"] = float(self.compiles.step_path - before)
+        metrics["time/compile_s"] = self.compiles.step_path_s - seconds
+        if self.first_shapes is not None:  # after the first step: the other shapes, in the background
+            self.precompiler = precompile.start(self, *self.first_shapes)
+            self.first_shapes = None
+        if self.precompiler is not None:
+            metrics["time/precompiled"] = float(self.precompiler.compiled)
+        return metrics
+
+    def rl_step(self, step: int) -> dict[str, float]:
+        """One single-turn RL step (`step`)."""
         t0 = time.perf_counter()
         if self.cfg.rollout.max_staleness or self.cfg.mesh.rollout:  # sampled ahead by the rollout thread
             if self.producer is None:
@@ -372,6 +399,10 @@ class Trainer:
             ref = lora.split(self.state.params)[0] if self.lora else self.ref_params
             batch = batch.replace(ref_logprobs=self.ref_logprobs(ref, batch))
         self.state, metrics = self.step_fn(self.state, batch, packed_prompt_width=packed)
+        if self.precompile_pending:  # the first step: the shapes the precompiler starts from
+            self.precompile_pending = False
+            self.first_shapes = (jax.tree.map(precompile.abstract, batch),
+                                 (batch.rewards.shape[0], batch.completion_mask.shape[1], packed))
         if self.producer is not None:  # the next version, for the rollout thread
             self.producer.publish(step + 1, self.state.params)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}

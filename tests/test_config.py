@@ -133,6 +133,7 @@ def test_choices_are_the_literal_types_of_the_modules_that_implement_them():
         ("perf", "matmul_backward"): layers.MatmulBackward,
         ("perf", "attention"): attention.AttentionKind,
         ("perf", "lm_head"): logprobs.LMHead,
+        ("perf", "precompile"): config_sections.Precompile,
         ("optim", "schedule"): config_sections.Schedule,
         ("checkpoint", "export_gguf_dtype"): gguf_export.GgufDtype | None,
     }
