@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pathlib
 import signal
 import sys
 import time
@@ -26,6 +25,7 @@ from jaxgrpo import (
     build,
     diversity,
     dynamic_sampling,
+    export,
     in_training,
     metrics_log,
     models,
@@ -247,44 +247,6 @@ class Trainer:
         if self.lora:
             extra["lora_base"] = {"name_or_path": self.cfg.model.name_or_path, "fingerprint": self.base_fingerprint}
         return extra
-
-    def export_final(self) -> None:
-        """``<run_dir>/final``: HF weights (adapters merged) and tokenizer; with LoRA also ``<run_dir>/final_adapter``,
-        a PEFT adapter directory whose base is `build.peft_base` or, for a base transformers cannot load by name,
-        ``<run_dir>/final_base`` (exported here). On several processes every one gathers the (possibly sharded)
-        weights and process 0 alone writes."""
-        writer = jax.process_index() == 0
-        if self.lora:  # the adapter names a base AutoPeftModel loads: a Hub id, a directory, or final_base/
-            base = build.peft_base(self.cfg)
-            adapters = jax.tree.map(to_host, lora.trainable(self.state.params))
-            if base is None:  # tiny, GGUF: the base exists only as this run loaded it
-                base_dir = self.run_dir / "final_base"
-                frozen = jax.tree.map(to_host, lora.split(self.state.params)[0])
-                if writer:
-                    models.save_pretrained(self.model_config.replace(lora=None), frozen, base_dir)
-                    build.save_tokenizer(self.tokenizer, base_dir)
-                base = str(base_dir.absolute())
-            if writer:
-                lora.save_peft(self.model_config, adapters, self.run_dir / "final_adapter", base_name_or_path=base)
-        mcfg, params = lora.merged(self.model_config, self.state.params)
-        params = jax.tree.map(to_host, params)
-        if writer:
-            models.save_pretrained(mcfg, params, self.run_dir / "final")
-            build.save_tokenizer(self.tokenizer, self.run_dir / "final")
-
-    def export_gguf(self) -> pathlib.Path:
-        """``<run_dir>/final.gguf`` for llama.cpp / ollama (adapters merged), in ``checkpoint.export_gguf_dtype``; its
-        tokenizer metadata is copied from the GGUF the tokenizer came from (``model.tokenizer``, else the model's
-        file), else built from the run's tokenizer (`models.save_gguf`). Process 0 writes (every process gathers)."""
-        m = self.cfg.model
-        mcfg, params = lora.merged(self.model_config, self.state.params)
-        params = jax.tree.map(to_host, params)
-        path = self.run_dir / "final.gguf"
-        if jax.process_index() != 0:
-            return path
-        source = m.tokenizer or (None if m.name_or_path == "tiny" else build.resolve_model_path(m.name_or_path))
-        vocab = source if str(source).endswith(".gguf") else self.tokenizer  # a GGUF's tokenizer fields, verbatim
-        return models.save_gguf(mcfg, params, path, vocab, dtype=self.cfg.checkpoint.export_gguf_dtype)
 
     def set_prompts(self, examples: list[data_lib.Example]) -> None:
         """The prompts this trainer draws from (its iterator indexes them), encoded, and the shapes they fix: the train
@@ -537,9 +499,9 @@ def _loop(trainer: Trainer, logger: metrics_log.MetricsLogger, stop: ckpt_lib.Pr
         save()
     trainer.ckpt.wait()
     if done and cfg.checkpoint.export_final:
-        trainer.export_final()
+        export.final(trainer)
     if done and cfg.checkpoint.export_gguf:
-        trainer.export_gguf()
+        export.gguf(trainer)
     if preempted and not done:
         raise ckpt_lib.Preempted(stop.signal or signal.SIGTERM, step, trainer.run_dir)
     return history
