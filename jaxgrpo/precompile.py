@@ -381,7 +381,7 @@ def eval_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
     `eval.evaluate` samples (`eval.prompt_batches`), each batch's shapes taken as `sampling.generate` takes them.
     One device: the engine in static mode (`_engine_programs` at the batch's spec: init, every decode window, the
     window changes, the prefill at its packed width) and the transfer of its completions; with a mesh,
-    `sampler_eval_jobs`."""
+    `sampler_eval_jobs`. Before them the eager scalar programs of the held-out set's statistics."""
     from jaxgrpo import data as data_lib
     from jaxgrpo import eval as eval_lib
     from jaxgrpo import in_training
@@ -390,11 +390,15 @@ def eval_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
     sets = in_training.eval_sets(tr)
     if not sets:
         return []
+    G, M = tr.cfg.rollout.group_size, tr.cfg.rollout.max_new_tokens
+    jobs: list[tuple[str, Callable[[], Any]]] = []
+    if tr.cfg.train.eval_every:  # its degeneracy at G: a few eager scalar programs (`degeneracy.iid_rate`)
+        jobs.append(("evaluation statistics", lambda: eval_lib.summarize(np.zeros((1, G), bool), [G])))
     if tr.mesh is not None:
-        return sampler_eval_jobs(tr, sets)
+        return jobs + sampler_eval_jobs(tr, sets)
     if _committed(tr):
         return []
-    sp, G, M = _sampling_params(tr), tr.cfg.rollout.group_size, tr.cfg.rollout.max_new_tokens
+    sp = _sampling_params(tr)
     specs: dict[Any, tuple[list[int], list[int]]] = {}  # spec -> (packed widths, prompts per batch), first seen first
     for _, examples, data_cfg in sets:
         for batch in eval_lib.prompt_batches(data_lib.encode_prompts(tr.tokenizer, examples, data_cfg)):
@@ -405,7 +409,6 @@ def eval_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
                                             ([], []))  # fmt: skip
             packs += [packed] if packed not in packs else []
             sizes += [len(batch)] if len(batch) not in sizes else []
-    jobs: list[tuple[str, Callable[[], Any]]] = []
     for spec, (packs, sizes) in specs.items():
         label = f"evaluation ({spec.slots} prompts of {spec.prompt_width}): "
         jobs += _engine_programs(tr, spec, spec.slots, packs, False, init=True, label=label)

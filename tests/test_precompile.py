@@ -302,8 +302,8 @@ EVAL_RUN = ["train.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mesh", [[], ["mesh.data=4", "mesh.fsdp=2", "rollout.prompts_per_step=8", "rollout.group_size=2"]],
-                         ids=["engine", "mesh"])
+@pytest.mark.parametrize("mesh", [[], ["mesh.data=4", "mesh.fsdp=2", "rollout.prompts_per_step=8",
+                                       "rollout.group_size=2"]], ids=["engine", "mesh"])
 def test_evaluations_compile_in_the_background(tmp_path, mesh):
     """``train.eval_every=2`` and two ``train.retain`` sets: the second step evaluates the held-out set and both
     retain sets, whose sampling programs (other batch sizes and prompt widths than the rollouts': on one device the
