@@ -14,10 +14,18 @@ What varies over a single-turn run (everything else is fixed at startup):
   when slots are refilled, to any narrower window); the first ``prefill`` per packed width of the ``"engine"`` ladder,
   and, when slots are refilled, one later ``prefill`` per (admission size, window).
 * with a mesh, the sampler instead (`sampling.generate`): its prefill per packed width of the ``"sampler"`` ladder;
-* the host-to-device transfers of each batch shape (``jnp.asarray`` compiles a small program per shape and dtype).
+* the host-to-device transfers of each batch shape (``jnp.asarray`` compiles a small program per shape and dtype);
+* the in-training evaluations (`jaxgrpo.in_training`: the held-out set every ``train.eval_every`` steps, the
+  ``train.retain`` sets), sampled through `sampling.generate` at their own shapes: per evaluation batch
+  (`eval.prompt_batches` of the set's encoded prompts), on one device the engine's init, decode windows, window
+  changes and packed prefill at that batch's spec (``driver.DEFAULT_BLOCK``, one slot per prompt) and the transfer of
+  its completions; with a mesh the sampler's prefill, decode and the slicing of its outputs (run on zeros placed as
+  the compiled decode's outputs: eager programs cannot be lowered abstractly); and the held-out statistics' eager
+  scalar programs (`eval.summarize` run on a zero success matrix).
 
 After the first step, when the first real arguments exist, `start` lowers each of these with
-``jitted.lower(*abstract_args).compile()`` in a daemon thread, nearest to the first step's shapes first. Such an
+``jitted.lower(*abstract_args).compile()`` in a daemon thread, nearest to the first step's shapes first, the
+evaluations' last (the held-out set's first batch first). Such an
 ahead-of-time compile fills jax's in-memory executable cache, so the first real call at that shape runs the compiled
 program -- provided the abstract arguments lower to the same program: the same shapes, dtypes, static arguments and
 donation, and the same *placement* (a committed array's sharding; ``sharding=None`` for an uncommitted one, which jit
