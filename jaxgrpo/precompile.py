@@ -25,12 +25,12 @@ What varies over a single-turn run (everything else is fixed at startup):
 
 After the first step, when the first real arguments exist, `start` lowers each of these with
 ``jitted.lower(*abstract_args).compile()`` in a daemon thread, nearest to the first step's shapes first, the
-evaluations' last (the held-out set's first batch first). Such an
-ahead-of-time compile fills jax's in-memory executable cache, so the first real call at that shape runs the compiled
-program -- provided the abstract arguments lower to the same program: the same shapes, dtypes, static arguments and
-donation, and the same *placement* (a committed array's sharding; ``sharding=None`` for an uncommitted one, which jit
-lowers as unspecified: `abstract`). A shape the thread has not reached yet is compiled by the step itself, as without
-this module. Nothing here reads or writes the run's state, so results do not change.
+evaluations' last (the held-out set's first batch first). Such an ahead-of-time compile fills jax's in-memory
+executable cache, so the first real call at that shape runs the compiled program -- provided the abstract arguments
+lower to the same program: the same shapes, dtypes, static arguments and donation, and the same *placement* (a
+committed array's sharding; ``sharding=None`` for an uncommitted one, which jit lowers as unspecified: `abstract`).
+A shape the thread has not reached yet is compiled by the step itself, as without this module. Nothing here reads or
+writes the run's state, so results do not change.
 
 `CompileCounter` counts XLA compilations (and reads from the persistent compilation cache, which also make a new
 program) per thread, from ``jax.monitoring`` events: the trainer's ``time/compiles`` is the count of the step's own
