@@ -52,6 +52,7 @@ from jaxgrpo.eval_stats import degenerate_probability, pass_at_k_unbiased
 from jaxgrpo.example import Example
 
 DEFAULT_NUM_SAMPLES = 16
+PROMPTS_PER_BATCH = 32  # prompts per `sampling.generate` call of `evaluate`
 CORRECTNESS_REWARDS = ("gsm8k", "gsm8k_lenient", "math_verify", "arithmetic", "arithmetic_lenient")
 
 
@@ -132,7 +133,7 @@ def evaluate(
     eos_token_ids: Sequence[int] | None = None,
     data_config: DataConfig | None = None,
     success_threshold: float = 0.5,
-    prompts_per_batch: int = 32,
+    prompts_per_batch: int = PROMPTS_PER_BATCH,
     mesh: Mesh | None = None,
     keep_texts: int = 4,
     ks: Sequence[int] | None = None,
@@ -162,8 +163,8 @@ def evaluate(
         eos_token_ids = build.eos_ids(model_config, tokenizer)
     name, fn = rewards_lib.resolve(reward_fn)
     all_rewards, lengths, truncated, texts_kept = [], [], [], []
-    for b, start in enumerate(range(0, len(prompts), prompts_per_batch)):
-        batch = prompts[start : start + prompts_per_batch]
+    for b, batch in enumerate(prompt_batches(prompts, prompts_per_batch)):
+        start = b * prompts_per_batch
         comp = sampling.generate(
             model_config,
             params,
@@ -218,6 +219,12 @@ def evaluate(
         samples=texts_kept,
     )
     return result
+
+
+def prompt_batches(prompts: Sequence[Sequence[int]], prompts_per_batch: int = PROMPTS_PER_BATCH) -> list[list[Any]]:
+    """The encoded prompts in the batches `evaluate` samples them in (one `sampling.generate` call each; the
+    background precompiler compiles the programs of these same batches: `jaxgrpo.precompile.eval_jobs`)."""
+    return [list(prompts[i : i + prompts_per_batch]) for i in range(0, len(prompts), prompts_per_batch)]
 
 
 # -- loading a policy -----------------------------------------------------------------------------------------------

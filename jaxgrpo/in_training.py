@@ -13,16 +13,40 @@ from jaxgrpo import data as data_lib
 from jaxgrpo import eval as eval_lib
 
 
+def eval_sets(tr: Any) -> list[tuple[str, list[data_lib.Example], data_lib.DataConfig]]:
+    """``(name, examples, data config)`` of what the trainer evaluates, in the order a step evaluates them: the
+    held-out set (``train.eval_every``) first, then each ``train.retain`` set (the background precompiler compiles
+    their sampling programs: `jaxgrpo.precompile.eval_jobs`)."""
+    out = []
+    if tr.cfg.train.eval_every:
+        out.append(("held-out", held_out_examples(tr), tr.cfg.data))
+    if tr.cfg.train.retain_every:
+        out += [(f"retain {rs.name}", retain_examples(tr, rs), rs.data) for rs in tr.retain_sets]
+    return out
+
+
+def held_out_examples(tr: Any) -> list[data_lib.Example]:
+    """The ``train.eval_examples`` held-out prompts (the dataset's "test" split), read once."""
+    if tr.eval_examples is None:
+        data_cfg = dataclasses.replace(tr.cfg.data, split="test", num_examples=tr.cfg.train.eval_examples)
+        tr.eval_examples = data_lib.load_dataset(data_cfg, tr.cfg.seed)
+    return tr.eval_examples
+
+
+def retain_examples(tr: Any, rs: Any) -> list[data_lib.Example]:
+    """The prompts of the `train.retain` set ``rs`` (a `jaxgrpo.retain.RetainSet`), read once."""
+    if rs.name not in tr.retain_examples:
+        tr.retain_examples[rs.name] = data_lib.load_dataset(rs.data, tr.cfg.seed)
+    return tr.retain_examples[rs.name]
+
+
 def evaluate_held_out(tr: Any, step: int) -> dict[str, float]:
     """The trainer's ``train.eval_every`` evaluation (``tr`` a `jaxgrpo.trainer.Trainer`): pass@1 / pass@G and
     measured vs i.i.d. degeneracy at G on `train.eval_examples` held-out prompts (the dataset's "test" split), sampled
     like the rollouts; written to <run_dir>/eval/step<N>/ too."""
-    if tr.eval_examples is None:
-        data_cfg = dataclasses.replace(tr.cfg.data, split="test", num_examples=tr.cfg.train.eval_examples)
-        tr.eval_examples = data_lib.load_dataset(data_cfg, tr.cfg.seed)
     r = tr.cfg.rollout
     result = eval_lib.evaluate(
-        tr.model_config, tr.state.params, tr.tokenizer, tr.eval_examples,
+        tr.model_config, tr.state.params, tr.tokenizer, held_out_examples(tr),
         eval_lib.correctness_reward(tr.cfg, None), num_samples=r.group_size, group_sizes=[r.group_size],
         key=jax.random.fold_in(jax.random.fold_in(tr.key, step), 1), max_new_tokens=r.max_new_tokens,
         temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, eos_token_ids=tr.eos_token_ids,
@@ -40,10 +64,8 @@ def retain_accuracy(tr: Any, step: int) -> dict[str, float]:
     success rate) of the policy on each `train.retain` set, G samples per prompt sampled like the rollouts."""
     r, out = tr.cfg.rollout, {}
     for i, rs in enumerate(tr.retain_sets):
-        if rs.name not in tr.retain_examples:
-            tr.retain_examples[rs.name] = data_lib.load_dataset(rs.data, tr.cfg.seed)
         result = eval_lib.evaluate(
-            tr.model_config, tr.state.params, tr.tokenizer, tr.retain_examples[rs.name], rs.reward,
+            tr.model_config, tr.state.params, tr.tokenizer, retain_examples(tr, rs), rs.reward,
             num_samples=r.group_size, group_sizes=[], key=jax.random.fold_in(jax.random.fold_in(tr.key, step),
                                                                                2 + i),
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,

@@ -14,15 +14,23 @@ What varies over a single-turn run (everything else is fixed at startup):
   when slots are refilled, to any narrower window); the first ``prefill`` per packed width of the ``"engine"`` ladder,
   and, when slots are refilled, one later ``prefill`` per (admission size, window).
 * with a mesh, the sampler instead (`sampling.generate`): its prefill per packed width of the ``"sampler"`` ladder;
-* the host-to-device transfers of each batch shape (``jnp.asarray`` compiles a small program per shape and dtype).
+* the host-to-device transfers of each batch shape (``jnp.asarray`` compiles a small program per shape and dtype);
+* the in-training evaluations (`jaxgrpo.in_training`: the held-out set every ``train.eval_every`` steps, the
+  ``train.retain`` sets), sampled through `sampling.generate` at their own shapes: per evaluation batch
+  (`eval.prompt_batches` of the set's encoded prompts), on one device the engine's init, decode windows, window
+  changes and packed prefill at that batch's spec (``driver.DEFAULT_BLOCK``, one slot per prompt) and the transfer of
+  its completions; with a mesh the sampler's prefill, decode and the slicing of its outputs (run on zeros placed as
+  the compiled decode's outputs: eager programs cannot be lowered abstractly); and the held-out statistics' eager
+  scalar programs (`eval.summarize` run on a zero success matrix).
 
 After the first step, when the first real arguments exist, `start` lowers each of these with
-``jitted.lower(*abstract_args).compile()`` in a daemon thread, nearest to the first step's shapes first. Such an
-ahead-of-time compile fills jax's in-memory executable cache, so the first real call at that shape runs the compiled
-program -- provided the abstract arguments lower to the same program: the same shapes, dtypes, static arguments and
-donation, and the same *placement* (a committed array's sharding; ``sharding=None`` for an uncommitted one, which jit
-lowers as unspecified: `abstract`). A shape the thread has not reached yet is compiled by the step itself, as without
-this module. Nothing here reads or writes the run's state, so results do not change.
+``jitted.lower(*abstract_args).compile()`` in a daemon thread, nearest to the first step's shapes first, the
+evaluations' last (the held-out set's first batch first). Such an ahead-of-time compile fills jax's in-memory
+executable cache, so the first real call at that shape runs the compiled program -- provided the abstract arguments
+lower to the same program: the same shapes, dtypes, static arguments and donation, and the same *placement* (a
+committed array's sharding; ``sharding=None`` for an uncommitted one, which jit lowers as unspecified: `abstract`).
+A shape the thread has not reached yet is compiled by the step itself, as without this module. Nothing here reads or
+writes the run's state, so results do not change.
 
 `CompileCounter` counts XLA compilations (and reads from the persistent compilation cache, which also make a new
 program) per thread, from ``jax.monitoring`` events: the trainer's ``time/compiles`` is the count of the step's own
@@ -262,18 +270,46 @@ def engine_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
     """One job per rollout-engine program the run can take (module docstring), as the driver calls them
     (`jaxgrpo.rollout.driver`): ``decode_block`` at every window first, then the window changes, then the prefills.
     Only where the engine's arguments are uncommitted (one device, no mesh, no separate rollout device)."""
-    from jaxgrpo.models.attention import KVCache
     from jaxgrpo.rollout import engine
-    from jaxgrpo.rollout.params import SamplingParams
 
     cfg, r = tr.cfg, tr.cfg.rollout
-    leaf = jax.tree.leaves(tr.state.params)[0]
-    if not tr.use_engine or r.max_new_tokens < 2 or getattr(leaf, "committed", False) or cfg.mesh.rollout:
+    if not tr.use_engine or r.max_new_tokens < 2 or _committed(tr) or cfg.mesh.rollout:
         return []
-    P, mcfg = r.prompts_per_step, tr.model_config
-    sp = SamplingParams(r.max_new_tokens, r.group_size, r.temperature, r.top_p, r.top_k, tr.eos_token_ids)
+    P = r.prompts_per_step
     slots = padding.batch_bucket(P) if r.engine == "static" else (r.slots or P)
-    spec = engine.make_spec(mcfg, sp, slots, padding.prompt_bucket(tr.prompt_width), r.decode_block)
+    spec = engine.make_spec(tr.model_config, _sampling_params(tr), slots, padding.prompt_bucket(tr.prompt_width),
+                            r.decode_block)  # fmt: skip
+    first = padding.batch_bucket(min(slots, P))
+    lengths = np.sort([len(x) for x in tr.encoded])
+    floor, cap = tr.ladders["engine"]
+    lo = int(lengths[: min(slots, P)].sum()) + first - min(slots, P)
+    hi = min(int(lengths[-min(slots, P):].sum()) + first - min(slots, P), cap)
+    packs = sorted({max(padding.ladder_bucket(n, padding.MIN_PROMPT_BUCKET, cap), floor) for n in range(lo, hi + 1)})
+    refills = slots < P or cfg.algo.degenerate_groups == "resample" or tr.scheduler is not None
+    return _engine_programs(tr, spec, first, packs, refills)
+
+
+def _committed(tr: Any) -> bool:
+    return bool(getattr(jax.tree.leaves(tr.state.params)[0], "committed", False))
+
+
+def _sampling_params(tr: Any) -> Any:
+    """The rollouts' `SamplingParams`; `in_training`'s evaluations sample with the same."""
+    from jaxgrpo.rollout.params import SamplingParams
+
+    r = tr.cfg.rollout
+    return SamplingParams(r.max_new_tokens, r.group_size, r.temperature, r.top_p, r.top_k, tr.eos_token_ids)
+
+
+def _engine_programs(tr: Any, spec: Any, first: int, packs: list[int], refills: bool,
+                     init: bool = False, label: str = "") -> list[tuple[str, Callable[[], Any]]]:  # fmt: skip
+    """The engine's programs at ``spec``: (with ``init``, `engine.init`), ``decode_block`` at every window, the window
+    changes (up by a block; with ``refills`` down to any narrower window), the first prefill of ``first`` prompts at
+    each packed width of ``packs`` and, with ``refills``, one prefill per later admission size and window."""
+    from jaxgrpo.models.attention import KVCache
+    from jaxgrpo.rollout import engine
+
+    mcfg = tr.model_config
     params = jax.eval_shape(lambda p: models.compute_params(mcfg, p), tr.state.params)
     weights = jax.eval_shape(lambda p: engine.prepare_weights(mcfg, p), params)
     caches, state = jax.eval_shape(lambda: engine.init(mcfg, spec))
@@ -286,14 +322,16 @@ def engine_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
 
     M, k = spec.max_new_tokens, spec.block
     wins = sorted({engine.window(spec, s) for s in range(1, M)})
-    jobs: list[tuple[str, Callable[[], Any]]] = [
-        (f"decode window {w}", lambda w=w: engine.decode_block.lower(mcfg, spec, weights, at(w), state, f32,
-                                                                     f32).compile()) for w in wins]  # fmt: skip
-    refills = slots < P or cfg.algo.degenerate_groups == "resample" or tr.scheduler is not None
+    jobs: list[tuple[str, Callable[[], Any]]] = []
+    if init:
+        jobs.append((f"{label}engine init", lambda: engine.init.lower(mcfg, spec).compile()))
+    decode = lambda w: engine.decode_block.lower(mcfg, spec, weights, at(w), state, f32, f32).compile()  # noqa: E731
+    jobs += [(f"{label}decode window {w}", lambda w=w: decode(w)) for w in wins]
     ups = {(engine.window(spec, s), engine.window(spec, s + k)) for s in range(1, M)}
     downs = {(b, a) for a in wins for b in wins if a < b} if refills else set()
     for a, b in sorted(p for p in ups | downs if p[0] != p[1]):
-        jobs.append((f"decode cache {a} -> {b}", lambda a=a, b=b: engine.resize.lower(at(a).decode, b).compile()))
+        jobs.append((f"{label}decode cache {a} -> {b}",
+                     lambda a=a, b=b: engine.resize.lower(at(a).decode, b).compile()))  # fmt: skip
 
     def prefill(n: int, packed: int, w: int) -> Any:
         rows = lambda dt, *shape: jax.ShapeDtypeStruct((n, *shape), dt)  # noqa: E731
@@ -301,17 +339,12 @@ def engine_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
                                     rows(jnp.int32, spec.prompt_width), rows(jnp.bool_, spec.prompt_width),
                                     rows(jnp.int32), rows(jnp.int32), key, f32, f32).compile()  # fmt: skip
 
-    first = padding.batch_bucket(min(slots, P))
-    lengths = np.sort([len(x) for x in tr.encoded])
-    floor, cap = tr.ladders["engine"]
-    lo = int(lengths[: min(slots, P)].sum()) + first - min(slots, P)
-    hi = min(int(lengths[-min(slots, P):].sum()) + first - min(slots, P), cap)
-    for packed in sorted({max(padding.ladder_bucket(n, padding.MIN_PROMPT_BUCKET, cap), floor)
-                          for n in range(lo, hi + 1)}):  # fmt: skip
-        jobs.append((f"prefill {first} prompts packed {packed}", lambda p=packed: prefill(first, p, wins[0])))
+    for packed in packs:
+        jobs.append((f"{label}prefill {first} prompts packed {packed}",
+                     lambda p=packed: prefill(first, p, engine.window(spec, 1))))  # fmt: skip
     if refills:
-        for n in sorted({padding.batch_bucket(i) for i in range(1, slots + 1)}):
-            jobs += [(f"prefill {n} prompts at window {w}", lambda n=n, w=w: prefill(n, 0, w)) for w in wins]
+        for n in sorted({padding.batch_bucket(i) for i in range(1, spec.slots + 1)}):
+            jobs += [(f"{label}prefill {n} prompts at window {w}", lambda n=n, w=w: prefill(n, 0, w)) for w in wins]
     return jobs
 
 
@@ -350,9 +383,120 @@ def sampler_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
         mcfg, mode, (w, shards), params, *prompts, key, f32, f32).compile()) for w in rungs]  # fmt: skip
 
 
+def eval_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
+    """The programs of the trainer's evaluations (`jaxgrpo.in_training`: the held-out ``train.eval_every`` set, then
+    the ``train.retain`` sets), in the order a step runs them: each set's prompts encoded and cut into the batches
+    `eval.evaluate` samples (`eval.prompt_batches`), each batch's shapes taken as `sampling.generate` takes them.
+    One device: the engine in static mode (`_engine_programs` at the batch's spec: init, every decode window, the
+    window changes, the prefill at its packed width) and the transfer of its completions; with a mesh,
+    `sampler_eval_jobs`. Before them the eager scalar programs of the held-out set's statistics."""
+    from jaxgrpo import data as data_lib
+    from jaxgrpo import eval as eval_lib
+    from jaxgrpo import in_training
+    from jaxgrpo.rollout import driver, engine
+
+    sets = in_training.eval_sets(tr)
+    if not sets:
+        return []
+    G, M = tr.cfg.rollout.group_size, tr.cfg.rollout.max_new_tokens
+    jobs: list[tuple[str, Callable[[], Any]]] = []
+    if tr.cfg.train.eval_every:  # its degeneracy at G: a few eager scalar programs (`degeneracy.iid_rate`)
+        jobs.append(("evaluation statistics", lambda: eval_lib.summarize(np.zeros((1, G), bool), [G])))
+    if tr.mesh is not None:
+        return jobs + sampler_eval_jobs(tr, sets)
+    if _committed(tr):
+        return []
+    sp = _sampling_params(tr)
+    specs: dict[Any, tuple[list[int], list[int]]] = {}  # spec -> (packed widths, prompts per batch), first seen first
+    for _, examples, data_cfg in sets:
+        for batch in eval_lib.prompt_batches(data_lib.encode_prompts(tr.tokenizer, examples, data_cfg)):
+            slots, width = padding.batch_bucket(len(batch)), padding.prompt_bucket(max(len(p) for p in batch))
+            _, mask = engine.left_pad(batch, width, slots)  # as `driver.run` admits them: all at once
+            packed = padding.sampler_packed_width([int(m.sum()) for m in mask], 1)
+            packs, sizes = specs.setdefault(engine.make_spec(tr.model_config, sp, slots, width, driver.DEFAULT_BLOCK),
+                                            ([], []))  # fmt: skip
+            packs += [packed] if packed not in packs else []
+            sizes += [len(batch)] if len(batch) not in sizes else []
+    for spec, (packs, sizes) in specs.items():
+        label = f"evaluation ({spec.slots} prompts of {spec.prompt_width}): "
+        jobs += _engine_programs(tr, spec, spec.slots, packs, False, init=True, label=label)
+        jobs += [(f"{label}completions transfer {n}", lambda n=n: _completions_transfer(n * G, M)) for n in sizes]
+    return jobs
+
+
+def sampler_eval_jobs(tr: Any, sets: list[tuple[str, Any, Any]]) -> list[tuple[str, Callable[[], Any]]]:
+    """With a mesh `eval.evaluate` samples with `sampling.generate`'s sharded path: per batch shape, its ``_prefill``
+    (the batch's prompt bucket and packed width, no ladder), its ``_decode`` (arguments placed as the prefill's
+    compiled outputs are) and the slicing of its outputs to the real rows (run on zeros so placed). The compute-dtype
+    weights are placed like the policy's (an eager cast keeps the placement)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from jaxgrpo import data as data_lib
+    from jaxgrpo import eval as eval_lib
+    from jaxgrpo import sampling
+
+    mesh, mcfg, r = tr.mesh, tr.model_config, tr.cfg.rollout
+    placed = jax.tree.map(abstract, tr.state.params)
+    params = jax.eval_shape(lambda p: models.compute_params(mcfg, p), tr.state.params)
+    if jax.tree.structure(params) != jax.tree.structure(placed):  # LoRA merged for sampling: not placed like these
+        return []
+    params = jax.tree.map(lambda a, p: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=p.sharding), params, placed)
+    axes = sampling._batch_axes(mesh)
+    shards = math.prod(int(mesh.shape[a]) for a in axes) if axes else 1
+    batch_sh = cache_sh = None
+    if axes:
+        spec = axes if len(axes) > 1 else axes[0]
+        batch_sh = NamedSharding(mesh, PartitionSpec(spec))
+        cache_sh = NamedSharding(mesh, PartitionSpec(None, spec, *([PartitionSpec.UNCONSTRAINED] * 3)))
+    G, M, greedy = r.group_size, r.max_new_tokens, r.temperature == 0.0
+    mode = sampling._Mode(G, M, greedy, int(r.top_k) if (not greedy and r.top_k < mcfg.vocab_size) else 0,
+                          (not greedy) and r.top_p < 1.0, tuple(int(e) for e in tr.eos_token_ids), batch_sh, cache_sh,
+                          False)  # fmt: skip
+    key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
+    f32 = jax.ShapeDtypeStruct((), jnp.float32)
+    shapes: list[tuple[int, int, int, int]] = []  # (real prompts, padded prompts, prompt bucket, packed width)
+    for _, examples, data_cfg in sets:
+        for batch in eval_lib.prompt_batches(data_lib.encode_prompts(tr.tokenizer, examples, data_cfg)):
+            rows = padding.batch_bucket(len(batch), shards)
+            lengths = [len(p) for p in batch] + [1] * (rows - len(batch))
+            shape = (len(batch), rows, padding.prompt_bucket(max(lengths)),
+                     padding.sampler_packed_width(lengths, shards))  # fmt: skip
+            shapes += [shape] if shape not in shapes else []
+
+    def programs(n: int, rows: int, width: int, packed: int) -> None:
+        arg = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=batch_sh)  # noqa: E731
+        prompts = (arg((rows, width), jnp.int32), arg((rows, width), jnp.bool_), arg((rows * G,), jnp.bool_))
+        out = sampling._prefill.lower(mcfg, mode, (packed, shards), params, *prompts, key, f32, f32).compile()
+        placed_like = lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding,  # noqa: E731
+                                                     weak_type=o.weak_type)
+        cache, state, consts = jax.tree.map(placed_like, out.out_info)
+        if M > 1:
+            out = sampling._decode.lower(mcfg, mode, params, cache, state, consts, f32, f32).compile()
+            state = jax.tree.map(placed_like, out.out_info)[1]
+        zeros = {k: jax.device_put(np.zeros(state[k].shape, state[k].dtype), state[k].sharding)
+                 for k in ("tokens", "logprobs", "mask", "eos", "entropy")}  # fmt: skip
+        cut = {k: v[: n * G] for k, v in zeros.items()}  # as `generate` cuts the padding rows off
+        jax.block_until_ready((cut, jnp.sum(cut["mask"], axis=-1, dtype=jnp.int32), ~cut["eos"]))
+
+    return [(f"evaluation sampler {n} prompts of {w} packed {p}", lambda s=(n, b, w, p): programs(*s))
+            for n, b, w, p in shapes]  # fmt: skip
+
+
+def _completions_transfer(rows: int, width: int) -> Any:
+    """`sampling.generate`'s ``jnp.asarray`` of the driver's host completions, run on zeros of their shapes and dtypes
+    (a transfer program per shape and dtype)."""
+    from jaxgrpo.rollout.record import Completions
+
+    cols = lambda dt: np.zeros((rows, width), dt)  # noqa: E731
+    comp = Completions(tokens=cols(np.int32), logprobs=cols(np.float32), mask=cols(bool),
+                       lengths=np.zeros(rows, np.int32), truncated=np.zeros(rows, bool), entropy=cols(np.float32))
+    return jax.block_until_ready(jax.tree.map(jnp.asarray, comp))
+
+
 def start(tr: Any, template: Batch, first: tuple[int, int, int]) -> Precompiler | None:
     """The background precompiler of a single-turn `Trainer` after its first step (``template``: that step's batch as
     `abstract` structs; ``first``: its ``(groups, width, packed)``), started; None when nothing is left to compile."""
     train, rollout = train_step_jobs(tr, template, first), engine_jobs(tr) + sampler_jobs(tr)
     jobs = [j for pair in itertools.zip_longest(train, rollout) for j in pair if j is not None]  # both, nearest first
+    jobs += eval_jobs(tr)  # the evaluations' programs, after every step's
     return Precompiler(jobs, quiet=jax.process_index() != 0).start() if jobs else None

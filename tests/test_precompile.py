@@ -292,3 +292,46 @@ def test_sampler_rungs_on_a_mesh(tmp_path):
     for a, b in zip(on, off):
         keys = {k for k in a if not k.startswith(("time/", "throughput/"))}
         assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
+
+
+EVAL_RUN = ["train.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=3",
+            "checkpoint.every=0", "checkpoint.export_final=false", "log.progress=false", "log.tensorboard=false",
+            "log.sample_every=0", "train.eval_every=2", "train.eval_examples=6", "train.retain_every=2",
+            "train.retain={copy: {difficulty: 0, split: test, num_examples: 6}, "
+            "sums: {difficulty: 2, split: test, num_examples: 5, reward: arithmetic_lenient}}"]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", [[], ["mesh.data=4", "mesh.fsdp=2", "rollout.prompts_per_step=8",
+                                       "rollout.group_size=2"]], ids=["engine", "mesh"])
+def test_evaluations_compile_in_the_background(tmp_path, mesh):
+    """``train.eval_every=2`` and two ``train.retain`` sets: the second step evaluates the held-out set and both
+    retain sets, whose sampling programs (other batch sizes and prompt widths than the rollouts': on one device the
+    engine's init, prefill, decode block and transfers; with a mesh the sampler's prefill, decode and output slicing)
+    the run has not compiled before. With the thread joined after step 1 that step compiles nothing on the step path
+    (``time/compiles`` = 0); with ``perf.precompile=off`` it compiles (the count has teeth); every metric but the
+    timings, the ``eval/*`` and ``retain/*`` ones included, is the same in both runs."""
+    runs = {}
+    for mode in ("off", "background"):
+        jax.clear_caches()  # the evaluation's programs are module-level: each run compiles (or reads) its own
+        cfg = config_lib.load_config("default", [*EVAL_RUN, *mesh, f"perf.precompile={mode}"])
+        t = trainer.Trainer(cfg, tmp_path / mode)
+        out = []
+        try:
+            for step in range(2):
+                out.append(t.step(step))
+                if step == 0 and mode == "background":
+                    assert t.precompiler is not None and t.precompiler.join(300) and t.precompiler.failed == []
+                    assert any(n.startswith("evaluation") for n, _ in t.precompiler.jobs)
+        finally:
+            t.close()
+        runs[mode] = out
+    on, off = runs["background"], runs["off"]
+    assert "eval/pass@1" in on[1] and "retain/sums/accuracy" in on[1] and "eval/pass@1" not in on[0]
+    assert on[1]["time/compiles"] == 0 and off[1]["time/compiles"] > 0, (on[1], off[1])
+    for a, b in zip(on, off):
+        keys = {k for k in a if not k.startswith(("time/", "throughput/", "rollout/prefill_tokens_per_s",
+                                                  "rollout/decode_tokens_per_s"))}  # fmt: skip
+        assert keys == {k for k in b if not k.startswith(("time/", "throughput/", "rollout/prefill_tokens_per_s",
+                                                          "rollout/decode_tokens_per_s"))}  # fmt: skip
+        assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
