@@ -225,7 +225,9 @@ def test_remat_policies_keep_what_they_name(capsys):
     g_policy = jax.jit(jax.grad(plain("projections")))(params)
     assert _mlp_width_residuals(capsys, plain("none"), params, cfg) > 2
     g_ref = jax.jit(jax.grad(plain("none")))(params)
-    chex.assert_trees_all_close(g_policy, g_ref, rtol=1e-5, atol=1e-7)
+    # up to float32 rounding: the embedding's gradient sums terms up to ~100 (an ulp ~8e-6); recomputing RoPE in the
+    # backward lets XLA order its sums differently (3e-5 at most, as remat="full" against "none")
+    chex.assert_trees_all_close(g_policy, g_ref, rtol=1e-5, atol=1e-4)
 
 
 class TestKVCache(chex.TestCase):
