@@ -40,6 +40,7 @@ from jaxgrpo.models.attention import _NEG, KVCache
 from jaxgrpo.models.config import ModelConfig
 from jaxgrpo.models.layers import (
     Stream,
+    apply_rope,
     check_tokens,
     decoder_layer,
     embed,
@@ -213,16 +214,6 @@ def _layer_weights(config: ModelConfig, stacked: Params, i: jax.Array) -> dict[s
     return w
 
 
-def _rope(x_BTXH: jax.Array, cos_BTh: jax.Array, sin_BTh: jax.Array) -> jax.Array:
-    """`layers.apply_rope`'s values (the same float32 products and sums per element) as ``x * cos + partner * sin``
-    with ``partner = [-x2, x1]``: its kernel ends in that sum, not in a concatenation of the two halves (which the
-    decode report would count as a copy of the queries)."""
-    xf = x_BTXH.astype(jnp.float32)
-    x1, x2 = jnp.split(xf, 2, axis=-1)
-    cos, sin = (jnp.concatenate([t, t], axis=-1)[:, :, None, :] for t in (cos_BTh, sin_BTh))
-    return (xf * cos + jnp.concatenate([-x2, x1], axis=-1) * sin).astype(x_BTXH.dtype)
-
-
 def _fused_layer(config: ModelConfig, w: Params, x_BTD: jax.Array, rope, attend) -> jax.Array:
     """`layers.decoder_layer`'s math on `decode_weights`' fused per-layer weights (one q|k|v and one gate|up
     product)."""
@@ -237,7 +228,7 @@ def _fused_layer(config: ModelConfig, w: Params, x_BTD: jax.Array, rope, attend)
         q, k, v = q + w["q_bias"].astype(q.dtype), k + w["k_bias"].astype(q.dtype), v + w["v_bias"].astype(q.dtype)
     if c.qk_norm:
         q, k = rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)
-    q, k = _rope(q, *rope), _rope(k, *rope)
+    q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     a, _ = attend(q.reshape(B, T, K, c.heads_per_kv, H), k, v)
     x_BTD = x_BTD + jnp.einsum("bte,ed->btd", a.reshape(B, T, N * H), w["o"])
     gu = jnp.einsum("btd,df->btf", rms_norm(x_BTD, w["mlp_norm"], eps), w["gate_up"])

@@ -93,12 +93,16 @@ def rope_tables(config: ModelConfig, positions_BT: jax.Array) -> tuple[jax.Array
 
 
 def apply_rope(x_BTXH: jax.Array, cos_BTh: jax.Array, sin_BTh: jax.Array) -> jax.Array:
-    """Rotate-half RoPE on ``[B, T, heads, H]``; math in float32."""
+    """Rotate-half RoPE on ``[B, T, heads, H]``; math in float32.
+
+    Written as HF's ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = [-x2, x1]`` and the ``[H/2]`` tables
+    repeated to ``[H]``: per element the same float32 products and sum as ``[x1 cos - x2 sin, x2 cos + x1 sin]``
+    (``a - b`` and ``a + (-b)`` round alike), but the kernel ends in that sum instead of a concatenation of two
+    rotated halves, which XLA:GPU would materialise as a copy of the queries and keys."""
     xf = x_BTXH.astype(jnp.float32)
     x1, x2 = jnp.split(xf, 2, axis=-1)
-    cos, sin = cos_BTh[:, :, None, :], sin_BTh[:, :, None, :]
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x_BTXH.dtype)
+    cos, sin = (jnp.concatenate([t, t], axis=-1)[:, :, None, :] for t in (cos_BTh, sin_BTh))
+    return (xf * cos + jnp.concatenate([-x2, x1], axis=-1) * sin).astype(x_BTXH.dtype)
 
 
 def embed(config: ModelConfig, params: Params, tokens_BT: jax.Array) -> jax.Array:
