@@ -359,7 +359,9 @@ def test_mu_iterations_and_minibatches_equal_sequential_steps(config, params):
     even, odd = np.arange(8) // 2 % 2 == 0, np.arange(8) // 2 % 2 == 1
     p_mb2, _ = run(AlgoConfig(num_minibatches=2), [batch])
     p_halves, _ = run(AlgoConfig(), [to_batch_rows(batch, even), to_batch_rows(batch, odd)])
-    assert_trees_close(p_mb2, p_halves, rtol=1e-5, atol=1e-7)
+    # float32 rounding: the two paths sum the same gradients in another order, and AdamW's normalised update turns
+    # a last-bit gradient difference on a near-zero entry into ~1e-7 of a parameter (a wrong split moves ~lr = 3e-3)
+    assert_trees_close(p_mb2, p_halves, rtol=1e-5, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------------------------- compilation
