@@ -248,19 +248,8 @@ def _sampler_mode(cfg: Config, mcfg: models.ModelConfig, mesh: Mesh, record: boo
     from jaxgrpo import sampling
 
     r = cfg.rollout
-    axes = sampling._batch_axes(mesh)
-    shards = math.prod(int(mesh.shape[a]) for a in axes)
-    batch_sh = cache_sh = None
-    if axes:
-        spec = axes if len(axes) > 1 else axes[0]
-        batch_sh = NamedSharding(mesh, PartitionSpec(spec))
-        cache_sh = NamedSharding(mesh, PartitionSpec(None, spec, *([PartitionSpec.UNCONSTRAINED] * 3)))
-    greedy = r.temperature == 0.0
-    top_k = int(r.top_k) if (not greedy and r.top_k < mcfg.vocab_size) else 0
-    mode = sampling._Mode(num_samples=r.group_size, max_new_tokens=r.max_new_tokens, greedy=greedy, top_k=top_k,
-                          use_top_p=(not greedy) and r.top_p < 1.0, eos_token_ids=tuple(mcfg.eos_token_ids),
-                          batch_sharding=batch_sh, cache_sharding=cache_sh, record_projections=record)  # fmt: skip
-    return mode, shards
+    return sampling.sampler_mode(mcfg, mesh, r.group_size, r.max_new_tokens, r.temperature, r.top_p, r.top_k,
+                                 mcfg.eos_token_ids, record)
 
 
 def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], texts: dict[str, str] | None = None,

@@ -352,29 +352,21 @@ def sampler_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
     """With a mesh the trainer samples with `sampling.generate`, whose only varying shape is its prefill's packed
     width on the run's ``"sampler"`` ladder: one job per rung a batch of the data can reach, its arguments placed as
     `generate` places them (the compute-dtype weights as the trainer passes them, the prompts on the batch axes)."""
-    from jax.sharding import NamedSharding, PartitionSpec
 
     from jaxgrpo import sampling
 
     r = tr.cfg.rollout
     if tr.use_engine or tr.rollout_mesh is None or tr.producer is not None or r.max_staleness:
         return []
-    mesh, P, G = tr.rollout_mesh, r.prompts_per_step, r.group_size
-    axes = sampling._batch_axes(mesh)
-    shards = math.prod(int(mesh.shape[a]) for a in axes) if axes else 1
-    batch_sh = cache_sh = None
-    if axes:
-        spec = axes if len(axes) > 1 else axes[0]
-        batch_sh = NamedSharding(mesh, PartitionSpec(spec))
-        cache_sh = NamedSharding(mesh, PartitionSpec(None, spec, *([PartitionSpec.UNCONSTRAINED] * 3)))
-    mcfg, greedy = tr.model_config, r.temperature == 0.0
-    mode = sampling._Mode(G, r.max_new_tokens, greedy, int(r.top_k) if (not greedy and r.top_k < mcfg.vocab_size)
-                          else 0, (not greedy) and r.top_p < 1.0, tuple(tr.eos_token_ids), batch_sh, cache_sh, False)
+    mesh, P, mcfg = tr.rollout_mesh, r.prompts_per_step, tr.model_config
+    mode, shards = sampling.sampler_mode(mcfg, mesh, r.group_size, r.max_new_tokens, r.temperature, r.top_p, r.top_k,
+                                         tr.eos_token_ids)
+    batch_sh = mode.batch_sharding
     params = jax.tree.map(abstract, tr.sampler_params())
     rows = padding.batch_bucket(P, shards)
     width = padding.prompt_bucket(tr.prompt_width)  # the trainer's one prompt bucket
     arg = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=batch_sh)  # noqa: E731
-    prompts = (arg((rows, width), jnp.int32), arg((rows, width), jnp.bool_), arg((rows * G,), jnp.bool_))
+    prompts = (arg((rows, width), jnp.int32), arg((rows, width), jnp.bool_), arg((rows * r.group_size,), jnp.bool_))
     key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
     f32 = jax.ShapeDtypeStruct((), jnp.float32)
     floor, cap = tr.ladders["sampler"]
@@ -429,7 +421,6 @@ def sampler_eval_jobs(tr: Any, sets: list[tuple[str, Any, Any]]) -> list[tuple[s
     (the batch's prompt bucket and packed width, no ladder), its ``_decode`` (arguments placed as the prefill's
     compiled outputs are) and the slicing of its outputs to the real rows (run on zeros so placed). The compute-dtype
     weights are placed like the policy's (an eager cast keeps the placement)."""
-    from jax.sharding import NamedSharding, PartitionSpec
 
     from jaxgrpo import data as data_lib
     from jaxgrpo import eval as eval_lib
@@ -441,17 +432,9 @@ def sampler_eval_jobs(tr: Any, sets: list[tuple[str, Any, Any]]) -> list[tuple[s
     if jax.tree.structure(params) != jax.tree.structure(placed):  # LoRA merged for sampling: not placed like these
         return []
     params = jax.tree.map(lambda a, p: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=p.sharding), params, placed)
-    axes = sampling._batch_axes(mesh)
-    shards = math.prod(int(mesh.shape[a]) for a in axes) if axes else 1
-    batch_sh = cache_sh = None
-    if axes:
-        spec = axes if len(axes) > 1 else axes[0]
-        batch_sh = NamedSharding(mesh, PartitionSpec(spec))
-        cache_sh = NamedSharding(mesh, PartitionSpec(None, spec, *([PartitionSpec.UNCONSTRAINED] * 3)))
-    G, M, greedy = r.group_size, r.max_new_tokens, r.temperature == 0.0
-    mode = sampling._Mode(G, M, greedy, int(r.top_k) if (not greedy and r.top_k < mcfg.vocab_size) else 0,
-                          (not greedy) and r.top_p < 1.0, tuple(int(e) for e in tr.eos_token_ids), batch_sh, cache_sh,
-                          False)  # fmt: skip
+    G, M = r.group_size, r.max_new_tokens
+    mode, shards = sampling.sampler_mode(mcfg, mesh, G, M, r.temperature, r.top_p, r.top_k, tr.eos_token_ids)
+    batch_sh = mode.batch_sharding
     key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
     f32 = jax.ShapeDtypeStruct((), jnp.float32)
     shapes: list[tuple[int, int, int, int]] = []  # (real prompts, padded prompts, prompt bucket, packed width)

@@ -234,6 +234,26 @@ def _batch_axes(mesh: Mesh | None) -> tuple[str, ...]:
     return () if mesh is None else tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1)
 
 
+def sampler_mode(config: models.ModelConfig, mesh: Mesh | None, num_samples: int, max_new_tokens: int,
+                 temperature: float, top_p: float, top_k: int, eos_token_ids: Sequence[int],
+                 record_projections: bool = False) -> tuple[_Mode, int]:  # fmt: skip
+    """The static mode `generate` compiles its mesh path with (the rows split over the mesh's batch axes, the cache
+    leaves ``[L, B, ...]`` split like them on axis 1, the other axes left to the partitioner; the sampling switches),
+    and its number of batch shards. `jaxgrpo.aot` and `jaxgrpo.precompile` lower the same programs from it."""
+    axes = _batch_axes(mesh)
+    shards = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+    batch_sharding = cache_sharding = None
+    if axes:
+        spec = axes if len(axes) > 1 else axes[0]
+        batch_sharding = NamedSharding(mesh, PartitionSpec(spec))
+        cache_sharding = NamedSharding(mesh, PartitionSpec(None, spec, *([PartitionSpec.UNCONSTRAINED] * 3)))
+    greedy = temperature == 0.0
+    use_top_k = int(top_k) if (not greedy and top_k < config.vocab_size) else 0  # k >= V truncates nothing
+    mode = _Mode(int(num_samples), int(max_new_tokens), greedy, use_top_k, (not greedy) and top_p < 1.0,
+                 tuple(int(e) for e in eos_token_ids), batch_sharding, cache_sharding, bool(record_projections))
+    return mode, shards
+
+
 def _put(x: np.ndarray, sharding: NamedSharding | None) -> jax.Array:
     if sharding is None:
         return jnp.asarray(x)
@@ -298,8 +318,11 @@ def generate(
         groups, _ = driver.run(config, params, prompts, sp, key, prompt_buckets=prompt_buckets,
                                packed_ladder=packed_ladder)
         return jax.tree.map(jnp.asarray, driver.completions(groups, range(num_prompts)))
-    axes = _batch_axes(mesh)
-    shards = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+    if record_projections and mesh is not None:
+        raise ValueError("record_projections=True is not supported with a mesh (the train step reuses them only "
+                         "unsharded); pass mesh=None or record_projections=False")  # fmt: skip
+    mode, shards = sampler_mode(config, mesh, g, m, temperature, top_p, top_k, eos_token_ids, record_projections)
+    batch_sharding = mode.batch_sharding
     pad_prompts = padding.batch_bucket(num_prompts, shards)
     prompt_len = padding.prompt_bucket(max(len(p) for p in prompts), prompt_buckets)
     # pad prompts: one dummy token (never sampled from); each prompt left-padded to prompt_len
@@ -311,20 +334,6 @@ def generate(
     width = padding.sampler_packed_width([len(p) for p in padded], shards, ladder=packed_ladder)
     active = np.repeat(np.arange(pad_prompts) < num_prompts, g)
 
-    if axes:
-        spec = axes if len(axes) > 1 else axes[0]
-        batch_sharding = NamedSharding(mesh, PartitionSpec(spec))
-        # cache leaves [L, B, ...]: batch split like the prompts, the other axes left to the partitioner
-        cache_sharding = NamedSharding(mesh, PartitionSpec(None, spec, *([PartitionSpec.UNCONSTRAINED] * 3)))
-    else:
-        batch_sharding = cache_sharding = None
-    greedy = temperature == 0.0
-    use_top_k = int(top_k) if (not greedy and top_k < config.vocab_size) else 0  # k >= V truncates nothing
-    if record_projections and mesh is not None:
-        raise ValueError("record_projections=True is not supported with a mesh (the train step reuses them only "
-                         "unsharded); pass mesh=None or record_projections=False")  # fmt: skip
-    mode = _Mode(g, m, greedy, use_top_k, (not greedy) and top_p < 1.0, eos_token_ids, batch_sharding, cache_sharding,
-                 bool(record_projections))  # fmt: skip
     temp = jnp.float32(temperature if temperature > 0 else 1.0)
     top_p_arr = jnp.float32(top_p)
     prompt_arrays = [_put(x, batch_sharding) for x in (prompt_PxT, mask_PxT, active)]
