@@ -14,7 +14,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from test_recompile import TRIM_SCHEDULE  # the (longest completion, informative groups) schedule of that test
+from test_recompile import TRIM_SCHEDULE, trimmed_rollouts  # that test's (longest completion, informative) steps
 
 from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import config as config_lib
@@ -92,24 +92,6 @@ def _trim_config(tmp_path, precompile_mode: str) -> config_lib.Config:
         f"train.steps={len(TRIM_SCHEDULE)}", f"perf.precompile={precompile_mode}"])  # fmt: skip
 
 
-def _shaped(t: trainer.Trainer):
-    """The trainer's rollouts with their masks cut and rewards set to `TRIM_SCHEDULE` (as test_recompile does)."""
-    rollout = t.rollout
-
-    def shaped(step):
-        roll, extra = rollout(step)
-        longest, informative = TRIM_SCHEDULE[step]
-        mask = np.asarray(roll.completions.mask).copy()
-        mask[:, longest:] = False
-        mask[0, :longest] = True
-        rewards = np.zeros(roll.rewards.shape, np.float32)
-        rewards[:informative, 0] = 1.0
-        comp = dataclasses.replace(roll.completions, mask=mask, lengths=mask.sum(-1).astype(np.int32))
-        return dataclasses.replace(roll, completions=comp, rewards=rewards, valid=np.ones(rewards.shape, bool)), extra
-
-    return shaped
-
-
 @pytest.mark.slow
 def test_no_compilation_after_the_first_step_and_same_metrics(tmp_path):
     """`TRIM_SCHEDULE`'s steps reach three (completion width, groups) rungs, two of them after step 1: with
@@ -121,7 +103,7 @@ def test_no_compilation_after_the_first_step_and_same_metrics(tmp_path):
     for mode in ("background", "off"):
         cfg = _trim_config(tmp_path, mode)
         t = trainer.Trainer(cfg, tmp_path / mode)
-        t.rollout = _shaped(t)
+        t.rollout = trimmed_rollouts(t)
         out = []
         try:
             for step in range(cfg.train.steps):

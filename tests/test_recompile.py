@@ -135,6 +135,25 @@ def test_no_compilation_after_the_first_step(tmp_path, sampler):
 TRIM_SCHEDULE = [(5, 8), (20, 1), (40, 3), (12, 7), (30, 2), (60, 4)]
 
 
+def trimmed_rollouts(t: trainer.Trainer):
+    """``t.rollout`` with each step's rollout cut to `TRIM_SCHEDULE`: masks end at the step's longest completion and
+    the first ``informative`` groups get one success (the others stay all-fail, masked as degenerate)."""
+    rollout = t.rollout
+
+    def shaped(step):
+        roll, extra = rollout(step)
+        longest, informative = TRIM_SCHEDULE[step]
+        mask = np.asarray(roll.completions.mask).copy()
+        mask[:, longest:] = False
+        mask[0, :longest] = True  # group 0 is informative: its row 0 is the longest completion that carries loss
+        rewards = np.zeros(roll.rewards.shape, np.float32)
+        rewards[:informative, 0] = 1.0
+        comp = dataclasses.replace(roll.completions, mask=mask, lengths=mask.sum(-1).astype(np.int32))
+        return dataclasses.replace(roll, completions=comp, rewards=rewards, valid=np.ones(rewards.shape, bool)), extra
+
+    return shaped
+
+
 @pytest.mark.slow
 def test_trimmed_batches_compile_during_warm_up_only(tmp_path):
     """`perf.trim_batch` with `algo.degenerate_groups=mask`: the step's completion width and group count follow what
@@ -154,20 +173,7 @@ def test_trimmed_batches_compile_during_warm_up_only(tmp_path):
         compiles[0] += event in (COMPILE_EVENT, CACHE_HIT_EVENT)
 
     t = trainer.Trainer(cfg, tmp_path / "run")
-    rollout = t.rollout
-
-    def shaped(step):
-        roll, extra = rollout(step)
-        longest, informative = TRIM_SCHEDULE[step]
-        mask = np.asarray(roll.completions.mask).copy()
-        mask[:, longest:] = False
-        mask[0, :longest] = True  # group 0 is informative: its row 0 is the longest completion that carries loss
-        rewards = np.zeros((P, G), np.float32)
-        rewards[:informative, 0] = 1.0
-        comp = dataclasses.replace(roll.completions, mask=mask, lengths=mask.sum(-1).astype(np.int32))
-        return dataclasses.replace(roll, completions=comp, rewards=rewards, valid=np.ones((P, G), bool)), extra
-
-    t.rollout = shaped
+    t.rollout = trimmed_rollouts(t)
     jax.monitoring.register_event_duration_secs_listener(listener)
     per_step, shapes = [], []
     try:
