@@ -10,8 +10,10 @@ the trainer's program memo (`train_step.release_programs`) and jax's caches are 
 leaves more than ``MAX_MAPS`` maps, well before the kernel's limit, fails in its teardown (an error naming it).
 """
 
+import json
 import os
 import pathlib
+import shutil
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # One persistent compilation cache for the whole run, its xdist workers and the processes its tests launch (they
@@ -158,6 +160,63 @@ def smollm2(smollm2_gguf):
     from jaxgrpo.models import load_pretrained
 
     return load_pretrained(smollm2_gguf)
+
+
+def _smollm2_transformers_dir(gguf_path: pathlib.Path) -> pathlib.Path:
+    """transformers' own reading of the SmolLM2 GGUF (its dequantization to float32 and its tokenizer conversion, ~30 s
+    on 2 cores) done once per test run for every worker and subprocess, kept under ``.pytest_cache``: the model's
+    config, its state as safetensors and the tokenizer's files, keyed on the GGUF's size and mtime and transformers'
+    version. Built under a file lock, into a temporary directory renamed into place. A model rebuilt from these files
+    has the GGUF load's exact state (every tensor ``torch.equal``, the same logits)."""
+    import fcntl
+
+    import safetensors.torch
+    import torch
+    import transformers
+
+    st = gguf_path.stat()
+    root = REPO / ".pytest_cache" / "smollm2-transformers"
+    out = root / f"{st.st_size}-{st.st_mtime_ns}-transformers-{transformers.__version__}"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.exists():
+            tmp = root / f".tmp-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            kw = dict(gguf_file=gguf_path.name)
+            tok = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), **kw)
+            model = transformers.AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), dtype=torch.float32, **kw)
+            tok.save_pretrained(tmp)
+            config = model.config.to_dict()
+            config.pop("quantization_config", None)  # the GGUF's: the saved state is already float32
+            (tmp / "config.json").write_text(json.dumps(config))
+            safetensors.torch.save_model(model, str(tmp / "model.safetensors"))  # tied embeddings saved once
+            tmp.rename(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf_tokenizer(smollm2_gguf):
+    """transformers' tokenizer converted from the SmolLM2 GGUF (`_smollm2_transformers_dir`), not to be modified."""
+    import transformers
+
+    return transformers.AutoTokenizer.from_pretrained(_smollm2_transformers_dir(smollm2_gguf))
+
+
+@pytest.fixture
+def smollm2_hf_model(smollm2_gguf):
+    """A fresh float32 `transformers` model of the SmolLM2 GGUF as transformers itself loads it
+    (`_smollm2_transformers_dir`), in eval mode: the test may wrap or modify it (peft injects layers in place)."""
+    import safetensors.torch
+    import torch
+    import transformers
+
+    d = _smollm2_transformers_dir(smollm2_gguf)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(d),
+                                                          dtype=torch.float32)  # fmt: skip
+    safetensors.torch.load_model(model, str(d / "model.safetensors"))
+    return model.eval()
 
 
 @pytest.fixture(scope="session")

@@ -242,7 +242,7 @@ def test_errors(tmp_path):
 
 # ------------------------------------------------------------------------------------------- real SmolLM2
 @pytest.mark.slow
-def test_smollm2_export_round_trip(smollm2_gguf, smollm2, tmp_path):
+def test_smollm2_export_round_trip(smollm2_gguf, smollm2, smollm2_hf_tokenizer, tmp_path):
     cfg, params = smollm2
     path = save_gguf(cfg, params, tmp_path / "smollm2.gguf", smollm2_gguf, dtype="float32")
     cfg2, params2 = load_pretrained(path)
@@ -258,8 +258,7 @@ def test_smollm2_export_round_trip(smollm2_gguf, smollm2, tmp_path):
     # the metadata built from the HF tokenizer (transformers' reading of the GGUF) has llama.cpp's vocabulary
     from jaxgrpo.models.gguf_export import hf_tokenizer_fields
 
-    tok = transformers.AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
-    built = {k: v for k, v, _, _ in hf_tokenizer_fields(tok, cfg)}
+    built = {k: v for k, v, _, _ in hf_tokenizer_fields(smollm2_hf_tokenizer, cfg)}
     for key in ("tokens", "token_type", "merges", "bos_token_id", "eos_token_id", "padding_token_id"):
         assert built[f"tokenizer.ggml.{key}"] == src[f"tokenizer.ggml.{key}"], key
     assert built["tokenizer.chat_template"] == src["tokenizer.chat_template"]

@@ -76,7 +76,7 @@ def test_resume_on_another_base_is_refused_and_eval_reads_the_adapters(two_step_
 
 
 @pytest.mark.slow
-def test_smollm2_lora_cli_exports_an_adapter_peft_loads(tmp_path, smollm2_gguf, gsm8k_dir):
+def test_smollm2_lora_cli_exports_an_adapter_peft_loads(tmp_path, smollm2_hf_model, gsm8k_dir):
     """The real model trains a step with lora.rank=8 through the CLI (sign advantages: all-fail groups still push);
     peft applies the exported adapter to transformers' own load of the GGUF base and gives the merged export's
     logits."""
@@ -91,9 +91,8 @@ def test_smollm2_lora_cli_exports_an_adapter_peft_loads(tmp_path, smollm2_gguf, 
            "algo.grad_accum_steps=1", "algo.estimator=sign", "optim.learning_rate=1e-2", "optim.warmup_steps=0",
            "log.progress=false", "log.tensorboard=false"]  # fmt: skip
     subprocess.run(cmd, check=True, env=_env(), cwd=tmp_path, capture_output=True)
-    base = transformers.AutoModelForCausalLM.from_pretrained(
-        smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32)
-    with_adapter = peft.PeftModel.from_pretrained(base, run / "final_adapter").eval()
+    with_adapter = peft.PeftModel.from_pretrained(smollm2_hf_model, run / "final_adapter").eval()  # on transformers'
+    # own load of the GGUF base
     merged = transformers.AutoModelForCausalLM.from_pretrained(run / "final", dtype=torch.float32).eval()
     ids = torch.tensor([[1, 504, 2365, 6354, 16438, 27003, 690, 253, 23790, 2767, 30]])
     with torch.no_grad():

@@ -223,9 +223,9 @@ def test_smollm2_config_matches_published(smollm2):
 
 
 @pytest.mark.slow
-def test_smollm2_matches_transformers_gguf_loading(smollm2, smollm2_gguf):
+def test_smollm2_matches_transformers_gguf_loading(smollm2, smollm2_gguf, smollm2_hf_model):
     cfg, params = smollm2
-    model = hf_gguf_model(smollm2_gguf)
+    model = smollm2_hf_model  # transformers' own load of the GGUF
     sd = model.state_dict()
     for ours, theirs in [(params["layers"]["q"][7].reshape(576, -1).T, "model.layers.7.self_attn.q_proj.weight"),
                          (params["layers"]["k"][29].reshape(576, -1).T, "model.layers.29.self_attn.k_proj.weight"),

@@ -384,21 +384,11 @@ def test_bad_input_raises(tiny, prompts, kwargs, match):
 # greedy parity with HF transformers on the real SmolLM2-135M (GGUF)
 
 
-@pytest.fixture(scope="module")
-def smollm2(smollm2_gguf):
-    import torch
-    import transformers
-    config, params = models.load_pretrained(str(smollm2_gguf), dtype="float32")
-    tok = transformers.AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32
-    ).eval()
-    return config, params, tok, hf, torch
-
-
 @pytest.mark.slow
-def test_greedy_matches_transformers_smollm2(smollm2):
-    config, params, tok, hf, torch = smollm2
+def test_greedy_matches_transformers_smollm2(smollm2, smollm2_hf_tokenizer, smollm2_hf_model):
+    import torch
+
+    (config, params), tok, hf = smollm2, smollm2_hf_tokenizer, smollm2_hf_model  # ours; transformers' GGUF reading
     questions = ["What is 7 times 8?", "Name a colour of the sky on a clear day, and explain briefly why it looks so."]
     prompts = [
         tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
