@@ -30,7 +30,7 @@ executable cache, so the first real call at that shape runs the compiled program
 lower to the same program: the same shapes, dtypes, static arguments and donation, and the same *placement* (a
 committed array's sharding; ``sharding=None`` for an uncommitted one, which jit lowers as unspecified: `abstract`).
 A shape the thread has not reached yet is compiled by the step itself, as without this module. Nothing here reads or
-writes the run's state, so results do not change.
+writes the run's state, so results do not change. A multi-turn run's jobs are `jaxgrpo.multiturn_precompile`'s.
 
 `CompileCounter` counts XLA compilations (and reads from the persistent compilation cache, which also make a new
 program) per thread, from ``jax.monitoring`` events: the trainer's ``time/compiles`` is the count of the step's own

@@ -18,6 +18,13 @@ This is the simple loop (the whole batch waits for each turn's slowest row, and 
 contexts): ``rollout.engine=static``. The multi-turn engine (`jaxgrpo.rollout.turn_driver`, the default) runs the same
 turns with per-row caches: a row waiting on its tools leaves the decode batch and comes back with its cache. Both
 apply the same turn rules (`Trajectories`) and return the same `MultiTurnRollout` with its `TurnHistory` record.
+
+The trainer runs the simple loop's turns with `fixed_generate` (one device): the engine at the run's `LoopShapes`
+whatever the number of rows still running and the length of their contexts, so a run compiles a bounded set of
+sampler programs, all of them known after its first step (`jaxgrpo.multiturn_precompile`). Same keys, same tokens
+as over `sampling.generate`. What it costs: a turn with few rows left decodes ``P * G`` rows (the finished ones
+masked) against the widest prefix cache; on an accelerator a decode step is bound by reading the weights, so the
+rows and cache columns a small model adds cost little (on a CPU, compute-bound, the later turns cost more).
 """
 
 from __future__ import annotations
