@@ -6,7 +6,8 @@ One RL step, with the same prompts, keys, checkpoint and resume as a single-turn
 1. P prompts from the trainer's iterator; G trajectories each, run to the end with the key
    ``fold_in(fold_in(key(seed), step), 0)`` by the multi-turn engine (`jaxgrpo.rollout.turn_driver`, per-row caches:
    a row waiting on its tools leaves the decode batch and comes back with its cache; ``rollout.turn_engine=true``)
-   or the simple loop (`jaxgrpo.rollout.multiturn.rollout`, one `sampling.generate` call per turn; the default),
+   or the simple loop (`jaxgrpo.rollout.multiturn.rollout`, one engine call per turn at the run's fixed shapes,
+   `multiturn.fixed_generate`; the default),
    tools in worker threads with ``rollout.tool_timeout``;
 2. rewards: ``sum_i w_i fn_i(answer, example)`` over the ``data.rewards`` functions, where ``answer`` is the text of
    the trajectory's last policy turn (its answer; "" when a limit stopped it), plus, with the reserved name
@@ -118,7 +119,9 @@ class MultiTurn:
 
     The sampler: with ``rollout.turn_engine=true`` the multi-turn engine (`jaxgrpo.rollout.turn_driver`: per-row
     caches, a row waiting on its tools leaves the decode batch); else (the default) the simple loop
-    (`jaxgrpo.rollout.multiturn.rollout`: one `sampling.generate` call per turn for the trajectories still running).
+    (`jaxgrpo.rollout.multiturn.rollout`: one call per turn for the trajectories still running, on one device
+    `multiturn.fixed_generate` at ``loop_shapes``, the run's fixed shapes, so that the run compiles a bounded set of
+    programs: `jaxgrpo.multiturn_precompile`; with ``mesh.rollout`` `sampling.generate`'s mesh path).
     ``generate``: a `sampling.generate` stand-in for the simple loop (a test's scripted policy; it implies the loop).
     ``rollout_stats``: the engine's metrics of the last `sample` (`turn_driver.TurnStats`; none for the loop)."""
 
