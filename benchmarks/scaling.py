@@ -202,7 +202,7 @@ def long_run(steps: int, warmup: int, config: str | None = None, overrides: tupl
                     waited = time.perf_counter() - t
                 shape = f"{m.get('batch/completion_width', 0):.0f}x{m.get('batch/groups', 0):.0f}"  # perf.trim_batch
                 shapes[shape] = shapes.get(shape, 0) + 1
-                if multiturn:
+                if "multiturn/turns" in m:
                     turns.append([round(m["multiturn/turns"], 3), round(m["multiturn/tool_calls"], 3)])
                 rss.append(_rss_bytes())
             wall = time.perf_counter() - t0
