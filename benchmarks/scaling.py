@@ -22,13 +22,18 @@ events in every thread but the background precompile thread's, `jaxgrpo.precompi
 thread), and the resident memory is flat (mean RSS of the last quarter of the run <= mean of the second quarter ×
 1.05 + 64 MiB). ``--set perf.precompile=background`` compiles the run's other shapes in the background after step 1;
 ``--wait-precompile`` waits for that thread after the warm-up (on a 2-core CPU the thread is slower than the tiny
-model's steps, so later steps would otherwise compile rungs it has not reached yet).
+model's steps, so later steps would otherwise compile rungs it has not reached yet). ``--multiturn``: a multi-turn
+run instead (`MULTITURN`: a tiny random model with SmolLM2's tokenizer on the packaged arithmetic environment,
+4 prompts x 2, 3 turns; ``--set rollout.turn_engine=true`` for the multi-turn engine); a random model writes no tool
+calls, so the turn parser is patched to call the calculator on about half the turns (deterministic in the turn's
+text), which makes the live rows and the contexts' lengths vary from turn to turn and step to step.
 
   python benchmarks/scaling.py --models tiny 135m --prompts 1 --groups 4 8 16 --lengths 64 256 1024   # the grid
   python benchmarks/scaling.py --long-run 200                                           # leak / recompile check
   python benchmarks/scaling.py --long-run 60 --set rollout.max_new_tokens=64 model.max_position_embeddings=96 \
       algo.degenerate_groups=mask perf.precompile=background --wait-precompile      # varying shapes, precompiled
   python benchmarks/scaling.py --long-run 20 --config smollm2_gsm8k --set data.path=../shared/data/gsm8k   # GPU
+  python benchmarks/scaling.py --long-run 12 --multiturn --set perf.precompile=background --wait-precompile
 
 Results go to ``--out`` (JSON) and a table on stdout. On a 2-core CPU the 135M × 1024-token cells take many minutes
 each; run the grid on an accelerator or restrict it.
@@ -138,12 +143,38 @@ def run_cell(
     }  # fmt: skip
 
 
+MULTITURN = ["model.name_or_path=tiny", "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
+             "model.num_heads=2", "model.num_kv_heads=1", "model.max_position_embeddings=1024", "data.source=words",
+             "data.difficulty=4", "data.max_prompt_tokens=128", "data.rewards={gsm8k_lenient: 1.0, environment: 0.2}",
+             "data.environment=jaxgrpo.rollout.arithmetic_env:CalculatorEnv", "rollout.prompts_per_step=4",
+             "rollout.group_size=2", "rollout.max_new_tokens=16", "rollout.max_turns=3",
+             "rollout.max_total_tokens=64", "log.progress=false", "log.sample_every=0",
+             "checkpoint.export_final=false"]  # fmt: skip
+
+
+def force_tool_calls() -> None:
+    """Patch the multi-turn parser: a turn without a call calls the calculator when its text's code points sum to an
+    odd number (a random model writes no calls; deterministic in the text)."""
+    from jaxgrpo.rollout import multiturn, tools
+
+    def parse(text, fmt):
+        found = tools.parse_tool_calls(text, fmt)
+        return found or ([tools.ToolCall("calculator", {"expression": "1 + 2"})] if sum(map(ord, text)) % 2 else [])
+
+    multiturn.parse_tool_calls = parse
+
+
 def long_run(steps: int, warmup: int, config: str | None = None, overrides: tuple[str, ...] = (),
-             wait_precompile: bool = False) -> dict:
+             wait_precompile: bool = False, multiturn: bool = False) -> dict:
     import jax
 
+    from jaxgrpo import build
     from jaxgrpo import config as config_lib
     from jaxgrpo import trainer as trainer_lib
+
+    if multiturn:
+        force_tool_calls()
+        overrides = (*MULTITURN, f"model.tokenizer={build.resolve_model_path('smollm2')}", *overrides)
 
     compiles = {"n": 0}
 
@@ -154,7 +185,7 @@ def long_run(steps: int, warmup: int, config: str | None = None, overrides: tupl
     jax.monitoring.register_event_duration_secs_listener(on_event)
     cfg = config_lib.load_config(config, [*overrides, f"train.steps={steps}", "checkpoint.every=0",
                                           "log.tensorboard=false"])
-    rss, compiled_after_warmup, compile_steps, shapes, waited = [], 0, {}, {}, 0.0
+    rss, compiled_after_warmup, compile_steps, shapes, waited, turns = [], 0, {}, {}, 0.0, []
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = trainer_lib.Trainer(cfg, run_dir)
         try:
@@ -171,6 +202,8 @@ def long_run(steps: int, warmup: int, config: str | None = None, overrides: tupl
                     waited = time.perf_counter() - t
                 shape = f"{m.get('batch/completion_width', 0):.0f}x{m.get('batch/groups', 0):.0f}"  # perf.trim_batch
                 shapes[shape] = shapes.get(shape, 0) + 1
+                if "multiturn/turns" in m:
+                    turns.append([round(m["multiturn/turns"], 3), round(m["multiturn/tool_calls"], 3)])
                 rss.append(_rss_bytes())
             wall = time.perf_counter() - t0
             pre = trainer.precompiler
@@ -185,8 +218,9 @@ def long_run(steps: int, warmup: int, config: str | None = None, overrides: tupl
         "config": config or "default", "overrides": list(overrides), "steps": steps, "warmup": warmup,
         "wall_s": wall, "compiles_total": compiles["n"],
         "compiles_after_warmup": compiled_after_warmup, "compiles_by_step": compile_steps, **background,
-        "steps_by_width_x_groups": shapes, "rss_second_quarter_mib": second / 2**20,
-        "rss_last_quarter_mib": last / 2**20, "peak_rss_mib": _peak_rss_bytes() / 2**20,
+        "steps_by_width_x_groups": shapes, "multiturn_turns_and_calls_by_step": turns,
+        "rss_second_quarter_mib": second / 2**20, "rss_last_quarter_mib": last / 2**20,
+        "peak_rss_mib": _peak_rss_bytes() / 2**20,
     }  # fmt: skip
     print(json.dumps(result), flush=True)
     assert compiled_after_warmup == 0, f"{compiled_after_warmup} XLA compilations after step {warmup}: a recompile"
@@ -215,6 +249,7 @@ def main() -> None:
                     help="long run: wait after the warm-up for the background precompile thread (perf.precompile)")
     ap.add_argument("--config", default=None, help="long run: a packaged config name or YAML file (default: the demo)")
     ap.add_argument("--set", nargs="*", default=[], help="long run: config overrides (key=value ...)")
+    ap.add_argument("--multiturn", action="store_true", help="long run: the tiny multi-turn run (MULTITURN)")
     ap.add_argument("--cell", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "scaling.json"))
     args = ap.parse_args()
@@ -228,7 +263,8 @@ def main() -> None:
     out = {"date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv),
            "machine": f"{platform.machine()} {os.cpu_count()} CPUs", "load_before": list(os.getloadavg())}  # fmt: skip
     if args.long_run:
-        out["long_run"] = long_run(args.long_run, args.warmup, args.config, tuple(args.set), args.wait_precompile)
+        out["long_run"] = long_run(args.long_run, args.warmup, args.config, tuple(args.set), args.wait_precompile,
+                                   args.multiturn)  # fmt: skip
     else:
         cells = []
         print(f"{'model':<6}{'G':>4}{'L':>6}{'sample s':>10}{'train s':>9}{'peak RSS MiB':>14}", flush=True)

@@ -6,7 +6,8 @@ One RL step, with the same prompts, keys, checkpoint and resume as a single-turn
 1. P prompts from the trainer's iterator; G trajectories each, run to the end with the key
    ``fold_in(fold_in(key(seed), step), 0)`` by the multi-turn engine (`jaxgrpo.rollout.turn_driver`, per-row caches:
    a row waiting on its tools leaves the decode batch and comes back with its cache; ``rollout.turn_engine=true``)
-   or the simple loop (`jaxgrpo.rollout.multiturn.rollout`, one `sampling.generate` call per turn; the default),
+   or the simple loop (`jaxgrpo.rollout.multiturn.rollout`, one engine call per turn at the run's fixed shapes,
+   `multiturn.fixed_generate`; the default),
    tools in worker threads with ``rollout.tool_timeout``;
 2. rewards: ``sum_i w_i fn_i(answer, example)`` over the ``data.rewards`` functions, where ``answer`` is the text of
    the trajectory's last policy turn (its answer; "" when a limit stopped it), plus, with the reserved name
@@ -44,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgrpo import async_rollout, diversity, models, padding, sampling
+from jaxgrpo import step_batch as step_batch_lib
 from jaxgrpo import train_step as ts
 from jaxgrpo.batch import Batch, multiturn_batch
 from jaxgrpo.config_sections import Config
@@ -117,7 +119,9 @@ class MultiTurn:
 
     The sampler: with ``rollout.turn_engine=true`` the multi-turn engine (`jaxgrpo.rollout.turn_driver`: per-row
     caches, a row waiting on its tools leaves the decode batch); else (the default) the simple loop
-    (`jaxgrpo.rollout.multiturn.rollout`: one `sampling.generate` call per turn for the trajectories still running).
+    (`jaxgrpo.rollout.multiturn.rollout`: one call per turn for the trajectories still running, on one device
+    `multiturn.fixed_generate` at ``loop_shapes``, the run's fixed shapes, so that the run compiles a bounded set of
+    programs: `jaxgrpo.multiturn_precompile`; with ``mesh.rollout`` `sampling.generate`'s mesh path).
     ``generate``: a `sampling.generate` stand-in for the simple loop (a test's scripted policy; it implies the loop).
     ``rollout_stats``: the engine's metrics of the last `sample` (`turn_driver.TurnStats`; none for the loop)."""
 
@@ -133,6 +137,10 @@ class MultiTurn:
                                         max_total_tokens=r.max_total_tokens, temperature=r.temperature,
                                         top_p=r.top_p, top_k=r.top_k)  # fmt: skip
         self.check_context(model_config, examples)
+        P, limit = r.prompts_per_step, model_config.max_position_embeddings
+        self.loop_shapes = MT.LoopShapes.for_run(P * r.group_size, self.prompt_width, self.settings, limit)
+        self.train_shapes = step_batch_lib.StepShapes.for_prompts(self.prompt_lengths, P, P, cfg.algo, cfg.perf, None,
+                                                                  self.settings.budget)  # fmt: skip
         self.runner = ToolRunner(workers=max(1, d.reward_workers), timeout=r.tool_timeout)
         self.rollout_stats: dict[str, float] = {}
 
@@ -141,8 +149,13 @@ class MultiTurn:
         (also instantiates and resets the environment once: a broken class fails here, before any step)."""
         (episode,) = self.toolbox.episodes(examples[:1])
         chat = ChatFormat(self.tokenizer, episode.schemas, self.cfg.data.system_prompt)
-        longest = max(examples, key=lambda e: len(e.prompt))
-        n = len(chat.prompt_tokens(chat.prompt_messages(longest.prompt, episode.observation)))
+        # the rendered lengths of the 64 longest prompts (in characters) and of 512 drawn at random (seeded): the
+        # run's widths (the longest) and its packed-width ladder (their distribution), at a bounded cost
+        by_chars = np.argsort([-len(e.prompt) for e in examples], kind="stable")[:64]
+        drawn = np.random.default_rng(0).permutation(len(examples))[:512]
+        self.prompt_lengths = [len(chat.prompt_tokens(chat.prompt_messages(examples[i].prompt, episode.observation)))
+                               for i in sorted(set(by_chars.tolist()) | set(drawn.tolist()))]  # fmt: skip
+        n = max(self.prompt_lengths)
         self.prompt_width = n  # the engine's prefix-cache width for the run (turn_driver.rollout)
         room = model_config.max_position_embeddings - n
         if room < self.settings.max_new_tokens:
@@ -167,7 +180,7 @@ class MultiTurn:
                                              **kw)  # fmt: skip
             self.rollout_stats = stats.metrics()
         else:
-            generate = self.generate or (sampling.generate if mesh is None else
+            generate = self.generate or (MT.fixed_generate(self.loop_shapes) if mesh is None else
                                          functools.partial(sampling.generate, mesh=mesh))  # fmt: skip
             out = MT.rollout(model_config, params, self.tokenizer, self.toolbox, self.runner, examples,
                              generate=generate, **kw)  # fmt: skip
@@ -200,18 +213,29 @@ class MultiTurn:
                               "fix the environment, or set algo.on_reward_error=invalidate") from e  # fmt: skip
 
     def batch(self, scored: Scored, pad_id: int) -> tuple[Batch, list[int]]:
-        """The train step's `Batch` and the group prompts' lengths. Widths: the prompts' bucketed; the completion
-        region's the bucket of the token budget (``max_total_tokens``), so the step compiles once, whatever the
+        """The train step's `Batch` and the group prompts' lengths. Widths: the prompts' the run's (the longest
+        prompt's, `train_shapes`; wider only for a step with a longer one); the completion region's the bucket of the
+        token budget (``max_total_tokens``), so the step compiles once, whatever the prompts drawn and the
         trajectories' lengths (wider only when first observations that differ within a group add context)."""
         out = scored.rollout
         lengths = [len(p) for p in out.prompt_ids]
-        width = padding.train_prompt_width(lengths)
+        width = max(padding.train_prompt_width(lengths), self.train_shapes.prompt_width)
         longest = max(len(h.tokens) for h in out.histories)
         completion = padding.prompt_bucket(max(longest, self.settings.budget))
         batch = multiturn_batch(out, scored.rewards, scored.valid, width, completion, pad_id)
         if self.cfg.algo.overlong_filter:  # a trajectory stopped by a limit, not by an answer, leaves the loss
             batch = batch.replace(truncated=jnp.asarray([h.truncated for h in out.histories], bool))
         return batch, lengths
+
+    def packed_width(self, lengths: Sequence[int], width: int, perf: Any) -> int:
+        """The train step's packed prompt width (`perf.packed_prompt_width`) on the run's ``"train"`` ladder
+        (`train_shapes`: a few rungs per run, `precompile.packed_rungs`); off the ladder (PACK_BUCKET steps) only for
+        a step whose prompts are longer than the run's estimate."""
+        ladder = self.train_shapes.ladders["train"]
+        try:
+            return ts.packed_prompt_width(lengths, width, self.cfg.algo, perf, None, ladder=ladder)
+        except ValueError:  # a row wider than the ladder's cap
+            return ts.packed_prompt_width(lengths, width, self.cfg.algo, perf, None)
 
     def close(self) -> None:
         self.runner.close()
@@ -264,8 +288,14 @@ def train_step(trainer: Any, step: int) -> dict[str, float]:
     if cfg.algo.kl_coef > 0:
         ref = lora.split(trainer.state.params)[0] if trainer.lora else trainer.ref_params
         batch = batch.replace(ref_logprobs=trainer.ref_logprobs(ref, batch))
-    packed = ts.packed_prompt_width(lengths, batch.prompt_mask.shape[1], cfg.algo, trainer.perf, None)
+    packed = mt.packed_width(lengths, batch.prompt_mask.shape[1], trainer.perf)
     trainer.state, metrics = trainer.step_fn(trainer.state, batch, packed_prompt_width=packed)
+    if getattr(trainer, "precompile_pending", False):  # the first step: the shapes the precompiler starts from
+        from jaxgrpo import precompile
+
+        trainer.precompile_pending = False
+        trainer.first_shapes = (jax.tree.map(precompile.abstract, batch),
+                                (batch.rewards.shape[0], batch.completion_mask.shape[1], packed))
     if trainer.producer is not None:  # the next version, for the rollout thread
         trainer.producer.publish(step + 1, trainer.state.params)
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}

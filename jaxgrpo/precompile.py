@@ -30,7 +30,7 @@ executable cache, so the first real call at that shape runs the compiled program
 lower to the same program: the same shapes, dtypes, static arguments and donation, and the same *placement* (a
 committed array's sharding; ``sharding=None`` for an uncommitted one, which jit lowers as unspecified: `abstract`).
 A shape the thread has not reached yet is compiled by the step itself, as without this module. Nothing here reads or
-writes the run's state, so results do not change.
+writes the run's state, so results do not change. A multi-turn run's jobs are `jaxgrpo.multiturn_precompile`'s.
 
 `CompileCounter` counts XLA compilations (and reads from the persistent compilation cache, which also make a new
 program) per thread, from ``jax.monitoring`` events: the trainer's ``time/compiles`` is the count of the step's own
@@ -477,9 +477,15 @@ def _completions_transfer(rows: int, width: int) -> Any:
 
 
 def start(tr: Any, template: Batch, first: tuple[int, int, int]) -> Precompiler | None:
-    """The background precompiler of a single-turn `Trainer` after its first step (``template``: that step's batch as
-    `abstract` structs; ``first``: its ``(groups, width, packed)``), started; None when nothing is left to compile."""
-    train, rollout = train_step_jobs(tr, template, first), engine_jobs(tr) + sampler_jobs(tr)
-    jobs = [j for pair in itertools.zip_longest(train, rollout) for j in pair if j is not None]  # both, nearest first
-    jobs += eval_jobs(tr)  # the evaluations' programs, after every step's
+    """The background precompiler of a `Trainer` after its first step (``template``: that step's batch as `abstract`
+    structs; ``first``: its ``(groups, width, packed)``), started; None when nothing is left to compile. A multi-turn
+    run's jobs are `jaxgrpo.multiturn_precompile`'s."""
+    if getattr(tr, "multiturn", None) is not None:
+        from jaxgrpo import multiturn_precompile
+
+        jobs = multiturn_precompile.jobs(tr, template, first)
+    else:
+        train, rollout = train_step_jobs(tr, template, first), engine_jobs(tr) + sampler_jobs(tr)
+        jobs = [j for pair in itertools.zip_longest(train, rollout) for j in pair if j is not None]  # nearest first
+        jobs += eval_jobs(tr)  # the evaluations' programs, after every step's
     return Precompiler(jobs, quiet=jax.process_index() != 0).start() if jobs else None

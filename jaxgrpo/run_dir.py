@@ -5,8 +5,9 @@
   so a second trainer on the same directory stops with one line. The kernel drops the lock when its process dies
   (even by SIGKILL), so a lock file left by a dead process is taken over, with one line naming that pid.
 - `config_changes` / `check_resume_config`: a resume whose config differs from the run's ``config.yaml`` in anything
-  but the step budget (`RESUME_FREE`: ``train.steps``, ``train.max_sampled_tokens``) and logging (``log.*``) is a
-  ConfigError listing the differing keys, unless allowed; an allowed change is appended to ``config_changes.jsonl``.
+  but the step budget (`RESUME_FREE`: ``train.steps``, ``train.max_sampled_tokens``), logging (``log.*``) and
+  ``perf.precompile`` (when programs compile, not what they compute) is a ConfigError listing the differing keys,
+  unless allowed; an allowed change is appended to ``config_changes.jsonl``.
 - `remove_if_empty`: a start that failed leaves no run directory holding nothing but empty folders and the lock.
 """
 
@@ -30,7 +31,7 @@ from jaxgrpo.errors import ConfigError
 LOCK_FILE = ".lock"
 CONFIG_FILE = "config.yaml"
 CHANGES_FILE = "config_changes.jsonl"
-RESUME_FREE = ("train.steps", "train.max_sampled_tokens", "log.")  # keys (or prefixes) a resume may change freely
+RESUME_FREE = ("train.steps", "train.max_sampled_tokens", "log.", "perf.precompile")  # a resume may change these
 
 
 def _say(line: str) -> None:

@@ -18,6 +18,13 @@ This is the simple loop (the whole batch waits for each turn's slowest row, and 
 contexts): ``rollout.engine=static``. The multi-turn engine (`jaxgrpo.rollout.turn_driver`, the default) runs the same
 turns with per-row caches: a row waiting on its tools leaves the decode batch and comes back with its cache. Both
 apply the same turn rules (`Trajectories`) and return the same `MultiTurnRollout` with its `TurnHistory` record.
+
+The trainer runs the simple loop's turns with `fixed_generate` (one device): the engine at the run's `LoopShapes`
+whatever the number of rows still running and the length of their contexts, so a run compiles a bounded set of
+sampler programs, all of them known after its first step (`jaxgrpo.multiturn_precompile`). Same keys, same tokens
+as over `sampling.generate`. What it costs: a turn with few rows left decodes ``P * G`` rows (the finished ones
+masked) against the widest prefix cache; on an accelerator a decode step is bound by reading the weights, so the
+rows and cache columns a small model adds cost little (on a CPU, compute-bound, the later turns cost more).
 """
 
 from __future__ import annotations
@@ -27,11 +34,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from jaxgrpo import sampling
+from jaxgrpo import padding, sampling
+from jaxgrpo.rollout import driver, engine
 from jaxgrpo.rollout.env import Episode, Toolbox
 from jaxgrpo.rollout.history import ChatFormat, TurnHistory
+from jaxgrpo.rollout.params import SamplingParams
+from jaxgrpo.rollout.record import Completions
 from jaxgrpo.rollout.tools import ToolRunner, parse_tool_calls
 
 
@@ -197,3 +208,70 @@ def rollout(
 
 def _prompt_of(example: Any) -> str:
     return example["prompt"] if isinstance(example, dict) else example.prompt
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopShapes:
+    """The run-fixed shapes of the simple loop's sampler on one device (`fixed_generate`): every turn's contexts go
+    into ``slots`` engine slots (the run's ``P * G`` rows, padded to a power of two) with a prefix cache of
+    ``prompt_width`` columns (the longest context a turn can start from: the run's longest prompt + the token budget
+    - 1, at most the model's context less a turn), their prefill packed in one row on the ladder
+    ``MIN_PROMPT_BUCKET, 2x, 4x, ...`` up to ``slots * prompt_width``."""
+
+    slots: int
+    prompt_width: int
+
+    @classmethod
+    def for_run(cls, rows: int, prompt_width: int, settings: TurnSettings, limit: int) -> LoopShapes:
+        longest = min(prompt_width + settings.budget - 1, limit - settings.max_new_tokens)
+        return cls(padding.batch_bucket(rows), padding.prompt_bucket(max(longest, 1)))
+
+    @property
+    def ladder(self) -> tuple[int, int]:
+        return 0, self.slots * self.prompt_width
+
+    def packed_rungs(self) -> list[int]:
+        """Every packed prefill width a turn can take (each of the slots holds at least one token)."""
+        cap = self.ladder[1]
+        rungs, rung = {cap}, padding.ladder_bucket(self.slots, padding.MIN_PROMPT_BUCKET, cap)
+        while rung < cap:
+            rungs.add(rung)
+            rung *= 2
+        return sorted(rungs)
+
+
+def fixed_generate(shapes: LoopShapes, block: int = driver.DEFAULT_BLOCK) -> Callable[..., Completions]:
+    """A `sampling.generate` stand-in (one sample per prompt, one device) for `rollout`'s turns that runs the engine
+    at ``shapes`` whatever the number of live rows or the length of their contexts, and returns host arrays (no
+    transfer program per row count). The same keys as `sampling.generate` (live row ``r`` of a turn draws token ``i``
+    with ``fold_in(fold_in(key, r), i)``), so the same trajectories; a turn with more rows or a longer context than
+    ``shapes`` (an evaluation's batch, a prompt longer than the run's estimate) runs wider, at a new program."""
+
+    def generate(config: Any, params: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                 eos_token_ids: Sequence[int] = (), key: jax.Array, **kw: Any) -> Completions:  # fmt: skip
+        sp = SamplingParams(max_new_tokens, 1, temperature, top_p, top_k, tuple(eos_token_ids))
+        sp.check(config.vocab_size, config.max_position_embeddings, prompts)
+        n = len(prompts)
+        slots = max(shapes.slots, padding.batch_bucket(n))
+        width = max(shapes.prompt_width, padding.prompt_bucket(max(len(p) for p in prompts)))
+        spec = engine.make_spec(config, sp, slots, width, block)
+        weights = engine.prepare_weights(config, params)
+        caches, state = engine.init(config, spec)
+        tok, mask = engine.left_pad(list(prompts), width, slots)  # the missing rows: one dummy token, dropped
+        packed = padding.sampler_packed_width([int(m.sum()) for m in mask], 1, ladder=(0, slots * width))
+        slot_ids = np.where(np.arange(slots) < n, np.arange(slots), slots).astype(np.int32)
+        temp, tp = jnp.float32(sp.temperature if sp.temperature > 0 else 1.0), jnp.float32(sp.top_p)
+        caches, state = engine.prefill(config, spec, packed, params, weights, caches, state, tok, mask, slot_ids,
+                                       np.arange(slots, dtype=np.int32), key, temp, tp)  # fmt: skip
+        while not (done := np.asarray(state.done)).all():
+            w = engine.window(spec, int(np.asarray(state.step)[~done].max()))
+            if w != caches.decode[0].k.shape[2]:  # the block's window of decode slots, as `driver` runs it
+                caches = caches.replace(decode=engine.resize(caches.decode, w))
+            caches, state = engine.decode_block(config, spec, weights, caches, state, temp, tp)
+        toks, lps, ent, m, eos = (np.asarray(x)[:n] for x in jax.device_get(
+            (state.tokens, state.logprobs, state.entropy, state.mask, state.eos)))  # fmt: skip
+        return Completions(tokens=toks, logprobs=lps, mask=m, lengths=m.sum(-1, dtype=np.int32), truncated=~eos,
+                           entropy=ent)  # fmt: skip
+
+    return generate
