@@ -34,6 +34,7 @@ asynchronous rollouts (their weights are placed on the rollout device).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -69,12 +70,12 @@ def loop_jobs(tr: Any) -> list[Job]:
     from jaxgrpo.rollout.params import SamplingParams
 
     mt, r = tr.multiturn, tr.cfg.rollout
-    if mt.generate is not None or r.turn_engine or r.max_staleness or tr.rollout_mesh is not None or pc._committed(tr):
+    if mt.generate is not None or r.turn_engine or r.max_staleness or tr.rollout_mesh is not None or pc.committed(tr):
         return []
     shapes = mt.loop_shapes
     sp = SamplingParams(r.max_new_tokens, 1, r.temperature, r.top_p, r.top_k, tr.eos_token_ids)
     spec = engine.make_spec(tr.model_config, sp, shapes.slots, shapes.prompt_width, driver.DEFAULT_BLOCK)
-    return pc._engine_programs(tr, spec, shapes.slots, shapes.packed_rungs(), False, init=True, label="turn loop: ")
+    return pc.engine_programs(tr, spec, shapes.slots, shapes.packed_rungs(), False, init=True, label="turn loop: ")
 
 
 def turn_engine_jobs(tr: Any) -> list[Job]:
@@ -84,7 +85,7 @@ def turn_engine_jobs(tr: Any) -> list[Job]:
     from jaxgrpo.rollout import turn_engine as TE
 
     mt, r = tr.multiturn, tr.cfg.rollout
-    if mt.generate is not None or not r.turn_engine or r.max_staleness or pc._committed(tr):
+    if mt.generate is not None or not r.turn_engine or r.max_staleness or pc.committed(tr):
         return []
     mcfg, s = tr.model_config, mt.settings
     greedy = s.temperature <= 0
@@ -117,6 +118,4 @@ def jobs(tr: Any, template: Batch, first: tuple[int, int, int]) -> list[Job]:
     """Every job of a multi-turn `Trainer` after its first step: the sampler's and the learner's, interleaved."""
     rollout = loop_jobs(tr) + turn_engine_jobs(tr)
     train = train_jobs(tr, template, first)
-    out = [j for pair in zip(rollout, train) for j in pair]
-    n = min(len(rollout), len(train))
-    return out + rollout[n:] + train[n:]
+    return [j for pair in itertools.zip_longest(rollout, train) for j in pair if j is not None]

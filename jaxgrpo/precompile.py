@@ -273,7 +273,7 @@ def engine_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
     from jaxgrpo.rollout import engine
 
     cfg, r = tr.cfg, tr.cfg.rollout
-    if not tr.use_engine or r.max_new_tokens < 2 or _committed(tr) or cfg.mesh.rollout:
+    if not tr.use_engine or r.max_new_tokens < 2 or committed(tr) or cfg.mesh.rollout:
         return []
     P = r.prompts_per_step
     slots = padding.batch_bucket(P) if r.engine == "static" else (r.slots or P)
@@ -286,10 +286,12 @@ def engine_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
     hi = min(int(lengths[-min(slots, P):].sum()) + first - min(slots, P), cap)
     packs = sorted({max(padding.ladder_bucket(n, padding.MIN_PROMPT_BUCKET, cap), floor) for n in range(lo, hi + 1)})
     refills = slots < P or cfg.algo.degenerate_groups == "resample" or tr.scheduler is not None
-    return _engine_programs(tr, spec, first, packs, refills)
+    return engine_programs(tr, spec, first, packs, refills)
 
 
-def _committed(tr: Any) -> bool:
+def committed(tr: Any) -> bool:
+    """Whether the run's params are committed arrays (placed on a mesh or a rollout device): then the engine jobs,
+    lowered for uncommitted arguments, would not be the step's programs."""
     return bool(getattr(jax.tree.leaves(tr.state.params)[0], "committed", False))
 
 
@@ -301,7 +303,7 @@ def _sampling_params(tr: Any) -> Any:
     return SamplingParams(r.max_new_tokens, r.group_size, r.temperature, r.top_p, r.top_k, tr.eos_token_ids)
 
 
-def _engine_programs(tr: Any, spec: Any, first: int, packs: list[int], refills: bool,
+def engine_programs(tr: Any, spec: Any, first: int, packs: list[int], refills: bool,
                      init: bool = False, label: str = "") -> list[tuple[str, Callable[[], Any]]]:  # fmt: skip
     """The engine's programs at ``spec``: (with ``init``, `engine.init`), ``decode_block`` at every window, the window
     changes (up by a block; with ``refills`` down to any narrower window), the first prefill of ``first`` prompts at
@@ -379,7 +381,7 @@ def eval_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
     """The programs of the trainer's evaluations (`jaxgrpo.in_training`: the held-out ``train.eval_every`` set, then
     the ``train.retain`` sets), in the order a step runs them: each set's prompts encoded and cut into the batches
     `eval.evaluate` samples (`eval.prompt_batches`), each batch's shapes taken as `sampling.generate` takes them.
-    One device: the engine in static mode (`_engine_programs` at the batch's spec: init, every decode window, the
+    One device: the engine in static mode (`engine_programs` at the batch's spec: init, every decode window, the
     window changes, the prefill at its packed width) and the transfer of its completions; with a mesh,
     `sampler_eval_jobs`. Before them the eager scalar programs of the held-out set's statistics."""
     from jaxgrpo import data as data_lib
@@ -396,7 +398,7 @@ def eval_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
         jobs.append(("evaluation statistics", lambda: eval_lib.summarize(np.zeros((1, G), bool), [G])))
     if tr.mesh is not None:
         return jobs + sampler_eval_jobs(tr, sets)
-    if _committed(tr):
+    if committed(tr):
         return []
     sp = _sampling_params(tr)
     specs: dict[Any, tuple[list[int], list[int]]] = {}  # spec -> (packed widths, prompts per batch), first seen first
@@ -411,7 +413,7 @@ def eval_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
             sizes += [len(batch)] if len(batch) not in sizes else []
     for spec, (packs, sizes) in specs.items():
         label = f"evaluation ({spec.slots} prompts of {spec.prompt_width}): "
-        jobs += _engine_programs(tr, spec, spec.slots, packs, False, init=True, label=label)
+        jobs += engine_programs(tr, spec, spec.slots, packs, False, init=True, label=label)
         jobs += [(f"{label}completions transfer {n}", lambda n=n: _completions_transfer(n * G, M)) for n in sizes]
     return jobs
 
