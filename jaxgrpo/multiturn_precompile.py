@@ -114,6 +114,11 @@ def turn_engine_jobs(tr: Any) -> list[Job]:
     ]  # fmt: skip
 
 
+def start(tr: Any, template: Batch, first: tuple[int, int, int]) -> pc.Precompiler | None:
+    """The background precompiler of a multi-turn `Trainer` after its first step (as `precompile.start`)."""
+    return pc.run(jobs(tr, template, first))
+
+
 def jobs(tr: Any, template: Batch, first: tuple[int, int, int]) -> list[Job]:
     """Every job of a multi-turn `Trainer` after its first step: the sampler's and the learner's, interleaved."""
     rollout = loop_jobs(tr) + turn_engine_jobs(tr)

@@ -44,14 +44,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgrpo import async_rollout, diversity, models, padding, sampling
+from jaxgrpo import diversity, models, padding, sampling
 from jaxgrpo import step_batch as step_batch_lib
 from jaxgrpo import train_step as ts
 from jaxgrpo.batch import Batch, multiturn_batch
 from jaxgrpo.config_sections import Config
 from jaxgrpo.errors import ConfigError, RewardError
 from jaxgrpo.example import Example
-from jaxgrpo.models import lora
 from jaxgrpo.rewards import Scorer
 from jaxgrpo.rollout import history, turn_driver
 from jaxgrpo.rollout import multiturn as MT
@@ -275,30 +274,12 @@ def train_step(trainer: Any, step: int) -> dict[str, float]:
     t0 = time.perf_counter()
     mt: MultiTurn = trainer.multiturn
     cfg = trainer.cfg
-    if cfg.rollout.max_staleness or cfg.mesh.rollout:  # sampled ahead by the rollout thread
-        if trainer.producer is None:
-            trainer.producer = async_rollout.start(trainer, step)
-        scored, extra, *trainer.consumed = trainer.producer.take(step)
-    else:
-        scored, extra = rollout(trainer, step)
-        if trainer.scorer is not None:
-            extra.update(trainer.scorer.take_stats())
+    scored, extra = trainer.take_rollout(step)  # sampled now, or ahead by the rollout thread
+    if trainer.producer is None and trainer.scorer is not None:  # (the rollout thread puts its own in `extra`)
+        extra.update(trainer.scorer.take_stats())
     t1 = time.perf_counter()
     batch, lengths = mt.batch(scored, trainer.pad_id)
-    if cfg.algo.kl_coef > 0:
-        ref = lora.split(trainer.state.params)[0] if trainer.lora else trainer.ref_params
-        batch = batch.replace(ref_logprobs=trainer.ref_logprobs(ref, batch))
-    packed = mt.packed_width(lengths, batch.prompt_mask.shape[1], trainer.perf)
-    trainer.state, metrics = trainer.step_fn(trainer.state, batch, packed_prompt_width=packed)
-    if getattr(trainer, "precompile_pending", False):  # the first step: the shapes the precompiler starts from
-        from jaxgrpo import precompile
-
-        trainer.precompile_pending = False
-        trainer.first_shapes = (jax.tree.map(precompile.abstract, batch),
-                                (batch.rewards.shape[0], batch.completion_mask.shape[1], packed))
-    if trainer.producer is not None:  # the next version, for the rollout thread
-        trainer.producer.publish(step + 1, trainer.state.params)
-    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    metrics = trainer.update(step, batch, mt.packed_width(lengths, batch.prompt_mask.shape[1], trainer.perf))
     t2 = time.perf_counter()
     if trainer.producer is not None:
         trainer.producer.mark("learner", step, t1, t2)

@@ -479,15 +479,15 @@ def _completions_transfer(rows: int, width: int) -> Any:
 
 
 def start(tr: Any, template: Batch, first: tuple[int, int, int]) -> Precompiler | None:
-    """The background precompiler of a `Trainer` after its first step (``template``: that step's batch as `abstract`
-    structs; ``first``: its ``(groups, width, packed)``), started; None when nothing is left to compile. A multi-turn
-    run's jobs are `jaxgrpo.multiturn_precompile`'s."""
-    if getattr(tr, "multiturn", None) is not None:
-        from jaxgrpo import multiturn_precompile
+    """The background precompiler of a single-turn `Trainer` after its first step (``template``: that step's batch as
+    `abstract` structs; ``first``: its ``(groups, width, packed)``), started; None when nothing is left to compile. A
+    multi-turn run's is `jaxgrpo.multiturn_precompile.start`."""
+    train, rollout = train_step_jobs(tr, template, first), engine_jobs(tr) + sampler_jobs(tr)
+    jobs = [j for pair in itertools.zip_longest(train, rollout) for j in pair if j is not None]  # both, nearest first
+    jobs += eval_jobs(tr)  # the evaluations' programs, after every step's
+    return run(jobs)
 
-        jobs = multiturn_precompile.jobs(tr, template, first)
-    else:
-        train, rollout = train_step_jobs(tr, template, first), engine_jobs(tr) + sampler_jobs(tr)
-        jobs = [j for pair in itertools.zip_longest(train, rollout) for j in pair if j is not None]  # nearest first
-        jobs += eval_jobs(tr)  # the evaluations' programs, after every step's
+
+def run(jobs: list[tuple[str, Callable[[], Any]]]) -> Precompiler | None:
+    """A started `Precompiler` of ``jobs`` (quiet on every process but the first); None when there are none."""
     return Precompiler(jobs, quiet=jax.process_index() != 0).start() if jobs else None

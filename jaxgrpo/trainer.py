@@ -29,6 +29,7 @@ from jaxgrpo import (
     in_training,
     metrics_log,
     models,
+    multiturn_precompile,
     objectives,
     padding,
     precompile,
@@ -337,26 +338,28 @@ class Trainer:
         metrics["time/compiles"] = float(self.compiles.step_path - before)
         metrics["time/compile_s"] = self.compiles.step_path_s - seconds
         if self.first_shapes is not None:  # after the first step: the other shapes, in the background
-            self.precompiler = precompile.start(self, *self.first_shapes)
+            pre = precompile if self.multiturn is None else multiturn_precompile
+            self.precompiler = pre.start(self, *self.first_shapes)
             self.first_shapes = None
         if self.precompiler is not None:
             metrics["time/precompiled"] = float(self.precompiler.compiled)
         return metrics
 
-    def rl_step(self, step: int) -> dict[str, float]:
-        """One single-turn RL step (`step`)."""
-        t0 = time.perf_counter()
-        if self.cfg.rollout.max_staleness or self.cfg.mesh.rollout:  # sampled ahead by the rollout thread
+    def take_rollout(self, step: int) -> tuple[Rollout | mt_step.Scored, dict[str, float]]:
+        """Step ``step``'s rollout and its metrics: from the rollout thread, sampled ahead with lagged weights, when
+        ``rollout.max_staleness`` or ``mesh.rollout`` is set (`jaxgrpo.async_rollout`, started on the first call);
+        else sampled now (`rollout`)."""
+        if self.cfg.rollout.max_staleness or self.cfg.mesh.rollout:
             if self.producer is None:
                 self.producer = async_rollout.start(self, step)
             roll, extra, *self.consumed = self.producer.take(step)
-        else:
-            roll, extra = self.rollout(step)
-        t1 = time.perf_counter()
-        # The prompt width is the run's (the data's longest prompt, rounded up); the completion width and the groups
-        # are what this step sampled, on bounded ladders, and the packed prompt width climbs its ladder
-        # (`jaxgrpo.step_batch`): a few programs per run.
-        batch, packed, _, overrides = self.shapes.batch(roll, self.cfg.algo.overlong_filter)
+            return roll, extra
+        return self.rollout(step)
+
+    def update(self, step: int, batch: ts.Batch, packed: int) -> dict[str, float]:
+        """The train step on ``batch`` (with ``algo.kl_coef > 0`` the reference log-probs added first) at packed
+        prompt width ``packed``; on the first step its shapes are kept for the background precompiler; the new
+        weights go to the rollout thread, if any. Its metrics, as floats."""
         if self.cfg.algo.kl_coef > 0:
             ref = lora.split(self.state.params)[0] if self.lora else self.ref_params
             batch = batch.replace(ref_logprobs=self.ref_logprobs(ref, batch))
@@ -367,7 +370,18 @@ class Trainer:
                                  (batch.rewards.shape[0], batch.completion_mask.shape[1], packed))
         if self.producer is not None:  # the next version, for the rollout thread
             self.producer.publish(step + 1, self.state.params)
-        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+    def rl_step(self, step: int) -> dict[str, float]:
+        """One single-turn RL step (`step`)."""
+        t0 = time.perf_counter()
+        roll, extra = self.take_rollout(step)
+        t1 = time.perf_counter()
+        # The prompt width is the run's (the data's longest prompt, rounded up); the completion width and the groups
+        # are what this step sampled, on bounded ladders, and the packed prompt width climbs its ladder
+        # (`jaxgrpo.step_batch`): a few programs per run.
+        batch, packed, _, overrides = self.shapes.batch(roll, self.cfg.algo.overlong_filter)
+        metrics = self.update(step, batch, packed)
         metrics.update(overrides)  # what reads the whole rollout, when groups were dropped from the batch
         t2 = time.perf_counter()
         if self.producer is not None:
