@@ -68,9 +68,10 @@ class RunStats:
 class _Run:
     """Host state of one driver run (slots -> prompts, pending queue, harvested groups)."""
 
-    def __init__(self, config, params, prompts, sp: SamplingParams, key, slots, block, width, packed_ladder=None):
+    def __init__(self, config, params, prompts, sp: SamplingParams, key, slots, block, width, packed_ladder=None,
+                 first_rows=0):  # fmt: skip
         self.config, self.params, self.prompts, self.sp, self.key = config, params, list(prompts), sp, key
-        self.packed_ladder = packed_ladder
+        self.packed_ladder, self.first_rows = packed_ladder, first_rows
         self.spec = engine.make_spec(config, sp, slots, width, block)
         self.weights = engine.prepare_weights(config, params)
         self.caches, self.state = engine.init(config, self.spec)
@@ -91,14 +92,15 @@ class _Run:
         ids = list(range(self.next, min(self.next + len(free), len(self.prompts))))
         if not ids:
             return
+        first = self.next == 0
         self.next += len(ids)
-        a = padding.batch_bucket(len(ids))
+        a = max(padding.batch_bucket(len(ids)), self.first_rows if first else 0)
         prompts = [self.prompts[i] for i in ids]
         tok, mask = engine.left_pad(prompts, self.spec.prompt_width, a)
         # the first admission runs packed end to end (no work on padding; static mode's only prefill); later ones,
         # a few prompts each, run padded: one compilation per admission size, not per (size, packed width)
         packed = (padding.sampler_packed_width([int(m.sum()) for m in mask], 1, ladder=self.packed_ladder)
-                  if self.next == len(ids) else 0)
+                  if first else 0)
         slot_ids = np.full(a, self.spec.slots, np.int32)
         slot_ids[: len(ids)] = free[: len(ids)]
         pid = np.zeros(a, np.int32)
@@ -159,6 +161,7 @@ def run(
     prompt_width: int | None = None,
     max_blocks: int | None = None,
     packed_ladder: tuple[int, int] | None = None,
+    first_rows: int = 0,
 ) -> tuple[dict[int, Group], RunStats]:
     """Sample ``sp.num_samples`` completions for each prompt with ``slots`` group slots (None: one per prompt, padded
     to a power of two: static mode). ``params``: compute-dtype params (`models.compute_params`). Returns the
@@ -169,13 +172,15 @@ def run(
     ``more`` can return (default: the bucket of the longest of ``prompts``). ``max_blocks``: stop after this many
     decode blocks (groups in flight are dropped; e.g. a warm-up that only compiles). ``packed_ladder``: the caller's
     run's ``(floor, cap)`` (`jaxgrpo.perf.shape_ladders`): the first prefill's packed width climbs
-    `padding.ladder_bucket` from ``floor`` to ``cap``, one program for nearly every step, not one per bucket."""
+    `padding.ladder_bucket` from ``floor`` to ``cap``, one program for nearly every step, not one per bucket.
+    ``first_rows``: the first prefill runs at least this many rows (the extra ones padding, their writes dropped), so
+    a caller whose prompt count varies keeps one program (`jaxgrpo.rollout.multiturn.fixed_generate`)."""
     sp.check(config.vocab_size, config.max_position_embeddings, prompts)
     if block < 1 or (slots is not None and slots < 1):
         raise ValueError(f"decode block ({block}) and slots ({slots}) must be >= 1")
     slots = padding.batch_bucket(len(prompts)) if slots is None else int(slots)
     width = padding.prompt_bucket(max([len(p) for p in prompts] + [prompt_width or 1]), prompt_buckets)
-    r = _Run(config, params, prompts, sp, key, slots, int(block), width, packed_ladder)
+    r = _Run(config, params, prompts, sp, key, slots, int(block), width, packed_ladder, first_rows)
     r.admit(list(range(slots)), more)
     while True:
         freed, stop = r.harvest(np.asarray(r.state.done), on_group)

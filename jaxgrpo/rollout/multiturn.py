@@ -34,11 +34,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxgrpo import padding, sampling
-from jaxgrpo.rollout import driver, engine
+from jaxgrpo.rollout import driver
 from jaxgrpo.rollout.env import Episode, Toolbox
 from jaxgrpo.rollout.history import ChatFormat, TurnHistory
 from jaxgrpo.rollout.params import SamplingParams
@@ -251,27 +250,12 @@ def fixed_generate(shapes: LoopShapes, block: int = driver.DEFAULT_BLOCK) -> Cal
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                  eos_token_ids: Sequence[int] = (), key: jax.Array, **kw: Any) -> Completions:  # fmt: skip
         sp = SamplingParams(max_new_tokens, 1, temperature, top_p, top_k, tuple(eos_token_ids))
-        sp.check(config.vocab_size, config.max_position_embeddings, prompts)
         n = len(prompts)
         slots = max(shapes.slots, padding.batch_bucket(n))
         width = max(shapes.prompt_width, padding.prompt_bucket(max(len(p) for p in prompts)))
-        spec = engine.make_spec(config, sp, slots, width, block)
-        weights = engine.prepare_weights(config, params)
-        caches, state = engine.init(config, spec)
-        tok, mask = engine.left_pad(list(prompts), width, slots)  # the missing rows: one dummy token, dropped
-        packed = padding.sampler_packed_width([int(m.sum()) for m in mask], 1, ladder=(0, slots * width))
-        slot_ids = np.where(np.arange(slots) < n, np.arange(slots), slots).astype(np.int32)
-        temp, tp = jnp.float32(sp.temperature if sp.temperature > 0 else 1.0), jnp.float32(sp.top_p)
-        caches, state = engine.prefill(config, spec, packed, params, weights, caches, state, tok, mask, slot_ids,
-                                       np.arange(slots, dtype=np.int32), key, temp, tp)  # fmt: skip
-        while not (done := np.asarray(state.done)).all():
-            w = engine.window(spec, int(np.asarray(state.step)[~done].max()))
-            if w != caches.decode[0].k.shape[2]:  # the block's window of decode slots, as `driver` runs it
-                caches = caches.replace(decode=engine.resize(caches.decode, w))
-            caches, state = engine.decode_block(config, spec, weights, caches, state, temp, tp)
-        toks, lps, ent, m, eos = (np.asarray(x)[:n] for x in jax.device_get(
-            (state.tokens, state.logprobs, state.entropy, state.mask, state.eos)))  # fmt: skip
-        return Completions(tokens=toks, logprobs=lps, mask=m, lengths=m.sum(-1, dtype=np.int32), truncated=~eos,
-                           entropy=ent)  # fmt: skip
+        # every slot's row prefilled (the missing ones padding), packed on the run's one ladder
+        groups, _ = driver.run(config, params, prompts, sp, key, slots=slots, block=block, prompt_width=width,
+                               packed_ladder=(0, slots * width), first_rows=slots)  # fmt: skip
+        return driver.completions(groups, range(n))
 
     return generate
