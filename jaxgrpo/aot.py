@@ -400,6 +400,15 @@ def dump_hlo(directory: str, texts: dict[str, str]) -> None:
         (out / f"{name}.hlo.txt").write_text(text)
 
 
+def rollout_config(cfg: Config) -> Config:
+    """The config the rollout's programs compile for: with ``mesh.rollout = R``, a data mesh of R devices (the
+    weights replicated, `async_rollout.device_groups`); otherwise the config itself."""
+    if not cfg.mesh.rollout:
+        return cfg
+    mesh = dataclasses.replace(cfg.mesh, data=cfg.mesh.rollout, fsdp=1, tensor=1)
+    return dataclasses.replace(cfg, mesh=mesh)
+
+
 def rollout_cache_bytes(mcfg: models.ModelConfig, cfg: Config) -> float:
     """The rollout's KV caches in bytes, all chips together, from their shapes alone (no compilation): the prefix
     cache (`models.prefill`: keys and values of every prompt's ``Tp`` slots, one copy per prompt) and the decode cache
@@ -416,13 +425,17 @@ def totals(cfg: Config, resident: dict[str, float], step: dict[str, float], roll
     """Per-chip peak of each program with what stays resident beside it (`resident_bytes`): the train step (its
     arguments hold the train state; the reference weights come on top), the prefill and the decode loop (the train
     state, plus each program's own total; where the compute dtype is the master dtype the sampler reads the masters
-    themselves, which are then not counted twice)."""
+    themselves, which are then not counted twice). With ``mesh.rollout`` the rollout's programs run on chips of their
+    own: each total alone."""
+    out = {"train step": step["total"] + resident["reference"]}
+    if cfg.mesh.rollout:  # the rollout's devices hold only what its programs take (their arguments: the weights)
+        out.update({name: p["total"] for name, p in rollout.items() if name != "weights"})
+        return out
     kept = sum(resident.values())
     # the sampler reads the state's own arrays where no cast (or LoRA merge) makes a copy: compute dtype = master
     # dtype, or LoRA's base (stored in the compute dtype) with unmerged adapters
     lora_unmerged = cfg.lora.rank > 0 and cfg.model.dtype != "float32"
     shared = rollout["weights"]["total"] if cfg.model.dtype == cfg.model.param_dtype or lora_unmerged else 0.0
-    out = {"train step": step["total"] + resident["reference"]}
     out.update({name: kept + p["total"] - shared for name, p in rollout.items() if name != "weights"})
     return out
 

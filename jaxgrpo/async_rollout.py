@@ -31,6 +31,8 @@ in the uninterrupted run); the trainer says so in one line.
 
 from __future__ import annotations
 
+import io
+import itertools
 import sys
 import threading
 import time
@@ -38,6 +40,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxgrpo import models
 
@@ -135,15 +138,15 @@ def device_groups(cfg: Any) -> tuple[Any, Any, Any]:
     """(learner mesh, rollout mesh, place) for a config: the learner's ``mesh.data × fsdp × tensor`` mesh (None on
     one device) over the first devices, the rollout's (None: the engine on one device; else an ``R``-device data
     mesh) over the last ``mesh.rollout = R``, and ``place(params)``, a copy of compute-dtype params where the rollout
-    reads them. Without ``mesh.rollout`` the rollout shares the learner's mesh and devices."""
+    reads them. Without ``mesh.rollout`` the rollout shares the learner's mesh and devices. On several processes
+    see `process_groups`."""
     from jaxgrpo import sharding
     from jaxgrpo.errors import ConfigError
 
     m, devices = cfg.mesh, jax.devices()
     size, r = m.data * m.fsdp * m.tensor, m.rollout
     if (r or cfg.rollout.max_staleness) and jax.process_count() > 1:  # (jax.distributed set up by the caller)
-        raise ConfigError(f"asynchronous rollouts (rollout.max_staleness > 0 or mesh.rollout > 0) run on one process "
-                          f"so far, and this run has {jax.process_count()}: set rollout.max_staleness=0 mesh.rollout=0")
+        return process_groups(cfg)
     copy = lambda p: jax.tree.map(lambda x: jnp.array(x, copy=True), p)  # noqa: E731 (the step donates its state)
     if not r:
         mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor) if size > 1 else None
@@ -156,6 +159,96 @@ def device_groups(cfg: Any) -> tuple[Any, Any, Any]:
         return learner, None, lambda p: jax.device_put(p, devices[-1])
     rollout = sharding.make_mesh(r, 1, 1, devices=devices[-r:])  # batch axes only: the weights replicated
     return learner, rollout, lambda p: jax.device_put(p, sharding.replicated(rollout))
+
+
+def process_groups(cfg: Any) -> tuple[Any, Any, Any]:
+    """The device groups of an asynchronous run on several JAX processes (hosts). ``mesh.rollout = R`` takes the
+    last R / n local devices of each of the n processes: each host samples its share of every step's prompts on a
+    data mesh of its own (`sample_across_processes`), so the rollout thread never launches a program that spans
+    processes (two threads launching cross-process programs in an order that differs between hosts can wait on
+    each other forever); the learner's mesh spans the other devices of every host. ``place`` gathers the learner's
+    compute-dtype weights to every learner device (a collective of the learner's mesh, run by the learner thread
+    in its program order) and copies this host's replica onto its rollout devices. ``mesh.rollout = 0`` with
+    ``max_staleness > 0`` is refused: the two threads would launch cross-process programs on the same devices."""
+    from jaxgrpo import config as config_lib
+    from jaxgrpo import sharding
+    from jaxgrpo.errors import ConfigError
+
+    m, n = cfg.mesh, jax.process_count()
+    size, r = m.data * m.fsdp * m.tensor, m.rollout
+    if not r or r % n:
+        raise ConfigError(f"an asynchronous run on {n} processes needs rollout devices on every host: set "
+                          f"mesh.rollout to a multiple of {n} (each host samples its share on mesh.rollout / {n} "
+                          "devices of its own), or rollout.max_staleness=0 mesh.rollout=0 for synchronous steps")
+    if why := config_lib.async_hosts_refusal(cfg):
+        raise ConfigError(why)
+    local = jax.local_devices()
+    per = r // n
+    if size + r > len(jax.devices()) or size % n:
+        raise ConfigError(f"mesh.rollout={r} + the learner's mesh.data × fsdp × tensor = {size} devices on {n} "
+                          f"processes of {len(local)} devices: the learner takes {len(local) - per} devices of each "
+                          f"host, so set mesh.data × fsdp × tensor = {n * (len(local) - per)}")
+    by_process = [sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id) for p in range(n)]
+    learner_devices = [d for devs in by_process for d in devs[: size // n]]
+    mine = sorted(local, key=lambda d: d.id)[-per:]
+    learner = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=learner_devices)
+    rollout = sharding.make_mesh(per, 1, 1, devices=mine)  # this host's own; one device is a mesh too
+    gather = jax.jit(lambda p: p, out_shardings=sharding.replicated(learner))
+
+    def place(params: Params) -> Params:
+        whole = gather(params)  # every learner device holds the whole compute-dtype weights
+        local_copy = jax.tree.map(lambda x: x.addressable_data(0), whole)
+        return jax.device_put(local_copy, sharding.replicated(rollout))
+
+    return learner, rollout, place
+
+
+def sample_across_processes(tr: Any, prompt_ids: list[list[int]], key: jax.Array) -> Any:
+    """One round of an asynchronous run on several processes: this host samples its share of ``prompt_ids`` (a
+    contiguous block, `numpy.array_split`) on its rollout mesh with the rows' keys of the whole batch
+    (``row_offset``), the hosts swap their completions through the coordinator's key-value store
+    (`jaxgrpo.host.exchange`: no device, no program across processes) and every host returns the whole round's
+    host-side `sampling.Completions`, the same on every host, as a synchronous step's sampler gives. A host whose
+    share failed still takes part in the swap, so every host raises at the same round."""
+    from jaxgrpo import host, sampling
+
+    g, n, me = tr.cfg.rollout.group_size, jax.process_count(), jax.process_index()
+    shares = np.array_split(np.arange(len(prompt_ids)), n)
+    mine = shares[me]
+    payload, failure = b"", None
+    try:
+        if len(mine):
+            comp = tr.generate([prompt_ids[i] for i in mine], key, row_offset=int(mine[0]) * g)
+            payload = _pack(jax.device_get(comp))
+    except Exception as e:  # (the others must not wait for this host's share forever)
+        failure, payload = e, b"!" + f"{type(e).__name__}: {e}".encode()
+    n = next(_EXCHANGES)  # the same sequence on every process: each makes the same calls in the same order
+    stopping = lambda: tr.producer is not None and tr.producer.stopping  # noqa: E731 (a stopping run: see `exchange`)
+    parts = host.exchange(f"jaxgrpo/rollout/{n}", payload, should_stop=stopping)
+    if n >= 2:  # every process has sent round n, so it has read this process's rounds before
+        host.delete_exchanged(f"jaxgrpo/rollout/{n - 2}")
+    if failure is not None:
+        raise failure
+    bad = [(p, b[1:].decode()) for p, b in enumerate(parts) if b.startswith(b"!")]
+    if bad:
+        raise RuntimeError(f"the rollout of process {bad[0][0]} failed: {bad[0][1]}")
+    got = [_unpack(b) for b in parts if b]
+    return sampling.Completions(**{f: np.concatenate([c[f] for c in got]) for f in _FIELDS}, projections=None)
+
+
+_EXCHANGES = itertools.count()  # rounds swapped between processes, over every run of this process
+_FIELDS = ("tokens", "logprobs", "mask", "lengths", "truncated", "entropy")
+
+
+def _pack(comp: Any) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **{f: np.asarray(getattr(comp, f)) for f in _FIELDS})
+    return buf.getvalue()
+
+
+def _unpack(payload: bytes) -> dict[str, np.ndarray]:
+    with np.load(io.BytesIO(payload)) as data:
+        return {f: data[f] for f in _FIELDS}
 
 
 def start(trainer: Any, step: int) -> Producer:

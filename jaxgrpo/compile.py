@@ -12,9 +12,11 @@ trip count) and roofline time, its heaviest kernels and every float32 ``[*, voca
 decode loop's bytes moved per token step against the ideal (weights once + the KV attended,
 `jaxgrpo.decode_report`), its kernels per step and the copies/transposes/pads/sorts inside it (`jaxgrpo.hlo`).
 ``--dump-hlo DIR`` writes each program's optimized HLO (``DIR/train.hlo.txt``, ``DIR/decode.hlo.txt``,
-``DIR/prefill.hlo.txt``). Exits 1 when the train step, the prefill or the decode loop does not fit (a rollout whose
-KV caches cannot fit even spread over every chip is refused before anything compiles), 2 on a bad config or a
-missing compiler.
+``DIR/prefill.hlo.txt``). With ``mesh.rollout = R`` (asynchronous rollouts on devices of their own) the train step
+compiles on the first ``data × fsdp × tensor`` devices and the rollout on the last R, each judged with what its own
+chips hold (the rollout's: its compute-dtype weights, caches and temporaries). Exits 1 when the train step, the
+prefill or the decode loop does not fit (a rollout whose KV caches cannot fit even spread over every chip is refused
+before anything compiles), 2 on a bad config or a missing compiler.
 """
 
 from __future__ import annotations
@@ -47,43 +49,51 @@ def main(argv: list[str] | None = None) -> int:
         from jaxgrpo import decode_report as dr
 
         m = cfg.mesh
+        size, split = m.data * m.fsdp * m.tensor, m.rollout  # mesh.rollout: the rollout's own devices, the last ones
         topology = args.topology or m.topology
         if args.platform == "cuda":
-            devices = aot.gpu_devices(args.chip or "h100", m.data * m.fsdp * m.tensor)
+            devices = aot.gpu_devices(args.chip or "h100", size + split)
             if cfg.perf.attention in ("auto", "cudnn") and not aot.has_cudnn():  # its library builds the kernel
                 cfg = config_lib.load_config(args.config, [*args.overrides, "perf.attention=chunked"])
                 print("cuDNN is not installed: the train step compiles with perf.attention=chunked")
         else:
-            devices = aot.topology_devices(topology, m.data * m.fsdp * m.tensor)
+            devices = aot.topology_devices(topology, size + split)
         mcfg = aot.model_config(cfg)
         chip_name, chip = aot.chip_of(devices)
         if args.chip and args.platform != "cuda":
             if args.chip not in aot.CHIPS:
                 raise ConfigError(f"--chip {args.chip!r} is not known; valid choices: {', '.join(aot.CHIPS)}")
             chip_name, chip = f"{chip_name} judged as {args.chip}", aot.CHIPS[args.chip]
-        if m.data * m.fsdp * m.tensor != len(devices):
-            raise ConfigError(f"mesh data x fsdp x tensor = {m.data * m.fsdp * m.tensor} but {topology} has "
-                              f"{len(devices)} devices; set mesh.* to match")  # fmt: skip
+        if size + split != len(devices):
+            plus = f" + mesh.rollout {split}" if split else ""
+            raise ConfigError(f"mesh data x fsdp x tensor = {size}{plus} but {topology} has {len(devices)} devices; "
+                              "set mesh.* to match")
+        # with mesh.rollout the learner compiles on the first devices and the rollout on the others, over a data mesh
+        # of its own with the weights replicated (`async_rollout.device_groups`); on n hosts each host samples 1/n of
+        # the prompts on 1/n of those devices: the same per-chip figures
+        learner_devices, rollout_devices = (devices[:size], devices[size:]) if split else (devices, devices)
+        rcfg = aot.rollout_config(cfg)
         longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
         if longest > mcfg.max_position_embeddings:
             raise ConfigError(f"data.max_prompt_tokens + rollout.max_new_tokens = {longest} exceeds the model's "
                               f"context ({mcfg.max_position_embeddings}); lower one of them")  # fmt: skip
         hbm = f"{chip.hbm_bytes / aot.GiB:.2f} GiB" if chip else "unknown"
-        print(f"{len(devices)} x {chip_name} ({hbm} per chip), mesh data={m.data} fsdp={m.fsdp} tensor={m.tensor}, "
-              f"{mcfg.num_layers}-layer model, {cfg.model.param_dtype} masters / {cfg.model.dtype} compute")
-        resident = aot.resident_bytes(cfg, mcfg, devices)
-        kept = sum(resident.values())
-        caches = aot.rollout_cache_bytes(mcfg, cfg) / len(devices)
+        own = f", the rollout on {split} chips of its own (mesh.rollout)" if split else ""
+        print(f"{len(devices)} x {chip_name} ({hbm} per chip), mesh data={m.data} fsdp={m.fsdp} tensor={m.tensor}"
+              f"{own}, {mcfg.num_layers}-layer model, {cfg.model.param_dtype} masters / {cfg.model.dtype} compute")
+        resident = aot.resident_bytes(cfg, mcfg, learner_devices)
+        kept = 0.0 if split else sum(resident.values())
+        caches = aot.rollout_cache_bytes(mcfg, cfg) / len(rollout_devices)
         if not aot.fits(kept + caches, chip):  # no sharding can fit it: refuse before compiling anything
+            beside = f", beside {kept / aot.GiB:.2f} GiB of weights and optimizer state" if not split else ""
             print(f"rollout DOES NOT FIT: its KV caches alone need {caches / aot.GiB:.2f} GiB per chip spread over "
-                  f"all {len(devices)} chips, beside {kept / aot.GiB:.2f} GiB of weights and optimizer state "
-                  f"(a bound from the shapes, nothing compiled); lower rollout.prompts_per_step, group_size or "
-                  "max_new_tokens, or use more chips")  # fmt: skip
+                  f"all {len(rollout_devices)} of its chips{beside} (a bound from the shapes, nothing compiled); "
+                  "lower rollout.prompts_per_step, group_size or max_new_tokens, or use more chips")
             return 1
         texts: dict[str, str] = {}
-        step = aot.compile_train_step(cfg, mcfg, devices, texts)
+        step = aot.compile_train_step(cfg, mcfg, learner_devices, texts)
         program = "rollout"
-        rollout = aot.compile_rollout(cfg, mcfg, devices, texts)
+        rollout = aot.compile_rollout(rcfg, mcfg, rollout_devices, texts)
     except ConfigError as e:
         return cli_error(str(e))
     except Exception as e:  # XLA refuses to compile a program that cannot fit the chip: report it as "does not fit"
@@ -92,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{program} DOES NOT FIT: {str(e).splitlines()[0]}")
         return 1
     totals = aot.totals(cfg, resident, step, rollout)
-    shared = rollout["weights"]["total"] if cfg.model.dtype == cfg.model.param_dtype else 0.0  # the masters as read
+    # the masters as read (colocated, same dtype); the rollout's chips hold a copy of their own with mesh.rollout
+    shared = rollout["weights"]["total"] if cfg.model.dtype == cfg.model.param_dtype and not split else 0.0
     rows = [("weights (masters)", resident["weights"]), ("optimizer state", resident["optimizer"]),
             ("reference weights (KL)", resident["reference"]), ("train step temporaries", step["temporaries"]),
             ("train step total", totals["train step"]),
@@ -108,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<28s}{aot.human(value)}")
     print("\n".join(aot.format_train_report(step, texts["train"], mcfg.vocab_size, chip)))
     if "decode" in texts:
-        ideal = dr.decode_ideal_bytes(cfg, mcfg, len(devices))
-        report = dr.decode_report(cfg, mcfg, texts, ideal, devices[0].platform)
+        ideal = dr.decode_ideal_bytes(rcfg, mcfg, len(rollout_devices))
+        report = dr.decode_report(rcfg, mcfg, texts, ideal, devices[0].platform)
         print("\n".join(dr.format_decode_report(report)))
     if args.dump_hlo:
         aot.dump_hlo(args.dump_hlo, texts)

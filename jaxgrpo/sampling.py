@@ -138,11 +138,15 @@ def _is_eos(mode: _Mode, tokens: jax.Array) -> jax.Array:
     return jnp.isin(tokens, jnp.asarray(mode.eos_token_ids, jnp.int32))
 
 
+_ROW0 = np.uint32(0)  # the first row's index in the batch (`generate`'s row_offset)
+
+
 @functools.partial(jax.jit, static_argnames=("config", "mode", "packing"))
-def _prefill(config, mode: _Mode, packing, params, prompt_PxT, mask_PxT, row_active_N, key, temperature, top_p):
+def _prefill(config, mode: _Mode, packing, params, prompt_PxT, mask_PxT, row_active_N, key, temperature, top_p,
+             row_offset=_ROW0):
     """Prefill the P prompts once (packed end to end, ``packing = (W, J)``: rows of width W, one per batch shard;
     `models.prefill`) into the shared prefix cache, sample every row's first token from its prompt's last logits,
-    and allocate the rows' decode cache."""
+    and allocate the rows' decode cache. Row i's key is ``fold_in(key, row_offset + i)``."""
     num_prompts = mask_PxT.shape[0]
     g, m = mode.num_samples, mode.max_new_tokens
     n = num_prompts * g
@@ -154,7 +158,8 @@ def _prefill(config, mode: _Mode, packing, params, prompt_PxT, mask_PxT, row_act
     # decode slot j holds generated token j; token M-1 is never fed back, so M-1 slots suffice
     cache = models.init_decode_cache(config, n, max(m - 1, 1))
     cache = jax.tree.map(lambda c: _constrain(c, mode.cache_sharding), cache)
-    row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(n, dtype=jnp.uint32))
+    row_ids = row_offset + jnp.arange(n, dtype=jnp.uint32)
+    row_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, row_ids)
     tok, logp, ent = _sample(mode, _step_keys(row_keys, jnp.uint32(0)), logits_NxV, temperature, top_p)
     active = row_active_N
     tokens_NxM = jnp.zeros((n, m), jnp.int32).at[:, 0].set(jnp.where(active, tok, 0))
@@ -276,6 +281,7 @@ def generate(
     prompt_buckets: Sequence[int] | None = None,
     record_projections: bool = False,
     packed_ladder: tuple[int, int] | None = None,
+    row_offset: int = 0,
 ) -> Completions:
     """Sample ``num_samples`` completions of up to ``max_new_tokens`` tokens for each prompt.
 
@@ -293,6 +299,8 @@ def generate(
       packed_ladder: the caller's run's ``(floor, cap)`` (`jaxgrpo.perf.shape_ladders`): the packed width climbs
       `padding.ladder_bucket` from ``floor`` to ``cap`` (one program for nearly every step of a run), not 4 buckets
       per octave.
+      row_offset: the rows' place in a larger batch: row i samples with the key of row ``row_offset + i`` (a share
+      of a batch sampled on several hosts draws what the whole batch's rows would). Mesh path only.
 
     Returns:
       ``Completions`` with ``[len(prompts) * num_samples, M]`` arrays in prompt-major order (see the class).
@@ -314,6 +322,8 @@ def generate(
     _validate(config, prompts, sp, prompt_buckets)
     g, m = int(num_samples), int(max_new_tokens)
     num_prompts = len(prompts)
+    if row_offset and (mesh is None and not record_projections):
+        raise ValueError("row_offset applies to the mesh sampler: pass a mesh (one device is a mesh too)")
     if mesh is None and not record_projections:  # the engine, static mode: one slot per prompt (padded to 2^n)
         groups, _ = driver.run(config, params, prompts, sp, key, prompt_buckets=prompt_buckets,
                                packed_ladder=packed_ladder)
@@ -337,7 +347,8 @@ def generate(
     temp = jnp.float32(temperature if temperature > 0 else 1.0)
     top_p_arr = jnp.float32(top_p)
     prompt_arrays = [_put(x, batch_sharding) for x in (prompt_PxT, mask_PxT, active)]
-    cache, state, consts = _prefill(config, mode, (width, shards), params, *prompt_arrays, key, temp, top_p_arr)
+    cache, state, consts = _prefill(config, mode, (width, shards), params, *prompt_arrays, key, temp, top_p_arr,
+                                    np.uint32(row_offset))
     if m > 1:
         _, state = _decode(config, mode, params, cache, state, consts, temp, top_p_arr)
     n = num_prompts * g

@@ -275,19 +275,26 @@ class Trainer:
 
     # -- one RL step -------------------------------------------------------------------------------------------
     def sample(self, indices: list[int], key: jax.Array) -> Rollout:
-        """One round: a group for each prompt of ``indices`` (the engine; the previous sampler with a mesh)."""
-        r = self.cfg.rollout
+        """One round: a group for each prompt of ``indices`` (the engine; the previous sampler with a mesh; on
+        several processes with rollout devices of their own, each host its share: `async_rollout`)."""
         prompt_ids = [self.encoded[i] for i in indices]
+        if self.rollout_mesh is not None and self.rollout_mesh is not self.mesh and jax.process_count() > 1:
+            return self.score(indices, async_rollout.sample_across_processes(self, prompt_ids, key))
         if not self.use_engine:
-            comp = sampling.generate(  # the sampler reads compute-dtype weights, cast once per rollout
-                self.model_config, self.sampler_params(), prompt_ids,
-                num_samples=r.group_size, max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                top_k=r.top_k, eos_token_ids=self.eos_token_ids, key=key, mesh=self.rollout_mesh,
-                prompt_buckets=(padding.prompt_bucket(self.prompt_width),), packed_ladder=self.ladders["sampler"])
-            return self.score(indices, jax.tree.map(to_host, comp))
+            return self.score(indices, jax.tree.map(to_host, self.generate(prompt_ids, key)))
         groups, stats = self.drive(prompt_ids, key)
         self.rollout_stats = stats.metrics()
         return self.score(indices, rollout_driver.completions(groups, range(len(indices))))
+
+    def generate(self, prompt_ids: list[list[int]], key: jax.Array, row_offset: int = 0) -> sampling.Completions:
+        """`sampling.generate` (the mesh sampler) over the rollout mesh, with the run's sampling settings."""
+        r = self.cfg.rollout
+        return sampling.generate(  # the sampler reads compute-dtype weights, cast once per rollout
+            self.model_config, self.sampler_params(), prompt_ids,
+            num_samples=r.group_size, max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+            top_k=r.top_k, eos_token_ids=self.eos_token_ids, key=key, mesh=self.rollout_mesh,
+            prompt_buckets=(padding.prompt_bucket(self.prompt_width),), packed_ladder=self.ladders["sampler"],
+            row_offset=row_offset)
 
     @property
     def use_engine(self) -> bool:

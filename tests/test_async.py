@@ -91,7 +91,9 @@ def test_config_errors_are_one_line():
     for over, msg in [
         (["mesh.rollout=8"], "mesh.rollout=8 + the learner's mesh.data × fsdp × tensor = 1 devices > the 8"),
         (["rollout.max_staleness=-1"], "rollout.max_staleness"),
-        (["rollout.max_staleness=1", "mesh.distributed=true"], "run on one host so far"),
+        (["rollout.max_staleness=1", "mesh.distributed=true"], "set mesh.rollout to a multiple of the process count"),
+        (["mesh.rollout=2", "mesh.distributed=true", "rollout.schedule=adaptive"],
+         "rollout.schedule=adaptive with asynchronous rollouts runs on one host so far"),
     ]:
         with pytest.raises(config_lib.ConfigError, match=msg.replace("×", ".").replace("+", r"\+")):
             cfg = small_config(*over)

@@ -147,6 +147,30 @@ def test_sharded_over_local_devices(capsys):
     assert "mesh data=2 fsdp=4" in capsys.readouterr().out
 
 
+
+def test_rollout_on_chips_of_its_own(capsys):
+    """mesh.rollout=4 of 8 local devices: the train step compiles on the first 4 (the same figures as without a
+    rollout beside it), the rollout on the last 4 over a data mesh, each chip holding the whole bfloat16 weights
+    (the parameter count × 2 bytes) and no optimizer state beside them."""
+    base = ["mesh.fsdp=4", "rollout.prompts_per_step=8", "rollout.max_new_tokens=4", "model.dtype=bfloat16"]
+    assert compile_cli.main([*base, "mesh.rollout=4"]) == 0
+    split = capsys.readouterr().out
+    assert "8 x cpu" in split and "the rollout on 4 chips of its own (mesh.rollout)" in split
+    row = lambda out, name: next(line for line in out.splitlines() if line.strip().startswith(name))  # noqa: E731
+    cfg = config_lib.load_config("default", base)
+    mcfg = aot.model_config(cfg)
+    alone = aot.compile_train_step(cfg, mcfg, aot.topology_devices(None, 4))  # no rollout beside it: no KL term
+    assert row(split, "train step total").endswith(aot.human(alone["total"]))
+    from jaxgrpo import models
+
+    assert row(split, "rollout weights (compute)").endswith(aot.human(models.count_params(mcfg) * 2))
+    decode = float(row(split, "decode total").split()[-2])
+    parts = sum(float(row(split, name).split()[-2]) for name in ("rollout weights (compute)",
+                                                                 "decode KV caches and state", "decode temporaries"))
+    assert decode == pytest.approx(parts, abs=0.02), "the rollout's chips: its weights, caches and temporaries only"
+    assert compile_cli.main([*base, "mesh.rollout=8"]) == 2
+    assert "the mesh needs 12 devices but 8 are local" in capsys.readouterr().err
+
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs libtpu (pip install jaxgrpo[tpu])")
 def test_tpu_topology_compiles_train_step_and_rollout(capsys):
     assert compile_cli.main(["--topology", "v5e:2x2", "mesh.fsdp=4", "rollout.prompts_per_step=16",

@@ -328,6 +328,28 @@ def test_sharded_equals_unsharded(tiny):
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
 
 
+def test_a_share_with_its_row_offset_samples_the_whole_batchs_rows(tiny):
+    """Each host of an asynchronous multi-process run samples a block of the step's prompts (`async_rollout.
+    sample_across_processes`): with ``row_offset`` = the block's first row, its rows are those of the whole batch,
+    on a mesh of another size too."""
+    config, params = tiny
+    g = SHARDED_KW["num_samples"]
+    whole_mesh = sharding.make_mesh(4, 1, 1, jax.devices()[:4])
+    share_mesh = sharding.make_mesh(2, 1, 1, jax.devices()[4:6])
+    kw = dict(**SHARDED_KW, key=jax.random.key(21))
+    whole = sampling.generate(config, params, PROMPTS, mesh=whole_mesh, **kw)
+    for lo, hi in ((0, 1), (1, 3), (2, 3)):
+        share = sampling.generate(config, params, PROMPTS[lo:hi], mesh=share_mesh, row_offset=lo * g, **kw)
+        rows = slice(lo * g, hi * g)
+        np.testing.assert_array_equal(share.tokens, whole.tokens[rows])
+        np.testing.assert_array_equal(share.mask, whole.mask[rows])
+        np.testing.assert_allclose(share.logprobs, whole.logprobs[rows], atol=1e-5)
+    unshifted = sampling.generate(config, params, PROMPTS[1:3], mesh=share_mesh, **kw)
+    assert not np.array_equal(unshifted.tokens, whole.tokens[g:]), "the offset must change the rows' keys"
+    with pytest.raises(ValueError, match="row_offset applies to the mesh sampler"):
+        sampling.generate(config, params, PROMPTS, row_offset=g, **kw)
+
+
 TWO_PROCESS_BODY = r"""
 from jax.experimental import multihost_utils
 from jaxgrpo import sampling, sharding

@@ -1,0 +1,57 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Asynchronous rollouts on two JAX processes (`async_rollout.process_groups`, two CPU processes of 4 fake devices
+each): the learner's fsdp mesh spans 2 + 2 devices of the two hosts, each host samples its half of every step on its
+2 other devices and the halves travel through the coordinator's key-value store. The runs are checked against one
+process: ``max_staleness = 0`` against the synchronous run, k = 1 against the one-process split run (the same
+prompts, keys and weight versions, hence the same metrics), and the versions each step sampled with."""
+
+from __future__ import annotations
+
+import pytest
+from test_async import assert_same_run
+from test_train import small_config
+
+from jaxgrpo import host, metrics_log, trainer
+
+SPLIT_ARGS = ["train.steps=3", "mesh.data=1", "mesh.fsdp=4", "mesh.rollout=4"]
+
+SPLIT_BODY = r"""
+from jaxgrpo import config as config_lib, trainer
+from test_train import SMALL
+from test_async_multihost import SPLIT_ARGS
+from jaxgrpo import host
+got = host.exchange("jaxgrpo/test/big", bytes([pid]) * (5 << 20))  # in three parts of the key-value store
+sizes = [len(b) for b in got] + [b[-1] for b in got]
+for k in (0, 1):  # checkpoint.every=2: a save at step 2 while the rollout thread samples step 3
+    cfg = config_lib.load_config("default", [*SMALL, *SPLIT_ARGS, f"rollout.max_staleness={k}"])
+    trainer.run(cfg, os.path.join(os.path.dirname(out), f"k{k}"))
+from jaxgrpo import async_rollout
+learner, rollout, _ = async_rollout.device_groups(cfg)  # the learner spans both hosts; each host samples on its own
+assert {d.process_index for d in learner.devices.flat} == {0, 1} and learner.devices.size == 4
+assert {d.process_index for d in rollout.devices.flat} == {pid} and rollout.devices.size == 2
+assert next(async_rollout._EXCHANGES) == 6, "each of the 2 runs' 3 steps swapped its halves once"
+if pid == 0:
+    np.savez(out, sizes=np.asarray(sizes))
+"""
+
+
+@pytest.mark.slow
+def test_two_hosts_split_equals_one_process(tmp_path):
+    from multihost import run_two_processes
+
+    sizes = run_two_processes(SPLIT_BODY, tmp_path)["sizes"].tolist()
+    assert sizes == [5 << 20, 5 << 20, 0, 1], "each process's 5 MiB, in process order"
+    two = {k: metrics_log.read_metrics(tmp_path / f"k{k}") for k in (0, 1)}
+    trainer.run(small_config("train.steps=3", "mesh.data=1", "mesh.fsdp=8"), tmp_path / "sync")  # one mesh
+    sync = metrics_log.read_metrics(tmp_path / "sync")
+    assert_same_run(two[0], sync, rtol=1e-4)
+    assert [r["async/policy_version"] for r in two[0]] == [0.0, 1.0, 2.0]
+    trainer.run(small_config(*SPLIT_ARGS, "rollout.max_staleness=1"), tmp_path / "one")
+    one = [{k: v for k, v in r.items() if not k.startswith("async/")}
+           for r in metrics_log.read_metrics(tmp_path / "one")]  # fmt: skip
+    assert [r["async/policy_version"] for r in two[1]] == [0.0, 0.0, 1.0]  # step s samples with version s - 1
+    assert_same_run(two[1], one, rtol=1e-4)
+
+
+def test_exchange_on_one_process_is_the_payload():
+    assert host.exchange("jaxgrpo/test", b"abc") == [b"abc"]
