@@ -54,6 +54,7 @@ class Producer:
     def __init__(self, trainer: Any, start_step: int, end_step: int, max_staleness: int, place: Any):
         self.tr, self.k, self.start, self.end = trainer, int(max_staleness), int(start_step), int(end_step)
         self.place = place  # params (compute dtype) -> a copy on the rollout devices
+        self.base: Params | None = None  # LoRA: the frozen base's copy on the rollout devices
         self.cond = threading.Condition()
         self.versions: dict[int, Params] = {}
         self.ready: dict[int, tuple] = {}  # step -> (rollout, metrics, iterator state, schedule state) or exception
@@ -65,8 +66,16 @@ class Producer:
         return max(step - self.k, self.start)
 
     def publish(self, version: int, params: Params) -> None:
-        """The learner's weights after ``version`` updates (master params; cast and copied here)."""
-        copy = self.place(models.compute_params(self.tr.model_config, params))
+        """The learner's weights after ``version`` updates (master params; cast and copied here). With LoRA only
+        the adapters travel: the frozen base is copied to the rollout once, and the sampler's weights (adapters
+        merged, or beside the base, `models.compute_params`) are made from the two where the rollout reads them."""
+        if models.lora.has_adapters(params):
+            base, adapters = models.lora.split(params)
+            if self.base is None:  # its values never change: one copy for the whole run
+                self.base = self.place(base)
+            copy = models.compute_params(self.tr.model_config, models.lora.join(self.base, self.place(adapters)))
+        else:
+            copy = self.place(models.compute_params(self.tr.model_config, params))
         with self.cond:
             self.versions[int(version)] = copy
             self.cond.notify_all()

@@ -31,6 +31,34 @@ def test_staleness_zero_on_a_device_of_its_own_is_the_synchronous_run(tmp_path):
     assert [m["async/policy_version"] for m in split] == [0.0, 1.0, 2.0]
 
 
+
+def test_lora_sends_the_frozen_base_once_then_only_the_adapters(tmp_path, monkeypatch):
+    """With LoRA the rollout device gets the frozen base once and then, after every update, the adapters alone
+    (counted in bytes against the parameter counts); k = 0 is still the synchronous run."""
+    sent: list[int] = []
+    real_groups = async_rollout.device_groups
+
+    def groups(cfg):
+        learner, rollout, place = real_groups(cfg)
+
+        def counted(tree):
+            sent.append(sum(x.size * x.dtype.itemsize for x in jax_leaves(tree)))
+            return place(tree)
+
+        return learner, rollout, counted
+
+    monkeypatch.setattr(async_rollout, "device_groups", groups)
+    lora = ["train.steps=3", "lora.rank=4", "lora.alpha=8", "optim.learning_rate=1e-2", "algo.estimator=sign"]
+    sync = trainer.run(small_config(*lora), tmp_path / "sync")
+    assert sent == [], "a synchronous run copies nothing"
+    split = trainer.run(small_config(*lora, "mesh.rollout=1"), tmp_path / "split")
+    assert_same_run(split, sync)
+    from jaxgrpo import aot, models
+
+    mcfg = aot.model_config(small_config(*lora))
+    total, base = models.count_params(mcfg), models.count_params(mcfg.replace(lora=None))
+    assert sent == [4 * base] + [4 * (total - base)] * 4  # float32; versions 0 (with the base), 1, 2, 3
+
 @pytest.mark.parametrize("k", [1, 2])
 def test_every_step_samples_with_version_s_minus_k(tmp_path, monkeypatch, k):
     used = []  # (step, the sampler's weights) as the producer set them: compare with the published versions
