@@ -79,7 +79,7 @@ def run_arm(overrides: list[str], steps: int) -> dict:
             out[key] = statistics.mean(m[key] for m in metrics)
     if timeline:
         out["timeline"] = async_rollout.timeline_summary([t for t in timeline if t[1] >= 1])
-        out["staleness_max"] = max(m["async/staleness"] for m in metrics)
+        out["staleness_max"] = max(m["async/staleness_max"] for m in metrics)
     return out
 
 

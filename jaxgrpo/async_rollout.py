@@ -16,7 +16,10 @@ arXiv:2505.24298), made exact in the step; the importance ratio of the step is a
 **Device groups.** ``mesh.rollout = R`` gives the last R devices to the rollout (the engine on one device; the sampler
 over an ``R``-device data mesh otherwise) and the others to the learner's ``mesh.data × fsdp × tensor``; 0 keeps
 both on the same devices. After each update the learner publishes its weights in the compute dtype, copied onto the
-rollout devices (`jax.device_put`; a copy also when colocated, since the train step donates its state).
+rollout devices (`jax.device_put`; a copy also when colocated, since the train step donates its state); with LoRA
+the frozen base once, then only the adapters. On several processes (hosts) each host samples its block of every
+round on rollout devices of its own and the hosts swap rows through the coordinator's key-value store
+(`process_groups`, `sample_across_processes`).
 
 **Multi-turn** runs (``data.environment`` / ``data.tools``): ``trainer.rollout`` is the multi-turn rollout
 (`jaxgrpo.multiturn_step.rollout`), so the thread runs the turns, their tool calls (in the tool workers) and the
@@ -127,7 +130,8 @@ class Producer:
         if isinstance(item, BaseException):
             raise item
         roll, extra, iterator, sched, v, waited = item
-        extra = {**extra, "async/policy_version": float(v), "async/staleness": float(step - v),
+        extra = {**extra, "async/policy_version": float(v), "async/staleness_mean": float(step - v),
+                 "async/staleness_max": float(step - v),  # (every sample of a step has version v: the lag is fixed)
                  "async/learner_wait_s": time.perf_counter() - t0, "async/rollout_wait_s": float(waited)}
         return roll, extra, iterator, sched
 
@@ -185,12 +189,12 @@ def process_groups(cfg: Any) -> tuple[Any, Any, Any]:
 
     m, n = cfg.mesh, jax.process_count()
     size, r = m.data * m.fsdp * m.tensor, m.rollout
+    if why := config_lib.async_hosts_refusal(cfg):
+        raise ConfigError(why)
     if not r or r % n:
         raise ConfigError(f"an asynchronous run on {n} processes needs rollout devices on every host: set "
                           f"mesh.rollout to a multiple of {n} (each host samples its share on mesh.rollout / {n} "
                           "devices of its own), or rollout.max_staleness=0 mesh.rollout=0 for synchronous steps")
-    if why := config_lib.async_hosts_refusal(cfg):
-        raise ConfigError(why)
     local = jax.local_devices()
     per = r // n
     if size + r > len(jax.devices()) or size % n:
@@ -231,11 +235,11 @@ def sample_across_processes(tr: Any, prompt_ids: list[list[int]], key: jax.Array
             payload = _pack(jax.device_get(comp))
     except Exception as e:  # (the others must not wait for this host's share forever)
         failure, payload = e, b"!" + f"{type(e).__name__}: {e}".encode()
-    n = next(_EXCHANGES)  # the same sequence on every process: each makes the same calls in the same order
+    i = next(_EXCHANGES)  # the same sequence on every process: each makes the same calls in the same order
     stopping = lambda: tr.producer is not None and tr.producer.stopping  # noqa: E731 (a stopping run: see `exchange`)
-    parts = host.exchange(f"jaxgrpo/rollout/{n}", payload, should_stop=stopping)
-    if n >= 2:  # every process has sent round n, so it has read this process's rounds before
-        host.delete_exchanged(f"jaxgrpo/rollout/{n - 2}")
+    parts = host.exchange(f"jaxgrpo/rollout/{i}", payload, should_stop=stopping)
+    if i >= 2:  # every process has sent round i, so it has read this process's rounds before
+        host.delete_exchanged(f"jaxgrpo/rollout/{i - 2}")
     if failure is not None:
         raise failure
     bad = [(p, b[1:].decode()) for p, b in enumerate(parts) if b.startswith(b"!")]

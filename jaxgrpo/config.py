@@ -417,11 +417,11 @@ def validate(cfg: Config) -> None:
     if cfg.mesh.rollout > 1 and r.turn_engine and (d.environment is not None or d.tools):
         raise ConfigError(f"mesh.rollout={cfg.mesh.rollout} with rollout.turn_engine=true: the multi-turn engine "
                           "samples on one device; set mesh.rollout=1 or rollout.turn_engine=false (the simple loop)")
+    if (r.max_staleness or cfg.mesh.rollout) and cfg.mesh.distributed and (why := async_hosts_refusal(cfg)):
+        raise ConfigError(why)
     if r.max_staleness and not cfg.mesh.rollout and cfg.mesh.distributed:  # (`async_rollout.process_groups`)
         raise ConfigError("asynchronous rollouts on several hosts need rollout devices on every host: set mesh.rollout "
                           "to a multiple of the process count, or rollout.max_staleness=0")
-    if (r.max_staleness or cfg.mesh.rollout) and cfg.mesh.distributed and (why := async_hosts_refusal(cfg)):
-        raise ConfigError(why)
     topo = cfg.mesh.topology
     _require(topo is None or re.fullmatch(r"v\d+[a-z]*:\d+(x\d+)+", topo) is not None, "mesh.topology", topo,
              "a TPU slice name such as v5p:2x4x4 or v5e:4x8, or null")
@@ -459,9 +459,12 @@ def parse_cli(argv: Sequence[str]) -> tuple[str, str | None, list[str]]:
 
 
 def async_hosts_refusal(cfg: Config) -> str | None:
-    """Why an asynchronous run cannot run on several processes (hosts), or None: the adaptive schedule samples the
-    whole step on each host (`async_rollout.process_groups` shares rounds of G-sample groups only). Multi-turn runs
-    are refused on several hosts in any case (`multiturn_step.check_config`)."""
+    """Why an asynchronous run cannot run on several processes (hosts), or None: a multi-turn run trains on one
+    device of one host (`multiturn_step.check_config`), and the adaptive schedule samples the whole step on each host
+    (`async_rollout.process_groups` shares rounds of G-sample groups only)."""
+    if cfg.data.environment is not None or cfg.data.tools:
+        return ("multi-turn runs (data.environment / data.tools) train on one device of one host, asynchronous or "
+                "not: run one process with mesh.distributed=false")
     if "adaptive" not in cfg.rollout.schedule:
         return None
     return (f"rollout.schedule={cfg.rollout.schedule} with asynchronous rollouts runs on one host so far: set "

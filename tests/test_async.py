@@ -27,7 +27,7 @@ def test_staleness_zero_on_a_device_of_its_own_is_the_synchronous_run(tmp_path):
     sync = trainer.run(small_config("train.steps=3"), tmp_path / "sync")
     split = trainer.run(small_config("train.steps=3", "mesh.rollout=1"), tmp_path / "split")
     assert_same_run(split, sync)
-    assert [m["async/staleness"] for m in split] == [0.0, 0.0, 0.0]
+    assert [m["async/staleness_max"] for m in split] == [0.0, 0.0, 0.0]
     assert [m["async/policy_version"] for m in split] == [0.0, 1.0, 2.0]
 
 
@@ -79,7 +79,7 @@ def test_every_step_samples_with_version_s_minus_k(tmp_path, monkeypatch, k):
     # update moves the weights and the versions differ
     out = trainer.run(small_config("train.steps=4", f"rollout.max_staleness={k}", "algo.estimator=sign"),
                       tmp_path / "run")
-    assert [m["async/staleness"] for m in out] == [float(min(s, k)) for s in range(4)]
+    assert [m["async/staleness_max"] for m in out] == [float(min(s, k)) for s in range(4)]
     assert [m["async/policy_version"] for m in out] == [float(max(s - k, 0)) for s in range(4)]
     for step, leaves in used:  # the weights really are those of version max(s - k, 0), not a newer one
         want = published[max(step - k, 0)]
@@ -128,6 +128,17 @@ def test_config_errors_are_one_line():
             async_rollout.device_groups(cfg)
 
 
+
+def test_several_processes_need_rollout_devices_on_every_host(monkeypatch):
+    """jax.distributed set up by the caller (mesh.distributed=false): the device groups refuse in one line."""
+    monkeypatch.setattr(async_rollout.jax, "process_count", lambda: 2)
+    for over, msg in [(["rollout.max_staleness=1"], "set mesh.rollout to a multiple of 2 .each host samples"),
+                      (["mesh.rollout=3"], "set mesh.rollout to a multiple of 2"),
+                      (["mesh.rollout=2", "rollout.schedule=adaptive"], "rollout.schedule=adaptive with asynchronous")]:
+        with pytest.raises(config_lib.ConfigError, match=msg) as info:
+            async_rollout.device_groups(small_config(*over))
+        assert "\n" not in str(info.value)
+
 @pytest.mark.slow
 def test_four_learner_and_four_rollout_devices_equal_the_synchronous_mesh_run(tmp_path):
     """8 devices split 4 + 4 (the learner's data mesh, the sampler over a 4-device data mesh of its own), k = 0,
@@ -147,5 +158,5 @@ def test_the_default_demo_learns_one_step_off_policy(tmp_path):
     trainer.run(cfg, tmp_path / "run")
     recs = metrics_log.read_metrics(tmp_path / "run")
     reward = np.array([r["reward/mean"] for r in recs])
-    assert len(recs) == cfg.train.steps and all(r["async/staleness"] == min(r["step"] - 1, 1) for r in recs)
+    assert len(recs) == cfg.train.steps and all(r["async/staleness_max"] == min(r["step"] - 1, 1) for r in recs)
     assert reward[:5].mean() < 0.1 and reward[-20:].mean() >= 0.9

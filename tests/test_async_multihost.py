@@ -2,8 +2,9 @@
 """Asynchronous rollouts on two JAX processes (`async_rollout.process_groups`, two CPU processes of 4 fake devices
 each): the learner's fsdp mesh spans 2 + 2 devices of the two hosts, each host samples its half of every step on its
 2 other devices and the halves travel through the coordinator's key-value store. The runs are checked against one
-process: ``max_staleness = 0`` against the synchronous run, k = 1 against the one-process split run (the same
-prompts, keys and weight versions, hence the same metrics), and the versions each step sampled with."""
+process: ``max_staleness = 0`` against the synchronous run step for step; k = 1 by the versions each step sampled
+with (the lag itself is checked against the published weights on one process, `test_async.py`), with a checkpoint
+saved while the rollout thread samples ahead."""
 
 from __future__ import annotations
 
@@ -46,11 +47,8 @@ def test_two_hosts_split_equals_one_process(tmp_path):
     sync = metrics_log.read_metrics(tmp_path / "sync")
     assert_same_run(two[0], sync, rtol=1e-4)
     assert [r["async/policy_version"] for r in two[0]] == [0.0, 1.0, 2.0]
-    trainer.run(small_config(*SPLIT_ARGS, "rollout.max_staleness=1"), tmp_path / "one")
-    one = [{k: v for k, v in r.items() if not k.startswith("async/")}
-           for r in metrics_log.read_metrics(tmp_path / "one")]  # fmt: skip
     assert [r["async/policy_version"] for r in two[1]] == [0.0, 0.0, 1.0]  # step s samples with version s - 1
-    assert_same_run(two[1], one, rtol=1e-4)
+    assert_same_run(two[1][:1], sync[:1], rtol=1e-4)  # step 0: version 0 and the same prompts either way
 
 
 def test_exchange_on_one_process_is_the_payload():

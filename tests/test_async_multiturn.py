@@ -54,7 +54,7 @@ def test_staleness_zero_on_a_device_of_its_own_is_the_synchronous_multiturn_run(
     for i in range(3):
         assert {k for k in got[i] if not k.startswith("async/")} == set(want[i]), f"step {i + 1}"
         assert_same_metrics(got[i], want[i], f"step {i + 1}")
-        assert got[i]["async/policy_version"] == i and got[i]["async/staleness"] == 0
+        assert got[i]["async/policy_version"] == i and got[i]["async/staleness_max"] == 0
     assert {"multiturn/tool_calls", "rollout/forced_tokens", "degeneracy/collapse_rate"} <= set(got[0])
     cfg = small(smollm2_gguf, "train.steps=3", ENGINE)
     a = eval_lib.load_policy_for_eval(cfg, reference, 3).params
@@ -119,7 +119,7 @@ def test_every_step_samples_its_turns_with_version_s_minus_one(smollm2_gguf, tmp
     out = trainer.run(small(smollm2_gguf, "train.steps=3", "rollout.max_staleness=1", "mesh.rollout=1",
                             "algo.estimator=sign", "checkpoint.every=0"), tmp_path / "run")  # fmt: skip
     assert [m["async/policy_version"] for m in out] == [0.0, 0.0, 1.0]
-    assert [m["async/staleness"] for m in out] == [0.0, 1.0, 1.0]
+    assert [m["async/staleness_max"] for m in out] == [0.0, 1.0, 1.0]
     assert [s for s, _, _ in used] == [0, 1, 2] and {t for _, _, t in used} == {"jaxgrpo-rollout"}
     for step, got, _ in used:
         want = published[max(step - 1, 0)]
@@ -248,7 +248,7 @@ def test_an_environment_reward_that_raises_in_the_rollout_thread_stops_at_its_st
 
 def test_what_remains_refused_is_one_line(smollm2_gguf):
     for over, msg in [(["mesh.rollout=2", "rollout.turn_engine=true"], "the multi-turn engine samples on one device"),
-                      (["rollout.max_staleness=1", "mesh.distributed=true"], "run on one host so far")]:
+                      (["rollout.max_staleness=1", "mesh.distributed=true"], "train on one device of one host")]:
         with pytest.raises(config_lib.ConfigError, match=msg) as info:
             small(smollm2_gguf, *over)
         assert "\n" not in str(info.value)
@@ -259,6 +259,6 @@ def test_several_processes_are_refused_even_without_mesh_distributed(smollm2_ggu
     cfg = small(smollm2_gguf, "rollout.max_staleness=1")
     assert async_rollout.device_groups(cfg)[2] is not None  # one process: accepted
     monkeypatch.setattr(async_rollout.jax, "process_count", lambda: 2)
-    with pytest.raises(config_lib.ConfigError, match="run on one process so far, and this run has 2") as info:
+    with pytest.raises(config_lib.ConfigError, match="multi-turn runs .* train on one device of one host") as info:
         async_rollout.device_groups(cfg)
     assert "\n" not in str(info.value)
