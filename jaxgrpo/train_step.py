@@ -268,14 +268,6 @@ def release_programs() -> None:
     _PROGRAMS.clear()
 
 
-def _committed(tree: Any) -> Any:
-    """Every array of ``tree`` committed to the device it lives on. A state restored from a checkpoint is committed
-    (orbax places each array explicitly) and jax lowers a program for committed arguments differently from one for
-    uncommitted ones (another executable, and another persistent-cache key): a fresh state committed like a restored
-    one lets a resumed run reuse the programs of the run it resumes, its train step and its sampler's alike."""
-    return jax.tree.map(lambda x: jax.device_put(x, x.sharding) if isinstance(x, jax.Array) else x, tree)
-
-
 def _build_program(
     model_config: models.ModelConfig,
     algo: AlgoConfig,
@@ -306,8 +298,7 @@ def _build_program(
         else:
             opt_state = jax.jit(tx.init)(lora.trainable(params))
             count = jnp.zeros((), jnp.int32)
-        state = TrainState(params=params, opt_state=opt_state, step=count, rng=key)
-        return state if mesh is not None else _committed(state)
+        return TrainState(params=params, opt_state=opt_state, step=count, rng=key)
 
     def train_step(
         state: TrainState, batch: Batch, hparams: jax.Array, packed_prompt_width: int = 0

@@ -102,8 +102,6 @@ def test_bf16_compute_run_resumes_exactly_from_float32_masters(tmp_path):
     trainer.run(cfg(4), tmp_path / "resumed")  # resumes from the step-2 checkpoint (float32 masters)
     read = metrics_log.read_metrics
     assert_records_close(read(tmp_path / "resumed"), read(tmp_path / "straight"))
-    # the restored float32 masters are placed like fresh ones: the resumed steps reuse the straight run's programs
-    assert [r["time/compiles"] for r in read(tmp_path / "resumed")[2:]] == [0.0, 0.0]
     from jaxgrpo import checkpoint as ckpt_lib
 
     for run in ("straight", "resumed"):
