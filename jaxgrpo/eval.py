@@ -137,6 +137,7 @@ def evaluate(
     mesh: Mesh | None = None,
     keep_texts: int = 4,
     ks: Sequence[int] | None = None,
+    packed_ladder: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Samples `num_samples` completions per example with `jaxgrpo.sampling.generate`, scores them with `reward_fn`
     (a `jaxgrpo.rewards.RewardFn` or registry name; success = reward >= `success_threshold`) and returns
@@ -146,7 +147,10 @@ def evaluate(
 
     Prompts are encoded with `jaxgrpo.data.encode_prompts(tokenizer, examples, data_config)` (default DataConfig),
     sampled `prompts_per_batch` at a time with key ``fold_in(key, batch_index)``; `eos_token_ids` None = the model's
-    and the tokenizer's (`jaxgrpo.build.eos_ids`).
+    and the tokenizer's (`jaxgrpo.build.eos_ids`). ``packed_ladder``: ``(floor, cap)`` of the first prefill's packed
+    width (`jaxgrpo.sampling.generate`); evaluations of several sets whose batches share a ladder (e.g. ``(w, w)``
+    with ``w`` the widest batch's packed row, `jaxgrpo.padding.widest_row`) share one compiled prefill instead of
+    one per set's prompt lengths. None: the bucket of each batch's own prompts.
     """
     if not examples:
         raise ValueError("evaluate: no examples (check the split / --num-prompts)")
@@ -177,6 +181,7 @@ def evaluate(
             eos_token_ids=eos_token_ids,
             key=jax.random.fold_in(key, b),
             mesh=mesh,
+            packed_ladder=packed_ladder,
         )
         tokens, mask = np.asarray(comp.tokens), np.asarray(comp.mask)
         texts = tokenizer.batch_decode([t[m].tolist() for t, m in zip(tokens, mask)], skip_special_tokens=True)

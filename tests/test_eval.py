@@ -217,6 +217,42 @@ def test_evaluate_greedy_groups_are_always_degenerate(tiny_policy, tmp_path):
         )
 
 
+def test_sets_of_other_prompt_lengths_share_one_prefill_on_a_ladder(tiny_policy):
+    """``packed_ladder=(w, w)``, w the widest packed row of both sets (`padding.widest_row`): after a set of
+    one-digit prompts, a set of two-digit sums (other lengths) compiles nothing, while the first set without the
+    ladder compiles its own packed width (the count has teeth); each set gives what it gives without the ladder
+    (greedy: the same completions and counts; the padding changes no token)."""
+    from jaxgrpo import padding, precompile
+
+    cfg, model_config, params, tokenizer = tiny_policy
+    sets = [data_lib.synthetic_arithmetic(4, level, seed=0, split="test") for level in (0, 3)]
+    lengths = [[len(p) for p in data_lib.encode_prompts(tokenizer, ex, cfg.data)] for ex in sets]
+    assert len(set(lengths[0]) | set(lengths[1])) > 1 and sum(lengths[0]) != sum(lengths[1])
+    w = padding.widest_row(lengths[0] + lengths[1], 4)
+    kw = dict(num_samples=2, group_sizes=[2], key=jax.random.key(3), max_new_tokens=3, temperature=0.0,
+              data_config=cfg.data, keep_texts=8)  # fmt: skip
+
+    def run(examples, ladder):
+        return ev.evaluate(model_config, params, tokenizer, examples, lambda t, e: float(len(t) % 2), **kw,
+                           packed_ladder=ladder)  # fmt: skip
+
+    counter = precompile.CompileCounter()
+    try:
+        got = [run(sets[0], (w, w))]
+        first = counter.step_path
+        got.append(run(sets[1], (w, w)))
+        shared = counter.step_path - first
+        want = [run(sets[0], None)]  # the short prompts' own packed width: another program (the count has teeth)
+        own = counter.step_path - first - shared
+        want.append(run(sets[1], None))
+    finally:
+        counter.close()
+    assert first > 0 and shared == 0 and own > 0, (first, shared, own)
+    for a, b in zip(got, want):
+        assert a["success_counts"] == b["success_counts"]
+        assert [r["completion"] for r in a["samples"]] == [r["completion"] for r in b["samples"]]
+
+
 def test_cli_on_a_checkpointed_run(tiny_policy, tmp_path, capsys):
     cfg, model_config, params, tokenizer = tiny_policy
     run = tmp_path / "run"

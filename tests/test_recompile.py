@@ -162,10 +162,11 @@ def test_trimmed_batches_compile_during_warm_up_only(tmp_path):
     compiles (a new shape: the count has teeth). The rollouts are the engine's, their masks cut and their rewards
     set to the schedule."""
     P, G = 8, 2
+    # test_precompile's run (`_trim_config`, with its KL term): the same programs, compiled once for both tests
     overrides = ["rollout.prompts_per_step=8", f"rollout.group_size={G}", "rollout.max_new_tokens=64",
-                 "model.max_position_embeddings=96", "algo.degenerate_groups=mask", "log.progress=false",
-                 "log.tensorboard=false", "log.sample_every=0", "checkpoint.every=0", "checkpoint.export_final=false",
-                 f"train.steps={len(TRIM_SCHEDULE)}"]  # fmt: skip
+                 "model.max_position_embeddings=96", "algo.degenerate_groups=mask", "algo.kl_coef=0.01",
+                 "log.progress=false", "log.tensorboard=false", "log.sample_every=0", "checkpoint.every=0",
+                 "checkpoint.export_final=false", f"train.steps={len(TRIM_SCHEDULE)}"]  # fmt: skip
     cfg = config_lib.load_config("default", overrides)
     compiles = [0]
 

@@ -21,7 +21,9 @@ from jaxgrpo import eval as eval_lib
 from jaxgrpo import retain as retain_lib
 from jaxgrpo import rewards as rewards_lib
 
-RUN = ["train.steps=3", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=2",
+# test_precompile's EVAL_RUN but for its step count and checkpoints: the same train step, rollout and evaluation
+# programs, compiled once for both tests
+RUN = ["train.steps=3", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=3",
        "checkpoint.every=2", "checkpoint.export_final=false", "log.progress=false", "log.tensorboard=false",
        "log.sample_every=0", "train.retain_every=2",
        "train.retain={copy: {difficulty: 0, split: test, num_examples: 6}, "
