@@ -285,7 +285,7 @@ def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], t
     prompts = [jax.ShapeDtypeStruct(shape, dtype, sharding=rows) for shape, dtype in shapes]
     key = scalar(jax.eval_shape(lambda: jax.random.key(0)).dtype)
     f32 = scalar(jnp.float32)
-    lowered = sampling._prefill.lower(mcfg, mode, packing, params, *prompts, key, f32, f32)
+    lowered = sampling._prefill.lower(mcfg, mode, packing, params, *prompts, key, f32, f32, sampling._ROW0)
     prefill = lowered.compile(compiler_options=compiler_options(devices))
     texts = {} if texts is None else texts
     texts["prefill"] = prefill.as_text()

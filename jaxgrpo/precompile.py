@@ -373,8 +373,9 @@ def sampler_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
     f32 = jax.ShapeDtypeStruct((), jnp.float32)
     floor, cap = tr.ladders["sampler"]
     rungs = sorted({max(padding.ladder_bucket(n, padding.MIN_PROMPT_BUCKET, cap), floor) for n in range(1, cap + 1)})
+    row0 = sampling._ROW0
     return [(f"sampler prefill packed {w}", lambda w=w: sampling._prefill.lower(
-        mcfg, mode, (w, shards), params, *prompts, key, f32, f32).compile()) for w in rungs]  # fmt: skip
+        mcfg, mode, (w, shards), params, *prompts, key, f32, f32, row0).compile()) for w in rungs]  # fmt: skip
 
 
 def eval_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
@@ -451,7 +452,8 @@ def sampler_eval_jobs(tr: Any, sets: list[tuple[str, Any, Any]]) -> list[tuple[s
     def programs(n: int, rows: int, width: int, packed: int) -> None:
         arg = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=batch_sh)  # noqa: E731
         prompts = (arg((rows, width), jnp.int32), arg((rows, width), jnp.bool_), arg((rows * G,), jnp.bool_))
-        out = sampling._prefill.lower(mcfg, mode, (packed, shards), params, *prompts, key, f32, f32).compile()
+        out = sampling._prefill.lower(mcfg, mode, (packed, shards), params, *prompts, key, f32, f32,
+                                      sampling._ROW0).compile()
         placed_like = lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding,  # noqa: E731
                                                      weak_type=o.weak_type)
         cache, state, consts = jax.tree.map(placed_like, out.out_info)

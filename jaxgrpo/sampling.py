@@ -138,12 +138,12 @@ def _is_eos(mode: _Mode, tokens: jax.Array) -> jax.Array:
     return jnp.isin(tokens, jnp.asarray(mode.eos_token_ids, jnp.int32))
 
 
-_ROW0 = np.uint32(0)  # the first row's index in the batch (`generate`'s row_offset)
+_ROW0 = np.uint32(0)  # `_prefill`'s row_offset for a whole batch (as `generate` passes it: lowerings must match)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "mode", "packing"))
 def _prefill(config, mode: _Mode, packing, params, prompt_PxT, mask_PxT, row_active_N, key, temperature, top_p,
-             row_offset=_ROW0):
+             row_offset):
     """Prefill the P prompts once (packed end to end, ``packing = (W, J)``: rows of width W, one per batch shard;
     `models.prefill`) into the shared prefix cache, sample every row's first token from its prompt's last logits,
     and allocate the rows' decode cache. Row i's key is ``fold_in(key, row_offset + i)``."""
