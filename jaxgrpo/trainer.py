@@ -278,7 +278,7 @@ class Trainer:
         """One round: a group for each prompt of ``indices`` (the engine; the previous sampler with a mesh; on
         several processes with rollout devices of their own, each host its share: `async_rollout`)."""
         prompt_ids = [self.encoded[i] for i in indices]
-        if self.rollout_mesh is not None and self.rollout_mesh is not self.mesh and jax.process_count() > 1:
+        if self.cfg.mesh.rollout and jax.process_count() > 1:  # (`async_rollout.process_groups`)
             return self.score(indices, async_rollout.sample_across_processes(self, prompt_ids, key))
         if not self.use_engine:
             return self.score(indices, jax.tree.map(to_host, self.generate(prompt_ids, key)))
