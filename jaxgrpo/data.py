@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 from collections.abc import Iterable, Sequence
@@ -132,6 +133,17 @@ def load_gsm8k_hub(hf_id: str = "openai/gsm8k", hf_config: str = "main", split: 
             "offline, set data.path to a local copy (a directory with train.jsonl/test.jsonl)"
         ) from e
     return [gsm8k_example(row, f"{hf_id}[{hf_config}] {split} row {i + 1}", i) for i, row in enumerate(ds)]
+
+
+def held_out_split(split: str) -> str:
+    """The split a run that trains on ``split`` is evaluated on: ``pair-test`` for the words source's ``pair-train``
+    (held out by the unordered operand pair, `jaxgrpo.word_arithmetic`), else ``test``."""
+    return "pair-test" if split == "pair-train" else "test"
+
+
+def held_out_config(cfg: DataConfig, num_examples: int | None) -> DataConfig:
+    """The data section of the held-out evaluation of a run trained on ``cfg`` (`held_out_split`)."""
+    return dataclasses.replace(cfg, split=held_out_split(cfg.split), num_examples=num_examples)
 
 
 def load_dataset(cfg: DataConfig, seed: int) -> list[Example]:

@@ -1,7 +1,7 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
 """Evaluation of a policy: pass@k, per-prompt success rates, and the degeneracy rate against its i.i.d. prediction.
 
-``python -m jaxgrpo.eval (--config FILE | --run-dir DIR) [--checkpoint STEP] [--split test] [--num-prompts N]
+``python -m jaxgrpo.eval (--config FILE | --run-dir DIR) [--checkpoint STEP] [--split SPLIT] [--num-prompts N]
 [--num-samples n] [--group-size G ...] [--out DIR] [section.key=value ...]`` draws n completions per prompt with
 the training sampler (``jaxgrpo.sampling.generate``, the config's rollout settings), scores them, and writes
 ``eval.json``, ``success_histogram.png`` and ``degeneracy_vs_group_size.png``.
@@ -314,7 +314,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None, help="YAML config (default: RUN_DIR/config.yaml)")
     p.add_argument("--run-dir", default=None, help="training run directory whose checkpoint to evaluate")
     p.add_argument("--checkpoint", type=int, default=None, help="checkpoint step (default: the latest)")
-    p.add_argument("--split", default="test", help="dataset split (default: test)")
+    p.add_argument("--split", default=None,
+                   help="dataset split (default: the run's held-out split: pair-test after pair-train, else test)")
     p.add_argument("--num-prompts", type=int, default=None, help="number of prompts (default: train.eval_examples)")
     p.add_argument("--num-samples", type=int, default=DEFAULT_NUM_SAMPLES, help="samples per prompt n (default 16)")
     p.add_argument(
@@ -373,6 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if num_prompts < 1 or args.num_samples < 1:
             raise ConfigError("--num-prompts and --num-samples must be >= 1")
         run_cfg = cfg  # as trained (the schedule's history is keyed on its data)
+        args.split = args.split or data_lib.held_out_split(cfg.data.split)
         cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, split=args.split, num_examples=num_prompts))
         n = args.num_samples
         groups = args.group_size or sorted({*(g for g in default_ks(n) if g >= 2), cfg.rollout.group_size} - {0})

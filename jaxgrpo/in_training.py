@@ -4,7 +4,6 @@ sets (`jaxgrpo.retain`), each through `jaxgrpo.eval.evaluate` with the rollout's
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
@@ -26,9 +25,10 @@ def eval_sets(tr: Any) -> list[tuple[str, list[data_lib.Example], data_lib.DataC
 
 
 def held_out_examples(tr: Any) -> list[data_lib.Example]:
-    """The ``train.eval_examples`` held-out prompts (the dataset's "test" split), read once."""
+    """The ``train.eval_examples`` held-out prompts (the split `jaxgrpo.data.held_out_split` names: "test", or
+    "pair-test" for a words run on "pair-train"), read once."""
     if tr.eval_examples is None:
-        data_cfg = dataclasses.replace(tr.cfg.data, split="test", num_examples=tr.cfg.train.eval_examples)
+        data_cfg = data_lib.held_out_config(tr.cfg.data, tr.cfg.train.eval_examples)
         tr.eval_examples = data_lib.load_dataset(data_cfg, tr.cfg.seed)
     return tr.eval_examples
 
@@ -42,7 +42,7 @@ def retain_examples(tr: Any, rs: Any) -> list[data_lib.Example]:
 
 def evaluate_held_out(tr: Any, step: int) -> dict[str, float]:
     """The trainer's ``train.eval_every`` evaluation (``tr`` a `jaxgrpo.trainer.Trainer`): pass@1 / pass@G and
-    measured vs i.i.d. degeneracy at G on `train.eval_examples` held-out prompts (the dataset's "test" split), sampled
+    measured vs i.i.d. degeneracy at G on `train.eval_examples` held-out prompts (`held_out_examples`), sampled
     like the rollouts; written to <run_dir>/eval/step<N>/ too."""
     r = tr.cfg.rollout
     result = eval_lib.evaluate(

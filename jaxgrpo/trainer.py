@@ -76,8 +76,7 @@ class Trainer:
         check_prompt_count(cfg, len(examples))
         self.eval_examples: list[data_lib.Example] | None = None
         if cfg.train.eval_every:  # the held-out split is read now, not at the first evaluation
-            self.eval_examples = data_lib.load_dataset(
-                dataclasses.replace(cfg.data, split="test", num_examples=cfg.train.eval_examples), cfg.seed)
+            self.eval_examples = in_training.held_out_examples(self)
         self.retain_sets = retain_lib.resolve(cfg)
         self.config_changes = run_dir_lib.check_resume_config(cfg, self.run_dir, allow_config_change)
         self.key = jax.random.key(cfg.seed)

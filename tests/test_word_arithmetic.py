@@ -82,6 +82,23 @@ def test_load_dataset_hook_and_config_errors():
         config_lib.load_config(None, ["data.source=words", "data.rewards={arithmetic: 1.0}"])
 
 
+@pytest.mark.parametrize("split,held", [("pair-train", "pair-test"), ("train", "test"), ("test", "test")])
+def test_a_run_is_evaluated_on_the_split_held_out_from_its_training_split(split, held):
+    """The trainer's ``train.eval_every`` set and `jaxgrpo.eval`'s default split: after ``pair-train`` the held-out
+    unordered pairs, so no evaluated problem's commuted twin was trained on."""
+    cfg = config_lib.load_config(None, ["data.source=words", "data.difficulty=4", f"data.split={split}",
+                                        "data.rewards={gsm8k_lenient: 1}"])  # fmt: skip
+    assert data_lib.held_out_split(split) == held
+    held_cfg = data_lib.held_out_config(cfg.data, 64)
+    assert (held_cfg.split, held_cfg.num_examples, held_cfg.difficulty) == (held, 64, 4)
+    ex = data_lib.load_dataset(held_cfg, 0)
+    assert len(ex) == 64
+    if split == "pair-train":
+        trained = {frozenset(p) for p in wa.problems(4, "pair-train")}
+        asked = {frozenset(map(int, e.prompt.split("?")[0].split()[2::2])) for e in ex}  # "What is a + b?"
+        assert len({e.prompt for e in ex}) == 64 and len(asked) > 32 and not asked & trained  # twins both held out
+
+
 @pytest.mark.parametrize("completion,reward", [
     ("7", 1.0), ("4 + 3 is 7", 1.0), ("3 + 4 = 7.", 1.0), ("The answer is 7.\n\n", 1.0), ("3 + 4", 0.0),
     ("7, or maybe 8", 0.0), ("", 0.0), ("seven", 0.0),
