@@ -52,7 +52,8 @@ def rollout(tr: Any, step: int) -> tuple[Rollout, dict[str, float]]:
 
 def stream_resample(tr: Any, key: jax.Array) -> tuple[Rollout, dict[str, float]]:
     """Dynamic sampling at the group level: rounds of P prompts are drawn as slots free up; each completed group
-    is scored at once; the run stops when P informative groups are done (groups in flight are dropped)."""
+    is scored at once; the run stops when P informative groups are done (groups in flight are dropped; their tokens
+    count in ``tokens/sampled``)."""
     want = tr.cfg.rollout.prompts_per_step
     done, rounds, stats = stream_groups(tr, key, lambda _: tr.iterator.next_batch(), tr.cfg.algo.resample_max_rounds,
                                         want)  # fmt: skip
@@ -62,4 +63,4 @@ def stream_resample(tr: Any, key: jax.Array) -> tuple[Rollout, dict[str, float]]
     pool = informative + degenerate
     kept = merge_groups(pool, [(i, 0) for i in range(min(want, len(pool)))])
     return kept, {**resample_metrics(rounds, stats.admitted, want, len(informative), len(degenerate),
-                                     sampled_tokens(pool)), **tr.rollout_stats}  # fmt: skip
+                                     sampled_tokens(pool) + stats.dropped_tokens), **tr.rollout_stats}  # fmt: skip

@@ -119,7 +119,7 @@ def stream(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, float
                         np.concatenate([o.valid for _, o, _ in done]), np.asarray([d for _, _, d in done]))
     informative = [o for _, o, d in done if not d]
     pool = informative + [o for _, o, d in done if d]
-    tokens = sampled_tokens(pool)
+    tokens = sampled_tokens(pool) + stats.dropped_tokens  # the dropped groups' tokens were sampled too
     out = merge_groups(pool, [(i, 0) for i in range(min(want, len(pool)))])
     extra = resample_metrics(rounds, stats.admitted, want, len(informative), len(pool) - len(informative), tokens)
     extra.update(schedule_metrics(sch, skipped[0], len(informative), tokens, [tr.cfg.rollout.group_size] * len(done),

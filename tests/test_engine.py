@@ -72,6 +72,25 @@ def test_continuous_mode_returns_every_group_whole_once_and_equals_static(tiny):
         np.testing.assert_allclose(comp.logprobs, static.logprobs, atol=1e-5, rtol=0)
 
 
+def test_groups_dropped_when_the_caller_stops_count_their_sampled_tokens(tiny):
+    """``on_group`` stops the run at the first group: every other group is dropped, in flight or finished beside it,
+    and ``stats.dropped_tokens`` is what their rows had sampled: with every prompt admitted at step 0, a row has
+    min(its full length, 1 + decode steps run) tokens, its full length from the same run left to finish."""
+    key = 5  # a quarter of the vocabulary ends a row: groups end at steps 1 to 7 (prompt 2's first, at step 1)
+    sp = SamplingParams(num_samples=2, max_new_tokens=8, top_p=0.9, eos_token_ids=tuple(range(0, 64, 4)))
+    full, _, _ = _run(tiny, MORE_PROMPTS, sp, key, slots=8, block=1)
+    given: list[int] = []
+    groups, stats = driver.run(*tiny, MORE_PROMPTS, sp, jax.random.key(key), slots=8, block=1,
+                               on_group=lambda p, g: given.append(p) or True)  # fmt: skip
+    assert list(groups) == given and len(given) == 1
+    dropped = set(range(len(MORE_PROMPTS))) - set(given)
+    want = sum(int(np.minimum(full[p].mask.sum(1), 1 + stats.decode_steps).sum()) for p in dropped)
+    assert stats.dropped_tokens == want
+    assert 0 < want < sum(int(full[p].mask.sum()) for p in dropped)  # some were cut in flight
+    _, whole, _ = _run(tiny, MORE_PROMPTS, sp, key, slots=8, block=1)
+    assert whole.dropped_tokens == 0
+
+
 def test_rows_admitted_at_different_blocks_have_teacher_forced_logprobs(tiny):
     config, params = tiny
     g, t = 3, 0.7

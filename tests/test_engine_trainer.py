@@ -15,12 +15,12 @@ def test_streamed_resampling_stops_at_p_informative_groups(tmp_path, monkeypatch
                        "rollout.slots=2")  # fmt: skip
     tr = trainer.Trainer(cfg, tmp_path)
     assert tr.use_engine
-    real_score, scored = tr.score, []
+    real_score, scored, every = tr.score, [], [3]
 
-    def score(indices, comp):  # group c (in completion order) is informative iff c % 3 == 0
+    def score(indices, comp):  # group c (in completion order) is informative iff c % every == 0
         roll = real_score(indices, comp)
         roll.rewards[:] = 0.0
-        roll.rewards[0, 0] = float(len(scored) % 3 == 0)
+        roll.rewards[0, 0] = float(len(scored) % every[0] == 0)
         scored.append((list(indices), np.asarray(comp.tokens).copy(), int(np.asarray(comp.mask).sum())))
         return roll
 
@@ -42,6 +42,13 @@ def test_streamed_resampling_stops_at_p_informative_groups(tmp_path, monkeypatch
     for k in ("rollout/slot_utilization", "rollout/decode_steps", "rollout/prefill_tokens_per_s",
               "rollout/decode_tokens_per_s"):  # fmt: skip
         assert extra[k] > 0
+    # informative iff c % 4 == 0: the 8th informative group is number 28, the first of its pair; number 29 finished
+    # beside it and is dropped unread, its tokens counted as sampled (G = 4 rows of 1..M = 2 tokens)
+    scored.clear()
+    every[0] = 4
+    _, extra = tr.rollout(1)
+    assert len(scored) == 29 and extra["resample/rounds"] == 4.0 and extra["resample/discarded_groups"] == 30 - 8
+    assert 4 <= extra["tokens/sampled"] - sum(n for _, _, n in scored) <= 8
 
 
 def test_streamed_skip_admits_only_kept_prompts_and_records_the_completed_groups(tmp_path, monkeypatch):
@@ -54,13 +61,14 @@ def test_streamed_skip_admits_only_kept_prompts_and_records_the_completed_groups
     flat = set(range(0, len(tr.examples), 2))
     for i in flat:
         tr.scheduler.records[i] = scheduler.Record(failures=30.0, streak=-30)
-    real_score, scored = tr.score, []
+    real_score, scored, every, tokens = tr.score, [], [3], []
 
-    def score(indices, comp):  # group c (in completion order) is informative iff c % 3 == 0
+    def score(indices, comp):  # group c (in completion order) is informative iff c % every == 0
         roll = real_score(indices, comp)
         roll.rewards[:] = 0.0
-        roll.rewards[0, 0] = float(len(scored) % 3 == 0)
+        roll.rewards[0, 0] = float(len(scored) % every[0] == 0)
         scored.append(indices[0])
+        tokens.append(int(np.asarray(comp.mask).sum()))
         return roll
 
     monkeypatch.setattr(tr, "score", score)
@@ -74,3 +82,9 @@ def test_streamed_skip_admits_only_kept_prompts_and_records_the_completed_groups
     assert set(recs) == flat | set(scored) and all(recs[i].streak == -30 for i in flat)
     for c, i in enumerate(scored):  # one group each (the 22 are distinct: 3 rounds of 8 odd prompts)
         assert recs[i].streak == (0 if c % 3 == 0 else -1) and recs[i].outcomes == [0.25 if c % 3 == 0 else 0.0]
+    assert extra["tokens/sampled"] == sum(tokens)
+    scored.clear()
+    tokens.clear()
+    every[0] = 4  # as in the test above: group 29 finished beside the 8th informative one, dropped unread
+    _, extra = tr.rollout(1)
+    assert len(scored) == 29 and 4 <= extra["tokens/sampled"] - sum(tokens) <= 8

@@ -55,6 +55,7 @@ class RunStats:
     decode_tokens: int = 0
     decode_seconds: float = 0.0
     admitted: int = 0
+    dropped_tokens: int = 0  # tokens sampled by groups still in flight when ``on_group`` stopped the run
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -124,6 +125,8 @@ class _Run:
             host = jax.device_get((self.state.tokens, self.state.logprobs, self.state.entropy, self.state.mask,
                                    self.state.eos))  # fmt: skip
             for s in fin:
+                if stop:  # the caller has what it asked for: a group that finished beside it is dropped, unread
+                    break
                 rows = slice(s * g, (s + 1) * g)
                 grp = Group(*(np.asarray(x[rows]) for x in host))
                 p = int(self.slot_prompt[s])
@@ -165,7 +168,9 @@ def run(
 ) -> tuple[dict[int, Group], RunStats]:
     """Sample ``sp.num_samples`` completions for each prompt with ``slots`` group slots (None: one per prompt, padded
     to a power of two: static mode). ``params``: compute-dtype params (`models.compute_params`). Returns the
-    completed groups by prompt index (all of them unless ``on_group`` stopped the run) and the run's stats.
+    completed groups by prompt index (all of them unless ``on_group`` stopped the run: then the ones it was given;
+    the tokens of the others, in flight or finished beside the last one, are ``stats.dropped_tokens``) and the run's
+    stats.
 
     ``more()``: called when a slot is free and no prompt is pending; returns further prompts (numbered after the
     ones before) or None when there are none. ``prompt_width``: the prefix cache's width, at least the longest prompt
@@ -192,6 +197,10 @@ def run(
             break
         r.decode()
     active = int(r.state.active_steps)
+    busy = np.flatnonzero(r.slot_prompt >= 0)
+    if busy.size:  # groups dropped (in flight or unread): their tokens were sampled all the same (a budget counts them)
+        g = r.spec.num_samples
+        r.stats.dropped_tokens = int(np.asarray(r.state.mask).reshape(-1, g, r.state.mask.shape[-1])[busy].sum())
     r.stats.decode_tokens = active
     r.stats.slot_utilization = active / max(r.stats.decode_steps * r.spec.rows, 1)
     return r.groups, r.stats
