@@ -67,7 +67,13 @@ ARMS: dict[str, dict[str, Any]] = {
     "grpo_mask": {"estimator": "grpo", "degenerate_groups": "mask"},
     "grpo_resample": {"estimator": "grpo", "degenerate_groups": "resample"},
     "avspo": {"estimator": "avspo"},
+    # amendment 3 (issue 37): GRESO-style skipping of predicted-degenerate prompts, streamed with resample
+    "grpo_skip": {"estimator": "grpo", "degenerate_groups": "resample"},
 }
+ARM_ROLLOUT: dict[str, dict[str, Any]] = {"grpo_skip": {"schedule": "skip"}}  # an arm's rollout keys
+LR_FROM = {"grpo_skip": "grpo_resample"}  # an arm with no pilot of its own takes this arm's lr (amendment 3)
+FIRST_ARMS = ("grpo", "dr_grpo", "sign", "grpo_mask", "grpo_resample", "avspo")
+PROBE_EVERY, PROBE_PROMPTS = 10, 64  # amendment 3: the held-out probe of the m4 and hard runs (train.eval_every)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,12 +83,13 @@ class Condition:
     arms: tuple[str, ...]
     seeds: int
     lora_rank: int = 0
+    probe: bool = False  # amendment 3: held-out accuracy every PROBE_EVERY steps (tokens and seconds to a target)
 
 
 CONDITIONS: dict[str, Condition] = {
-    "m4": Condition("matched", 4, tuple(ARMS), 8),
-    "m8": Condition("matched", 8, tuple(ARMS), 8),
-    "hard": Condition("hard", 4, tuple(ARMS), 10),  # escape is a yes/no outcome: more seeds
+    "m4": Condition("matched", 4, (*FIRST_ARMS, "grpo_skip"), 8, probe=True),
+    "m8": Condition("matched", 8, FIRST_ARMS, 8),
+    "hard": Condition("hard", 4, (*FIRST_ARMS, "grpo_skip"), 10, probe=True),  # escape is yes/no: more seeds
     "lora": Condition("matched", 4, ("sign", "dr_grpo"), 8, lora_rank=64),  # the paper's LoRA setting
 }
 
@@ -168,12 +175,15 @@ def run_config(spec: RunSpec, design: Design, work: pathlib.Path) -> Any:
                  "pick rule (levels.json); add a harder level to jaxgrpo/word_arithmetic.py and rerun --part levels")
     raw = base_config(design, str(work / "warmup" / "final"), level, cond.group, spec.seed)
     raw["algo"] = dict(ARMS[spec.arm])
-    raw["optim"] = {"learning_rate": design.lr[lr_key(spec.arm, cond.lora_rank)],
+    raw["rollout"].update(ARM_ROLLOUT.get(spec.arm, {}))
+    raw["optim"] = {"learning_rate": design.lr[lr_key(LR_FROM.get(spec.arm, spec.arm), cond.lora_rank)],
                     "max_grad_norm": design.max_grad_norm}  # fmt: skip
     if cond.lora_rank:
         raw["lora"] = {"rank": cond.lora_rank}
     raw["train"].update(retain={"held": {"source": "words", "difficulty": design.retain, "split": "pair-test"}},
                         retain_every=10 * design.steps)  # fmt: skip
+    if cond.probe:  # the trainer's held-out evaluation: pair-test after pair-train (jaxgrpo.data.held_out_split)
+        raw["train"].update(eval_every=PROBE_EVERY, eval_examples=PROBE_PROMPTS)
     return config_lib.from_dict(raw)
 
 
@@ -219,6 +229,34 @@ def train_stats(records: list[dict[str, Any]], max_grad_norm: float | None) -> d
             "reward_last_half": float(np.mean([r["reward/mean"] for r in steps[len(steps) // 2:]])) if steps else None}
 
 
+def informative_groups(record: dict[str, Any], prompts: int) -> float:
+    """Informative groups sampled in a step, every round counted: the schedule's own count; with resampling, P x
+    ``resample/informative_frac`` (on the engine admission stops at the P-th informative group, so at most P are
+    sampled; fewer only when the rounds ran out); otherwise the step's ``groups/informative``."""
+    if "schedule/informative_groups" in record:
+        return float(record["schedule/informative_groups"])
+    if "resample/informative_frac" in record:
+        return prompts * float(record["resample/informative_frac"])
+    return float(record["groups/informative"])
+
+
+def sampling_stats(records: list[dict[str, Any]], prompts: int) -> dict[str, Any]:
+    """Amendment 3's measures: informative groups sampled per 1,000 sampled tokens over the run, and the held-out
+    probe (``eval/pass@1`` every `PROBE_EVERY` steps) with the sampled tokens and the step seconds (sampling, scoring
+    and update; evaluations not counted) spent when it was taken."""
+    steps = [r for r in records if "time/train_s" in r]
+    tokens = sum(float(r["tokens/sampled"]) for r in steps)
+    probe, seconds = [], 0.0
+    for r in steps:
+        seconds += float(r["time/sample_s"]) + float(r["time/train_s"])
+        if "eval/pass@1" in r:
+            probe.append({"step": int(r["step"]), "tokens": int(r["tokens/sampled_total"]),
+                          "seconds": round(seconds, 2), "accuracy": float(r["eval/pass@1"])})
+    informative = sum(informative_groups(r, prompts) for r in steps)
+    return {"informative_groups": informative, "informative_per_1k_tokens": 1000.0 * informative / max(tokens, 1.0),
+            "step_seconds": round(seconds, 2), "probe": probe}
+
+
 def _train(cfg: Any, run_dir: pathlib.Path) -> list[dict[str, Any]]:
     from jaxgrpo import metrics_log
     from jaxgrpo import trainer as trainer_lib
@@ -246,6 +284,7 @@ def run_one(spec: RunSpec, design: Design, out: pathlib.Path, work: pathlib.Path
               "commit": git_commit(), "config": config_lib.to_dict(cfg), "budget": cfg.train.max_sampled_tokens,
               "sampled_tokens": int([r for r in records if "time/train_s" in r][-1]["tokens/sampled_total"]),
               **train_stats(records, design.max_grad_norm),
+              **sampling_stats(records, cfg.rollout.prompts_per_step),
               "retain_trainer": {str(r["step"]): r["retain/held/accuracy"] for r in records
                                  if "retain/held/accuracy" in r},
               "heldout": evaluate_level(cfg, run_dir, level, EVAL_PROMPTS, EVAL_SAMPLES, cond.group,
@@ -310,6 +349,7 @@ def pilot(design: Design, out: pathlib.Path, work: pathlib.Path, arms: list[str]
     pick = json.loads((out / "levels.json").read_text())["pick"]
     if pick.get("matched") is None:
         sys.exit(f"error: {out / 'levels.json'} picked no matched level: the pilot needs one (see its pick rule)")
+    arms = [a for a in arms if a not in LR_FROM]  # an arm that takes another's lr has no pilot
     for arm, rank, grid in [(a, 0, LR_GRID) for a in arms] + [(a, 64, LORA_LR_GRID) for a in CONDITIONS["lora"].arms
                                                                if a in arms]:
         for lr in grid:

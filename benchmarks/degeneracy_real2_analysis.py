@@ -27,6 +27,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 FIRST = HERE / "results" / "degeneracy" / "real"
 ALPHA, ESCAPE_MARGIN = 0.05, 0.2
 ONE_SAMPLE = ("retention_drop", "train_jensen_gap")  # per-seed differences, tested against 0
+PERMUTATION = ("escape", "tokens_to_target")  # yes/no or censored outcomes: the exact permutation test
 COND_LEVEL = {"m4": "matched", "m8": "matched", "hard": "hard", "lora": "matched"}  # the runner's CONDITIONS
 FIRST_CONDITIONS = {"matched-g4": ("matched-g4-a", "matched-g4-b", "matched-g4-c"),
                     "matched-g8": ("matched-g8-a", "matched-g8-b", "matched-g8-c"), "hard-g4": ("hard-g4",)}
@@ -115,7 +116,24 @@ def plan_sds(audit: dict[str, Any], root: pathlib.Path = FIRST) -> dict[str, dic
         recs = [json.loads(x) for x in (result.parent / "metrics.jsonl").read_text().splitlines()]
         gaps.append(np.mean([r["degeneracy/collapse_rate"] - r["degeneracy/iid_rate"] for r in recs
                              if "degeneracy/iid_rate" in r]))  # fmt: skip
+    info = []  # amendment 3: informative groups per 1,000 sampled tokens, per run (P = 4 prompts a step)
+    for arm in ("grpo", "grpo_resample"):
+        for cond in ("matched-g4", "hard-g4"):
+            per_run = []
+            for part in FIRST_CONDITIONS[cond]:
+                for path in sorted((root / part / arm).glob("seed*/metrics.jsonl")):
+                    steps = [r for r in map(json.loads, path.read_text().splitlines()) if "time/train_s" in r]
+                    per_run.append(1000 * sum(4 * r["resample/informative_frac"] if "resample/informative_frac" in r
+                                              else r["groups/informative"] for r in steps)
+                                   / sum(r["tokens/sampled"] for r in steps))  # fmt: skip
+            if len(per_run) > 1:
+                info.append(np.var(per_run, ddof=1))
     return {
+        "informative_per_1k_tokens": {"sd": float(math.sqrt(np.mean(info))), "source": "first edition, G = 4, grpo "
+                                      "and grpo_resample on the matched and too-hard levels: the pooled between-seed "
+                                      "SD of informative groups per 1,000 sampled tokens"},
+        "tokens_to_target": {"sd": 6400.0, "source": "assumed: a third of the 19,200-token budget (no first-edition "
+                             "run probed held-out accuracy during training)"},
         "accuracy": {"sd": acc, "source": "first edition, matched level: the larger of the G = 4 and G = 8 pooled "
                      "between-seed SDs of held-out accuracy (both at the 0.9-1.0 ceiling, so likely low)"},
         "escape": {"sd": 0.5, "source": "a yes/no outcome's largest SD (p = 0.5)"},
@@ -129,10 +147,10 @@ def plan_sds(audit: dict[str, Any], root: pathlib.Path = FIRST) -> dict[str, dic
 def power_plan(claims: list[dict[str, Any]], sds: dict[str, dict[str, Any]], alpha: float = ALPHA) -> list[dict]:
     """Per claim: the seeds needed for its expected effect at power 0.8 (at alpha / family, Holm's first step, and
     at alpha, its last) and the smallest effect its pre-registered seeds detect at alpha / family."""
-    family = {c["cond"]: sum(x["cond"] == c["cond"] for x in claims) for c in claims}
+    family = {family_of(c): sum(family_of(x) == family_of(c) for x in claims) for c in claims}
     out = []
     for c in claims:
-        sd, m = sds[c["metric"]]["sd"], family[c["cond"]]
+        sd, m = sds[c["metric"]]["sd"], family[family_of(c)]
         k = 1 if c["metric"] in ONE_SAMPLE else 2
         out.append({"id": c["id"], "cond": c["cond"], "family": m, "effect": c["effect"], "sd": sd,
                     "seeds_holm_first": st.seeds_needed(c["effect"], sd, alpha / m, samples=k),
@@ -160,7 +178,16 @@ def load_runs(out: pathlib.Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
     return runs
 
 
-def _values(claim: dict[str, Any], runs: dict[str, list[dict[str, Any]]], base: float | None) -> tuple:
+def tokens_to_target(result: dict[str, Any], target: float) -> float:
+    """Sampled tokens at the run's first held-out probe at or above ``target``; a run that never reaches it counts
+    as twice its budget (censored: above every run that reached it, so the permutation test ranks it last)."""
+    for point in result["probe"]:
+        if point["accuracy"] >= target:
+            return float(point["tokens"])
+    return 2.0 * result["budget"]
+
+
+def _values(claim: dict[str, Any], runs: dict[str, list[dict[str, Any]]], base: dict[str, float]) -> tuple:
     metric = claim["metric"]
     if metric == "accuracy":
         return [r["heldout"]["accuracy"] for r in runs.get(claim["a"], [])], \
@@ -169,6 +196,12 @@ def _values(claim: dict[str, Any], runs: dict[str, list[dict[str, Any]]], base: 
         esc = lambda arm: [float(r["heldout"]["accuracy"] >= base[claim["cond"]] + ESCAPE_MARGIN)  # noqa: E731
                            for r in runs.get(arm, [])]
         return esc(claim["a"]), esc(claim["b"])
+    if metric == "informative_per_1k_tokens":  # amendment 3
+        return [r[metric] for r in runs.get(claim["a"], [])], [r[metric] for r in runs.get(claim["b"], [])]
+    if metric == "tokens_to_target":  # amendment 3: "a > b" = a needs more sampled tokens than b
+        target = base[claim["cond"]] + ESCAPE_MARGIN
+        return ([tokens_to_target(r, target) for r in runs.get(claim["a"], [])],
+                [tokens_to_target(r, target) for r in runs.get(claim["b"], [])])
     arm = claim["a"].split("@")[0].split(":")[0]
     if metric == "retention_drop":  # "<arm>@start" > "<arm>@end": the warmed-up model's retention minus the run's
         return [base["retain"] - r["retention"]["accuracy"] for r in runs.get(arm, [])], None
@@ -177,8 +210,13 @@ def _values(claim: dict[str, Any], runs: dict[str, list[dict[str, Any]]], base: 
     raise ValueError(f"claims.json: unknown metric {metric!r}")
 
 
+def family_of(claim: dict[str, Any]) -> str:
+    """A claim's Holm family: its ``family`` (amendment 3's scheduling claims: ``sched-<cond>``), else its condition."""
+    return claim.get("family", claim["cond"])
+
+
 def verdicts(out: pathlib.Path) -> dict[str, Any]:
-    """Every claim's test, Holm-adjusted within its condition; null verdicts until the claim's seeds exist."""
+    """Every claim's test, Holm-adjusted within its family; null verdicts until the claim's seeds exist."""
     claims = json.loads((out / "claims.json").read_text())
     runs = load_runs(out)
     base = _base_accuracy(out)
@@ -191,14 +229,14 @@ def verdicts(out: pathlib.Path) -> dict[str, Any]:
             if b is None:
                 res = st.one_sample(a)
                 row.update(diff=res["mean"], p=res["p"])
-            elif c["metric"] == "escape":
+            elif c["metric"] in PERMUTATION:
                 row.update(diff=float(np.mean(a) - np.mean(b)), p=st.permutation_p(a, b))
             else:
                 res = st.welch(a, b)
                 row.update(diff=res["diff"], p=res["p"])
         rows.append(row)
-    for cond in {r["cond"] for r in rows}:
-        fam = [r for r in rows if r["cond"] == cond]
+    for family in {family_of(r) for r in rows}:
+        fam = [r for r in rows if family_of(r) == family]
         if all(r["p"] is not None for r in fam):  # the family is adjusted once every claim in it has its seeds
             for r, q in zip(fam, st.holm([r["p"] for r in fam])):
                 r["p_holm"], r["significant"] = q, bool(q < ALPHA and r["diff"] > 0)
@@ -208,7 +246,8 @@ def verdicts(out: pathlib.Path) -> dict[str, Any]:
 def _base_accuracy(out: pathlib.Path) -> dict[str, float]:
     """cond -> the warmed-up model's accuracy on the condition's level, and "retain" -> on the held skill's level
     (levels.json): the escape threshold and the retention start point."""
-    path = out / "levels.json"
+    path = out / "rewarm" / "levels.json"  # amendment 2: the re-created warm-up's levels, once measured
+    path = path if path.exists() else out / "levels.json"
     if not path.exists():
         return {}
     lv = json.loads(path.read_text())
