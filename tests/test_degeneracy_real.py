@@ -140,14 +140,19 @@ def test_second_edition_grid_configs(dr2, tmp_path):
             assert cfg.train.max_sampled_tokens == design.steps * design.rows * dr2.MAX_NEW_TOKENS
             assert cfg.data.split == "pair-train" and cfg.data.difficulty == {"matched": 4, "hard": 6}[cond.level]
             assert cfg.optim.max_grad_norm == 25.0
-            assert cfg.optim.learning_rate == design.lr[dr2.lr_key(arm, cond.lora_rank)]
+            assert cfg.optim.learning_rate == design.lr[dr2.lr_key(dr2.LR_FROM.get(arm, arm), cond.lora_rank)]
+            # amendment 3: the skip arm (m4 and hard only) and the held-out probe of those two conditions
+            assert cfg.rollout.schedule == ("skip" if arm == "grpo_skip" else "none")
+            assert (cfg.train.eval_every, cfg.train.eval_examples) == ((10, 64) if cond.probe else (0, 64))
             assert cfg.model.name_or_path == str(tmp_path / "warmup" / "final")
             (held,) = cfg.train.retain.values()
             assert (held["difficulty"], held["split"]) == (1, "pair-test") and cfg.train.retain_every > 2 * design.steps
             # Dr. GRPO with its own aggregation (sum over tokens / (S x max_tokens)), every other arm token-mean
             assert cfg.algo.aggregation == ("seq-mean-token-sum-norm" if arm == "dr_grpo" else "token-mean")
-        algos = [(c.algo, c.optim) for c in cfgs.values()]
+        algos = [(c.algo, c.optim, c.rollout) for c in cfgs.values()]
         assert len({repr(a) for a in algos}) == len(algos)  # no two arms are one configuration
+    assert [c for c, cond in dr2.CONDITIONS.items() if "grpo_skip" in cond.arms] == ["m4", "hard"]
+    assert {c for c, cond in dr2.CONDITIONS.items() if cond.probe} == {"m4", "hard"}
 
 
 def test_second_edition_parts_and_errors(dr2, tmp_path, monkeypatch, capsys):
@@ -175,6 +180,25 @@ def test_second_edition_train_stats_by_hand(dr2):
     assert (s["steps"], s["zero_grad_frac"], s["clip_frac"]) == (4, 0.25, 0.25)
     assert s["jensen_gap_train"] == pytest.approx((0.1 + 0.0 + 0.25 + 0.25) / 4)
     assert (s["reward_mean"], s["reward_last_half"]) == (0.5, 0.75) and s["grad_norm_pcts"]["50"] == 4.0
+
+
+def test_second_edition_sampling_stats_by_hand(dr2):
+    """Amendment 3: informative groups per 1,000 sampled tokens (the schedule's count, P x the resample fraction, or
+    the step's informative groups) and the held-out probe with the tokens and step seconds spent by then."""
+    recs = [{"step": 0, "retain/held/accuracy": 0.9}] + [
+        {"step": 1, "time/train_s": 1.0, "time/sample_s": 2.0, "tokens/sampled": 100, "tokens/sampled_total": 100,
+         "groups/informative": 3.0},
+        {"step": 2, "time/train_s": 1.5, "time/sample_s": 0.5, "tokens/sampled": 300, "tokens/sampled_total": 400,
+         "groups/informative": 4.0, "resample/informative_frac": 0.75, "eval/pass@1": 0.5},
+        {"step": 3, "time/train_s": 1.0, "time/sample_s": 1.0, "tokens/sampled": 100, "tokens/sampled_total": 500,
+         "groups/informative": 4.0, "schedule/informative_groups": 5.0, "resample/informative_frac": 1.0}]
+    s = dr2.sampling_stats(recs, 4)
+    assert s["informative_groups"] == 3 + 4 * 0.75 + 5
+    assert s["informative_per_1k_tokens"] == pytest.approx(1000 * 11 / 500) and s["step_seconds"] == 7.0
+    assert s["probe"] == [{"step": 2, "tokens": 400, "seconds": 5.0, "accuracy": 0.5}]
+    probe = {"budget": 1000, "probe": [{"tokens": 200, "accuracy": 0.3}, {"tokens": 400, "accuracy": 0.61}]}
+    assert dr2.analysis.tokens_to_target(probe, 0.6) == 400.0
+    assert dr2.analysis.tokens_to_target(probe, 0.7) == 2000.0  # never reached: twice the budget
 
 
 def test_pick_levels_rule(dr2):
@@ -206,9 +230,9 @@ def test_resolve_design_from_pilot_files(dr2, tmp_path):
         dr2.analysis.resolve_design(tmp_path, 2.0)
 
 
-def _result(cond, arm, seed, acc, retention=0.9, gap=0.05):
+def _result(cond, arm, seed, acc, retention=0.9, gap=0.05, **extra):
     return {"cond": cond, "arm": arm, "seed": seed, "heldout": {"accuracy": acc}, "retention": {"accuracy": retention},
-            "jensen_gap_train": gap}
+            "jensen_gap_train": gap, **extra}
 
 
 def test_verdicts_pending_then_holm_within_condition(dr2, tmp_path):
@@ -239,6 +263,29 @@ def test_verdicts_pending_then_holm_within_condition(dr2, tmp_path):
     ps = [v[k]["p"] for k in "xyz"]
     assert [v[k]["p_holm"] for k in "xyz"] == pytest.approx(dr2.analysis.st.holm(ps))
     assert v["x"]["significant"] is True and v["y"]["significant"] is False and v["z"]["significant"] is False
+    # amendment 3: claims in their own family ("sched-m4") are adjusted among themselves; the condition's are unchanged
+    claims += [{"id": "w", "cond": "m4", "family": "sched-m4", "a": "grpo_skip", "b": "grpo", "claim": "a>b",
+                "metric": "informative_per_1k_tokens", "seeds": 3},
+               {"id": "t", "cond": "m4", "family": "sched-m4", "a": "grpo", "b": "grpo_skip", "claim": "a>b",
+                "metric": "tokens_to_target", "seeds": 3}]  # fmt: skip
+    dr2._write_json(tmp_path / "claims.json", claims)
+    never = [{"tokens": 400, "accuracy": 0.45}]  # below the target 0.3 + 0.2 = 0.5: counts as 2 x 1,000 tokens
+    for seed, acc in enumerate(runs["grpo"]):
+        dr2._write_json(tmp_path / "m4" / "grpo" / f"seed{seed}" / "result.json",
+                        _result("m4", "grpo", seed, acc, 0.9 - 0.1 * seed if seed < 2 else 0.7,
+                                informative_per_1k_tokens=5.0 + seed, budget=1000, probe=never))  # fmt: skip
+        dr2._write_json(tmp_path / "m4" / "grpo_skip" / f"seed{seed}" / "result.json",
+                        _result("m4", "grpo_skip", seed, 0.6, informative_per_1k_tokens=9.0 + seed, budget=1000,
+                                probe=[{"tokens": 200, "accuracy": 0.1},
+                                       {"tokens": 500 + 100 * seed, "accuracy": 0.5}]))  # fmt: skip
+    v2 = {r["id"]: r for r in dr2.analysis.verdicts(tmp_path)["claims"]}
+    for k in "xyz":
+        assert (v2[k]["p"], v2[k]["p_holm"]) == (v[k]["p"], v[k]["p_holm"])
+    t = 4.0 / (2 * 1.0 / 3) ** 0.5  # equal spreads s = 1, df = 4
+    assert v2["w"]["p"] == pytest.approx(dr2.analysis.st.t_two_sided_p(t, 4.0)) and v2["w"]["diff"] == 4.0
+    # 2,000 x 3 against 500, 600, 700: of the 20 relabelings only the observed one and its mirror are as extreme
+    assert v2["t"]["p"] == pytest.approx(2 / 20) and v2["t"]["diff"] == pytest.approx(2000 - 600)
+    assert [v2[k]["p_holm"] for k in "wt"] == pytest.approx(dr2.analysis.st.holm([v2["w"]["p"], v2["t"]["p"]]))
 
 
 def test_first_edition_audit_backs_the_quoted_figures(dr2):
@@ -260,7 +307,9 @@ def test_second_edition_run_one_records_config_seed_commit(dr2, tmp_path, monkey
     budget = design.steps * design.rows * dr2.MAX_NEW_TOKENS
     recs = [{"step": 0, "retain/held/accuracy": 0.9}] + [
         {"step": s, "time/train_s": 1.0, "grad_norm": g, "reward/mean": 0.5, "degeneracy/collapse_rate": 0.5,
-         "degeneracy/iid_rate": 0.4, "tokens/sampled_total": budget * s // 2} for s, g in ((1, 0.0), (2, 40.0))]
+         "degeneracy/iid_rate": 0.4, "tokens/sampled_total": budget * s // 2, "tokens/sampled": budget // 2,
+         "time/sample_s": 2.0, "groups/informative": 3.0, "resample/informative_frac": 0.5}
+        for s, g in ((1, 0.0), (2, 40.0))]
     recs[-1]["retain/held/accuracy"] = 0.8
     monkeypatch.setattr(dr2, "_train", lambda cfg, run_dir: recs)
     evals = []
@@ -272,6 +321,9 @@ def test_second_edition_run_one_records_config_seed_commit(dr2, tmp_path, monkey
     assert res["config"]["algo"]["degenerate_groups"] == "resample" and res["config"]["seed"] == 5
     assert len(res["commit"]) >= 40 and (res["clip_frac"], res["zero_grad_frac"]) == (0.5, 0.5)  # 40 > 25
     assert res["retain_trainer"] == {"0": 0.9, "2": 0.8}
+    # amendment 3's measures (m8 has no probe): P = 2 prompts at G = 8, half of them informative each step
+    assert (res["informative_groups"], res["step_seconds"], res["probe"]) == (2.0, 6.0, [])
+    assert res["informative_per_1k_tokens"] == pytest.approx(1000 * 2.0 / budget)
     assert json.loads((tmp_path / "m8" / "grpo_resample" / "seed5" / "result.json").read_text()) == res
 
 
