@@ -261,11 +261,27 @@ def make_train_step(
     return init_fn, StepFn(jitted, hparams, mesh)
 
 
+_REFERENCE: dict[Hashable, Callable] = {}
+
+
+def reference_logprobs_fn(model_config: models.ModelConfig, temperature: float, chunk: int, top_k: int,
+                          top_p: float) -> Callable:
+    """``fn(params, batch) -> [B, Tc]``: the batch's completion log-probs under ``params`` (the KL reference pass,
+    `compute_logprobs` at the rollout's temperature and truncation), jitted and memoized like `make_train_step`'s
+    step, so trainers with the same model and sampling settings share its compiled programs."""
+    key = (_freeze(model_config), float(temperature), int(chunk), int(top_k), float(top_p))
+    if key not in _REFERENCE:
+        _REFERENCE[key] = jax.jit(lambda prm, b: compute_logprobs(model_config, prm, b, temperature, chunk,
+                                                                  top_k=top_k, top_p=top_p)[0])  # fmt: skip
+    return _REFERENCE[key]
+
+
 def release_programs() -> None:
-    """Forget every memoized program (`make_train_step`), so its compiled executables can be freed once no trainer
-    holds them; the next `make_train_step` compiles again. For a long-lived process that builds many configurations
-    (a test session, a sweep in one process): XLA:CPU holds memory maps for each live executable."""
+    """Forget every memoized program (`make_train_step`, `reference_logprobs_fn`), so its compiled executables can be
+    freed once no trainer holds them; the next call compiles again. For a long-lived process that builds many
+    configurations (a test session, a sweep in one process): XLA:CPU holds memory maps for each live executable."""
     _PROGRAMS.clear()
+    _REFERENCE.clear()
 
 
 def _build_program(

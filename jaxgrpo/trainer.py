@@ -48,7 +48,6 @@ from jaxgrpo import step_batch as step_batch_lib
 from jaxgrpo import train_step as ts
 from jaxgrpo.groups import Rollout
 from jaxgrpo.host import to_host
-from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.models import lora
 from jaxgrpo.rollout import driver as rollout_driver
 from jaxgrpo.rollout.params import SamplingParams
@@ -141,9 +140,8 @@ class Trainer:
         if cfg.algo.kl_coef > 0:
             if not self.lora:
                 self.ref_params = jax.tree.map(jnp.copy, models.compute_params(self.model_config, params))
-            chunk, k, p = self.perf.logprob_chunk, cfg.rollout.top_k, cfg.rollout.top_p
-            self.ref_logprobs = jax.jit(lambda prm, b: compute_logprobs(self.model_config, prm, b, temperature, chunk,
-                                                                         top_k=k, top_p=p)[0])  # fmt: skip
+            self.ref_logprobs = ts.reference_logprobs_fn(self.model_config, temperature, self.perf.logprob_chunk,
+                                                         cfg.rollout.top_k, cfg.rollout.top_p)  # fmt: skip
         # the learner's log-probs are of the sampler's distribution (top-k / top-p truncated: jaxgrpo.logprobs)
         # max_tokens fixed: the single-turn batch's completion width varies (`jaxgrpo.step_batch`)
         r = cfg.rollout

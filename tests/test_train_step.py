@@ -420,6 +420,12 @@ def test_one_program_for_runs_that_differ_in_schedule_numbers(config, params):
     other = ts.make_train_step(config, AlgoConfig(), OptimConfig(learning_rate=1e-3, b1=0.8, **base),
                                temperature=TEMP, total_steps=10)[1]  # fmt: skip
     assert other.jitted is not fns[0].jitted
+    # the KL reference pass is memoized on the model and the sampling settings the same way
+    ref = ts.reference_logprobs_fn(config, TEMP, 0, 0, 1.0)
+    assert ts.reference_logprobs_fn(config, TEMP, 0, 0, 1.0) is ref is not ts.reference_logprobs_fn(config, TEMP, 0, 5,
+                                                                                                        1.0)
+    ts.release_programs()
+    assert ts.reference_logprobs_fn(config, TEMP, 0, 0, 1.0) is not ref
     for step_fn, T in zip(cos, (2, 4)):
         want = 0.5 * (1 + math.cos(math.pi / T))
         np.testing.assert_allclose(optim.schedule_value("cosine", step_fn.hparams, 1), want, rtol=1e-6)
