@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -92,12 +93,35 @@ def to_json(obj: Any, where: str = "extra") -> Any:
     raise ValueError(f"{where} has type {type(obj).__name__}, which is not JSON data (dict/list/str/number/bool/None)")
 
 
+def _uncommitted(x: Any) -> bool:
+    return isinstance(x, jax.Array) and not getattr(x, "committed", True)
+
+
+def _is_key(x: Any) -> bool:
+    return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _uncommit(x: Any) -> jax.Array:
+    """``x`` (restored into host memory, or a typed PRNG key restored onto the default device) as an uncommitted array
+    on the default device."""
+    if _is_key(x):
+        return jax.random.wrap_key_data(jnp.asarray(jax.device_get(jax.random.key_data(x))),
+                                        impl=jax.random.key_impl(x))  # fmt: skip
+    return jnp.asarray(x)
+
+
 def _restore_target(target: Any) -> tuple[Any, Any]:
     """(item, restore_args) for orbax: every array leaf becomes a ShapeDtypeStruct carrying its sharding, so the
-    restored arrays land on the target's devices (a mesh-sharded TrainState restores onto the mesh)."""
+    restored arrays land on the target's devices (a mesh-sharded TrainState restores onto the mesh). An uncommitted
+    leaf (one device, no mesh: what jit returns for uncommitted inputs) is read into host memory instead and made an
+    uncommitted device array again by `CheckpointManager.restore`: a committed copy would be lowered with its
+    sharding, other programs than the fresh run's (compiled again in the process, and missing a persistent
+    compilation cache filled by the fresh run)."""
     default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
     def abstract(x: Any) -> Any:
+        if _uncommitted(x) and not _is_key(x):  # a key restores as one (below) and is uncommitted after
+            return np.empty(x.shape, x.dtype)  # not touched: orbax reads into a new array of this shape and dtype
         if isinstance(x, jax.Array):
             return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
         if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is None:
@@ -254,7 +278,8 @@ class CheckpointManager:
                 f"checkpoint step {step} under {self.directory} does not match the restore target ({e}); the model "
                 "and optimizer configuration must be the ones of the run that wrote it"
             ) from e
-        return out[STATE_ITEM], dict(out[EXTRA_ITEM] or {})
+        state = jax.tree.map(lambda t, x: _uncommit(x) if _uncommitted(t) else x, target, out[STATE_ITEM])
+        return state, dict(out[EXTRA_ITEM] or {})
 
     def restore_subtree(self, step: int | None, name: str, target: Any) -> Any:
         """Restores only the entry `name` of the saved state (e.g. "params" of a TrainState) into `target`'s

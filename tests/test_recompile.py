@@ -79,6 +79,20 @@ def test_a_run_uses_one_rung_for_nearly_every_step():
 BATCH_KS = [[6] * 8, [12] + [6] * 7, [10] * 8, [12, 12] + [10] * 6, [6] * 8]
 
 
+def _batch_ks_run(tmp_path, sampler: str, *extra: str) -> list[str]:
+    """Overrides of a tiny run over `BATCH_KS`'s prompts (a GSM8K-format file written under ``tmp_path``)."""
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    rows = [{"question": "1+" * k + "1=", "answer": f"#### {k + 1}"} for ks in BATCH_KS for k in ks]
+    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return ["rollout.prompts_per_step=8", "rollout.group_size=4", "rollout.max_new_tokens=2", "log.progress=false",
+            "log.tensorboard=false", "log.sample_every=0", "checkpoint.every=0", "checkpoint.export_final=false",
+            f"train.steps={len(BATCH_KS)}", "data.source=gsm8k", f"data.path={data}", "data.shuffle=false",
+            "data.max_prompt_tokens=32", "data.rewards={gsm8k: 1.0}",
+            # the trainer takes the previous sampler with a mesh only
+            *(["mesh.data=4", "mesh.fsdp=2"] if sampler == "legacy" else []), *extra]  # fmt: skip
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sampler", ["legacy", "engine"])
 def test_no_compilation_after_the_first_step(tmp_path, sampler):
@@ -86,17 +100,7 @@ def test_no_compilation_after_the_first_step(tmp_path, sampler):
     step and everything around them), with the engine and with the legacy sampler; the former per-batch widths (the
     packed prompts rounded up to 64, the sampler's 4 buckets per octave) take two values each over the same
     batches."""
-    data = tmp_path / "data"
-    data.mkdir()
-    rows = [{"question": "1+" * k + "1=", "answer": f"#### {k + 1}"} for ks in BATCH_KS for k in ks]
-    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    overrides = ["rollout.prompts_per_step=8", "rollout.group_size=4", "rollout.max_new_tokens=2",
-                 "log.progress=false", "log.tensorboard=false", "log.sample_every=0", "checkpoint.every=0",
-                 "checkpoint.export_final=false", f"train.steps={len(BATCH_KS)}", "data.source=gsm8k",
-                 f"data.path={data}", "data.shuffle=false", "data.max_prompt_tokens=32", "data.rewards={gsm8k: 1.0}",
-                 # the trainer takes the previous sampler with a mesh only
-                 *(["mesh.data=4", "mesh.fsdp=2"] if sampler == "legacy" else [])]  # fmt: skip
-    cfg = config_lib.load_config("default", overrides)
+    cfg = config_lib.load_config("default", _batch_ks_run(tmp_path, sampler))
     compiles = [0]
 
     def listener(event: str, secs: float, **kw) -> None:
@@ -127,6 +131,35 @@ def test_no_compilation_after_the_first_step(tmp_path, sampler):
     # the test has teeth: the former per-batch rules give these batches several shapes
     assert len({padding.packed_width(n, 1) for n in lengths}) == 2
     assert len({padding.prompt_bucket(sum(n)) for n in lengths}) == 2
+
+
+def test_a_run_resumed_in_the_same_process_compiles_nothing(tmp_path):
+    """Two steps, then the same run resumed to five in the same process (as a sweep or a notebook does): the restored
+    state is uncommitted like the fresh one (`jaxgrpo.checkpoint`), so the resumed steps use the uninterrupted run's
+    programs and compile nothing. A committed restore compiled the step path again (and missed a persistent
+    compilation cache filled by the first process)."""
+    run = tmp_path / "run"
+    trainer.run(config_lib.load_config("default", _batch_ks_run(tmp_path, "engine", "train.steps=2",
+                                                                "checkpoint.every=1")), run)  # fmt: skip
+    compiles = [0]
+
+    def listener(event: str, secs: float, **kw) -> None:
+        compiles[0] += event in (COMPILE_EVENT, CACHE_HIT_EVENT)
+
+    t = trainer.Trainer(config_lib.load_config("default", _batch_ks_run(tmp_path, "engine")), run,
+                        allow_config_change=True)  # fmt: skip
+    assert t.start_step == 2 and not jax.tree.leaves(t.state.params)[0].committed
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    per_step = []
+    try:
+        for step in range(2, len(BATCH_KS)):
+            before = compiles[0]
+            t.step(step)
+            per_step.append(compiles[0] - before)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+        t.close()
+    assert per_step == [0] * (len(BATCH_KS) - 2), per_step
 
 
 # (longest loss-carrying completion, informative groups) of each step: the first three reach the three (completion
