@@ -5,7 +5,8 @@
 Per round: the scheduler picks P prompts from the prompt iterator (skipping predicted-degenerate ones, GRESO) and a
 group size for each (adaptive G); the groups are sampled, scored, and, with ``algo.degenerate_groups=resample``,
 rounds repeat until P informative groups are held or ``algo.resample_max_rounds`` rounds were drawn (as the
-trainer's own round-based dynamic sampling; with ``skip`` alone on the engine, `stream` does it at the group level).
+trainer's own round-based dynamic sampling; on the engine it is done at the group level: `stream` with ``skip``
+alone, `stream_sized` with ``adaptive``).
 The history is updated once, after every round of the step was scored, so a step that fails in its reward functions
 leaves the history as it was (the trainer retries the step).
 
@@ -37,8 +38,8 @@ def rollout(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, floa
     """The step's rollout and its metrics (``tokens/sampled``, ``resample/*`` with resample, ``schedule/*``);
     ``tr`` is the `jaxgrpo.trainer.Trainer`."""
     sch, a, r = tr.scheduler, tr.cfg.algo, tr.cfg.rollout
-    if a.degenerate_groups == "resample" and not sch.settings.adaptive and getattr(tr, "use_engine", False):
-        return stream(tr, step, key)
+    if a.degenerate_groups == "resample" and getattr(tr, "use_engine", False):
+        return stream_sized(tr, step, key) if sch.settings.adaptive else stream(tr, step, key)
     want = r.prompts_per_step
     max_rounds = a.resample_max_rounds if a.degenerate_groups == "resample" else 1
     pool: list[Rollout] = []
@@ -147,6 +148,13 @@ def sample_sized(tr: Any, indices: list[int], sizes: np.ndarray, key: jax.Array)
                                  temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                  eos_token_ids=tr.eos_token_ids, key=key, mesh=tr.rollout_mesh)  # fmt: skip
         comp = jax.tree.map(to_host, comp.replace(projections=None))
+    return score_sized(tr, indices, sizes, comp)
+
+
+def score_sized(tr: Any, indices: list[int], sizes: np.ndarray | list[int], comp: sampling.Completions) -> Rollout:
+    """Scores host-side completions of groups of sizes ``sizes`` (rows prompt-major) and pads them into the
+    ``[P, G]`` layout (`pad_groups`)."""
+    r = tr.cfg.rollout
     tokens, mask = np.asarray(comp.tokens), np.asarray(comp.mask)
     ids = [t[m].tolist() for t, m in zip(tokens, mask)]
     texts = tr.tokenizer.batch_decode(ids, skip_special_tokens=True)
@@ -154,7 +162,68 @@ def sample_sized(tr: Any, indices: list[int], sizes: np.ndarray, key: jax.Array)
     rw, valid, _ = tr.scorer(texts, row_examples, ids)
     if tr.cfg.algo.overlong_buffer is not None:  # DAPO's soft overlong punishment, in tokens (as `Trainer.score`)
         rw = rw + objectives.overlong_penalty(mask.sum(-1), r.max_new_tokens, tr.cfg.algo.overlong_buffer)
-    return pad_groups(tr, indices, sizes, comp, texts, np.asarray(rw), np.asarray(valid), g_max)
+    return pad_groups(tr, indices, np.asarray(sizes), comp, texts, np.asarray(rw), np.asarray(valid), r.group_size)
+
+
+def stream_sized(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, float]]:
+    """``adaptive`` (with or without ``skip``) with ``degenerate_groups=resample`` on the engine: the streaming fill
+    with groups of unequal size. Each round's prompts and sizes G_i are picked as in `rollout`; prompt i enters the
+    engine as G_i / u sub-groups of u rows (slots x G / u slots of u rows, as `sample_sized`), its group is scored
+    once its last sub-group completes, and admission stops at the P-th informative group or after
+    ``algo.resample_max_rounds`` rounds. Groups not complete then are dropped, unobserved; every token they sampled
+    (sub-groups finished, in flight or finished beside the last) counts in ``tokens/sampled``."""
+    sch, a, r = tr.scheduler, tr.cfg.algo, tr.cfg.rollout
+    want, unit, g_max = r.prompts_per_step, sch.settings.min_group, r.group_size
+    rounds: list[tuple[list[int], np.ndarray]] = []
+    entries: list[tuple[int, int]] = []  # engine prompt number -> (round, position in the round)
+    parts: dict[tuple[int, int], list[rollout_driver.Group]] = {}
+    done: list[tuple[int, Rollout, bool, int]] = []
+    skipped = [0]
+
+    def draw() -> list[list[int]]:
+        kept, skip = sch.select(lambda n: tr.iterator.next_batch(n), want, step, len(rounds),
+                                max_draws=max(100 * want, len(tr.examples)))  # fmt: skip
+        skipped[0] += len(skip)
+        sizes = sch.group_sizes(kept)
+        subs = [(len(rounds), j) for j, g in enumerate(sizes) for _ in range(int(g) // unit)]
+        rounds.append((kept, sizes))
+        entries.extend(subs)
+        return [tr.encoded[kept[j]] for _, j in subs]
+
+    def more() -> list[list[int]] | None:
+        return draw() if len(rounds) < a.resample_max_rounds else None
+
+    def on_group(p: int, grp: rollout_driver.Group) -> bool:
+        r_i, j = entries[p]
+        got = parts.setdefault((r_i, j), [])
+        got.append(grp)
+        kept, sizes = rounds[r_i]
+        if len(got) < int(sizes[j]) // unit:
+            return False
+        comp = rollout_driver.completions(dict(enumerate(got)), range(len(got)))
+        one = score_sized(tr, [kept[j]], [sizes[j]], comp)
+        deg = bool(np.asarray(degeneracy.degenerate_mask(one.rewards, one.valid, atol=a.degenerate_atol,
+                                                         rtol=a.degenerate_rtol))[0])  # fmt: skip
+        done.append((kept[j], one, deg, int(sizes[j])))
+        del parts[(r_i, j)]
+        return sum(not d for _, _, d, _ in done) >= want
+
+    sp = SamplingParams(r.max_new_tokens, unit, r.temperature, r.top_p, r.top_k, tr.eos_token_ids)
+    slots = None if r.engine == "static" else (r.slots or want) * (g_max // unit)
+    _, stats = rollout_driver.run(tr.model_config, tr.sampler_params(), draw(), sp, key, slots=slots,
+                                  block=r.decode_block, prompt_width=tr.prompt_width, on_group=on_group,
+                                  more=more)  # fmt: skip
+    counts = sch.record([i for i, _, _, _ in done], np.concatenate([o.rewards for _, o, _, _ in done]),
+                        np.concatenate([o.valid for _, o, _, _ in done]), np.asarray([d for _, _, d, _ in done]))
+    informative = [o for _, o, d, _ in done if not d]
+    pool = informative + [o for _, o, d, _ in done if d]
+    unfinished = sum(int(g.mask.sum()) for got in parts.values() for g in got)  # sub-groups of incomplete groups
+    tokens = sampled_tokens(pool) + unfinished + stats.dropped_tokens
+    out = merge_groups(pool, [(i, 0) for i in range(min(want, len(pool)))])
+    admitted = len(set(entries[: stats.admitted]))  # groups with at least one sub-group admitted
+    extra = resample_metrics(len(rounds), admitted, want, len(informative), len(pool) - len(informative), tokens)
+    extra.update(schedule_metrics(sch, skipped[0], len(informative), tokens, [g for *_, g in done], counts))
+    return out, {**extra, **stats.metrics()}
 
 
 def pad_groups(tr: Any, indices: list[int], sizes: np.ndarray, comp: sampling.Completions, texts: list[str],

@@ -88,3 +88,39 @@ def test_streamed_skip_admits_only_kept_prompts_and_records_the_completed_groups
     every[0] = 4  # as in the test above: group 29 finished beside the 8th informative one, dropped unread
     _, extra = tr.rollout(1)
     assert len(scored) == 29 and 4 <= extra["tokens/sampled"] - sum(tokens) <= 8
+
+
+def test_streamed_adaptive_groups_of_unequal_size_stop_at_p_informative_groups(tmp_path, monkeypatch):
+    """``rollout.schedule=adaptive`` with resample on the engine (`jaxgrpo.scheduled.stream_sized`): the even prompts
+    carry a 30-group all-fail history (p = 1/32: G_i = 2 = u, the floor), the others none (G = 4); a prompt enters
+    the engine as G_i / 2 sub-groups of 2 rows and is scored once all of them completed; admission stops at the P-th
+    informative group; the step's [P, G] rollout holds the first P informative groups, padding invalid; the history
+    gains exactly the scored groups; every sampled token is counted."""
+    cfg = small_config("rollout.schedule=adaptive", "algo.degenerate_groups=resample", "algo.resample_max_rounds=5",
+                       "rollout.engine=continuous", "rollout.slots=2")  # fmt: skip
+    tr = trainer.Trainer(cfg, tmp_path)
+    small = set(range(0, len(tr.examples), 2))
+    for i in small:
+        tr.scheduler.records[i] = scheduler.Record(failures=30.0, streak=-30)
+    assert tr.scheduler.group_sizes([0, 1, 2, 3]).tolist() == [2, 4, 2, 4]
+    real, scored = tr.scorer, []
+
+    def scorer(texts, examples, ids):  # group c (in completion order) is informative iff c % 3 == 0
+        rw, valid, more = real(texts, examples, ids)
+        rw = np.zeros(len(texts), np.float32)
+        rw[0] = float(len(scored) % 3 == 0)
+        scored.append((tr.examples.index(examples[0]), len(texts), sum(len(x) for x in ids)))
+        return rw, valid, more
+
+    monkeypatch.setattr(tr, "scorer", scorer)
+    roll, extra = tr.rollout(0)
+    assert len(scored) == 22 and 3 <= extra["resample/rounds"] <= 5  # the 8th informative group is number 21
+    assert all(size == (2 if i in small else 4) for i, size, _ in scored) and {s for _, s, _ in scored} == {2, 4}
+    assert extra["schedule/informative_groups"] == 8 and extra["resample/informative_frac"] == 1.0
+    picked = scored[0:22:3]
+    assert roll.rewards.shape == (8, 4) and (roll.rewards[:, 0] == 1).all()
+    assert roll.valid.sum(1).tolist() == [size for _, size, _ in picked]
+    assert roll.prompt_ids == [tr.encoded[i] for i, _, _ in picked]
+    # the scored groups' tokens plus at most the rows in flight (4 slots of 2 rows, M = 2 tokens)
+    assert 0 <= extra["tokens/sampled"] - sum(n for *_, n in scored) <= 4 * 2 * 2
+    assert sum(len(rec.outcomes) for rec in tr.scheduler.records.values()) == 22
