@@ -209,5 +209,7 @@ def test_policy_gradient_through_the_fused_head(monkeypatch):
     ref_loss, ref_grads = jax.jit(jax.value_and_grad(reference_loss_fn(config, algo, batch)))(params)
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * max(float(jnp.abs(b).max()), 1.0))
+        # float32 sums over the batch's tokens in two orders: a small entry's error is relative to the leaf's largest
+        # (1.3e-6 seen on a -9e-4 entry of a leaf whose largest is 0.35; 1e-6 flaked under load)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * max(float(jnp.abs(b).max()), 0.1))
     assert all(bool(jnp.isfinite(v).all()) for v in jax.tree.leaves(metrics))
