@@ -28,7 +28,7 @@ PREREGISTRATION.md``, ``claims.json``), powered, free of the clipping confound. 
 A run is finished when its result.json exists (written atomically); an interrupted part rerun skips finished runs
 and resumes an interrupted one from its checkpoint (deleted once the result is written).
 
-Time: the grid is 172 runs (m4, m8: 6 arms x 8 seeds; hard: 6 x 10; lora: 2 x 8) of ~100-140 steps plus a
+Time: the grid is 190 runs (m4: 7 arms x 8 seeds; m8: 6 x 8; hard: 7 x 10; lora: 2 x 8) of ~100-140 steps plus a
 256 x 8 held-out evaluation. The first edition's runs of this shape took 7-14 min each on 2 quiet cores (up to 23 min
 under load), so the grid is ~20-40 CPU-hours; the pilot is 24 runs of 20 steps; the warm-up 40 steps.
 """
