@@ -31,7 +31,6 @@ from jaxgrpo import degeneracy, objectives, sampling
 from jaxgrpo.groups import Rollout, merge_groups, resample_metrics, sampled_tokens, stream_groups
 from jaxgrpo.host import to_host
 from jaxgrpo.rollout import driver as rollout_driver
-from jaxgrpo.rollout.params import SamplingParams
 
 
 def rollout(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, float]]:
@@ -132,19 +131,15 @@ def sample_sized(tr: Any, indices: list[int], sizes: np.ndarray, key: jax.Array)
     """Samples ``sizes[i]`` completions for prompt ``indices[i]`` (multiples of u = ``schedule_min_group``, as
     sub-groups of u) and scores them; returns the padded ``[P, G]`` rollout (padding rows invalid and empty)."""
     r, unit = tr.cfg.rollout, tr.scheduler.settings.min_group
-    g_max = r.group_size
     expanded = [i for i, g in zip(indices, sizes) for _ in range(int(g) // unit)]
     prompt_ids = [tr.encoded[i] for i in expanded]
-    params = tr.sampler_params()
     if tr.rollout_mesh is None:  # the engine; the same rows in flight as G-row groups in `slots` slots
-        sp = SamplingParams(r.max_new_tokens, unit, r.temperature, r.top_p, r.top_k, tr.eos_token_ids)
-        slots = None if r.engine == "static" else (r.slots or r.prompts_per_step) * (g_max // unit)
-        groups, stats = rollout_driver.run(tr.model_config, params, prompt_ids, sp, key, slots=slots,
-                                           block=r.decode_block, prompt_width=tr.prompt_width)  # fmt: skip
+        groups, stats = tr.drive(prompt_ids, key, num_samples=unit)
         tr.rollout_stats = stats.metrics()
         comp = rollout_driver.completions(groups, range(len(prompt_ids)))
     else:
-        comp = sampling.generate(tr.model_config, params, prompt_ids, num_samples=unit, max_new_tokens=r.max_new_tokens,
+        comp = sampling.generate(tr.model_config, tr.sampler_params(), prompt_ids, num_samples=unit,
+                                 max_new_tokens=r.max_new_tokens,
                                  temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                  eos_token_ids=tr.eos_token_ids, key=key, mesh=tr.rollout_mesh)  # fmt: skip
         comp = jax.tree.map(to_host, comp.replace(projections=None))
@@ -173,7 +168,7 @@ def stream_sized(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str,
     ``algo.resample_max_rounds`` rounds. Groups not complete then are dropped, unobserved; every token they sampled
     (sub-groups finished, in flight or finished beside the last) counts in ``tokens/sampled``."""
     sch, a, r = tr.scheduler, tr.cfg.algo, tr.cfg.rollout
-    want, unit, g_max = r.prompts_per_step, sch.settings.min_group, r.group_size
+    want, unit = r.prompts_per_step, sch.settings.min_group
     rounds: list[tuple[list[int], np.ndarray]] = []
     entries: list[tuple[int, int]] = []  # engine prompt number -> (round, position in the round)
     parts: dict[tuple[int, int], list[rollout_driver.Group]] = {}
@@ -208,11 +203,7 @@ def stream_sized(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str,
         del parts[(r_i, j)]
         return sum(not d for _, _, d, _ in done) >= want
 
-    sp = SamplingParams(r.max_new_tokens, unit, r.temperature, r.top_p, r.top_k, tr.eos_token_ids)
-    slots = None if r.engine == "static" else (r.slots or want) * (g_max // unit)
-    _, stats = rollout_driver.run(tr.model_config, tr.sampler_params(), draw(), sp, key, slots=slots,
-                                  block=r.decode_block, prompt_width=tr.prompt_width, on_group=on_group,
-                                  more=more)  # fmt: skip
+    _, stats = tr.drive(draw(), key, num_samples=unit, on_group=on_group, more=more)
     counts = sch.record([i for i, _, _, _ in done], np.concatenate([o.rewards for _, o, _, _ in done]),
                         np.concatenate([o.valid for _, o, _, _ in done]), np.asarray([d for _, _, d, _ in done]))
     informative = [o for _, o, d, _ in done if not d]

@@ -305,14 +305,18 @@ class Trainer:
             return self.sampler_params_override
         return models.compute_params(self.model_config, self.state.params)
 
-    def drive(self, prompt_ids: list[list[int]], key: jax.Array, **kw: Any):
-        """The group driver (`jaxgrpo.rollout.driver`) over the current policy."""
+    def drive(self, prompt_ids: list[list[int]], key: jax.Array, num_samples: int | None = None, **kw: Any):
+        """The group driver (`jaxgrpo.rollout.driver`) over the current policy: groups of ``num_samples`` rows (default
+        G) in as many slots as hold the run's ``slots`` x G rows. The run's packed-prefill ladder (sized for groups of
+        G) applies to groups of G only: sub-groups admit more prompts at once than its cap was measured for."""
         r = self.cfg.rollout
-        sp = SamplingParams(r.max_new_tokens, r.group_size, r.temperature, r.top_p, r.top_k, self.eos_token_ids)
-        slots = None if r.engine == "static" else (r.slots or r.prompts_per_step)
+        n = num_samples or r.group_size
+        sp = SamplingParams(r.max_new_tokens, n, r.temperature, r.top_p, r.top_k, self.eos_token_ids)
+        slots = None if r.engine == "static" else (r.slots or r.prompts_per_step) * r.group_size // n
         return rollout_driver.run(self.model_config, self.sampler_params(), prompt_ids, sp, key, slots=slots,
                                   block=r.decode_block, prompt_width=self.prompt_width,
-                                  packed_ladder=self.ladders["engine"], **kw)  # fmt: skip
+                                  packed_ladder=self.ladders["engine"] if n == r.group_size else None,
+                                  **kw)  # fmt: skip
 
     def score(self, indices: list[int], comp: sampling.Completions) -> Rollout:
         """Rewards of host-side completions (prompt-major, G rows per prompt of ``indices``)."""
