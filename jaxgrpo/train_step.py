@@ -261,7 +261,7 @@ def make_train_step(
     return init_fn, StepFn(jitted, hparams, mesh)
 
 
-_REFERENCE: dict[Hashable, Callable] = {}
+_REFERENCE: OrderedDict[Hashable, Callable] = OrderedDict()
 
 
 def reference_logprobs_fn(model_config: models.ModelConfig, temperature: float, chunk: int, top_k: int,
@@ -270,9 +270,13 @@ def reference_logprobs_fn(model_config: models.ModelConfig, temperature: float, 
     `compute_logprobs` at the rollout's temperature and truncation), jitted and memoized like `make_train_step`'s
     step, so trainers with the same model and sampling settings share its compiled programs."""
     key = (_freeze(model_config), float(temperature), int(chunk), int(top_k), float(top_p))
-    if key not in _REFERENCE:
+    if key in _REFERENCE:
+        _REFERENCE.move_to_end(key)
+    else:
         _REFERENCE[key] = jax.jit(lambda prm, b: compute_logprobs(model_config, prm, b, temperature, chunk,
                                                                   top_k=top_k, top_p=top_p)[0])  # fmt: skip
+        while len(_REFERENCE) > _PROGRAMS_KEPT:
+            _REFERENCE.popitem(last=False)
     return _REFERENCE[key]
 
 

@@ -55,7 +55,7 @@ class RunStats:
     decode_tokens: int = 0
     decode_seconds: float = 0.0
     admitted: int = 0
-    dropped_tokens: int = 0  # tokens sampled by groups still in flight when ``on_group`` stopped the run
+    dropped_tokens: int = 0  # tokens of the groups dropped when ``on_group`` stopped the run (in flight or unread)
 
     def metrics(self) -> dict[str, float]:
         return {
