@@ -431,13 +431,19 @@ def totals(cfg: Config, resident: dict[str, float], step: dict[str, float], roll
     if cfg.mesh.rollout:  # the rollout's devices hold only what its programs take (their arguments: the weights)
         out.update({name: p["total"] for name, p in rollout.items() if name != "weights"})
         return out
-    kept = sum(resident.values())
-    # the sampler reads the state's own arrays where no cast (or LoRA merge) makes a copy: compute dtype = master
-    # dtype, or LoRA's base (stored in the compute dtype) with unmerged adapters
-    lora_unmerged = cfg.lora.rank > 0 and cfg.model.dtype != "float32"
-    shared = rollout["weights"]["total"] if cfg.model.dtype == cfg.model.param_dtype or lora_unmerged else 0.0
+    kept, shared = sum(resident.values()), shared_rollout_weights(cfg, rollout)
     out.update({name: kept + p["total"] - shared for name, p in rollout.items() if name != "weights"})
     return out
+
+
+def shared_rollout_weights(cfg: Config, rollout: dict[str, dict[str, float]]) -> float:
+    """Bytes of the rollout's weights that are the train state's own arrays (not a copy): the sampler reads the state
+    where no cast or LoRA merge makes a copy (compute dtype = master dtype, or LoRA's base, stored in the compute
+    dtype, with unmerged adapters), and never with ``mesh.rollout`` (the rollout's chips hold a copy of their own)."""
+    if cfg.mesh.rollout:
+        return 0.0
+    lora_unmerged = cfg.lora.rank > 0 and cfg.model.dtype != "float32"
+    return rollout["weights"]["total"] if cfg.model.dtype == cfg.model.param_dtype or lora_unmerged else 0.0
 
 
 def train_step_flops(cfg: Config, mcfg: models.ModelConfig, prompt_width: int, prompt_tokens: int = 0) -> float:

@@ -102,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{program} DOES NOT FIT: {str(e).splitlines()[0]}")
         return 1
     totals = aot.totals(cfg, resident, step, rollout)
-    # the masters as read (colocated, same dtype); the rollout's chips hold a copy of their own with mesh.rollout
-    shared = rollout["weights"]["total"] if cfg.model.dtype == cfg.model.param_dtype and not split else 0.0
+    shared = aot.shared_rollout_weights(cfg, rollout)  # the state's own arrays, as `aot.totals` counts them
     rows = [("weights (masters)", resident["weights"]), ("optimizer state", resident["optimizer"]),
             ("reference weights (KL)", resident["reference"]), ("train step temporaries", step["temporaries"]),
             ("train step total", totals["train step"]),

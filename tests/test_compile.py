@@ -200,3 +200,20 @@ def test_lora_state_holds_optimizer_moments_for_the_adapters_only():
     assert res["weights"] == pytest.approx(base_bytes / 2 + 4 * adapters)  # bf16 base + f32 adapters
     assert res["reference"] == 0.0
     assert aot.train_step_flops(cfg, mcfg, 16) < aot.train_step_flops(full, aot.model_config(full), 16)
+
+
+@pytest.mark.parametrize("over,shared", [
+    ([], True),  # float32 compute = float32 masters: the sampler reads them
+    (["model.dtype=bfloat16"], False),  # a bf16 copy of float32 masters
+    (["model.dtype=bfloat16", "lora.rank=4"], True),  # LoRA: the bf16 base itself, adapters unmerged
+    (["lora.rank=4"], True),  # float32 LoRA: compute = master dtype
+    (["mesh.rollout=2", "mesh.data=2"], False),  # the rollout's chips hold their own copy
+])  # fmt: skip
+def test_rollout_weights_shared_with_the_state(over, shared):
+    """What the CLI's "rollout weights (compute)" row and `aot.totals` subtract: one rule for both."""
+    cfg = config_lib.load_config("default", over)
+    rollout = {"weights": {"total": 1000.0}, "prefill": {"total": 300.0}}
+    assert aot.shared_rollout_weights(cfg, rollout) == (1000.0 if shared else 0.0)
+    resident = {"weights": 50.0, "optimizer": 20.0, "reference": 0.0}
+    totals = aot.totals(cfg, resident, {"total": 10.0}, rollout)
+    assert totals["prefill"] == (300.0 if cfg.mesh.rollout else 70.0 + 300.0 - (1000.0 if shared else 0.0))
