@@ -305,7 +305,8 @@ class Trainer:
             return self.sampler_params_override
         return models.compute_params(self.model_config, self.state.params)
 
-    def drive(self, prompt_ids: list[list[int]], key: jax.Array, num_samples: int | None = None, **kw: Any):
+    def drive(self, prompt_ids: list[list[int]], key: jax.Array, num_samples: int | None = None,
+              **kw: Any) -> tuple[dict[int, rollout_driver.Group], rollout_driver.RunStats]:
         """The group driver (`jaxgrpo.rollout.driver`) over the current policy: groups of ``num_samples`` rows (default
         G) in as many slots as hold the run's ``slots`` x G rows. The run's packed-prefill ladder (sized for groups of
         G) applies to groups of G only: sub-groups admit more prompts at once than its cap was measured for."""
