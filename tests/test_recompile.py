@@ -79,6 +79,29 @@ def test_a_run_uses_one_rung_for_nearly_every_step():
 BATCH_KS = [[6] * 8, [12] + [6] * 7, [10] * 8, [12, 12] + [10] * 6, [6] * 8]
 
 
+def compiles_per_step(t: trainer.Trainer, steps: range, check=None) -> list[int]:
+    """XLA compile events (or persistent-cache reads) during each of ``t.step(s)`` for s in ``steps``; ``check(s, m)``
+    sees each step's metrics. Closes ``t``."""
+    compiles = [0]
+
+    def listener(event: str, secs: float, **kw) -> None:
+        compiles[0] += event in (COMPILE_EVENT, CACHE_HIT_EVENT)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    per_step = []
+    try:
+        for step in steps:
+            before = compiles[0]
+            m = t.step(step)
+            per_step.append(compiles[0] - before)
+            if check is not None:
+                check(step, m)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+        t.close()
+    return per_step
+
+
 def _batch_ks_run(tmp_path, sampler: str, *extra: str) -> list[str]:
     """Overrides of a tiny run over `BATCH_KS`'s prompts (a GSM8K-format file written under ``tmp_path``)."""
     data = tmp_path / "data"
@@ -101,14 +124,9 @@ def test_no_compilation_after_the_first_step(tmp_path, sampler):
     packed prompts rounded up to 64, the sampler's 4 buckets per octave) take two values each over the same
     batches."""
     cfg = config_lib.load_config("default", _batch_ks_run(tmp_path, sampler))
-    compiles = [0]
-
-    def listener(event: str, secs: float, **kw) -> None:
-        compiles[0] += event in (COMPILE_EVENT, CACHE_HIT_EVENT)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
     t = trainer.Trainer(cfg, tmp_path / "run")
-    lengths, per_step = [], []
+    assert t.use_engine == (sampler == "engine")
+    lengths = []
     rollout = t.rollout
 
     def recorded(step):
@@ -117,15 +135,7 @@ def test_no_compilation_after_the_first_step(tmp_path, sampler):
         return roll, extra
 
     t.rollout = recorded
-    try:
-        assert t.use_engine == (sampler == "engine")
-        for step in range(cfg.train.steps):
-            before = compiles[0]
-            t.step(step)
-            per_step.append(compiles[0] - before)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-        t.close()
+    per_step = compiles_per_step(t, range(cfg.train.steps))
     assert lengths == [[2 * k + 6 for k in ks] for ks in BATCH_KS]
     assert per_step[0] > 0 and per_step[1:] == [0] * (len(BATCH_KS) - 1), per_step
     # the test has teeth: the former per-batch rules give these batches several shapes
@@ -141,24 +151,10 @@ def test_a_run_resumed_in_the_same_process_compiles_nothing(tmp_path):
     run = tmp_path / "run"
     trainer.run(config_lib.load_config("default", _batch_ks_run(tmp_path, "engine", "train.steps=2",
                                                                 "checkpoint.every=1")), run)  # fmt: skip
-    compiles = [0]
-
-    def listener(event: str, secs: float, **kw) -> None:
-        compiles[0] += event in (COMPILE_EVENT, CACHE_HIT_EVENT)
-
     t = trainer.Trainer(config_lib.load_config("default", _batch_ks_run(tmp_path, "engine")), run,
                         allow_config_change=True)  # fmt: skip
     assert t.start_step == 2 and not jax.tree.leaves(t.state.params)[0].committed
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    per_step = []
-    try:
-        for step in range(2, len(BATCH_KS)):
-            before = compiles[0]
-            t.step(step)
-            per_step.append(compiles[0] - before)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-        t.close()
+    per_step = compiles_per_step(t, range(2, len(BATCH_KS)))
     assert per_step == [0] * (len(BATCH_KS) - 2), per_step
 
 
@@ -201,24 +197,14 @@ def test_trimmed_batches_compile_during_warm_up_only(tmp_path):
                  "log.progress=false", "log.tensorboard=false", "log.sample_every=0", "checkpoint.every=0",
                  "checkpoint.export_final=false", f"train.steps={len(TRIM_SCHEDULE)}"]  # fmt: skip
     cfg = config_lib.load_config("default", overrides)
-    compiles = [0]
-
-    def listener(event: str, secs: float, **kw) -> None:
-        compiles[0] += event in (COMPILE_EVENT, CACHE_HIT_EVENT)
-
     t = trainer.Trainer(cfg, tmp_path / "run")
     t.rollout = trimmed_rollouts(t)
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    per_step, shapes = [], []
-    try:
-        for step in range(cfg.train.steps):
-            before = compiles[0]
-            m = t.step(step)
-            per_step.append(compiles[0] - before)
-            shapes.append((m["batch/completion_width"], m["batch/groups"]))
-            assert m["degeneracy/masked_groups"] == P - TRIM_SCHEDULE[step][1]
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-        t.close()
+    shapes = []
+
+    def check(step: int, m: dict) -> None:
+        shapes.append((m["batch/completion_width"], m["batch/groups"]))
+        assert m["degeneracy/masked_groups"] == P - TRIM_SCHEDULE[step][1]
+
+    per_step = compiles_per_step(t, range(cfg.train.steps), check)
     assert shapes == [(16, 8), (32, 2), (64, 4)] * 2
     assert all(n > 0 for n in per_step[:3]) and per_step[3:] == [0, 0, 0], per_step
