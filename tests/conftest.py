@@ -87,21 +87,20 @@ GSM8K_DIR = SHARED / "data" / "gsm8k"
 
 # The order in which the xdist workers take test files (`--dist loadfile`): longest first, so the files still running
 # when a worker runs out of work are short ones (the longest-processing-time-first rule; xdist's own order, by test
-# count, left a three-test 80-s file for last). Seconds per file measured cold on a 2-core machine; a file missing here
-# (new or quick) follows them in collection order. Only the order of work depends on these numbers, never a result.
+# count, left a three-test 80-s file for last). CPU seconds per file (the worker's own and its subprocesses', cold
+# compilation cache: what the file takes on a core of its own); a file missing here (new or quick) follows them in
+# collection order. Only the order of work depends on these numbers, never a result.
 FILE_SECONDS = {
-    "test_train.py": 213, "test_precompile.py": 170, "test_train_step.py": 124, "test_objectives_step.py": 108,
-    "test_compile.py": 85, "test_sampling.py": 101, "test_async.py": 110, "test_engine.py": 85,
-    "test_precompile_multiturn.py": 85, "test_multiturn_train.py": 84, "test_lora_train.py": 78, "test_gpu_aot.py": 75,
-    "test_mixed_precision.py": 73, "test_gguf_export.py": 70, "test_sampler_correction.py": 69,
-    "test_async_multiturn.py": 60, "test_async_multihost.py": 55, "test_decode.py": 52,
-    "test_degeneracy_study.py": 50, "test_chunked_attention.py": 48, "test_lora.py": 47, "test_prefix.py": 46,
-    "test_faults.py": 46, "test_train_step_sharded.py": 41, "test_rollout_truncated_logprobs.py": 40,
-    "test_recompile.py": 39, "test_step_batch.py": 37, "test_models.py": 35, "test_fused_logprobs.py": 34,
-    "test_train_step_prefix.py": 29, "test_retain.py": 29, "test_objectives.py": 26, "test_multihost_checkpoint.py": 26,
-    "test_scheduler.py": 26, "test_models_gguf.py": 25, "test_projection_reuse.py": 23, "test_turn_engine.py": 21,
-    "test_rollout_one_path.py": 21, "test_wandb.py": 21, "test_losses.py": 20, "test_eval.py": 19,
-    "test_diversity.py": 19, "test_gguf_tokenizer.py": 17, "test_advantages.py": 16,
+    "test_train.py": 115, "test_sampling.py": 103, "test_precompile.py": 102, "test_lora_train.py": 70,
+    "test_gpu_aot.py": 56, "test_train_step.py": 56, "test_async.py": 53, "test_mixed_precision.py": 52,
+    "test_precompile_multiturn.py": 44, "test_compile.py": 44, "test_objectives_step.py": 42,
+    "test_async_multiturn.py": 39, "test_multihost_checkpoint.py": 38, "test_multiturn_train.py": 36,
+    "test_engine.py": 33, "test_train_step_sharded.py": 32, "test_async_multihost.py": 32,
+    "test_degeneracy_study.py": 27, "test_gguf_export.py": 27, "test_sampler_correction.py": 26, "test_lora.py": 25,
+    "test_chunked_attention.py": 24, "test_faults.py": 23, "test_models_gguf.py": 22, "test_decode.py": 20,
+    "test_rollout_truncated_logprobs.py": 20, "test_fused_logprobs.py": 19, "test_train_step_prefix.py": 19,
+    "test_advantages.py": 18, "test_step_batch.py": 18, "test_prefix.py": 18, "test_models.py": 17,
+    "test_recompile.py": 17, "test_projection_reuse.py": 16,
 }
 
 
