@@ -18,7 +18,9 @@ PREREGISTRATION.md``, ``claims.json``), powered, free of the clipping confound. 
    steps on the matched level with clipping off -> ``pilot/<arm>/lr<lr>/``; then ``design``: the lr per arm (highest
    mean reward over the last half of the pilot, ties to the smaller lr) and the clip threshold (`CLIP_FACTOR` x the
    largest 99th-percentile pre-clip gradient norm of the chosen pilot runs) -> ``design.json``.
-5. ``<cond>-seed<k>`` (every arm of a condition of `CONDITIONS` at seed k) or ``<cond>`` (all its seeds): the grid.
+5. ``<cond>-seed<k>`` (every arm of a condition of `CONDITIONS` at seed k), ``<cond>`` (all its seeds) or ``grid``
+   (every part, seed by seed: ``m4-seed0, m8-seed0, hard-seed0, lora-seed0, m4-seed1, ...``, so a partial grid
+   stays balanced across conditions): the grid.
    Each run writes ``<cond>/<arm>/seed<k>/{config.yaml, metrics.jsonl, result.json}``; result.json holds the
    config, seed, commit, steps, sampled tokens, the fraction of steps clipped and with an exactly zero gradient,
    gradient-norm percentiles, the training-log Jensen gap, the held-out evaluation (pair-test, >= 200 problems x
@@ -37,6 +39,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import hashlib
 import json
 import os
 import pathlib
@@ -125,6 +129,21 @@ def git_commit() -> str:
         return subprocess.run(["git", *a], cwd=HERE, capture_output=True, text=True).stdout.strip()
 
     return git("rev-parse", "HEAD") + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+@functools.cache
+def warmup_sha256(work: pathlib.Path) -> str | None:
+    """SHA-256 of the warm-up weights a run starts from (``<work>/warmup/final/model.safetensors``; None when absent):
+    the weights are not committed, and a warm-up re-created on another machine differs in its last digits
+    (PREREGISTRATION.md, amendment 2), so every result records which one it used."""
+    path = work / "warmup" / "final" / "model.safetensors"
+    if not path.exists():
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def load_design(out: pathlib.Path) -> Design:
@@ -281,7 +300,8 @@ def run_one(spec: RunSpec, design: Design, out: pathlib.Path, work: pathlib.Path
     records = _train(cfg, run_dir)
     level = getattr(design, cond.level)
     result = {**dataclasses.asdict(spec), "level": level, "group": cond.group, "lora_rank": cond.lora_rank,
-              "commit": git_commit(), "config": config_lib.to_dict(cfg), "budget": cfg.train.max_sampled_tokens,
+              "commit": git_commit(), "warmup_sha256": warmup_sha256(work), "config": config_lib.to_dict(cfg),
+              "budget": cfg.train.max_sampled_tokens,
               "sampled_tokens": int([r for r in records if "time/train_s" in r][-1]["tokens/sampled_total"]),
               **train_stats(records, design.max_grad_norm),
               **sampling_stats(records, cfg.rollout.prompts_per_step),
@@ -371,7 +391,7 @@ def pilot(design: Design, out: pathlib.Path, work: pathlib.Path, arms: list[str]
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--part", required=True,
-                   help="audit | power | warmup | levels | pilot | design | <cond>[-seed<k>] | analyze")
+                   help="audit | power | warmup | levels | pilot | design | <cond>[-seed<k>] | grid | analyze")
     p.add_argument("--out", default=str(OUT))
     p.add_argument("--work", default=str(WORK), help="where the warm-up weights live (not committed)")
     p.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS), help="pilot / grid: only these arms")
@@ -394,9 +414,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     design = load_design(out)
     grid = parts(design)
-    names = [n for n in grid if n.startswith(args.part + "-seed")] if args.part in CONDITIONS else [args.part]
+    if args.part == "grid":
+        names = sorted(grid, key=lambda n: (int(n.rsplit("-seed", 1)[1]), list(CONDITIONS).index(n.split("-")[0])))
+    elif args.part in CONDITIONS:
+        names = [n for n in grid if n.startswith(args.part + "-seed")]
+    else:
+        names = [args.part]
     if not names or names[0] not in grid:
-        print(f"error: unknown part {args.part!r}; valid: {', '.join(simple)}, {', '.join(CONDITIONS)}, "
+        print(f"error: unknown part {args.part!r}; valid: {', '.join(simple)}, grid, {', '.join(CONDITIONS)}, "
               f"<cond>-seed<k> (k < the condition's seeds)", file=sys.stderr)  # fmt: skip
         return 2
     for name in names:

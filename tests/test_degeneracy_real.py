@@ -168,6 +168,10 @@ def test_second_edition_parts_and_errors(dr2, tmp_path, monkeypatch, capsys):
     assert ran == [("hard", "grpo", k) for k in range(10)]
     assert dr2.main(["--part", "m4-seed8", "--out", str(tmp_path)]) == 2  # m4 has seeds 0..7
     assert "unknown part 'm4-seed8'" in capsys.readouterr().err
+    ran.clear()
+    assert dr2.main(["--part", "grid", "--arms", "sign", "--out", str(tmp_path)]) == 0  # seed by seed, every condition
+    order = [(c, k) for k in range(10) for c in ("m4", "m8", "hard", "lora") if k < dr2.CONDITIONS[c].seeds]
+    assert ran == [(c, "sign", k) for c, k in order] and len(ran) == 8 + 8 + 10 + 8
 
 
 def test_second_edition_train_stats_by_hand(dr2):
@@ -315,7 +319,12 @@ def test_second_edition_run_one_records_config_seed_commit(dr2, tmp_path, monkey
     evals = []
     monkeypatch.setattr(dr2, "evaluate_level", lambda cfg, run_dir, level, prompts, samples, group, key: evals.append(
         (level, prompts, samples, group)) or {"accuracy": 0.5 if level == 4 else 0.85})
+    weights = tmp_path / "work" / "warmup" / "final" / "model.safetensors"
+    weights.parent.mkdir(parents=True)
+    weights.write_bytes(b"abc")
     res = dr2.run_one(spec, design, tmp_path, tmp_path / "work")
+    # which warm-up the run started from: SHA-256 of b"abc" (FIPS 180-2's example)
+    assert res["warmup_sha256"] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     assert evals == [(4, 256, 8, 8), (1, 256, 16, 4)]  # held-out: 256 problems x 8; retention: the held skill
     assert (res["seed"], res["level"], res["group"], res["sampled_tokens"]) == (5, 4, 8, budget)
     assert res["config"]["algo"]["degenerate_groups"] == "resample" and res["config"]["seed"] == 5
