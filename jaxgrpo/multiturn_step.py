@@ -189,7 +189,8 @@ class MultiTurn:
         rewards, valid = np.zeros(n, np.float32), np.ones(n, bool)
         if scorer is not None:
             ids = [[t for t, a in zip(h.tokens, h.action) if a] for h in out.histories]
-            rewards, valid, _ = scorer(out.answers, rows, ids)
+            envs = {"environments": [ep.env for ep in out.episodes]} if self.toolbox.environment is not None else {}
+            rewards, valid, _ = scorer(out.answers, rows, ids, columns=envs)  # TRL's environments= for its rewards
         if self.env_weight is not None:
             env = np.array([self._env_reward(ep, i, rows[i]) for i, ep in enumerate(out.episodes)])
             valid = valid & np.isfinite(env)

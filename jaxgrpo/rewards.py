@@ -12,8 +12,11 @@ of `jaxgrpo.reward_fns`, re-exported here) or ``"package.module:function"`` for 
   a list with one entry per completion: ``answer`` (the canonical gold answer, e.g. ``"72"``) and every key of
   ``Example.meta`` (GSM8K: ``solution``, ``index``, ...; a key missing from an example gives None). Only the
   arguments that the function's signature accepts are passed, all of them when it takes ``**kwargs``. TRL's
-  ``trainer_state``, ``log_extra`` and ``log_metric`` are not passed. The trainer calls a batched function once per
-  prompt group (the G completions of one prompt), so it must not rely on seeing the whole step.
+  ``trainer_state``, ``log_extra`` and ``log_metric`` are not passed. In a multi-turn run with ``data.environment``,
+  ``environments`` is each trajectory's environment instance after its last turn, as TRL's environment mode passes it
+  (``def reward(completions, environments, **kwargs): return [e.get_reward() for e in environments]`` runs
+  unchanged). The trainer calls a batched function once per prompt group (the G completions of one prompt), so it
+  must not rely on seeing the whole step.
 
 Which convention a function follows: it is batched when it is decorated with `batched`, or its signature has a
 parameter named ``prompts`` or ``completions``, or it takes no positional parameter but ``**kwargs``; otherwise it is
@@ -42,7 +45,7 @@ import numbers
 import time
 import typing
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -219,9 +222,11 @@ def _check_weights(fns: Sequence[tuple[str | RewardFn, float]]) -> list[_Resolve
 
 
 def _call_batched(r: _Resolved, texts: Sequence[str], examples: Sequence[Example],
-                  completion_ids: Sequence[Sequence[int]] | None) -> Any:
-    """Calls a batched function TRL's way: prompts, completions, completion_ids and one list per dataset column."""
-    kwargs: dict[str, Any] = {"prompts": [e.prompt for e in examples], "completions": list(texts)}
+                  completion_ids: Sequence[Sequence[int]] | None,
+                  columns: Mapping[str, Sequence[Any]] | None = None) -> Any:
+    """Calls a batched function TRL's way: prompts, completions, completion_ids, one list per dataset column and the
+    caller's ``columns`` (rows of this call: a multi-turn run's ``environments``)."""
+    kwargs: dict[str, Any] = {"prompts": [e.prompt for e in examples], "completions": list(texts), **(columns or {})}
     if completion_ids is not None:
         kwargs["completion_ids"] = [list(ids) for ids in completion_ids]
     kwargs["answer"] = [e.answer for e in examples]
@@ -303,9 +308,16 @@ class Scorer:
         self._stats = {"samples": 0, "invalid": 0, "timeouts": 0, "seconds": 0.0}
 
     def __call__(self, texts: Sequence[str], examples: Sequence[Example],
-                 completion_ids: Sequence[Sequence[int]] | None = None) -> Scores:
-        """Scores N completions; `examples[i]` is the example `texts[i]` answers (repeat it G times for a group)."""
+                 completion_ids: Sequence[Sequence[int]] | None = None,
+                 columns: Mapping[str, Sequence[Any]] | None = None) -> Scores:
+        """Scores N completions; `examples[i]` is the example `texts[i]` answers (repeat it G times for a group).
+        ``columns``: more keyword arguments for batched functions, one entry per completion (TRL's ``environments``:
+        each trajectory's environment instance)."""
         n = len(texts)
+        columns = dict(columns or {})
+        for name, col in columns.items():
+            if name in _RESERVED or len(col) != n:
+                raise ValueError(f"score: column {name!r} must be a new name with one entry per completion ({n})")
         if len(examples) != n or (completion_ids is not None and len(completion_ids) != n):
             raise ValueError(f"score: {n} completions but {len(examples)} examples"
                              + ("" if completion_ids is None else f" and {len(completion_ids)} completion_ids")
@@ -318,7 +330,8 @@ class Scorer:
                 for a in range(0, n, step):
                     b = min(a + step, n)
                     ids = None if completion_ids is None else completion_ids[a:b]
-                    calls.append(functools.partial(_call_batched, r, texts[a:b], examples[a:b], ids))
+                    cols = {k: list(v[a:b]) for k, v in columns.items()}
+                    calls.append(functools.partial(_call_batched, r, texts[a:b], examples[a:b], ids, cols))
                     where.append((f, a, b))
             else:
                 for i in range(n):

@@ -91,6 +91,10 @@ class NoReward:
 class Raising(NoReward):
     def get_reward(self):
         raise KeyError("score")
+
+
+def trl_environment_reward(completions, environments, **kwargs):  # TRL's environment-mode reward, as its docs write it
+    return [environment.get_reward() for environment in environments]
 '''
 
 
@@ -239,15 +243,18 @@ def test_eval_runs_the_turns_of_a_multiturn_run(reference, tok, tmp_path, monkey
     assert result["settings"]["reward"] == (reward or "gsm8k_lenient")
 
 
+@pytest.mark.parametrize("env_reward", ["environment", "mt_tools:trl_environment_reward"])
 @pytest.mark.parametrize("offset, want", [(0, 1.5), (1, 0.5)])
-def test_rewards_are_the_answer_functions_plus_the_weighted_environment_reward(smollm2_gguf, tok, offset, want):
+def test_rewards_are_the_answer_functions_plus_the_weighted_environment_reward(modules, smollm2_gguf, tok, offset,
+                                                                               want, env_reward):
     """small()'s rewards: gsm8k_lenient (1 for the right final answer) + 0.5 × CalculatorEnv.get_reward() (1: the
     calculator was asked the question's sum): 1 + 0.5 when the policy answers the tool's result, 0 + 0.5 when it is
-    off by one. Scripted policy, no model call."""
+    off by one. The environment's reward as jaxgrpo's ``environment`` entry or as a TRL reward function that reads
+    ``environments`` (each trajectory's instance), the same numbers. Scripted policy, no model call."""
     from jaxgrpo import build
     from jaxgrpo.rewards import Scorer
 
-    cfg = small(smollm2_gguf)
+    cfg = small(smollm2_gguf, f'data.rewards={{gsm8k_lenient: 1.0, "{env_reward}": 0.5}}')
     examples = trainer.data_lib.load_dataset(cfg.data, cfg.seed)[:2]
     mcfg = build.tiny_model_config(cfg, tok)
     mt = multiturn_step.MultiTurn(cfg, tok, mcfg, build.eos_ids(mcfg, tok), examples)

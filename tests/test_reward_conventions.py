@@ -212,3 +212,22 @@ def test_trl_accuracy_reward_through_the_conversational_adapter():
     think = rewards.conversational(trl_rewards.think_format_reward)
     r, _ = rewards.score(["<think>\nhm\n</think>\n2", "2"], [ex("2"), ex("2")], [(think, 1.0)])
     np.testing.assert_array_equal(r, [1.0, 0.0])
+
+
+def test_columns_reach_batched_functions_row_by_row():
+    """`Scorer(..., columns=)`: one entry per completion, sliced with the call's rows (a multi-turn run passes TRL's
+    ``environments``); a reserved name or a wrong length is refused."""
+
+    def by_env(completions, environments, **kwargs):
+        return [float(e) for e in environments]
+
+    scorer = rewards.Scorer([(by_env, 1.0), (length_reward, 0.0)], batch_size=2)
+    try:
+        r, valid, _ = scorer(["a", "b", "c"], [ex("1")] * 3, columns={"environments": [3, 5, 7]})
+        np.testing.assert_array_equal(r, [3.0, 5.0, 7.0])
+        with pytest.raises(ValueError, match="column 'prompts' must be a new name with one entry per completion"):
+            scorer(["a"], [ex("1")], columns={"prompts": ["x"]})
+        with pytest.raises(ValueError, match=r"column 'environments' must be .* \(2\)"):
+            scorer(["a", "b"], [ex("1")] * 2, columns={"environments": [1]})
+    finally:
+        scorer.close()
