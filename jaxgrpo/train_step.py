@@ -192,8 +192,19 @@ def _static_optim(optim: OptimConfig) -> Hashable:
                  if f.name not in optim_lib.SCHEDULE_HPARAMS)  # fmt: skip
 
 
-_PROGRAMS: OrderedDict[Hashable, tuple[Callable, Callable]] = OrderedDict()
+_PROGRAMS: OrderedDict[Hashable, Any] = OrderedDict()  # the train step's and the KL reference pass's programs
 _PROGRAMS_KEPT = 32  # least recently used programs beyond this are dropped (with their compiled executables)
+
+
+def _memoized(key: Hashable, build: Callable[[], Any]) -> Any:
+    """``_PROGRAMS[key]``, built by ``build()`` on a miss; least recently used entries beyond `_PROGRAMS_KEPT` go."""
+    if key in _PROGRAMS:
+        _PROGRAMS.move_to_end(key)
+    else:
+        _PROGRAMS[key] = build()
+        while len(_PROGRAMS) > _PROGRAMS_KEPT:
+            _PROGRAMS.popitem(last=False)
+    return _PROGRAMS[key]
 
 
 class StepFn:
@@ -249,19 +260,11 @@ def make_train_step(
     """
     hparams = optim_lib.schedule_hparams(optim, total_steps)
     truncation = (int(top_k), float(top_p))
-    key = (_freeze(model_config), _freeze(algo), _static_optim(optim), _freeze(perf), mesh, float(temperature),
-           truncation)  # fmt: skip
-    if key in _PROGRAMS:
-        _PROGRAMS.move_to_end(key)
-    else:
-        _PROGRAMS[key] = _build_program(model_config, algo, optim, perf, mesh, temperature, truncation)
-        while len(_PROGRAMS) > _PROGRAMS_KEPT:
-            _PROGRAMS.popitem(last=False)
-    init_fn, jitted = _PROGRAMS[key]
+    key = ("step", _freeze(model_config), _freeze(algo), _static_optim(optim), _freeze(perf), mesh,
+           float(temperature), truncation)  # fmt: skip
+    init_fn, jitted = _memoized(key, lambda: _build_program(model_config, algo, optim, perf, mesh, temperature,
+                                                            truncation))  # fmt: skip
     return init_fn, StepFn(jitted, hparams, mesh)
-
-
-_REFERENCE: OrderedDict[Hashable, Callable] = OrderedDict()
 
 
 def reference_logprobs_fn(model_config: models.ModelConfig, temperature: float, chunk: int, top_k: int,
@@ -269,15 +272,9 @@ def reference_logprobs_fn(model_config: models.ModelConfig, temperature: float, 
     """``fn(params, batch) -> [B, Tc]``: the batch's completion log-probs under ``params`` (the KL reference pass,
     `compute_logprobs` at the rollout's temperature and truncation), jitted and memoized like `make_train_step`'s
     step, so trainers with the same model and sampling settings share its compiled programs."""
-    key = (_freeze(model_config), float(temperature), int(chunk), int(top_k), float(top_p))
-    if key in _REFERENCE:
-        _REFERENCE.move_to_end(key)
-    else:
-        _REFERENCE[key] = jax.jit(lambda prm, b: compute_logprobs(model_config, prm, b, temperature, chunk,
-                                                                  top_k=top_k, top_p=top_p)[0])  # fmt: skip
-        while len(_REFERENCE) > _PROGRAMS_KEPT:
-            _REFERENCE.popitem(last=False)
-    return _REFERENCE[key]
+    key = ("reference", _freeze(model_config), float(temperature), int(chunk), int(top_k), float(top_p))
+    return _memoized(key, lambda: jax.jit(lambda prm, b: compute_logprobs(model_config, prm, b, temperature, chunk,
+                                                                          top_k=top_k, top_p=top_p)[0]))  # fmt: skip
 
 
 def release_programs() -> None:
@@ -285,7 +282,6 @@ def release_programs() -> None:
     freed once no trainer holds them; the next call compiles again. For a long-lived process that builds many
     configurations (a test session, a sweep in one process): XLA:CPU holds memory maps for each live executable."""
     _PROGRAMS.clear()
-    _REFERENCE.clear()
 
 
 def _build_program(
