@@ -248,17 +248,6 @@ def train_stats(records: list[dict[str, Any]], max_grad_norm: float | None) -> d
             "reward_last_half": float(np.mean([r["reward/mean"] for r in steps[len(steps) // 2:]])) if steps else None}
 
 
-def informative_groups(record: dict[str, Any], prompts: int) -> float:
-    """Informative groups sampled in a step, every round counted: the schedule's own count; with resampling, P x
-    ``resample/informative_frac`` (on the engine admission stops at the P-th informative group, so at most P are
-    sampled; fewer only when the rounds ran out); otherwise the step's ``groups/informative``."""
-    if "schedule/informative_groups" in record:
-        return float(record["schedule/informative_groups"])
-    if "resample/informative_frac" in record:
-        return prompts * float(record["resample/informative_frac"])
-    return float(record["groups/informative"])
-
-
 def sampling_stats(records: list[dict[str, Any]], prompts: int) -> dict[str, Any]:
     """Amendment 3's measures: informative groups sampled per 1,000 sampled tokens over the run, and the held-out
     probe (``eval/pass@1`` every `PROBE_EVERY` steps) with the sampled tokens and the step seconds (sampling, scoring
@@ -271,7 +260,7 @@ def sampling_stats(records: list[dict[str, Any]], prompts: int) -> dict[str, Any
         if "eval/pass@1" in r:
             probe.append({"step": int(r["step"]), "tokens": int(r["tokens/sampled_total"]),
                           "seconds": round(seconds, 2), "accuracy": float(r["eval/pass@1"])})
-    informative = sum(informative_groups(r, prompts) for r in steps)
+    informative = sum(analysis.informative_groups(r, prompts) for r in steps)
     return {"informative_groups": informative, "informative_per_1k_tokens": 1000.0 * informative / max(tokens, 1.0),
             "step_seconds": round(seconds, 2), "probe": probe}
 

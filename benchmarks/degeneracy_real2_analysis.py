@@ -30,14 +30,25 @@ ONE_SAMPLE = ("retention_drop", "train_jensen_gap")  # per-seed differences, tes
 PERMUTATION = ("escape", "tokens_to_target")  # yes/no or censored outcomes: the exact permutation test
 # amendment 2's warm-up weights: the runs made before results recorded `warmup_sha256` (commit 820ca3f) used them
 REWARM_SHA256 = "beccf58408e200485621cd9d9bb979b8ed33179ffbbacbddf4bcbce8ca1a6167"
+COND_LEVEL = {"m4": "matched", "m8": "matched", "hard": "hard", "lora": "matched"}  # the runner's CONDITIONS
+FIRST_CONDITIONS = {"matched-g4": ("matched-g4-a", "matched-g4-b", "matched-g4-c"),
+                    "matched-g8": ("matched-g8-a", "matched-g8-b", "matched-g8-c"), "hard-g4": ("hard-g4",)}
 
 
 def warmup_of(result: dict[str, Any]) -> str:
     """The SHA-256 of the warm-up weights a grid run started from (amendment 4)."""
     return result.get("warmup_sha256") or REWARM_SHA256
-COND_LEVEL = {"m4": "matched", "m8": "matched", "hard": "hard", "lora": "matched"}  # the runner's CONDITIONS
-FIRST_CONDITIONS = {"matched-g4": ("matched-g4-a", "matched-g4-b", "matched-g4-c"),
-                    "matched-g8": ("matched-g8-a", "matched-g8-b", "matched-g8-c"), "hard-g4": ("hard-g4",)}
+
+
+def informative_groups(record: dict[str, Any], prompts: int) -> float:
+    """Informative groups sampled in a step (one metrics record), every round counted: the schedule's own count;
+    with resampling, P x ``resample/informative_frac`` (on the engine admission stops at the P-th informative group,
+    so at most P are sampled; fewer only when the rounds ran out); otherwise the step's ``groups/informative``."""
+    if "schedule/informative_groups" in record:
+        return float(record["schedule/informative_groups"])
+    if "resample/informative_frac" in record:
+        return prompts * float(record["resample/informative_frac"])
+    return float(record["groups/informative"])
 
 
 def _first_runs(root: pathlib.Path, parts: tuple[str, ...]) -> dict[str, list[tuple[dict, list[dict]]]]:
@@ -130,8 +141,7 @@ def plan_sds(audit: dict[str, Any], root: pathlib.Path = FIRST) -> dict[str, dic
             for part in FIRST_CONDITIONS[cond]:
                 for path in sorted((root / part / arm).glob("seed*/metrics.jsonl")):
                     steps = [r for r in map(json.loads, path.read_text().splitlines()) if "time/train_s" in r]
-                    per_run.append(1000 * sum(4 * r["resample/informative_frac"] if "resample/informative_frac" in r
-                                              else r["groups/informative"] for r in steps)
+                    per_run.append(1000 * sum(informative_groups(r, 4) for r in steps)
                                    / sum(r["tokens/sampled"] for r in steps))  # fmt: skip
             if len(per_run) > 1:
                 info.append(np.var(per_run, ddof=1))
