@@ -45,12 +45,10 @@ def rollout(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, floa
     seen: list[tuple[list[int], Rollout, np.ndarray]] = []
     informative: list[tuple[int, int]] = []
     degenerate: list[tuple[int, int]] = []
-    skipped, sizes_all, stats = 0, [], {}
+    skipped, sizes_all, stats = [0], [], {}
     while True:
         r_i = len(pool)
-        kept, skip = sch.select(lambda n: tr.iterator.next_batch(n), want, step, r_i,
-                                max_draws=max(100 * want, len(tr.examples)))
-        skipped += len(skip)
+        kept = _draw(tr, step, r_i, skipped)
         sizes = sch.group_sizes(kept)
         round_key = key if r_i == 0 else jax.random.fold_in(key, r_i)
         tr.rollout_stats = {}
@@ -74,8 +72,36 @@ def rollout(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, floa
     extra: dict[str, float] = {"tokens/sampled": tokens}
     if a.degenerate_groups == "resample":
         extra.update(resample_metrics(len(pool), want * len(pool), want, len(informative), len(degenerate), tokens))
-    extra.update(schedule_metrics(sch, skipped, len(informative), tokens, sizes_all, counts))
+    extra.update(schedule_metrics(sch, skipped[0], len(informative), tokens, sizes_all, counts))
     return out, {**extra, **stats}
+
+
+def _draw(tr: Any, step: int, r: int, skipped: list[int]) -> list[int]:
+    """Round ``r``'s P prompts as the schedule keeps them (the skip rule's draws, ``default_rng([seed, step, r])``);
+    the prompts it skipped are added to ``skipped[0]``."""
+    want = tr.cfg.rollout.prompts_per_step
+    kept, skip = tr.scheduler.select(lambda n: tr.iterator.next_batch(n), want, step, r,
+                                     max_draws=max(100 * want, len(tr.examples)))  # fmt: skip
+    skipped[0] += len(skip)
+    return kept
+
+
+def _streamed(tr: Any, done: list[tuple[int, Rollout, bool]], sizes: list[int], rounds: int, admitted: int,
+              unread_tokens: int, skipped: int, stats: Any) -> tuple[Rollout, dict[str, float]]:
+    """A streamed step's rollout and metrics from its completed groups ``done`` ((prompt, one-group rollout,
+    degenerate), in completion order; ``sizes`` their sizes): the history records them, the step trains on the first
+    P of the informative groups then the degenerate ones, and ``tokens/sampled`` counts every token sampled
+    (``unread_tokens``: those of the groups dropped)."""
+    sch, want = tr.scheduler, tr.cfg.rollout.prompts_per_step
+    counts = sch.record([p for p, _, _ in done], np.concatenate([o.rewards for _, o, _ in done]),
+                        np.concatenate([o.valid for _, o, _ in done]), np.asarray([d for _, _, d in done]))
+    informative = [o for _, o, d in done if not d]
+    pool = informative + [o for _, o, d in done if d]
+    tokens = sampled_tokens(pool) + unread_tokens
+    out = merge_groups(pool, [(i, 0) for i in range(min(want, len(pool)))])
+    extra = resample_metrics(rounds, admitted, want, len(informative), len(pool) - len(informative), tokens)
+    extra.update(schedule_metrics(sch, skipped, len(informative), tokens, sizes, counts))
+    return out, {**extra, **stats.metrics()}
 
 
 def schedule_metrics(sch: Any, skipped: int, informative: int, tokens: float, sizes: list[int],
@@ -104,27 +130,11 @@ def stream(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, float
     round])``) when slots free up, each completed group is scored at once, and admission stops when P informative
     groups are done or ``algo.resample_max_rounds`` rounds were admitted; groups still in flight are dropped,
     unobserved (the history records the completed groups only)."""
-    sch, a = tr.scheduler, tr.cfg.algo
-    want = tr.cfg.rollout.prompts_per_step
     skipped = [0]
-
-    def draw_round(r: int) -> list[int]:
-        kept, skip = sch.select(lambda n: tr.iterator.next_batch(n), want, step, r,
-                                max_draws=max(100 * want, len(tr.examples)))  # fmt: skip
-        skipped[0] += len(skip)
-        return kept
-
-    done, rounds, stats = stream_groups(tr, key, draw_round, a.resample_max_rounds, want)
-    counts = sch.record([p for p, _, _ in done], np.concatenate([o.rewards for _, o, _ in done]),
-                        np.concatenate([o.valid for _, o, _ in done]), np.asarray([d for _, _, d in done]))
-    informative = [o for _, o, d in done if not d]
-    pool = informative + [o for _, o, d in done if d]
-    tokens = sampled_tokens(pool) + stats.dropped_tokens  # the dropped groups' tokens were sampled too
-    out = merge_groups(pool, [(i, 0) for i in range(min(want, len(pool)))])
-    extra = resample_metrics(rounds, stats.admitted, want, len(informative), len(pool) - len(informative), tokens)
-    extra.update(schedule_metrics(sch, skipped[0], len(informative), tokens, [tr.cfg.rollout.group_size] * len(done),
-                                  counts))  # fmt: skip
-    return out, {**extra, **stats.metrics()}
+    done, rounds, stats = stream_groups(tr, key, lambda r: _draw(tr, step, r, skipped), tr.cfg.algo.resample_max_rounds,
+                                        tr.cfg.rollout.prompts_per_step)  # fmt: skip
+    return _streamed(tr, done, [tr.cfg.rollout.group_size] * len(done), rounds, stats.admitted, stats.dropped_tokens,
+                     skipped[0], stats)  # fmt: skip
 
 
 def sample_sized(tr: Any, indices: list[int], sizes: np.ndarray, key: jax.Array) -> Rollout:
@@ -172,13 +182,12 @@ def stream_sized(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str,
     rounds: list[tuple[list[int], np.ndarray]] = []
     entries: list[tuple[int, int]] = []  # engine prompt number -> (round, position in the round)
     parts: dict[tuple[int, int], list[rollout_driver.Group]] = {}
-    done: list[tuple[int, Rollout, bool, int]] = []
+    done: list[tuple[int, Rollout, bool]] = []
+    done_sizes: list[int] = []
     skipped = [0]
 
     def draw() -> list[list[int]]:
-        kept, skip = sch.select(lambda n: tr.iterator.next_batch(n), want, step, len(rounds),
-                                max_draws=max(100 * want, len(tr.examples)))  # fmt: skip
-        skipped[0] += len(skip)
+        kept = _draw(tr, step, len(rounds), skipped)
         sizes = sch.group_sizes(kept)
         subs = [(len(rounds), j) for j, g in enumerate(sizes) for _ in range(int(g) // unit)]
         rounds.append((kept, sizes))
@@ -199,22 +208,16 @@ def stream_sized(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str,
         one = score_sized(tr, [kept[j]], [sizes[j]], comp)
         deg = bool(np.asarray(degeneracy.degenerate_mask(one.rewards, one.valid, atol=a.degenerate_atol,
                                                          rtol=a.degenerate_rtol))[0])  # fmt: skip
-        done.append((kept[j], one, deg, int(sizes[j])))
+        done.append((kept[j], one, deg))
+        done_sizes.append(int(sizes[j]))
         del parts[(r_i, j)]
-        return sum(not d for _, _, d, _ in done) >= want
+        return sum(not d for _, _, d in done) >= want
 
     _, stats = tr.drive(draw(), key, num_samples=unit, on_group=on_group, more=more)
-    counts = sch.record([i for i, _, _, _ in done], np.concatenate([o.rewards for _, o, _, _ in done]),
-                        np.concatenate([o.valid for _, o, _, _ in done]), np.asarray([d for _, _, d, _ in done]))
-    informative = [o for _, o, d, _ in done if not d]
-    pool = informative + [o for _, o, d, _ in done if d]
     unfinished = sum(int(g.mask.sum()) for got in parts.values() for g in got)  # sub-groups of incomplete groups
-    tokens = sampled_tokens(pool) + unfinished + stats.dropped_tokens
-    out = merge_groups(pool, [(i, 0) for i in range(min(want, len(pool)))])
     admitted = len(set(entries[: stats.admitted]))  # groups with at least one sub-group admitted
-    extra = resample_metrics(len(rounds), admitted, want, len(informative), len(pool) - len(informative), tokens)
-    extra.update(schedule_metrics(sch, skipped[0], len(informative), tokens, [g for *_, g in done], counts))
-    return out, {**extra, **stats.metrics()}
+    return _streamed(tr, done, done_sizes, len(rounds), admitted, unfinished + stats.dropped_tokens, skipped[0],
+                     stats)  # fmt: skip
 
 
 def pad_groups(tr: Any, indices: list[int], sizes: np.ndarray, comp: sampling.Completions, texts: list[str],
