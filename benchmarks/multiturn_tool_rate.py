@@ -1,11 +1,14 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""Tool use of an untrained policy: SmolLM2-135M-Instruct on the words task with the calculator tool (CPU).
+"""Tool use of SmolLM2-135M-Instruct on the words task with the calculator, untrained or warm-started (CPU).
 
 Runs `jaxgrpo.rollout.multiturn.rollout` (the simple turn loop over `sampling.generate`) on held-out prompts and
 prints the tool-call rate, tool-error rate, turns, action-token share and accuracy (`gsm8k_lenient`: the last number
-of the final answer), with and without the tool. No training: the starting point a tool-use run would improve on.
+of the final answer), with the environment of ``configs/smollm2_tools.yaml`` (its calculator and system prompt) and
+without tools. ``--warm-start``: first the config's supervised warm start (`jaxgrpo.warm_start`: its demonstrations
+from the training split), as a training run would begin; ``KEY=VALUE`` arguments override the config.
 
     python benchmarks/multiturn_tool_rate.py --level 4 --prompts 8 --group 4 [--system-prompt TEXT]
+    python benchmarks/multiturn_tool_rate.py --warm-start --no-plain [warm_start.steps=30 ...]
 """
 
 from __future__ import annotations
@@ -16,12 +19,12 @@ import json
 import jax
 import numpy as np
 
-from jaxgrpo import build, data, models, rewards
+from jaxgrpo import build, data, models, rewards, warm_start
 from jaxgrpo.config import load_config
 from jaxgrpo.config_sections import DataConfig
 from jaxgrpo.rollout import history, multiturn
 from jaxgrpo.rollout.env import Toolbox
-from jaxgrpo.rollout.tools import ToolRunner, calculator
+from jaxgrpo.rollout.tools import ToolRunner
 
 
 def main() -> None:
@@ -34,9 +37,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--system-prompt", default=None,
                     help="the system turn before the tools' description (default: configs/smollm2_tools.yaml's)")
+    ap.add_argument("--warm-start", action="store_true", help="the config's supervised warm start first")
+    ap.add_argument("--no-plain", action="store_true", help="skip the run without tools")
+    ap.add_argument("overrides", nargs="*", help="KEY=VALUE overrides of configs/smollm2_tools.yaml")
     args = ap.parse_args()
+    cfg = load_config("smollm2_tools", args.overrides)
     if args.system_prompt is None:
-        args.system_prompt = load_config("smollm2_tools", []).data.system_prompt
+        args.system_prompt = cfg.data.system_prompt
     path = build.resolve_model_path("smollm2")
     tok = build.load_tokenizer(path)
     config, params = models.load_pretrained(path)
@@ -44,18 +51,29 @@ def main() -> None:
                                             num_examples=args.prompts, shuffle=False), args.seed)  # fmt: skip
     _, score = rewards.resolve("gsm8k_lenient")
     eos = list(build.eos_ids(config, tok))
-    for tools in ([calculator], []):
+    box = Toolbox.from_config(cfg.data.environment, cfg.data.tools)
+    log: list[dict] = []
+    if args.warm_start:
+        train = data.load_dataset(cfg.data, cfg.seed)
+        convs = warm_start.load_conversations(cfg.warm_start, train)
+        schemas = box.episodes(train[:1])[0].schemas
+        hists = [warm_start.demonstration_history(tok, schemas, args.system_prompt, c, eos) for c in convs]
+        params, log = warm_start.train(config, params, hists, cfg, say=print)
+    for tools in [box] + ([] if args.no_plain else [None]):  # None: one answer turn, no tools described
         settings = multiturn.TurnSettings(max_turns=args.max_turns if tools else 1, max_new_tokens=args.max_new_tokens)
-        box = Toolbox(None, tools) if tools else None  # None: one answer turn, no tools described
-        out = multiturn.rollout(config, params, tok, box, ToolRunner(workers=4, timeout=5.0), examples,
+        out = multiturn.rollout(config, params, tok, tools, ToolRunner(workers=4, timeout=5.0), examples,
                                 group_size=args.group, settings=settings, eos_token_ids=eos,
                                 key=jax.random.key(args.seed), system_prompt=args.system_prompt)  # fmt: skip
         exs = [ex for ex in examples for _ in range(args.group)]
         acc = float(np.mean([score(a, ex) or 0.0 for a, ex in zip(out.answers, exs)]))
         m = history.metrics(out.histories)
         called = float(np.mean([h.tool_calls > 0 for h in out.histories]))
-        print(json.dumps({"tools": [t.__name__ for t in tools], "level": args.level, "trajectories": len(exs),
+        ws = cfg.warm_start
+        print(json.dumps({"tools": ["calculator"] if tools else [], "level": args.level, "trajectories": len(exs),
                           "system_prompt": args.system_prompt,
+                          "warm_start": {"steps": ws.steps, "batch_size": ws.batch_size, "learning_rate":
+                                         ws.learning_rate, "examples": ws.examples, "final_loss":
+                                         log[-1]["warm_start/loss"]} if log else None,
                           "accuracy": acc, "called_tool_frac": called, **m}))  # fmt: skip
         print(json.dumps(out.messages[0][-3:])[:600])
 

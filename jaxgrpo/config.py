@@ -398,6 +398,19 @@ def validate(cfg: Config) -> None:
     _require(o.eps > 0, "optim.eps", o.eps, "> 0")
     _require(o.max_grad_norm >= 0, "optim.max_grad_norm", o.max_grad_norm, ">= 0 (0 = no clipping)")
 
+    w = cfg.warm_start
+    if w.demonstrations is not None:
+        _require(w.demonstrations.endswith(".jsonl") or w.demonstrations.count(":") == 1, "warm_start.demonstrations",
+                 w.demonstrations, "a .jsonl file of {\"messages\": [...]} lines, 'package.module:function' or null")
+        _at_least(cfg, 1, "warm_start.examples", "warm_start.steps", "warm_start.batch_size")
+        _require(w.learning_rate > 0, "warm_start.learning_rate", w.learning_rate, "> 0")
+        _require(d.template == "chat", "data.template", d.template, "chat when warm_start.demonstrations is set (the "
+                 "demonstrations are conversations in the chat template)")
+        if lo.rank and a.kl_coef > 0:
+            raise ConfigError("warm_start.demonstrations with lora.rank > 0 and algo.kl_coef > 0: a LoRA run's KL "
+                              "reference is the frozen base, not the warm-started policy; set algo.kl_coef=0 or "
+                              "warm-start without LoRA (lora.rank=0)")
+
     t = cfg.train
     _require(t.eval_every >= 0, "train.eval_every", t.eval_every, ">= 0 (0 = never)")
     retain.resolve(cfg)  # train.retain entries and train.retain_every

@@ -269,6 +269,21 @@ class LoraConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class WarmStartConfig:
+    """Supervised fine-tuning on demonstrations before the first RL step (`jaxgrpo.warm_start`): e.g. a few worked
+    tool calls, so that a policy which never calls a tool has a call format to reinforce."""
+
+    # null = off; a .jsonl file of {"messages": [...]} conversations (TRL's conversational format: assistant turns
+    # with content and/or tool_calls, tool replies as role "tool"), or "package.module:function" called with the
+    # first `examples` training examples (list[jaxgrpo.example.Example]), returning one conversation (or None) each
+    demonstrations: str | None = None
+    examples: int = 256
+    steps: int = 50  # optimizer updates, each on `batch_size` demonstrations (drawn epoch by epoch, seeded)
+    batch_size: int = 8
+    learning_rate: float = 1e-5  # constant; clipping, Adam and weight decay as optim.*
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
     lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
@@ -281,4 +296,5 @@ class Config:
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
+    warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
     seed: int = 0

@@ -147,6 +147,7 @@ class MultiTurn:
         """`ConfigError` when the longest prompt, rendered with the tools' description, leaves no room for a turn
         (also instantiates and resets the environment once: a broken class fails here, before any step)."""
         (episode,) = self.toolbox.episodes(examples[:1])
+        self.schemas = episode.schemas  # the tools' JSON schemas (the same for every episode)
         chat = ChatFormat(self.tokenizer, episode.schemas, self.cfg.data.system_prompt)
         # the rendered lengths of the 64 longest prompts (in characters) and of 512 drawn at random (seeded): the
         # run's widths (the longest) and its packed-width ladder (their distribution), at a bounded cost

@@ -46,6 +46,7 @@ from jaxgrpo import run_dir as run_dir_lib
 from jaxgrpo import sharding as sharding_lib
 from jaxgrpo import step_batch as step_batch_lib
 from jaxgrpo import train_step as ts
+from jaxgrpo import warm_start as warm_start_lib
 from jaxgrpo.groups import Rollout
 from jaxgrpo.host import to_host
 from jaxgrpo.models import lora
@@ -131,6 +132,10 @@ class Trainer:
         self.multiturn = (mt_step.MultiTurn(cfg, self.tokenizer, self.model_config, self.eos_token_ids, examples)
                           if mt_step.enabled(cfg) else None)  # fmt: skip
 
+        if cfg.warm_start.demonstrations is not None:  # supervised fine-tuning on demonstrations first
+            schemas = self.multiturn.schemas if self.multiturn is not None else []
+            params = warm_start_lib.warm_start(cfg, self.model_config, params, self.tokenizer, examples,
+                                               self.eos_token_ids, schemas, self.run_dir, self.perf, self.pad_id)
         if self.mesh is not None:
             params = sharding_lib.shard_params(params, self.model_config, self.mesh)
         temperature = cfg.rollout.temperature

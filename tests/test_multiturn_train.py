@@ -381,7 +381,8 @@ def test_the_environment_reward_needs_an_environment_with_get_reward(modules, sm
 @pytest.mark.slow
 def test_the_packaged_tools_example_trains_through_the_cli(smollm2_gguf, tmp_path, capsys):
     """configs/smollm2_tools.yaml as packaged (CalculatorEnv, the calculator tool, its system prompt, words level 4,
-    gsm8k_lenient + the environment's reward) through `python -m jaxgrpo.train`'s main, 2 steps at short shapes, with
+    gsm8k_lenient + the environment's reward, the warm start on its demonstrations, 2 steps of it here) through
+    `python -m jaxgrpo.train`'s main, 2 steps at short shapes, with
     the model swapped for the tiny one on SmolLM2's tokenizer (the real model's train step alone compiles for
     minutes on a CPU; it was run by hand: docs/multiturn.md)."""
     run = tmp_path / "run"
@@ -391,6 +392,7 @@ def test_the_packaged_tools_example_trains_through_the_cli(smollm2_gguf, tmp_pat
                          "model.num_kv_heads=1", "model.max_position_embeddings=1024", "model.dtype=float32",
                          "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_new_tokens=32",
                          "rollout.max_turns=2", "rollout.max_total_tokens=null", "perf.remat=projections",
+                         "warm_start.steps=2", "warm_start.batch_size=2", "warm_start.examples=4",
                          "log.progress=false", "log.tensorboard=false", "checkpoint.export_final=false"])  # fmt: skip
     assert rc == 0, capsys.readouterr().err[-2000:]
     recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -401,4 +403,6 @@ def test_the_packaged_tools_example_trains_through_the_cli(smollm2_gguf, tmp_pat
     assert saved.data.environment == "jaxgrpo.rollout.arithmetic_env:CalculatorEnv"
     assert saved.data.rewards == {"gsm8k_lenient": 1.0, "environment": 0.2} and saved.data.difficulty == 4
     assert (run / "checkpoints" / "2").is_dir()
+    warm = [json.loads(line) for line in (run / "warm_start" / "warm_start.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in warm] == [1, 2] and all(r["warm_start/tokens"] > 0 for r in warm)
     shutil.rmtree(run)

@@ -89,18 +89,35 @@ class ChatFormat:
     def prompt_tokens(self, messages: Sequence[Message]) -> list[int]:
         return self.encode(self.render(messages, True))
 
+    def _closed_turn(self, prompt: Sequence[Message]) -> tuple[str, str]:
+        """The rendering of ``prompt`` and a stand-in assistant turn, and the text the template writes after the
+        turn's content (``close``)."""
+        a0 = self.render(prompt, True)
+        a = self.render([*prompt, {"role": "assistant", "content": _STANDIN}], False)
+        at = a.find(_STANDIN, len(a0) if a.startswith(a0) else 0)
+        if at < 0:
+            raise ConfigError("the chat template does not write an assistant message's content as it is; "
+                              "multi-turn token histories need it to")  # fmt: skip
+        return a, a[at + len(_STANDIN) :]
+
+    def end_of_turn(self, prompt: Sequence[Message], eos_token_ids: Sequence[int]) -> int:
+        """The token that ends an assistant turn in this template (the policy samples it, and generation stops on
+        it): the first token of ``close``, which must be one of ``eos_token_ids``."""
+        close = self.encode(self._closed_turn(prompt)[1])
+        if not close or close[0] not in eos_token_ids:
+            raise ConfigError(f"the chat template ends an assistant turn with {self.tok.decode(close[:1])!r}, which is "
+                              f"not an end-of-sequence token of the model ({list(eos_token_ids)})")  # fmt: skip
+        return close[0]
+
     def reply_tokens(self, prompt: Sequence[Message], replies: Sequence[Message], last_token: int | None) -> list[int]:
         """The tokens that follow a policy turn ending in ``last_token``: the end of the assistant turn the policy did
         not write itself, the ``replies`` (tool or user messages) and the next generation prompt."""
         turn = {"role": "assistant", "content": _STANDIN}
-        a0 = self.render(prompt, True)
-        a = self.render([*prompt, turn], False)
+        a, close = self._closed_turn(prompt)
         b = self.render([*prompt, turn, *replies], True)
-        at = a.find(_STANDIN, len(a0) if a.startswith(a0) else 0)
-        if at < 0 or not b.startswith(a):
+        if not b.startswith(a):
             raise ConfigError("the chat template is not prefix-stable around an assistant turn followed by tool "
                               "messages; multi-turn rollouts cannot append replies to the token history")  # fmt: skip
-        close = a[at + len(_STANDIN) :]
         if last_token is not None:
             last = self.tok.decode([last_token])
             if last and close.startswith(last):  # the policy already wrote the end-of-turn token

@@ -167,6 +167,25 @@ def parse_tool_calls(text: str, fmt: CallFormat) -> list[ToolCall | MalformedCal
     raise ConfigError(f"unknown tool call format {fmt!r}; choose one of {CALL_FORMATS}")
 
 
+def format_calls(calls: Sequence[ToolCall], fmt: CallFormat, content: str | None = None) -> str:
+    """The text of an assistant turn that makes ``calls`` after ``content``, written as the family's template writes
+    a message's ``tool_calls`` (what `parse_tool_calls` reads back): hermes, as Qwen2.5's template, the content and
+    then one ``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>`` block per call, joined by newlines;
+    llama3 the calls' ``{"name": ..., "parameters": ...}`` objects joined by ``"; "`` (the format has no room for
+    text beside calls: content with calls is a `ConfigError`)."""
+    if fmt == "hermes":
+        blocks = [f"<tool_call>\n{json.dumps({'name': c.name, 'arguments': c.arguments}, ensure_ascii=False)}\n"
+                  "</tool_call>" for c in calls]  # fmt: skip
+        return "\n".join([content, *blocks] if content else blocks)
+    if fmt == "llama3":
+        if content and calls:
+            raise ConfigError("a llama3-format assistant turn is either tool calls or text, not both; put the text "
+                              "in a turn of its own")  # fmt: skip
+        objs = [json.dumps({"name": c.name, "parameters": c.arguments}, ensure_ascii=False) for c in calls]
+        return "; ".join(objs) if calls else (content or "")
+    raise ConfigError(f"unknown tool call format {fmt!r}; choose one of {CALL_FORMATS}")
+
+
 def _render(value: Any, max_chars: int) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
     if len(text) > max_chars:

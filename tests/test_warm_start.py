@@ -1,0 +1,296 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""The supervised warm start (`jaxgrpo.warm_start`, ``warm_start.*``).
+
+References, independent of the module's code:
+
+* token histories: SmolLM2's template is prefix-stable, so a demonstration's prompt and history must equal a
+  from-scratch tokenization of the whole conversation rendered by the template (the assistant texts as content), and
+  its action tokens must be exactly each assistant text plus ``<|im_end|>``, written out here as strings; and the
+  simple multi-turn loop, with a scripted policy writing the same turns and the real calculator answering, must
+  record the same tokens and action mask (what RL will sample in is what the warm start trained on);
+* the loss: the negative log-likelihood of the action tokens from `models.forward`'s full logits (log_softmax,
+  gather), NumPy float64;
+* the update: one step equals optax's own ``clip_by_global_norm`` + ``adamw`` on the gradient of that reference
+  loss; with LoRA only the adapters move;
+* the trainer: a multi-turn run with a warm start and a KL term, stopped after step 1 and resumed, equals the
+  uninterrupted run metric for metric (the resumed run restores the warm-started policy, its KL reference, instead of
+  training it again) and the warm start moved the parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from test_multiturn_train import assert_same_metrics, scripted, small
+from test_train_step import V, tiny_config  # noqa: E402  the tiny model of tests/test_train_step.py
+
+from jaxgrpo import build, metrics_log, models, trainer
+from jaxgrpo import checkpoint as ckpt_lib
+from jaxgrpo import warm_start as W
+from jaxgrpo.config_sections import Config, OptimConfig, WarmStartConfig
+from jaxgrpo.errors import ConfigError, DataError
+from jaxgrpo.models import lora
+from jaxgrpo.rollout import arithmetic_env, multiturn
+from jaxgrpo.rollout.env import Toolbox
+from jaxgrpo.rollout.tools import ToolCall, ToolRunner, format_calls, parse_tool_calls
+from jaxgrpo.word_arithmetic import word_arithmetic
+
+ENV = "jaxgrpo.rollout.arithmetic_env:CalculatorEnv"
+SYSTEM = "Use the calculator tool, then reply with just the number."
+CONTEXT = types.SimpleNamespace(max_position_embeddings=1024)  # the model config the loop reads (a scripted policy)
+
+
+@pytest.fixture(scope="module")
+def tok(smollm2_gguf):
+    from jaxgrpo.build import load_tokenizer
+
+    return load_tokenizer(str(smollm2_gguf))
+
+
+@pytest.fixture(scope="module")
+def schemas():
+    return Toolbox.from_config(ENV, []).episodes(word_arithmetic(1, 4, 0, "train"))[0].schemas
+
+
+def eos_ids(tok):
+    return [tok.convert_tokens_to_ids("<|im_end|>"), tok.eos_token_id]
+
+
+def test_format_calls_reads_back_in_each_family():
+    calls = [ToolCall("calculator", {"expression": "12 + 7"}), ToolCall("lookup", {"key": "é", "n": 2})]
+    hermes = format_calls(calls, "hermes", "Let me compute.")
+    assert hermes == ('Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 + 7"}}\n'
+                      '</tool_call>\n<tool_call>\n{"name": "lookup", "arguments": {"key": "é", "n": 2}}\n</tool_call>')
+    assert parse_tool_calls(hermes, "hermes") == calls
+    llama = format_calls(calls, "llama3")
+    assert llama == ('{"name": "calculator", "parameters": {"expression": "12 + 7"}}; '
+                     '{"name": "lookup", "parameters": {"key": "é", "n": 2}}')
+    assert parse_tool_calls(llama, "llama3") == calls
+    assert format_calls([], "llama3", "19") == "19" and parse_tool_calls("19", "llama3") == []
+    with pytest.raises(ConfigError, match="either tool calls or text"):
+        format_calls(calls, "llama3", "text")
+
+
+def test_a_demonstration_is_a_from_scratch_tokenization_with_the_assistant_text_as_actions(tok, schemas):
+    (ex,) = word_arithmetic(1, 4, 0, "train")
+    (conv,) = arithmetic_env.demonstrations([ex])
+    a, b = ex.meta["a"], ex.meta["b"]
+    h = W.demonstration_history(tok, schemas, SYSTEM, conv, eos_ids(tok))
+    call = f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{a} + {b}"}}}}\n</tool_call>'
+    whole = tok.apply_chat_template(
+        [{"role": "system", "content": h_system(tok, schemas)}, {"role": "user", "content": ex.prompt},
+         {"role": "assistant", "content": call}, {"role": "tool", "content": str(a + b)},
+         {"role": "assistant", "content": str(a + b)}], tokenize=False)  # fmt: skip
+    assert whole.endswith("<|im_end|>\n")
+    scratch = tok(whole[: -len("\n")], add_special_tokens=False)["input_ids"]
+    assert h.prompt + h.tokens == scratch
+    spans, cur = [], []
+    for t, act in zip(h.tokens, h.action):
+        if act:
+            cur.append(t)
+        elif cur:
+            spans, cur = [*spans, cur], []
+    spans.append(cur)
+    assert [tok.decode(s) for s in spans] == [call + "<|im_end|>", f"{a + b}<|im_end|>"]
+    assert h.turns == 2 and h.tool_calls == 1
+
+
+def h_system(tok, schemas) -> str:
+    """The system turn a rollout renders for SmolLM2 (no tool syntax: the tools described after the prompt)."""
+    from jaxgrpo.rollout.history import ChatFormat
+
+    return ChatFormat(tok, schemas, SYSTEM).system_prompt
+
+
+def test_a_demonstration_is_what_the_rollout_records_when_the_policy_writes_it(tok, schemas):
+    examples = word_arithmetic(3, 4, 1, "train")
+    convs = arithmetic_env.demonstrations(examples)
+    want = [W.demonstration_history(tok, schemas, SYSTEM, c, eos_ids(tok)) for c in convs]
+    for ex, c, h in zip(examples, convs, want):  # the scripted policy writes the demonstration's assistant texts
+        turns = [format_calls([ToolCall("calculator", {"expression": c[1]["tool_calls"][0]["function"]["arguments"][
+            "expression"]})], "hermes"), c[3]["content"]]
+        runner = ToolRunner(workers=1, timeout=5.0)
+        try:
+            out = multiturn.rollout(CONTEXT, None, tok, Toolbox.from_config(ENV, []), runner, [ex], group_size=1,
+                                    settings=multiturn.TurnSettings(max_turns=3, max_new_tokens=64),
+                                    eos_token_ids=eos_ids(tok), key=jax.random.key(0), system_prompt=SYSTEM,
+                                    generate=scripted(tok, turns))  # fmt: skip
+        finally:
+            runner.close()
+        (got,) = out.histories
+        assert got.prompt == h.prompt and got.tokens == h.tokens and got.action == h.action
+        assert got.tool_calls == h.tool_calls == 1 and got.turns == h.turns == 2
+
+
+@pytest.mark.parametrize("messages, match", [
+    ([{"role": "assistant", "content": "1"}], "must start with the user's prompt"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "1"}, {"role": "tool", "content": "2"}],
+     "ends with a 'tool' message"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "1"}, {"role": "assistant", "content": "2"}],
+     "right after another"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [{"function": {"name": "calculator"}}]},
+      {"role": "tool", "content": "2"}, {"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}],
+     "needs a 'name' string"),
+    ([{"role": "user", "content": "q"},
+      {"role": "assistant", "tool_calls": [{"function": {"name": "calculator", "arguments": {}}}]}],
+     "the last assistant turn makes tool calls"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "<tool_call>{}</tool_call>"}],
+     "does not read back"),
+    ([{"role": "user", "content": "q"}], "no assistant turn"),
+])  # fmt: skip
+def test_malformed_demonstrations_are_one_line_errors(tok, schemas, messages, match):
+    with pytest.raises(DataError, match=match) as err:
+        W.demonstration_history(tok, schemas, SYSTEM, messages, eos_ids(tok), "demo 3")
+    assert str(err.value).startswith("demo 3") and "\n" not in str(err.value)
+
+
+def test_demonstrations_load_from_jsonl_and_from_a_function(tmp_path):
+    good = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}]
+    path = tmp_path / "demos.jsonl"
+    path.write_text(json.dumps(good[0]) + "\n\n")
+    assert W.load_conversations(WarmStartConfig(demonstrations=str(path)), []) == [good[0]["messages"]]
+    examples = word_arithmetic(5, 4, 0, "train")
+    got = W.load_conversations(WarmStartConfig(demonstrations="jaxgrpo.rollout.arithmetic_env:demonstrations",
+                                               examples=3), examples)  # fmt: skip
+    assert [c[0]["content"] for c in got] == [e.prompt for e in examples[:3]]
+    path.write_text("{not json\n")
+    with pytest.raises(DataError, match="line 1 is not JSON"):
+        W.load_conversations(WarmStartConfig(demonstrations=str(path)), [])
+    with pytest.raises(DataError, match="does not exist"):
+        W.load_conversations(WarmStartConfig(demonstrations=str(tmp_path / "missing.jsonl")), [])
+
+
+# -- the loss and the update, on the tiny model of test_train_step ---------------------------------------------------
+TP, TC = 5, 7
+
+
+def raw_rows(seed: int = 0):
+    """Four rows: prompts of 2-5 tokens (left-padded), completions of 3-7 tokens with a context span inside."""
+    rng = np.random.default_rng(seed)
+    B = 4
+    plen, clen = rng.integers(2, TP + 1, B), rng.integers(3, TC + 1, B)
+    pmask = np.arange(TP)[None] >= (TP - plen)[:, None]
+    cmask = np.arange(TC)[None] < clen[:, None]
+    action = cmask.copy()
+    action[:, 1:3] = False  # a reply of two tokens after the first policy token
+    tokens = np.concatenate([np.where(pmask, rng.integers(1, V, (B, TP)), 0),
+                             np.where(cmask, rng.integers(1, V, (B, TC)), 0)], 1).astype(np.int32)  # fmt: skip
+    return W.Rows(jnp.asarray(tokens), jnp.asarray(pmask), jnp.asarray(cmask), jnp.asarray(action))
+
+
+def reference_nll(config, params, rows: W.Rows):
+    attn = jnp.concatenate([rows.prompt_mask, rows.completion_mask], 1)
+    logits = models.forward(config, params, rows.tokens, attention_mask=attn)
+    logp = jax.nn.log_softmax(logits[:, TP - 1 : -1].astype(jnp.float32), -1)
+    picked = jnp.take_along_axis(logp, rows.tokens[:, TP:, None], -1)[..., 0]
+    m = rows.action_mask & rows.completion_mask
+    return -jnp.sum(jnp.where(m, picked, 0.0)) / jnp.sum(m)
+
+
+def test_the_loss_is_the_nll_of_the_action_tokens_only():
+    config = tiny_config()
+    params = models.init_params(config, jax.random.key(0))
+    rows = raw_rows()
+    loss, n = jax.jit(lambda p, r: W.nll(config, p, r))(params, rows)
+    attn = np.concatenate([np.asarray(rows.prompt_mask), np.asarray(rows.completion_mask)], 1)
+    logits = np.asarray(models.forward(config, params, rows.tokens, attention_mask=jnp.asarray(attn)), np.float64)
+    z = logits[:, TP - 1 : -1]
+    logp = z - z.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    m = np.asarray(rows.action_mask & rows.completion_mask)
+    picked = np.take_along_axis(logp, np.asarray(rows.tokens)[:, TP:, None], -1)[..., 0]
+    assert int(n) == m.sum() < np.asarray(rows.completion_mask).sum()
+    np.testing.assert_allclose(float(loss), -(picked * m).sum() / m.sum(), rtol=1e-5)
+    every = rows._replace(action_mask=rows.completion_mask)  # the context tokens would change it
+    assert abs(float(W.nll(config, params, every)[0]) - float(loss)) > 1e-3
+
+
+def test_one_step_is_optax_adamw_on_the_reference_gradient():
+    config = tiny_config()
+    params = models.init_params(config, jax.random.key(1))
+    rows = raw_rows(1)
+    optim = OptimConfig(max_grad_norm=0.5, weight_decay=0.01)
+    init, step = W.make_sft_step(config, optim, 3e-3)
+    grads = jax.grad(reference_nll, argnums=1)(config, params, rows)
+    assert float(optax.global_norm(grads)) > 0.5  # the clip acts
+    tx = optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(3e-3, weight_decay=0.01, mask=lambda p: jax.tree_util
+                     .tree_map_with_path(lambda k, _: "norm" not in jax.tree_util.keystr(k), p)))  # fmt: skip
+    updates, _ = tx.update(grads, tx.init(params), params)
+    want = optax.apply_updates(params, updates)
+    copy = jax.tree.map(jnp.copy, params)
+    got, _, metrics = step(copy, init(copy), rows)
+    np.testing.assert_allclose(float(metrics["warm_start/loss"]), float(reference_nll(config, params, rows)),
+                               rtol=1e-5)  # fmt: skip
+    # Adam's first update is about lr * sign(g): an entry whose gradient is near Adam's eps moves by a float32
+    # rounding of two gradient computations, so the tolerance is absolute, a thousandth of the learning rate
+    for x, y in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=3e-6)
+
+
+def test_with_lora_only_the_adapters_move():
+    config = tiny_config().replace(lora=models.LoraSpec(rank=2, alpha=4.0))
+    params = lora.add_adapters(config, models.init_params(config.replace(lora=None), jax.random.key(2)),
+                               jax.random.key(3))  # fmt: skip
+    init, step = W.make_sft_step(config, OptimConfig(), 1e-2)
+    copy = jax.tree.map(jnp.copy, params)
+    got, _, _ = step(copy, init(copy), raw_rows(2))
+    base0, ad0 = lora.split(params)
+    base1, ad1 = lora.split(got)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), base0, base1)
+    assert any(not np.array_equal(np.asarray(a), np.asarray(b))
+               for a, b in zip(jax.tree.leaves(ad0), jax.tree.leaves(ad1)))  # fmt: skip
+
+
+def test_lora_with_a_kl_term_is_refused():
+    from jaxgrpo import config as config_lib
+
+    with pytest.raises(ConfigError, match="KL reference is the frozen base"):
+        config_lib.load_config("smollm2_tools", ["lora.rank=4", "algo.kl_coef=0.05"])
+    with pytest.raises(ConfigError, match="warm_start.demonstrations"):
+        config_lib.load_config("default", ["warm_start.demonstrations=demos.txt"])
+    assert isinstance(config_lib.load_config("smollm2_tools", []), Config)
+
+
+# -- the trainer -----------------------------------------------------------------------------------------------------
+WARM = ["warm_start.demonstrations=jaxgrpo.rollout.arithmetic_env:demonstrations", "warm_start.examples=6",
+        "warm_start.steps=4", "warm_start.batch_size=3", "warm_start.learning_rate=1e-2", "algo.kl_coef=0.1",
+        "train.steps=2"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_warm_started_run_resumes_with_its_warm_started_reference(smollm2_gguf, tmp_path, capsys):
+    """An uninterrupted 2-step run against one stopped after step 1 and resumed: the same metrics at both steps; the
+    warm start's losses are logged, and fall; the resumed trainer restores the warm-started policy (not trained
+    again) and its KL reference is that policy, not the base model."""
+    ref = tmp_path / "ref"
+    trainer.run(small(smollm2_gguf, *WARM), ref)
+    log = [json.loads(x) for x in (ref / "warm_start" / "warm_start.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4] and log[-1]["warm_start/loss"] < log[0]["warm_start/loss"]
+    run = tmp_path / "run"
+    trainer.run(small(smollm2_gguf, *WARM, "train.steps=1"), run)
+    capsys.readouterr()
+    trainer.run(small(smollm2_gguf, *WARM), run)
+    assert "warm start restored" in capsys.readouterr().err
+    want, got = metrics_log.read_metrics(ref), metrics_log.read_metrics(run)
+    assert [r["step"] for r in got] == [1, 2]
+    for i in range(2):
+        assert_same_metrics(got[i], want[i], f"step {i + 1}")
+    cfg = small(smollm2_gguf, *WARM)
+    tr = trainer.Trainer(cfg, run)  # resumes at step 2
+    try:
+        with ckpt_lib.CheckpointManager(run / "warm_start", keep=1) as mgr:
+            warm = mgr.restore(4, {"params": tr.state.params})[0]["params"]
+        _, base, _ = build.build_policy(cfg, build.policy_key(cfg))
+        warm_c, base_c = models.compute_params(tr.model_config, warm), models.compute_params(tr.model_config, base)
+        for r, w in zip(jax.tree.leaves(tr.ref_params), jax.tree.leaves(warm_c), strict=True):
+            np.testing.assert_array_equal(np.asarray(r), np.asarray(w))
+        assert any(not np.array_equal(np.asarray(r), np.asarray(b))
+                   for r, b in zip(jax.tree.leaves(tr.ref_params), jax.tree.leaves(base_c)))  # fmt: skip
+    finally:
+        tr.close()
