@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -235,7 +235,8 @@ def _order(n: int, steps: int, batch: int, seed: int) -> list[np.ndarray]:
 
 
 def train(model_config: models.ModelConfig, params: Params, histories: Sequence[TurnHistory], cfg: Config,
-          perf: PerfConfig | None = None, pad_id: int = 0, say=None) -> tuple[Params, list[dict[str, float]]]:
+          perf: PerfConfig | None = None, pad_id: int = 0, say: Callable[[str], None] | None = None
+          ) -> tuple[Params, list[dict[str, float]]]:  # fmt: skip
     """``warm_start.steps`` supervised updates of ``params`` on ``histories``; returns the parameters and each
     step's metrics. Every batch has one shape (the longest prompt and the longest completion), so it compiles
     once."""

@@ -294,3 +294,25 @@ def test_a_warm_started_run_resumes_with_its_warm_started_reference(smollm2_gguf
                    for r, b in zip(jax.tree.leaves(tr.ref_params), jax.tree.leaves(base_c)))  # fmt: skip
     finally:
         tr.close()
+
+
+@pytest.mark.slow
+def test_a_single_turn_run_warm_starts_from_a_jsonl_file(smollm2_gguf, tmp_path):
+    """No environment: the demonstrations are answers alone, read from a .jsonl file; the run trains a step after
+    them, and a demonstration longer than the model's context is a one-line error before any step."""
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text("".join(json.dumps({"messages": [{"role": "user", "content": e.prompt},
+                                                      {"role": "assistant", "content": e.answer}]}) + "\n"
+                             for e in word_arithmetic(6, 1, 0, "train")))  # fmt: skip
+    single = ["data.environment=null", "data.rewards={gsm8k_lenient: 1.0}", f"warm_start.demonstrations={demos}",
+              "warm_start.steps=3", "warm_start.batch_size=4", "train.steps=1"]  # fmt: skip
+    run = tmp_path / "run"
+    trainer.run(small(smollm2_gguf, *single), run)
+    assert len((run / "warm_start" / "warm_start.jsonl").read_text().splitlines()) == 3
+    assert [r["step"] for r in metrics_log.read_metrics(run)] == [1]
+    with demos.open("a") as f:  # an answer of 1,100 words: past the tiny model's 1,024 positions
+        f.write(json.dumps({"messages": [{"role": "user", "content": "Count."},
+                                         {"role": "assistant", "content": " ".join(["one"] * 1100)}]}) + "\n")
+    with pytest.raises(DataError, match="longer than the model's context"):
+        trainer.run(small(smollm2_gguf, *single), tmp_path / "short")
+    assert not (tmp_path / "short").exists()  # a failed start leaves no run directory
