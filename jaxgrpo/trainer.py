@@ -74,6 +74,7 @@ class Trainer:
         self.run_dir = run_dir_lib.check_path(run_dir)
         examples = data_lib.load_dataset(cfg.data, cfg.seed)
         check_prompt_count(cfg, len(examples))
+        self.demonstrations = warm_start_lib.load_conversations(cfg.warm_start, examples)  # [] without a warm start
         self.eval_examples: list[data_lib.Example] | None = None
         if cfg.train.eval_every:  # the held-out split is read now, not at the first evaluation
             self.eval_examples = in_training.held_out_examples(self)
@@ -132,9 +133,9 @@ class Trainer:
         self.multiturn = (mt_step.MultiTurn(cfg, self.tokenizer, self.model_config, self.eos_token_ids, examples)
                           if mt_step.enabled(cfg) else None)  # fmt: skip
 
-        if cfg.warm_start.demonstrations is not None:  # supervised fine-tuning on demonstrations first
+        if self.demonstrations:  # supervised fine-tuning on demonstrations first (warm_start.*)
             schemas = self.multiturn.schemas if self.multiturn is not None else []
-            params = warm_start_lib.warm_start(cfg, self.model_config, params, self.tokenizer, examples,
+            params = warm_start_lib.warm_start(cfg, self.model_config, params, self.tokenizer, self.demonstrations,
                                                self.eos_token_ids, schemas, self.run_dir, self.perf, self.pad_id)
         if self.mesh is not None:
             params = sharding_lib.shard_params(params, self.model_config, self.mesh)

@@ -264,10 +264,12 @@ def _say(line: str) -> None:
 
 
 def warm_start(cfg: Config, model_config: models.ModelConfig, params: Params, tokenizer: Any,
-               examples: Sequence[Example], eos_token_ids: Sequence[int], schemas: Sequence[dict[str, Any]],
-               run_dir: pathlib.Path, perf: PerfConfig | None = None, pad_id: int = 0) -> Params:  # fmt: skip
-    """The run's initial policy after the warm start: restored from ``<run_dir>/warm_start`` when a previous start
-    finished it, else trained (`train`) and saved there (atomically) with ``warm_start.jsonl`` of its losses."""
+               conversations: Sequence[Sequence[Message]], eos_token_ids: Sequence[int],
+               schemas: Sequence[dict[str, Any]], run_dir: pathlib.Path, perf: PerfConfig | None = None,
+               pad_id: int = 0) -> Params:  # fmt: skip
+    """The run's initial policy after the warm start on ``conversations`` (`load_conversations`, read before the
+    model loads): restored from ``<run_dir>/warm_start`` when a previous start finished it, else trained (`train`)
+    and saved there (atomically) with ``warm_start.jsonl`` of its losses."""
     directory = run_dir / "warm_start"
     with ckpt_lib.CheckpointManager(directory, keep=1, async_save=False) as mgr:
         steps = cfg.warm_start.steps
@@ -275,7 +277,6 @@ def warm_start(cfg: Config, model_config: models.ModelConfig, params: Params, to
             restored, _ = mgr.restore(steps, {"params": params})
             _say(f"jaxgrpo: warm start restored from {directory} ({steps} steps)")
             return restored["params"]
-        conversations = load_conversations(cfg.warm_start, examples)
         histories = [demonstration_history(tokenizer, schemas, cfg.data.system_prompt, c, eos_token_ids,
                                            f"warm_start demonstration {i}") for i, c in enumerate(conversations)]
         _say(f"jaxgrpo: warm start: {steps} steps on {len(histories)} demonstrations "

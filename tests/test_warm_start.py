@@ -296,6 +296,16 @@ def test_a_warm_started_run_resumes_with_its_warm_started_reference(smollm2_gguf
         tr.close()
 
 
+def test_a_missing_demonstrations_file_stops_the_run_before_the_model_loads(smollm2_gguf, tmp_path, monkeypatch):
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(build, "build_policy", no_model)
+    with pytest.raises(DataError, match="missing.jsonl'? does not exist"):
+        trainer.run(small(smollm2_gguf, f"warm_start.demonstrations={tmp_path / 'missing.jsonl'}"), tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_a_single_turn_run_warm_starts_from_a_jsonl_file(smollm2_gguf, tmp_path):
     """No environment: the demonstrations are answers alone, read from a .jsonl file; the run trains a step after
