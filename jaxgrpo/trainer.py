@@ -133,12 +133,12 @@ class Trainer:
         self.multiturn = (mt_step.MultiTurn(cfg, self.tokenizer, self.model_config, self.eos_token_ids, examples)
                           if mt_step.enabled(cfg) else None)  # fmt: skip
 
-        if self.demonstrations:  # supervised fine-tuning on demonstrations first (warm_start.*)
+        if self.mesh is not None:
+            params = sharding_lib.shard_params(params, self.model_config, self.mesh)
+        if self.demonstrations:  # supervised fine-tuning on demonstrations first (warm_start.*), on the mesh if any
             schemas = self.multiturn.schemas if self.multiturn is not None else []
             params = warm_start_lib.warm_start(cfg, self.model_config, params, self.tokenizer, self.demonstrations,
                                                self.eos_token_ids, schemas, self.run_dir, self.perf, self.pad_id)
-        if self.mesh is not None:
-            params = sharding_lib.shard_params(params, self.model_config, self.mesh)
         temperature = cfg.rollout.temperature
         # the KL reference: the initial policy in the compute dtype, a copy (the step donates its state); with LoRA,
         # the frozen base read from the state each step (the adapters switched off: no second copy)

@@ -309,7 +309,8 @@ def test_a_missing_demonstrations_file_stops_the_run_before_the_model_loads(smol
 @pytest.mark.slow
 def test_a_single_turn_run_warm_starts_from_a_jsonl_file(smollm2_gguf, tmp_path):
     """No environment: the demonstrations are answers alone, read from a .jsonl file; the run trains a step after
-    them, and a demonstration longer than the model's context is a one-line error before any step."""
+    them; on an 8-device fsdp mesh the warm start gives the same parameters (to float32 rounding of the sharded
+    reductions); a demonstration longer than the model's context is a one-line error before any step."""
     demos = tmp_path / "demos.jsonl"
     demos.write_text("".join(json.dumps({"messages": [{"role": "user", "content": e.prompt},
                                                       {"role": "assistant", "content": e.answer}]}) + "\n"
@@ -320,9 +321,20 @@ def test_a_single_turn_run_warm_starts_from_a_jsonl_file(smollm2_gguf, tmp_path)
     trainer.run(small(smollm2_gguf, *single), run)
     assert len((run / "warm_start" / "warm_start.jsonl").read_text().splitlines()) == 3
     assert [r["step"] for r in metrics_log.read_metrics(run)] == [1]
+    trainer.run(small(smollm2_gguf, *single, "mesh.fsdp=8", "rollout.prompts_per_step=8"), tmp_path / "mesh")
+    one, two = (warm_params(small(smollm2_gguf, *single), tmp_path / d) for d in ("run", "mesh"))
+    for x, y in zip(jax.tree.leaves(one), jax.tree.leaves(two), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=0, atol=2e-6)
     with demos.open("a") as f:  # an answer of 1,100 words: past the tiny model's 1,024 positions
         f.write(json.dumps({"messages": [{"role": "user", "content": "Count."},
                                          {"role": "assistant", "content": " ".join(["one"] * 1100)}]}) + "\n")
     with pytest.raises(DataError, match="longer than the model's context"):
         trainer.run(small(smollm2_gguf, *single), tmp_path / "short")
     assert not (tmp_path / "short").exists()  # a failed start leaves no run directory
+
+
+def warm_params(cfg, run):
+    """The warm-started parameters a run saved (``<run>/warm_start``), on one device."""
+    _, base, _ = build.build_policy(cfg, build.policy_key(cfg))
+    with ckpt_lib.CheckpointManager(run / "warm_start", keep=1) as mgr:
+        return mgr.restore(cfg.warm_start.steps, {"params": base})[0]["params"]
