@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 
 # The config sections, for --help without importing the config module (it imports JAX); tests check the list.
-SECTION_NAMES = ("model", "lora", "data", "rollout", "algo", "perf", "optim", "train", "mesh", "checkpoint", "log")
+SECTION_NAMES = ("model", "lora", "data", "rollout", "algo", "perf", "optim", "train", "mesh", "checkpoint", "log",
+                 "warm_start")
 
 
 def build_parser() -> argparse.ArgumentParser:

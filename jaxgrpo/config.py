@@ -2,8 +2,9 @@
 """Run configuration: frozen dataclasses, one per section, loaded from YAML with dotted overrides.
 
 Sections: ``model``, ``data``, ``rollout``, ``algo`` (what is optimized), ``perf`` (how fast and in how much memory:
-switches that do not change what is computed), ``optim``, ``train``, ``mesh``, ``checkpoint``, ``log``, plus the
-top-level ``seed``. Every field has a default; a YAML file or an override only names what it changes.
+switches that do not change what is computed), ``optim``, ``train``, ``mesh``, ``checkpoint``, ``log``,
+``warm_start`` (supervised fine-tuning before RL), plus the top-level ``seed``. Every field has a default; a YAML
+file or an override only names what it changes.
 
 * ``load_config(path, overrides)``: the defaults, updated by the YAML file at `path` (or a packaged config named
   like ``"default"`` → ``jaxgrpo/configs/default.yaml``), then by overrides ``section.key=value`` / ``seed=3``.

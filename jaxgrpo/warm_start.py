@@ -47,7 +47,7 @@ from jaxgrpo import models
 from jaxgrpo import optim as optim_lib
 from jaxgrpo.batch import left_pad_prompts
 from jaxgrpo.config_sections import Config, OptimConfig, PerfConfig, WarmStartConfig
-from jaxgrpo.errors import DataError
+from jaxgrpo.errors import ConfigError, DataError
 from jaxgrpo.example import Example
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.models import lora
@@ -145,7 +145,10 @@ def demonstration_history(tokenizer: Any, schemas: Sequence[dict[str, Any]], sys
         if m["role"] != "assistant":
             raise DataError(f"{where}: message {i} is a {m['role']!r} message where an assistant turn must come")
         calls = _calls(m, f"{where}, message {i}")
-        text = format_calls(calls, chat.format, m.get("content") or None)
+        try:
+            text = format_calls(calls, chat.format, m.get("content") or None)
+        except ConfigError as e:
+            raise DataError(f"{where}, message {i}: {e}") from None
         if parse_tool_calls(text, chat.format) != calls:
             raise DataError(f"{where}, message {i}: its text does not read back as its tool calls in the "
                             f"{chat.format} format (content that looks like a call?)")  # fmt: skip
