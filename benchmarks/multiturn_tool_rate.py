@@ -9,6 +9,7 @@ from the training split), as a training run would begin; ``KEY=VALUE`` arguments
 
     python benchmarks/multiturn_tool_rate.py --level 4 --prompts 8 --group 4 [--system-prompt TEXT]
     python benchmarks/multiturn_tool_rate.py --warm-start --no-plain [warm_start.steps=30 ...]
+    python benchmarks/multiturn_tool_rate.py --no-plain --run-dir runs/tools [--checkpoint 20]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import jax
 import numpy as np
 
 from jaxgrpo import build, data, models, rewards, warm_start
+from jaxgrpo import eval as eval_lib
 from jaxgrpo.config import load_config
 from jaxgrpo.config_sections import DataConfig
 from jaxgrpo.rollout import history, multiturn
@@ -39,6 +41,8 @@ def main() -> None:
                     help="the system turn before the tools' description (default: configs/smollm2_tools.yaml's)")
     ap.add_argument("--warm-start", action="store_true", help="the config's supervised warm start first")
     ap.add_argument("--no-plain", action="store_true", help="skip the run without tools")
+    ap.add_argument("--run-dir", default=None, help="evaluate this training run's checkpoint instead")
+    ap.add_argument("--checkpoint", type=int, default=None, help="--run-dir's step (default: the latest)")
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE overrides of configs/smollm2_tools.yaml")
     args = ap.parse_args()
     cfg = load_config("smollm2_tools", args.overrides)
@@ -47,6 +51,9 @@ def main() -> None:
     path = build.resolve_model_path("smollm2")
     tok = build.load_tokenizer(path)
     config, params = models.load_pretrained(path)
+    if args.run_dir is not None:  # the trained policy (its config is the run's own)
+        params = eval_lib.load_policy_for_eval(load_config(f"{args.run_dir}/config.yaml", []), args.run_dir,
+                                               args.checkpoint).params  # fmt: skip
     examples = data.load_dataset(DataConfig(source="words", difficulty=args.level, split="test",
                                             num_examples=args.prompts, shuffle=False), args.seed)  # fmt: skip
     _, score = rewards.resolve("gsm8k_lenient")
@@ -70,6 +77,7 @@ def main() -> None:
         called = float(np.mean([h.tool_calls > 0 for h in out.histories]))
         ws = cfg.warm_start
         print(json.dumps({"tools": ["calculator"] if tools else [], "level": args.level, "trajectories": len(exs),
+                          "run_dir": args.run_dir, "checkpoint": args.checkpoint,
                           "system_prompt": args.system_prompt,
                           "warm_start": {"steps": ws.steps, "batch_size": ws.batch_size, "learning_rate":
                                          ws.learning_rate, "examples": ws.examples, "final_loss":
