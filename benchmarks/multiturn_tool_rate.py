@@ -72,7 +72,8 @@ def main() -> None:
                                 group_size=args.group, settings=settings, eos_token_ids=eos,
                                 key=jax.random.key(args.seed), system_prompt=args.system_prompt)  # fmt: skip
         exs = [ex for ex in examples for _ in range(args.group)]
-        acc = float(np.mean([score(a, ex) or 0.0 for a, ex in zip(out.answers, exs)]))
+        correct = np.array([score(a, ex) or 0.0 for a, ex in zip(out.answers, exs)]).reshape(-1, args.group)
+        acc = float(correct.mean())
         m = history.metrics(out.histories)
         called = float(np.mean([h.tool_calls > 0 for h in out.histories]))
         ws = cfg.warm_start
@@ -82,7 +83,8 @@ def main() -> None:
                           "warm_start": {"steps": ws.steps, "batch_size": ws.batch_size, "learning_rate":
                                          ws.learning_rate, "examples": ws.examples, "final_loss":
                                          log[-1]["warm_start/loss"]} if log else None,
-                          "accuracy": acc, "called_tool_frac": called, **m}))  # fmt: skip
+                          "accuracy": acc, "called_tool_frac": called, **m,
+                          "correct_per_prompt": correct.sum(1).tolist()}))  # fmt: skip
         print(json.dumps(out.messages[0][-3:])[:600])
 
 
