@@ -271,8 +271,8 @@ def warm_start(cfg: Config, model_config: models.ModelConfig, params: Params, to
                schemas: Sequence[dict[str, Any]], run_dir: pathlib.Path, perf: PerfConfig | None = None,
                pad_id: int = 0) -> Params:  # fmt: skip
     """The run's initial policy after the warm start on ``conversations`` (`load_conversations`, read before the
-    model loads): restored from ``<run_dir>/warm_start`` when a previous start finished it, else trained (`train`)
-    and saved there (atomically) with ``warm_start.jsonl`` of its losses."""
+    model loads): restored from ``<run_dir>/warm_start`` when a previous start finished it, else trained (`train`),
+    its losses written to ``warm_start.jsonl`` and then its parameters saved there (atomically)."""
     directory = run_dir / "warm_start"
     with ckpt_lib.CheckpointManager(directory, keep=1, async_save=False) as mgr:
         steps = cfg.warm_start.steps
@@ -285,7 +285,8 @@ def warm_start(cfg: Config, model_config: models.ModelConfig, params: Params, to
         _say(f"jaxgrpo: warm start: {steps} steps on {len(histories)} demonstrations "
              f"({sum(sum(h.action) for h in histories)} assistant tokens)")
         params, log = train(model_config, params, histories, cfg, perf, pad_id, _say)
-        mgr.save(steps, {"params": params}, {"metrics": log}, force=True)
+        # the losses first: a finished checkpoint implies them (a start killed before the save trains again)
+        (directory / "warm_start.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+        mgr.save(steps, {"params": params}, force=True)
         mgr.wait()
-    (directory / "warm_start.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
     return params
