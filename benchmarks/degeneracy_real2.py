@@ -19,8 +19,8 @@ PREREGISTRATION.md``, ``claims.json``), powered, free of the clipping confound. 
    mean reward over the last half of the pilot, ties to the smaller lr) and the clip threshold (`CLIP_FACTOR` x the
    largest 99th-percentile pre-clip gradient norm of the chosen pilot runs) -> ``design.json``.
 5. ``<cond>-seed<k>`` (every arm of a condition of `CONDITIONS` at seed k), ``<cond>`` (all its seeds) or ``grid``
-   (every part, seed by seed: ``m4-seed0, m8-seed0, hard-seed0, lora-seed0, m4-seed1, ...``, so a partial grid
-   stays balanced across conditions): the grid.
+   (every part, seed by seed: ``m4-seed0, m8-seed0, hard-seed0, lora-seed0, m4pool-seed0, hardpool-seed0,
+   m4-seed1, ...``, so a partial grid stays balanced across conditions): the grid.
    Each run writes ``<cond>/<arm>/seed<k>/{config.yaml, metrics.jsonl, result.json}``; result.json holds the
    config, seed, commit, steps, sampled tokens, the fraction of steps clipped and with an exactly zero gradient,
    gradient-norm percentiles, the training-log Jensen gap, the held-out evaluation (pair-test, >= 200 problems x
@@ -30,9 +30,10 @@ PREREGISTRATION.md``, ``claims.json``), powered, free of the clipping confound. 
 A run is finished when its result.json exists (written atomically); an interrupted part rerun skips finished runs
 and resumes an interrupted one from its checkpoint (deleted once the result is written).
 
-Time: the grid is 190 runs (m4: 7 arms x 8 seeds; m8: 6 x 8; hard: 7 x 10; lora: 2 x 8) of ~100-140 steps plus a
-256 x 8 held-out evaluation. The first edition's runs of this shape took 7-14 min each on 2 quiet cores (up to 23 min
-under load), so the grid is ~20-40 CPU-hours; the pilot is 24 runs of 20 steps; the warm-up 40 steps.
+Time: the grid is 216 runs (m4: 6 arms x 8 seeds; m8: 6 x 8; hard: 6 x 10; lora: 2 x 8; m4pool: 3 x 8; hardpool:
+2 x 10, amendment 5) of ~34-140 steps plus a 256 x 8 held-out evaluation. m4 seed 0's runs took 10-73 minutes of wall
+time each on 2 cores shared with other work (resumed runs compile again), so the grid is of the order of 100
+CPU-hours; the pilot is 24 runs of 20 steps; the warm-up 40 steps.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ ARM_ROLLOUT: dict[str, dict[str, Any]] = {"grpo_skip": {"schedule": "skip"}}  # 
 LR_FROM = {"grpo_skip": "grpo_resample"}  # an arm with no pilot of its own takes this arm's lr (amendment 3)
 FIRST_ARMS = ("grpo", "dr_grpo", "sign", "grpo_mask", "grpo_resample", "avspo")
 PROBE_EVERY, PROBE_PROMPTS = 10, 64  # amendment 3: the held-out probe of the m4 and hard runs (train.eval_every)
+POOL = 64  # amendment 5: the pool conditions' training problems per seed (GRPO draws 400 prompts at the budget)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,13 +90,17 @@ class Condition:
     seeds: int
     lora_rank: int = 0
     probe: bool = False  # amendment 3: held-out accuracy every PROBE_EVERY steps (tokens and seconds to a target)
+    pool: int = 0  # amendment 5: train on a fixed pool of this many pair-train problems (data.num_examples); 0: all
 
 
 CONDITIONS: dict[str, Condition] = {
-    "m4": Condition("matched", 4, (*FIRST_ARMS, "grpo_skip"), 8, probe=True),
+    "m4": Condition("matched", 4, FIRST_ARMS, 8, probe=True),
     "m8": Condition("matched", 8, FIRST_ARMS, 8),
-    "hard": Condition("hard", 4, (*FIRST_ARMS, "grpo_skip"), 10, probe=True),  # escape is yes/no: more seeds
+    "hard": Condition("hard", 4, FIRST_ARMS, 10, probe=True),  # escape is yes/no: more seeds
     "lora": Condition("matched", 4, ("sign", "dr_grpo"), 8, lora_rank=64),  # the paper's LoRA setting
+    # amendment 5: the skip arm where prompts recur (a pool of POOL problems, ~6 visits each at the budget)
+    "m4pool": Condition("matched", 4, ("grpo", "grpo_resample", "grpo_skip"), 8, probe=True, pool=POOL),
+    "hardpool": Condition("hard", 4, ("grpo_resample", "grpo_skip"), 10, probe=True, pool=POOL),
 }
 
 
@@ -154,8 +160,22 @@ def load_design(out: pathlib.Path) -> Design:
     return dataclasses.replace(Design(), **json.loads(path.read_text())["design"])
 
 
+def check_recurrence(design: Design) -> None:
+    """Amendment 5: a scheduling arm skips a prompt on its own earlier groups, so it is inert unless prompts recur
+    within the budget. Refuses a condition holding one whose training pool is not visited at least twice on average
+    by plain GRPO's draws (``steps x P``; resampling draws more)."""
+    for name, cond in CONDITIONS.items():
+        scheduled = [a for a in cond.arms if ARM_ROLLOUT.get(a, {}).get("schedule", "none") != "none"]
+        prompts = design.steps * design.rows // cond.group  # plain GRPO's prompt draws at the budget
+        if scheduled and not (cond.pool and prompts >= 2 * cond.pool):
+            raise ValueError(f"condition {name!r}: arm {scheduled[0]!r} schedules on prompt history, but its prompts "
+                             f"do not recur within the budget ({prompts} drawn); give it a pool of at most "
+                             f"{prompts // 2} problems (amendment 5)")
+
+
 def parts(design: Design) -> dict[str, list[RunSpec]]:
     """``<cond>-seed<k>`` -> every arm of the condition at seed k (a part finishes a balanced slice of the grid)."""
+    check_recurrence(design)
     return {f"{c}-seed{k}": [RunSpec(c, a, k) for a in cond.arms] for c, cond in CONDITIONS.items()
             for k in range(cond.seeds)}  # fmt: skip
 
@@ -201,6 +221,8 @@ def run_config(spec: RunSpec, design: Design, work: pathlib.Path) -> Any:
         raw["lora"] = {"rank": cond.lora_rank}
     raw["train"].update(retain={"held": {"source": "words", "difficulty": design.retain, "split": "pair-test"}},
                         retain_every=10 * design.steps)  # fmt: skip
+    if cond.pool:  # amendment 5: the seed's first `pool` problems of its pair-train permutation, cycled by epoch
+        raw["data"]["num_examples"] = cond.pool
     if cond.probe:  # the trainer's held-out evaluation: pair-test after pair-train (jaxgrpo.data.held_out_split)
         raw["train"].update(eval_every=PROBE_EVERY, eval_examples=PROBE_PROMPTS)
     return config_lib.from_dict(raw)

@@ -30,7 +30,8 @@ ONE_SAMPLE = ("retention_drop", "train_jensen_gap")  # per-seed differences, tes
 PERMUTATION = ("escape", "tokens_to_target")  # yes/no or censored outcomes: the exact permutation test
 # amendment 2's warm-up weights: the runs made before results recorded `warmup_sha256` (commit 820ca3f) used them
 REWARM_SHA256 = "beccf58408e200485621cd9d9bb979b8ed33179ffbbacbddf4bcbce8ca1a6167"
-COND_LEVEL = {"m4": "matched", "m8": "matched", "hard": "hard", "lora": "matched"}  # the runner's CONDITIONS
+COND_LEVEL = {"m4": "matched", "m8": "matched", "hard": "hard", "lora": "matched", "m4pool": "matched",
+              "hardpool": "hard"}  # the runner's CONDITIONS
 FIRST_CONDITIONS = {"matched-g4": ("matched-g4-a", "matched-g4-b", "matched-g4-c"),
                     "matched-g8": ("matched-g8-a", "matched-g8-b", "matched-g8-c"), "hard-g4": ("hard-g4",)}
 

@@ -129,8 +129,8 @@ def test_second_edition_grid_configs(dr2, tmp_path):
     design = dr2.Design(**DESIGN_KW)
     grid = dr2.parts(design)
     assert sum(c.seeds * len(c.arms) for c in dr2.CONDITIONS.values()) == sum(len(v) for v in grid.values())
-    assert {c: dr2.CONDITIONS[c].seeds for c in ("m4", "m8", "hard", "lora")} == {"m4": 8, "m8": 8, "hard": 10,
-                                                                                  "lora": 8}  # the issue's minimum
+    assert {c: cond.seeds for c, cond in dr2.CONDITIONS.items()} == {"m4": 8, "m8": 8, "hard": 10, "lora": 8,
+                                                                     "m4pool": 8, "hardpool": 10}  # the issue's minimum
     for specs in grid.values():
         cfgs = {s.arm: dr2.run_config(s, design, tmp_path) for s in specs}  # validated by the config loader
         cond = dr2.CONDITIONS[specs[0].cond]
@@ -141,8 +141,9 @@ def test_second_edition_grid_configs(dr2, tmp_path):
             assert cfg.data.split == "pair-train" and cfg.data.difficulty == {"matched": 4, "hard": 6}[cond.level]
             assert cfg.optim.max_grad_norm == 25.0
             assert cfg.optim.learning_rate == design.lr[dr2.lr_key(dr2.LR_FROM.get(arm, arm), cond.lora_rank)]
-            # amendment 3: the skip arm (m4 and hard only) and the held-out probe of those two conditions
+            # amendment 3: the skip arm and the held-out probe; amendment 5: the skip arm trains on a recurring pool
             assert cfg.rollout.schedule == ("skip" if arm == "grpo_skip" else "none")
+            assert cfg.data.num_examples == (64 if specs[0].cond.endswith("pool") else None)
             assert (cfg.train.eval_every, cfg.train.eval_examples) == ((10, 64) if cond.probe else (0, 64))
             assert cfg.model.name_or_path == str(tmp_path / "warmup" / "final")
             (held,) = cfg.train.retain.values()
@@ -151,8 +152,27 @@ def test_second_edition_grid_configs(dr2, tmp_path):
             assert cfg.algo.aggregation == ("seq-mean-token-sum-norm" if arm == "dr_grpo" else "token-mean")
         algos = [(c.algo, c.optim, c.rollout) for c in cfgs.values()]
         assert len({repr(a) for a in algos}) == len(algos)  # no two arms are one configuration
-    assert [c for c, cond in dr2.CONDITIONS.items() if "grpo_skip" in cond.arms] == ["m4", "hard"]
-    assert {c for c, cond in dr2.CONDITIONS.items() if cond.probe} == {"m4", "hard"}
+    assert [c for c, cond in dr2.CONDITIONS.items() if "grpo_skip" in cond.arms] == ["m4pool", "hardpool"]
+    assert {c for c, cond in dr2.CONDITIONS.items() if cond.probe} == {"m4", "hard", "m4pool", "hardpool"}
+
+
+def test_second_edition_skip_arm_needs_recurring_prompts(dr2, monkeypatch):
+    """Amendment 5: the skip rule reads a prompt's own earlier groups. On a whole pair-train split, the budget's 400
+    prompt draws (100 steps x 4) never revisit a prompt, so a skip arm there would be resampling under another name."""
+    from jaxgrpo.word_arithmetic import default_size
+
+    design = dr2.Design(**DESIGN_KW)
+    drawn = design.steps * design.rows // 4
+    assert drawn == 400 and default_size(4, "pair-train") > 10 * drawn  # the whole split: no prompt recurs
+    assert drawn / dr2.POOL >= 6  # a pool prompt is visited ~6 times at the budget
+    monkeypatch.setitem(dr2.CONDITIONS, "m4", dr2.Condition("matched", 4, ("grpo_resample", "grpo_skip"), 8))
+    with pytest.raises(ValueError, match="condition 'm4': arm 'grpo_skip' .* do not recur .* at most 200 problems"):
+        dr2.parts(design)
+    monkeypatch.setitem(dr2.CONDITIONS, "m4", dr2.Condition("matched", 4, ("grpo_skip",), 8, pool=201))
+    with pytest.raises(ValueError, match="at most 200 problems"):
+        dr2.parts(design)
+    monkeypatch.setitem(dr2.CONDITIONS, "m4", dr2.Condition("matched", 4, ("grpo_skip",), 8, pool=200))
+    assert [s.arm for s in dr2.parts(design)["m4-seed0"]] == ["grpo_skip"]
 
 
 def test_second_edition_parts_and_errors(dr2, tmp_path, monkeypatch, capsys):
@@ -172,6 +192,10 @@ def test_second_edition_parts_and_errors(dr2, tmp_path, monkeypatch, capsys):
     assert dr2.main(["--part", "grid", "--arms", "sign", "--out", str(tmp_path)]) == 0  # seed by seed, every condition
     order = [(c, k) for k in range(10) for c in ("m4", "m8", "hard", "lora") if k < dr2.CONDITIONS[c].seeds]
     assert ran == [(c, "sign", k) for c, k in order] and len(ran) == 8 + 8 + 10 + 8
+    ran.clear()
+    assert dr2.main(["--part", "grid", "--arms", "grpo_skip", "--out", str(tmp_path)]) == 0  # amendment 5's pools
+    pools = [(c, k) for k in range(10) for c in ("m4pool", "hardpool") if k < dr2.CONDITIONS[c].seeds]
+    assert ran == [(c, "grpo_skip", k) for c, k in pools] and len(ran) == 8 + 10
 
 
 def test_second_edition_train_stats_by_hand(dr2):
