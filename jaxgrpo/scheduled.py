@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxgrpo import degeneracy, objectives, sampling
+from jaxgrpo import degeneracy, sampling
 from jaxgrpo.groups import Rollout, merge_groups, resample_metrics, sampled_tokens, stream_groups
 from jaxgrpo.host import to_host
 from jaxgrpo.rollout import driver as rollout_driver
@@ -159,15 +159,8 @@ def sample_sized(tr: Any, indices: list[int], sizes: np.ndarray, key: jax.Array)
 def score_sized(tr: Any, indices: list[int], sizes: np.ndarray | list[int], comp: sampling.Completions) -> Rollout:
     """Scores host-side completions of groups of sizes ``sizes`` (rows prompt-major) and pads them into the
     ``[P, G]`` layout (`pad_groups`)."""
-    r = tr.cfg.rollout
-    tokens, mask = np.asarray(comp.tokens), np.asarray(comp.mask)
-    ids = [t[m].tolist() for t, m in zip(tokens, mask)]
-    texts = tr.tokenizer.batch_decode(ids, skip_special_tokens=True)
-    row_examples = [tr.examples[i] for i, g in zip(indices, sizes) for _ in range(int(g))]
-    rw, valid, _ = tr.scorer(texts, row_examples, ids)
-    if tr.cfg.algo.overlong_buffer is not None:  # DAPO's soft overlong punishment, in tokens (as `Trainer.score`)
-        rw = rw + objectives.overlong_penalty(mask.sum(-1), r.max_new_tokens, tr.cfg.algo.overlong_buffer)
-    return pad_groups(tr, indices, np.asarray(sizes), comp, texts, np.asarray(rw), np.asarray(valid), r.group_size)
+    texts, rw, valid = tr.score_rows(indices, sizes, comp)
+    return pad_groups(tr, indices, np.asarray(sizes), comp, texts, rw, valid, tr.cfg.rollout.group_size)
 
 
 def stream_sized(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, float]]:

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -325,19 +326,27 @@ class Trainer:
                                   packed_ladder=self.ladders["engine"] if n == r.group_size else None,
                                   **kw)  # fmt: skip
 
+    def score_rows(self, indices: list[int], sizes: Sequence[int], comp: sampling.Completions
+                   ) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """Texts, rewards (DAPO's soft overlong punishment included) and validity of host-side completions, rows
+        prompt-major: ``sizes[i]`` rows answer prompt ``indices[i]``."""
+        mask = np.asarray(comp.mask)
+        ids = [t[m].tolist() for t, m in zip(np.asarray(comp.tokens), mask)]
+        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
+        rows = [self.examples[i] for i, g in zip(indices, sizes) for _ in range(int(g))]
+        rw, valid, _ = self.scorer(texts, rows, ids)
+        if self.cfg.algo.overlong_buffer is not None:  # in tokens
+            rw = rw + objectives.overlong_penalty(mask.sum(-1), self.cfg.rollout.max_new_tokens,
+                                                  self.cfg.algo.overlong_buffer)
+        return texts, np.asarray(rw), np.asarray(valid)
+
     def score(self, indices: list[int], comp: sampling.Completions) -> Rollout:
         """Rewards of host-side completions (prompt-major, G rows per prompt of ``indices``)."""
         g = self.cfg.rollout.group_size
-        ids = [t[m].tolist() for t, m in zip(np.asarray(comp.tokens), np.asarray(comp.mask))]
-        texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
-        examples = [self.examples[i] for i in indices]
-        rw, valid, _ = self.scorer(texts, [e for e in examples for _ in range(g)], ids)
-        if self.cfg.algo.overlong_buffer is not None:  # DAPO's soft overlong punishment, in tokens
-            rw = rw + objectives.overlong_penalty(np.asarray(comp.mask).sum(-1), self.cfg.rollout.max_new_tokens,
-                                                  self.cfg.algo.overlong_buffer)
+        texts, rw, valid = self.score_rows(indices, [g] * len(indices), comp)
         shape = (len(indices), g)
-        return Rollout([self.encoded[i] for i in indices], examples, comp, texts, rw.reshape(shape),
-                       valid.reshape(shape))
+        return Rollout([self.encoded[i] for i in indices], [self.examples[i] for i in indices], comp, texts,
+                       rw.reshape(shape), valid.reshape(shape))
 
     def rollout(self, step: int) -> tuple[Rollout | mt_step.Scored, dict[str, float]]:
         """Samples the step's P groups (`jaxgrpo.dynamic_sampling.rollout`: with degenerate_groups=resample, DAPO's
