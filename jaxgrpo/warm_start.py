@@ -54,7 +54,7 @@ from jaxgrpo.models import lora
 from jaxgrpo.models.attention import Kernel
 from jaxgrpo.rollout.env import load_object
 from jaxgrpo.rollout.history import ChatFormat, Message, TurnHistory, to_rows
-from jaxgrpo.rollout.tools import ToolCall, format_calls, parse_tool_calls
+from jaxgrpo.rollout.tools import MalformedCall, ToolCall, as_call, format_calls, parse_tool_calls
 
 __all__ = ["Rows", "load_conversations", "demonstration_history", "demonstration_rows", "nll", "make_sft_step",
            "train", "warm_start"]  # fmt: skip
@@ -105,19 +105,14 @@ def load_conversations(ws: WarmStartConfig, examples: Sequence[Example]) -> list
 
 def _calls(message: Message, where: str) -> list[ToolCall]:
     """An assistant message's ``tool_calls`` (OpenAI/TRL form: ``{"function": {"name", "arguments"}}``, arguments a
-    mapping or a JSON string; ``{"name", "arguments"}`` is taken too)."""
+    mapping or a JSON string; ``{"name", "arguments"}`` is taken too), read as the rollout reads a model's calls."""
     calls = []
     for c in message.get("tool_calls") or []:
-        f = c.get("function", c) if isinstance(c, dict) else None
-        args = f.get("arguments", {}) if isinstance(f, dict) else None
-        if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError:
-                args = None
-        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not isinstance(args, dict):
-            raise DataError(f"{where}: a tool call needs a 'name' string and 'arguments' (an object), got {c!r}")
-        calls.append(ToolCall(f["name"], args))
+        call = as_call(c.get("function", c) if isinstance(c, dict) else c, repr(c), ("arguments",))
+        if isinstance(call, MalformedCall):
+            raise DataError(f"{where}: a tool call needs a 'name' string and 'arguments' (an object): {call.error}, "
+                            f"got {c!r}")
+        calls.append(call)
     return calls
 
 

@@ -338,3 +338,20 @@ def warm_params(cfg, run):
     _, base, _ = build.build_policy(cfg, build.policy_key(cfg))
     with ckpt_lib.CheckpointManager(run / "warm_start", keep=1) as mgr:
         return mgr.restore(cfg.warm_start.steps, {"params": base})[0]["params"]
+
+
+def test_demonstration_calls_read_as_the_rollout_reads_model_calls():
+    """A demonstration's calls go through the parser's own reading (`tools.as_call`): arguments as an object, a JSON
+    string or null; a call without a name, or with arguments that are no object, is a one-line error."""
+    msg = {"role": "assistant", "tool_calls": [
+        {"type": "function", "function": {"name": "calculator", "arguments": '{"expression": "1 + 2"}'}},
+        {"function": {"name": "calculator", "arguments": None}}, {"name": "lookup", "arguments": {"key": "k"}}]}
+    assert W._calls(msg, "demo 1") == [ToolCall("calculator", {"expression": "1 + 2"}), ToolCall("calculator", {}),
+                                       ToolCall("lookup", {"key": "k"})]
+    for bad, match in [({"function": {"name": "", "arguments": {}}}, "no 'name' string"),
+                       ({"function": {"name": "calculator", "arguments": "[1]"}}, "must be a JSON object"),
+                       ({"function": {"name": "calculator", "arguments": "{"}}, "not valid JSON"),
+                       ("x", "JSON object")]:
+        with pytest.raises(DataError, match=f"demo 1: a tool call needs .*{match}") as err:
+            W._calls({"role": "assistant", "tool_calls": [bad]}, "demo 1")
+        assert "\n" not in str(err.value)

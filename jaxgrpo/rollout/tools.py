@@ -99,7 +99,9 @@ def call_format(chat_template: str | None) -> CallFormat:
     return "hermes"
 
 
-def _as_call(obj: Any, raw: str, args_key: tuple[str, ...]) -> ToolCall | MalformedCall:
+def as_call(obj: Any, raw: str, args_key: tuple[str, ...]) -> ToolCall | MalformedCall:
+    """One call read from its JSON object: a non-empty ``name`` and arguments under the first key of ``args_key``
+    present (a JSON object, a JSON string of one, or null / absent for none); else a `MalformedCall` of ``raw``."""
     if not isinstance(obj, dict):
         return MalformedCall(raw, f"a tool call must be a JSON object with 'name' and '{args_key[0]}'")
     name = obj.get("name")
@@ -134,7 +136,7 @@ def _parse_hermes(text: str) -> list[ToolCall | MalformedCall]:
         objs = obj if isinstance(obj, list) else [obj]
         if not objs:
             out.append(MalformedCall(raw, "empty list of tool calls"))
-        out.extend(_as_call(o, raw, ("arguments", "parameters")) for o in objs)
+        out.extend(as_call(o, raw, ("arguments", "parameters")) for o in objs)
     return out
 
 
@@ -151,7 +153,7 @@ def _parse_llama3(text: str) -> list[ToolCall | MalformedCall]:
         except json.JSONDecodeError as e:
             out.append(MalformedCall(s[i:], f"invalid JSON tool call: {e.msg} at character {e.pos - i}"))
             break
-        out.append(_as_call(obj, s[i:end], ("parameters", "arguments")))
+        out.append(as_call(obj, s[i:end], ("parameters", "arguments")))
         i = end
         while i < len(s) and (s[i].isspace() or s[i] == ";"):
             i += 1
