@@ -12,7 +12,9 @@ Two models:
               train questions chat-templated, its EOS ids (tens of minutes to hours on a CPU)
 
 ``--groups`` prompts, ``--samples`` (G) samples each at temperature 1. Both modes sample the same groups with the same
-key, so they produce the same completions (per-row keys by prompt, sample and step) and the same tokens:
+key (per-row keys by prompt, sample and step), so they draw the same completions up to float rounding
+(``same_completions`` in the output: true for the tiny model; on the real model float32 sums over batches of
+different sizes round differently, and one flipped token changes the rest of its row):
 
     static       every group admitted at once (one slot per group, padded to a power of two); the batch decodes until
                  its longest row ends
