@@ -13,13 +13,13 @@ The work of one RL step, identical for both:
 Reported: seconds per RL step (sampling + rewards + log-probs + update), first step excluded (warm-up / XLA
 compile), median of the remaining ``--steps - 1`` (>= 3). TRL's step is timed with a `TrainerCallback`
 (``on_step_begin`` .. ``on_step_end``: its generation, reward, old-log-prob and training passes all happen inside).
-The jaxgrpo step is `Trainer.step()` (its own ``time/sample_s`` and ``time/train_s``), broken down further here —
-not in the trainer's hot path — by wrapping `jaxgrpo.sampling.generate` (blocked until ready), `jaxgrpo.rewards.score`
-and the jitted train step: ``sampling``, ``rewards`` (+ detokenisation), ``log-probs`` (0: jaxgrpo reuses the
-sampler's log-probs as the old log-probs; the train step's forward is part of ``update``), ``update`` (the jitted
-step: forward + backward + AdamW, metrics fetched). ``forward_only_s`` is the forward log-prob pass alone, timed
-separately on the last batch, to show its share of ``update``. jaxgrpo runs with ``perf.prefix_sharing`` on and off
-when the train step supports it.
+The jaxgrpo step is `Trainer.step()`, broken down by its own metrics and, for the update, by wrapping the jitted train
+step (outside the trainer's hot path): ``sampling`` (``time/sample_s`` less ``time/reward_s``: the rollout engine's
+prefill and decode, detokenisation and batch assembly), ``rewards`` (``time/reward_s``, the reward calls),
+``log-probs`` (0: jaxgrpo reuses the sampler's log-probs as the old log-probs; the train step's forward is part of
+``update``), ``update`` (the jitted step: forward + backward + AdamW, metrics fetched). ``forward_only_s`` is the
+forward log-prob pass alone, timed separately on the last batch, to show its share of ``update``. jaxgrpo runs with
+``perf.prefix_sharing`` on and off when the train step supports it.
 
 Each framework runs in its own subprocess, one after the other (they would otherwise fight over the same cores), all
 with the same environment: the glibc malloc tunables ``python -m jaxgrpo.train`` sets for itself
@@ -142,8 +142,6 @@ def run_jaxgrpo(steps: int, prefix_sharing: bool) -> dict:
     import jax.numpy as jnp
 
     from jaxgrpo import config as config_lib
-    from jaxgrpo import rewards as rewards_lib
-    from jaxgrpo import sampling
     from jaxgrpo import train_step as ts
     from jaxgrpo import trainer as trainer_lib
 
@@ -167,19 +165,6 @@ def run_jaxgrpo(steps: int, prefix_sharing: bool) -> dict:
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, secs, **kw: compiles.append(secs) if event == "/jax/core/compile/backend_compile_duration" else 0
     )
-    real_generate, real_score = sampling.generate, rewards_lib.score
-
-    def timed_generate(*a, **kw):
-        t = time.perf_counter()
-        out = jax.block_until_ready(real_generate(*a, **kw))
-        timings["sampling"].append(time.perf_counter() - t)
-        return out
-
-    def timed_score(*a, **kw):
-        t = time.perf_counter()
-        out = real_score(*a, **kw)
-        timings["rewards"].append(time.perf_counter() - t)
-        return out
 
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = trainer_lib.Trainer(cfg, run_dir)
@@ -195,22 +180,21 @@ def run_jaxgrpo(steps: int, prefix_sharing: bool) -> dict:
             last["batch"], last["kw"] = batch, kw
             return state, metrics
 
-        sampling.generate, rewards_lib.score, trainer.step_fn = timed_generate, timed_score, timed_step
+        trainer.step_fn = timed_step
         step_s, sample_s, train_s, lens, compile_s = [], [], [], [], []
-        try:
-            for s in range(steps):
-                t, n0 = time.perf_counter(), len(compiles)
-                m = trainer.step(s)
-                step_s.append(time.perf_counter() - t)
-                compile_s.append(sum(compiles[n0:]))
-                sample_s.append(m["time/sample_s"])
-                train_s.append(m["time/train_s"])
-                lens.append(m["completion/len_mean"])
-                print(f"[jaxgrpo prefix={prefix_sharing}] step {s}: {step_s[-1]:.2f} s (sample {sample_s[-1]:.2f}, "
-                      f"train {train_s[-1]:.2f}, XLA compile {compile_s[-1]:.2f}) reward {m['reward/mean']:.3f}",
-                      flush=True)  # fmt: skip
-        finally:
-            sampling.generate, rewards_lib.score = real_generate, real_score
+        for s in range(steps):
+            t, n0 = time.perf_counter(), len(compiles)
+            m = trainer.step(s)
+            step_s.append(time.perf_counter() - t)
+            compile_s.append(sum(compiles[n0:]))
+            sample_s.append(m["time/sample_s"])
+            train_s.append(m["time/train_s"])
+            timings["rewards"].append(m["time/reward_s"])
+            timings["sampling"].append(m["time/sample_s"] - m["time/reward_s"])
+            lens.append(m["completion/len_mean"])
+            print(f"[jaxgrpo prefix={prefix_sharing}] step {s}: {step_s[-1]:.2f} s (sample {sample_s[-1]:.2f}, "
+                  f"train {train_s[-1]:.2f}, XLA compile {compile_s[-1]:.2f}) reward {m['reward/mean']:.3f}",
+                  flush=True)  # fmt: skip
         # The forward log-prob pass alone (no gradient), on the last batch, for its share of the update.
         group = G if (supports_prefix and prefix_sharing) else 0
         packed = last["kw"].get("packed_prompt_width", 0)  # the width the trainer's step ran its prompts packed in
