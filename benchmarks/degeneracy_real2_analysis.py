@@ -18,6 +18,7 @@ import itertools
 import json
 import math
 import pathlib
+import sys
 from typing import Any
 
 import numpy as np
@@ -181,7 +182,15 @@ def power_json(out: pathlib.Path) -> dict[str, Any]:
     """power.json: the planning SDs (from the first edition's files) and every claim's `power_plan` row."""
     sds = plan_sds(audit_first_edition())
     return {"alpha": ALPHA, "power": 0.8, "plan_sds": sds,
-            "claims": power_plan(json.loads((out / "claims.json").read_text()), sds)}
+            "claims": power_plan(read_claims(out), sds)}
+
+
+def read_claims(out: pathlib.Path) -> list[dict[str, Any]]:
+    """``out/claims.json``; a missing file is a one-line exit naming it (``--out`` must be the study's directory)."""
+    path = out / "claims.json"
+    if not path.exists():
+        sys.exit(f"error: {path} is missing: --out must name the study's results directory (it holds claims.json)")
+    return json.loads(path.read_text())
 
 
 def load_runs(out: pathlib.Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
@@ -235,7 +244,7 @@ def family_of(claim: dict[str, Any]) -> str:
 
 def verdicts(out: pathlib.Path) -> dict[str, Any]:
     """Every claim's test, Holm-adjusted within its family; null verdicts until the claim's seeds exist."""
-    claims = json.loads((out / "claims.json").read_text())
+    claims = read_claims(out)
     runs = load_runs(out)
     base = _base_accuracy(out)
     rows = []

@@ -373,3 +373,8 @@ def test_second_edition_levels_resume_and_pick(dr2, tmp_path, monkeypatch):
     # too hard is the highest in (0, 0.1]: level 6 (0.03) over level 8 (0.02), never level 7 (0: no escape possible)
     assert (res["pick"]["matched"], res["pick"]["hard"], res["pick"]["retain"]) == (3, 6, 1)
     assert all(len(res["levels"][str(k)]["commit"]) >= 40 for k in measured) and "commit" not in res["levels"]["1"]
+
+
+def test_second_edition_analyze_needs_the_study_directory(dr2, tmp_path):
+    with pytest.raises(SystemExit, match=r"claims.json is missing: --out must name the study's results directory"):
+        dr2.main(["--part", "analyze", "--out", str(tmp_path)])
