@@ -444,8 +444,9 @@ class Trainer:
 
 def check_prompt_count(cfg: config_lib.Config, num_examples: int) -> None:
     """ConfigError when the data set holds fewer prompts than one step takes (`rollout.prompts_per_step`): a step
-    would repeat prompts; names the largest valid value to set. With dynamic sampling, a note (stderr) when the
-    rounds of one step can exhaust the data set (later rounds then draw prompts again)."""
+    would repeat prompts; names the largest valid value to set. Notes (stderr): with dynamic sampling, when the
+    rounds of one step can exhaust the data set (later rounds then draw prompts again); with a rollout schedule, when
+    the run's steps draw at most one pass over the data set (the schedule reads prompts' earlier groups)."""
     p, a = cfg.rollout.prompts_per_step, cfg.algo
     if num_examples < p:
         parts = a.num_minibatches * a.grad_accum_steps * cfg.mesh.data * cfg.mesh.fsdp
@@ -454,10 +455,17 @@ def check_prompt_count(cfg: config_lib.Config, num_examples: int) -> None:
         raise config_lib.ConfigError(
             f"the data set has {num_examples} prompts but rollout.prompts_per_step={p}: every step would repeat "
             f"prompts; {fix} (a multiple of {parts}, see algo.grad_accum_steps) or add data (data.num_examples)")
-    if a.degenerate_groups == "resample" and num_examples < p * a.resample_max_rounds and jax.process_index() == 0:
+    if jax.process_index() != 0:
+        return
+    if a.degenerate_groups == "resample" and num_examples < p * a.resample_max_rounds:
         print(f"jaxgrpo: the data set has {num_examples} prompts, fewer than rollout.prompts_per_step × "
               f"algo.resample_max_rounds = {p * a.resample_max_rounds}: a step's later resampling rounds may draw "
               "prompts it already drew", file=sys.stderr)
+    if cfg.rollout.schedule != "none" and cfg.train.steps * p <= num_examples:
+        print(f"jaxgrpo: rollout.schedule={cfg.rollout.schedule} acts on a prompt's earlier groups, but "
+              f"train.steps × rollout.prompts_per_step = {cfg.train.steps * p} draws at most one pass over the "
+              f"{num_examples} prompts (more only through resampling rounds): few or none come back to be scheduled; "
+              "fewer prompts (data.num_examples) or more steps make them recur", file=sys.stderr)
 
 
 def run(cfg: config_lib.Config, run_dir: str | os.PathLike, *, allow_config_change: bool = False

@@ -397,3 +397,23 @@ def test_skip_adaptive_run_resumes_to_the_same_history(tmp_path):
     for m in whole:  # the sampled tokens are those of the G_i samples, not of the padded [P, G] array
         assert (m["schedule/samples"], m["schedule/group_size_min"], m["schedule/group_size_max"]) == (24, 2, 4)
         assert m["tokens/sampled"] <= 24 * 2 and m["tokens/completion"] == m["tokens/sampled"]
+
+
+@pytest.mark.parametrize("schedule, steps, n, resample, notes", [
+    ("skip", 10, 40, False, ["draws at most one pass over the 40 prompts"]),  # 10 x 4 = 40 draws: none recurs
+    ("skip", 11, 40, False, []),  # 44 draws: a second pass begins
+    ("skip+adaptive", 5, 64, True, ["= 20 draws at most one pass over the 64"]),
+    ("none", 10, 40, False, []),
+    ("none", 10, 12, True, ["fewer than rollout.prompts_per_step × algo.resample_max_rounds = 16"]),
+])  # fmt: skip
+def test_start_notes_on_prompt_counts(schedule, steps, n, resample, notes, capsys):
+    """A schedule reads a prompt's earlier groups, so it is inert when the run cannot draw a prompt twice (the study's
+    amendment 5); resampling rounds that can exhaust the data set are noted too. Counts by hand, P = 4."""
+    from jaxgrpo import trainer
+
+    cfg = config_lib.load_config(None, [f"rollout.schedule={schedule}", f"train.steps={steps}",
+                                        "rollout.prompts_per_step=4", "algo.resample_max_rounds=4"]
+                                 + (["algo.degenerate_groups=resample"] if resample else []))  # fmt: skip
+    trainer.check_prompt_count(cfg, n)
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == len(notes) and all(note in err for note in notes)
