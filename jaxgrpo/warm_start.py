@@ -110,8 +110,7 @@ def _calls(message: Message, where: str) -> list[ToolCall]:
     for c in message.get("tool_calls") or []:
         call = as_call(c.get("function", c) if isinstance(c, dict) else c, repr(c), ("arguments",))
         if isinstance(call, MalformedCall):
-            raise DataError(f"{where}: a tool call needs a 'name' string and 'arguments' (an object): {call.error}, "
-                            f"got {c!r}")
+            raise DataError(f"{where}: malformed tool call {c!r}: {call.error}")
         calls.append(call)
     return calls
 

@@ -136,7 +136,7 @@ def test_a_demonstration_is_what_the_rollout_records_when_the_policy_writes_it(t
      "right after another"),
     ([{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [{"function": {"name": "calculator"}}]},
       {"role": "tool", "content": "2"}, {"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}],
-     "needs a 'name' string"),
+     "malformed tool call .*no 'name' string"),
     ([{"role": "user", "content": "q"},
       {"role": "assistant", "tool_calls": [{"function": {"name": "calculator", "arguments": {}}}]}],
      "the last assistant turn makes tool calls"),
@@ -352,6 +352,6 @@ def test_demonstration_calls_read_as_the_rollout_reads_model_calls():
                        ({"function": {"name": "calculator", "arguments": "[1]"}}, "must be a JSON object"),
                        ({"function": {"name": "calculator", "arguments": "{"}}, "not valid JSON"),
                        ("x", "JSON object")]:
-        with pytest.raises(DataError, match=f"demo 1: a tool call needs .*{match}") as err:
+        with pytest.raises(DataError, match=f"demo 1: malformed tool call .*: .*{match}") as err:
             W._calls({"role": "assistant", "tool_calls": [bad]}, "demo 1")
         assert "\n" not in str(err.value)
