@@ -3,7 +3,7 @@
 
 Model: `models.get_preset("qwen2.5-0.5b")` (24 layers, hidden 896, 14/2 heads of 64, vocab 151936, tied embeddings)
 with random weights: float32 masters, bfloat16 compute (``model.dtype``), as the packaged Qwen config trains.
-Speed does not depend on the weights' values, only on the shapes. Three parts, each optional (``--parts``):
+Speed does not depend on the weights' values, only on the shapes. Four parts, each optional (``--parts``):
 
 * ``check``: the cuDNN attention kernel against the plain one on the GPU: loss and gradients of one policy-gradient
   step of a 4-layer bf16 model at this shape, ``perf.attention`` dense vs chunked vs cudnn, prefix sharing on and off.
@@ -18,6 +18,8 @@ Speed does not depend on the weights' values, only on the shapes. Three parts, e
   length. Decode-only step time = (time for N2 new tokens - time for N1) / (N2 - N1), which removes the prefill and
   the fixed per-call costs. HBM roofline of a decode step: every weight read once (bf16) plus the KV cache slots
   attended (each prompt's shared prefix once, each row's own completion keys/values), at the chip's bandwidth.
+* ``profile``: the decode part's longer run once under `jax.profiler`, device time per kernel name per token step
+  (`benchmarks/kernel_profile.py`; CUDA graphs kept while profiling).
 
 Writes one JSON (``--out``), printing a table. Run on the GPU: ``python benchmarks/gpu.py --out results.json``.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import pathlib
 import statistics
 import sys
@@ -200,9 +203,29 @@ def part_decode(args: argparse.Namespace, chip: aot.Chip) -> dict:
             "end_to_end_tokens_per_s": P * G * n2 / times[n2]}  # fmt: skip
 
 
+def part_profile(args: argparse.Namespace) -> dict:
+    """One `sampling.generate` of the decode part's shape at its longer length under `jax.profiler`, per kernel name
+    (`kernel_profile`): device time per token step (the prefill's kernels included, once in ``n`` steps)."""
+    from kernel_profile import format_profile, profile
+
+    mcfg = models.get_preset("qwen2.5-0.5b", dtype="bfloat16").replace(num_layers=LAYERS[0])
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), models.init_params(mcfg, jax.random.key(0)))
+    rng = np.random.default_rng(0)
+    prompts = [list(rng.integers(3, mcfg.vocab_size, size=int(n))) for n in rng.integers(64, 129,
+                                                                                         size=args.decode_prompts)]
+    n = args.decode_tokens[1]
+    kw = dict(num_samples=args.decode_group, max_new_tokens=n, temperature=1.0, eos_token_ids=())
+    run = lambda: sampling.generate(mcfg, params, prompts, key=jax.random.key(1), **kw)  # noqa: E731
+    jax.block_until_ready(run())  # compile
+    rep = profile(run, pathlib.Path(args.out).with_suffix(".trace"))
+    _log("\n" + "\n".join(format_profile(rep, n)))
+    return dict(rep, steps=n, rows=args.decode_prompts * args.decode_group)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--parts", nargs="+", default=["check", "train", "decode"], choices=["check", "train", "decode"])
+    ap.add_argument("--parts", nargs="+", default=["check", "train", "decode"],
+                    choices=["check", "train", "decode", "profile"])  # fmt: skip
     ap.add_argument("--attention", nargs="+", default=["cudnn", "chunked"])
     ap.add_argument("--remat", nargs="+", default=["projections"])
     ap.add_argument("--lm-head", nargs="+", default=["auto"], choices=["auto", "xla", "fused"])
@@ -218,6 +241,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "gpu.json"))
     args = ap.parse_args()
     LAYERS[0] = args.layers
+    if "profile" in args.parts:  # keep the CUDA graphs the unprofiled program runs (`kernel_profile`); jax has not
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")  # started its backend yet
+                                   + " --xla_enable_command_buffers_during_profiling=true").strip()
     cfg = config_lib.load_config(str(CONFIG), [f"rollout.prompts_per_step={args.prompts}"] if args.prompts else [])
     chip = aot.CHIPS[args.chip]
     res = {"device": str(jax.devices()[0].device_kind), "jax": jax.__version__, "chip_figures": args.chip,
@@ -234,6 +260,8 @@ def main() -> None:
         d = res["decode"]
         _log(f"decode step {d['decode_step_s'] * 1e3:.2f} ms = {d['decode_tokens_per_s']:.0f} tokens/s; roofline "
              f"{d['roofline_step_s'] * 1e3:.2f} ms ({d['roofline_fraction']:.2f} of it)")
+    if "profile" in args.parts:
+        res["profile"] = part_profile(args)
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(json.dumps(res, indent=1))
     _log(f"written to {args.out}")

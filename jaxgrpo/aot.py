@@ -330,7 +330,8 @@ def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], te
     compute-dtype weights, for prompts of ``data.max_prompt_tokens``; `program_figures` of each, and the optimized HLO
     texts into ``texts`` (``decode``: the block, whose loop body is one token step, at the widest decode window;
     ``decode_w<slots>`` the other windows). ``windows``: compile only that many windows, evenly spread from the
-    narrowest to the widest (`jaxgrpo.decode_report` interpolates the others); default all."""
+    narrowest to the widest (`jaxgrpo.decode_report` interpolates the others); default all. For a GPU, ``decode``'s
+    figures also say how the host launches a token step (`jaxgrpo.hlo.HostLaunches`: CUDA graphs or single kernels)."""
     from jaxgrpo.models.attention import KVCache
     from jaxgrpo.rollout import engine
 
@@ -358,11 +359,18 @@ def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], te
         at = caches.replace(decode=[KVCache(_slots(c.k, 2, w), _slots(c.v, 3, w)) for c in caches.decode])
         name = "decode" if w == widths[-1] else f"decode_w{w}"
         programs[name] = engine.decode_block.lower(mcfg, spec, weights, at, state, f32, f32)
+    gpu = devices[0].platform in ("gpu", "cuda")
     for name, lowered in programs.items():
-        compiled = lowered.compile(options)
+        thunks: str | None = None
+        if gpu and name == "decode":  # and how the host launches its token step (`hlo.host_launches`)
+            compiled, thunks = hlo.compile_with_thunks(lowered, options)
+        else:
+            compiled = lowered.compile(options)
         texts[name] = compiled.as_text()
         if not name.startswith("decode_w"):
             out[name] = program_figures(compiled)
+        if thunks is not None:
+            out[name].update(dataclasses.asdict(hlo.host_launches(thunks)))
     return out
 
 

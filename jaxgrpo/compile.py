@@ -120,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     if "decode" in texts:
         ideal = dr.decode_ideal_bytes(rcfg, mcfg, len(rollout_devices))
         report = dr.decode_report(rcfg, mcfg, texts, ideal, devices[0].platform)
+        report["host"] = {k: rollout["decode"][k] for k in ("launches", "graphs", "graphed", "thunks")
+                          if k in rollout["decode"]}  # fmt: skip
         print("\n".join(dr.format_decode_report(report)))
     if args.dump_hlo:
         aot.dump_hlo(args.dump_hlo, texts)

@@ -54,6 +54,10 @@ def format_decode_report(rep: dict[str, Any], top: int = 5) -> list[str]:
     lines = [f"  decode step: {rep['bytes_per_step'] / mib:.1f} MiB moved per token step vs "
              f"{rep['ideal_bytes_per_step'] / mib:.1f} MiB ideal ({rep['ratio']:.2f}x), "
              f"{rep['launches_per_step']} kernels per step"]  # fmt: skip
+    if rep.get("host"):  # `hlo.HostLaunches` of a GPU compile
+        h = rep["host"]
+        lines.append(f"    host launches per token step: {h['launches']} ({h['graphs']} of them CUDA graphs, i.e. "
+                     f"command buffers, holding {h['graphed']} of the step's {h['thunks']} thunks)")  # fmt: skip
     if rep["unknown_trip_counts"]:
         lines.append(f"    ({rep['unknown_trip_counts']} inner loops of unknown trip count counted once)")
     if rep.get("windows"):

@@ -346,3 +346,63 @@ def wide_buffers(text: str, dtype: str, dim: int) -> list[Finding]:
                     out.append(Finding(ins.op, m.group(0), math.prod(dims) * _ITEMSIZE[dtype], name, _source(ins)))
                     break
     return out
+
+
+# -- XLA:GPU's thunk sequence: how the host launches a loop body ------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class HostLaunches:
+    """How the host runs one iteration of a GPU program's heaviest while loop (the decode block's token step), read
+    from XLA:GPU's thunk sequence after its thunk passes: ``launches`` separate host launches (a command buffer, i.e. a
+    CUDA graph, counts once), ``graphs`` of them command buffers, holding ``graphed`` of the body's ``thunks``."""
+
+    launches: int
+    graphs: int
+    graphed: int
+    thunks: int
+
+
+def host_launches(thunks: str) -> HostLaunches:
+    """`HostLaunches` of the ``body:`` with the most thunks in a thunk-sequence dump (``--xla_dump_to``'s
+    ``*.thunk_sequence_after_thunk_passes.txt``: one thunk per line, ``NNN: kKind ...``, nested thunks indented four
+    spaces deeper than their parent)."""
+    best: HostLaunches | None = None
+    lines = thunks.splitlines()
+    for at, line in enumerate(lines):
+        if line.strip() != "body:":
+            continue
+        base = len(line) - len(line.lstrip()) + 2  # the body's own thunks
+        top: list[str] = []
+        graphed = nested = 0
+        for sub in lines[at + 1:]:
+            depth = len(sub) - len(sub.lstrip())
+            if not sub.strip() or depth < base or sub.strip().endswith(":") and depth <= base:
+                break
+            kind = sub.split()[1] if len(sub.split()) > 1 else ""
+            if depth == base:
+                top.append(kind)
+            elif depth == base + 4:
+                nested += 1
+                graphed += top[-1] == "kCommandBuffer"
+        found = HostLaunches(len(top), top.count("kCommandBuffer"), graphed, len(top) - top.count("kCommandBuffer")
+                             + nested)  # fmt: skip
+        if best is None or found.thunks > best.thunks:
+            best = found
+    if best is None:
+        raise ValueError("the thunk sequence has no while loop body")
+    return best
+
+
+def compile_with_thunks(lowered: object, options: dict | None) -> tuple[object, str | None]:
+    """Compile a lowered GPU program and return it with its thunk sequence after XLA's thunk passes (`host_launches`
+    reads it), dumped for this compile only (``xla_dump_to`` a temporary directory); None when XLA compiled nothing
+    (a persistent compilation cache hit) or dumped no thunks (not a GPU compile)."""
+    import pathlib
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        compiled = lowered.compile(dict(options or {}, xla_dump_to=tmp))  # type: ignore[attr-defined]
+        after = sorted(pathlib.Path(tmp).glob("*thunk_sequence_after_thunk_passes.txt"))
+        found = after or sorted(pathlib.Path(tmp).glob("*thunk_sequence.txt"))  # no pass changed anything
+        return compiled, found[-1].read_text() if found else None

@@ -163,6 +163,7 @@ def test_cli_compiles_for_an_h100_and_dumps_the_decode_hlo(tmp_path, capsys):
     assert compile_cli.main(args) == 0
     out = capsys.readouterr().out
     assert "x h100 (" in out and "decode step:" in out and "MiB ideal" in out and out.strip().endswith("fits")
+    assert "host launches per token step: 1 (1 of them CUDA graphs" in out
     text = (tmp_path / "decode.hlo.txt").read_text()
     assert "__cublas" in text or "cublas" in text  # compiled by XLA:GPU, not the CPU backend
     assert (tmp_path / "prefill.hlo.txt").exists()
@@ -174,9 +175,9 @@ def qwen_decode():
     cfg = config_lib.load_config("qwen2.5-0.5b-instruct_gsm8k", [])
     mcfg = aot.model_config(cfg)
     texts: dict[str, str] = {}
-    aot.compile_rollout(cfg, mcfg, aot.gpu_devices("h100"), texts, windows=3)  # of its 16 windows: 32, 288, 512
+    figures = aot.compile_rollout(cfg, mcfg, aot.gpu_devices("h100"), texts, windows=3)  # of 16 windows: 32, 288, 512
     ideal = decode_report.decode_ideal_bytes(cfg, mcfg)
-    return cfg, mcfg, ideal, decode_report.decode_report(cfg, mcfg, texts, ideal)
+    return cfg, mcfg, ideal, dict(decode_report.decode_report(cfg, mcfg, texts, ideal), figures=figures["decode"])
 
 
 @needs_cuda
@@ -193,6 +194,9 @@ def test_qwen_decode_report_fields(qwen_decode):
     assert rep["launches_per_step"] > 24  # at least one kernel per layer
     assert rep["top"] and all(k.read + k.write > 0 for k in rep["top"])
     assert "\n".join(decode_report.format_decode_report(rep)).count("MiB") >= 3
+    # the host launches the whole token step as one CUDA graph: every kernel, GEMMs and Pallas attention included
+    host = {k: rep["figures"][k] for k in ("launches", "graphs", "graphed", "thunks")}
+    assert host["launches"] == host["graphs"] == 1 and host["graphed"] == host["thunks"] >= 24 * 5, host
 
 
 @needs_cuda
@@ -231,6 +235,58 @@ def test_h100_token_draw_with_top_p_sorts_no_vocabulary():
     cpu = jax.jit(lambda k, z: sample_from_logits(k, z, 1.0, top_p=0.95)).lower(
         jax.ShapeDtypeStruct((8,), keys.dtype), jax.ShapeDtypeStruct((8, 4096), jnp.float32)).compile()  # fmt: skip
     assert hlo.sorts(cpu.as_text(), 4096) != []  # the same check finds the CPU path's fallback sort
+
+
+# XLA:GPU's thunk sequence of a program with two loops (dumped after its thunk passes, trimmed): the heavier loop's
+# body is one host launch of a kernel, then a command buffer of three thunks, then a GEMM launched on its own.
+THUNKS = """001: kCopy  [source | next=003 (1)] kCopy
+002: kWhile [prev=001 (1) | sink]
+condition:
+    003: kCustomKernel [source | sink] loop_compare_fusion grid: [1, 1, 1] threads: [1, 1, 1]  shared_memory: 0 bytes
+  body:
+    004: kCustomKernel [source | sink] loop_add_fusion grid: [1, 1, 1] threads: [1, 1, 1]  shared_memory: 0 bytes
+005: kWhile [prev=002 (1) | sink]
+condition:
+    006: kCustomKernel [source | sink] loop_compare_fusion grid: [1, 1, 1] threads: [1, 1, 1]  shared_memory: 0 bytes
+  body:
+    007: kCustomKernel   [source | sink] loop_add_fusion grid: [1, 1, 1] threads: [1, 1, 1]  shared_memory: 0 bytes
+    000: kCommandBuffer [source | sink]
+        008: kCublasLtMatmul [source | next=009 (1)] kCublasLtMatmul
+        009: kCustomKernel   [prev=008 (1) | next=010 (1)] loop_tanh_fusion grid: [1024, 1, 1] threads: [128, 1, 1]
+        010: kCustomKernel   [prev=009 (1) | sink] input_reduce_fusion grid: [2, 1, 1] threads: [128, 1, 1]
+    011: kCublasLtMatmul [source | sink] kCublasLtMatmul
+012: kCopy  [prev=005 (1) | sink] kCopy
+"""
+
+
+def test_host_launches_of_a_hand_written_thunk_sequence():
+    got = hlo.host_launches(THUNKS)
+    assert got == hlo.HostLaunches(launches=3, graphs=1, graphed=3, thunks=5)
+    with pytest.raises(ValueError, match="no while loop body"):
+        hlo.host_launches(THUNKS.split("condition:")[0])
+
+
+@needs_cuda
+@pytest.mark.parametrize("chip", ["h100", "h200"])
+def test_gpu_targets_give_a_gemm_loop_body_to_one_cuda_graph(tmp_path, chip):
+    """XLA:GPU records cuBLAS(Lt) GEMMs into a command buffer (a CUDA graph) only when both the CUDA runtime and the
+    driver are >= 12.3; a target description without a driver version reads 0 and leaves every GEMM a host launch of
+    its own, which no machine with a CUDA 13 driver does. With ours, a loop body of two GEMMs and their elementwise
+    kernels is one command buffer holding all four (XLA's thunk sequence after its thunk passes, dumped per compile)."""
+    mesh = jax.sharding.Mesh(aot.gpu_devices(chip)[:1], ("x",))
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    x, w = (jax.ShapeDtypeStruct(s, jnp.bfloat16, sharding=rep) for s in ((256, 512), (512, 512)))
+    body = lambda i, x, w: jnp.tanh(jnp.tanh(x @ w) @ w)  # noqa: E731
+    loop = jax.jit(lambda x, w: jax.lax.fori_loop(0, 8, lambda i, x: body(i, x, w), x))
+    loop.lower(x, w).compile({"xla_gpu_enable_triton_gemm": False, "xla_dump_to": str(tmp_path)})
+    passes = list(tmp_path.glob("*thunk_sequence_after_thunk_passes.txt"))  # written when a thunk pass changed any
+    (dump,) = passes or list(tmp_path.glob("*thunk_sequence.txt"))
+    lines = dump.read_text().splitlines()
+    body_at = next(i for i, line in enumerate(lines) if line.strip() == "body:")
+    top = [line.split()[1] for line in lines[body_at + 1:] if line.startswith("    ") and line[4] != " "]
+    inner = [line.split()[1] for line in lines[body_at + 1:] if line.startswith("        ")]
+    assert top == ["kCommandBuffer"], top
+    assert inner.count("kCublasLtMatmul") + inner.count("kGemm") == 2 and len(inner) >= 4, inner
 
 
 @needs_cuda
