@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -26,7 +25,6 @@ from jaxgrpo import (
     build,
     diversity,
     dynamic_sampling,
-    export,
     in_training,
     metrics_log,
     models,
@@ -36,6 +34,7 @@ from jaxgrpo import (
     precompile,
     rewards,
     sampling,
+    train_loop,
 )
 from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import config as config_lib
@@ -489,65 +488,8 @@ def run(cfg: config_lib.Config, run_dir: str | os.PathLike, *, allow_config_chan
         trainer.close()
         raise
     try:
-        return _loop(trainer, logger, stop)
+        return train_loop.loop(trainer, logger, stop)
     finally:
         stop.uninstall()
         logger.close()
         trainer.close()
-
-
-def _loop(trainer: Trainer, logger: metrics_log.MetricsLogger, stop: ckpt_lib.PreemptionFlag
-          ) -> list[dict[str, float]]:
-    cfg = trainer.cfg
-    history = []
-    step = trainer.start_step
-    budget = cfg.train.max_sampled_tokens
-
-    def finished() -> bool:
-        return step >= cfg.train.steps or (budget is not None and trainer.sampled_tokens >= budget)
-
-    def save() -> None:
-        trainer.ckpt.save(step, trainer.saved_state(), trainer.checkpoint_extra(), force=True)
-
-    if step == 0 and trainer.retain_sets and cfg.train.retain_every:
-        logger.log(0, trainer.retain(0))  # step 0: the starting point of every retain/* curve, before any update
-    preempted = False
-    while not finished():
-        position, state = trainer.iterator.state(), trainer.state
-        try:
-            metrics = trainer.step(step)
-        except rewards.RewardError as e:
-            if trainer.state is not state:  # failed after the update: nothing consistent to save
-                raise
-            trainer.iterator.restore(position)  # the resumed run draws this step's prompts again
-            save()
-            trainer.ckpt.wait()
-            raise rewards.RewardError(
-                f"{getattr(e, 'message', e)}; step {step} is checkpointed (re-run with --run-dir {trainer.run_dir} "
-                "to resume)", getattr(e, "advice", None) or "fix the reward function") from e
-        step += 1
-        trainer.sampled_tokens += int(metrics["tokens/sampled"])
-        metrics["tokens/sampled_total"] = float(trainer.sampled_tokens)
-        if finished() and trainer.retain_sets and cfg.train.retain_every and step % cfg.train.retain_every:
-            metrics.update(trainer.retain(step))  # the end of the run, whatever retain_every: what the run kept
-        history.append(metrics)
-        if step % cfg.log.every == 0:
-            logger.log(step, metrics)
-        if cfg.log.sample_every and step % cfg.log.sample_every == 0:
-            logger.log_samples(step, *trainer.last_samples)
-        preempted = stop.any_process()  # a collective on pods: every host stops at the same step
-        if preempted or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0):
-            save()
-        if preempted:
-            break
-    done = finished()
-    if done and cfg.checkpoint.every and step % cfg.checkpoint.every:
-        save()
-    trainer.ckpt.wait()
-    if done and cfg.checkpoint.export_final:
-        export.final(trainer)
-    if done and cfg.checkpoint.export_gguf:
-        export.gguf(trainer)
-    if preempted and not done:
-        raise ckpt_lib.Preempted(stop.signal or signal.SIGTERM, step, trainer.run_dir)
-    return history
