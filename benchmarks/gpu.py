@@ -19,7 +19,8 @@ Speed does not depend on the weights' values, only on the shapes. Four parts, ea
   the fixed per-call costs. HBM roofline of a decode step: every weight read once (bf16) plus the KV cache slots
   attended (each prompt's shared prefix once, each row's own completion keys/values), at the chip's bandwidth.
 * ``profile``: the decode part's longer run once under `jax.profiler`, device time per kernel name per token step
-  (`benchmarks/kernel_profile.py`; CUDA graphs kept while profiling).
+  (`benchmarks/kernel_profile.py`; CUDA graphs kept while profiling); with ``train`` also asked for, one more step of
+  each train configuration under the profiler, per kernel name.
 
 Writes one JSON (``--out``), printing a table. Run on the GPU: ``python benchmarks/gpu.py --out results.json``.
 """
@@ -149,6 +150,10 @@ def part_train(cfg: config_lib.Config, args: argparse.Namespace, chip: aot.Chip)
                 state, m = step_fn(state, batch, packed_prompt_width=width)
                 jax.block_until_ready(m)
                 times.append(time.perf_counter() - t0)
+            if "profile" in args.parts:  # one more step under the profiler
+                one, held = _stepper(step_fn, state, batch, width)
+                prof = _profiled(one, args, f"train_{kind}_{remat}_{head}", steps=1)
+                state = held[0]
         except Exception as e:  # noqa: BLE001 -- e.g. out of memory at remat=none: recorded, not fatal
             out[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             _log(f"train {name}: FAILED {out[name]['error']}")
@@ -167,9 +172,22 @@ def part_train(cfg: config_lib.Config, args: argparse.Namespace, chip: aot.Chip)
                      # the process's peak so far: this configuration's own only for the first one run
                      "process_peak_bytes_in_use": stats.get("peak_bytes_in_use"),
                      "loss": float(m["loss"])}  # fmt: skip
+        if "profile" in args.parts:
+            out[name]["profile"] = prof
         _log(f"train {name}: {step_s:.3f} s/step (first {first:.1f} s), {out[name]['tokens_per_s']:.0f} tokens/s, "
              f"MFU {out[name]['mfu']:.3f}, process peak {stats.get('peak_bytes_in_use', 0) / 2**30:.1f} GiB")
     return out
+
+
+def _stepper(step_fn, state: ts.TrainState, batch: ts.Batch, width: int) -> tuple:
+    """A call of one train step with no arguments, and the one-item list it keeps the (donated) state in."""
+    held = [state]
+
+    def one() -> dict:
+        held[0], metrics = step_fn(held[0], batch, packed_prompt_width=width)
+        return metrics
+
+    return one, held
 
 
 def part_decode(args: argparse.Namespace, chip: aot.Chip) -> dict:
@@ -206,8 +224,6 @@ def part_decode(args: argparse.Namespace, chip: aot.Chip) -> dict:
 def part_profile(args: argparse.Namespace) -> dict:
     """One `sampling.generate` of the decode part's shape at its longer length under `jax.profiler`, per kernel name
     (`kernel_profile`): device time per token step (the prefill's kernels included, once in ``n`` steps)."""
-    from kernel_profile import format_profile, profile
-
     mcfg = models.get_preset("qwen2.5-0.5b", dtype="bfloat16").replace(num_layers=LAYERS[0])
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), models.init_params(mcfg, jax.random.key(0)))
     rng = np.random.default_rng(0)
@@ -217,9 +233,17 @@ def part_profile(args: argparse.Namespace) -> dict:
     kw = dict(num_samples=args.decode_group, max_new_tokens=n, temperature=1.0, eos_token_ids=())
     run = lambda: sampling.generate(mcfg, params, prompts, key=jax.random.key(1), **kw)  # noqa: E731
     jax.block_until_ready(run())  # compile
-    rep = profile(run, pathlib.Path(args.out).with_suffix(".trace"))
-    _log("\n" + "\n".join(format_profile(rep, n)))
-    return dict(rep, steps=n, rows=args.decode_prompts * args.decode_group)
+    return dict(_profiled(run, args, "decode", steps=n), rows=args.decode_prompts * args.decode_group)
+
+
+def _profiled(fn, args: argparse.Namespace, name: str, steps: int, top: int = 60) -> dict:
+    """`kernel_profile.profile` of one ``fn()`` (a trace under ``<out>.trace/<name>``), printed per step, its
+    ``top`` heaviest kernels kept."""
+    from kernel_profile import format_profile, profile
+
+    rep = profile(fn, pathlib.Path(args.out).with_suffix(".trace") / name)
+    _log(f"profile of {name}:\n" + "\n".join(format_profile(rep, steps)))
+    return dict(rep, kernels=dict(list(rep["kernels"].items())[:top]), steps=steps)
 
 
 def main() -> None:
