@@ -3,7 +3,7 @@
 
 Model: `models.get_preset("qwen2.5-0.5b")` (24 layers, hidden 896, 14/2 heads of 64, vocab 151936, tied embeddings)
 with random weights: float32 masters, bfloat16 compute (``model.dtype``), as the packaged Qwen config trains.
-Speed does not depend on the weights' values, only on the shapes. Four parts, each optional (``--parts``):
+Speed does not depend on the weights' values, only on the shapes. Three parts and a modifier (``--parts``):
 
 * ``check``: the cuDNN attention kernel against the plain one on the GPU: loss and gradients of one policy-gradient
   step of a 4-layer bf16 model at this shape, ``perf.attention`` dense vs chunked vs cudnn, prefix sharing on and off.
@@ -18,9 +18,9 @@ Speed does not depend on the weights' values, only on the shapes. Four parts, ea
   length. Decode-only step time = (time for N2 new tokens - time for N1) / (N2 - N1), which removes the prefill and
   the fixed per-call costs. HBM roofline of a decode step: every weight read once (bf16) plus the KV cache slots
   attended (each prompt's shared prefix once, each row's own completion keys/values), at the chip's bandwidth.
-* ``profile``: the decode part's longer run once under `jax.profiler`, device time per kernel name per token step
-  (`benchmarks/kernel_profile.py`; CUDA graphs kept while profiling); with ``train`` also asked for, one more step of
-  each train configuration under the profiler, per kernel name.
+* ``profile``: with ``decode``, its longer run once more under `jax.profiler`, device time per kernel name per token
+  step (`benchmarks/kernel_profile.py`; CUDA graphs kept while profiling); with ``train``, one more step of each
+  train configuration under the profiler, per kernel name.
 
 Writes one JSON (``--out``), printing a table. Run on the GPU: ``python benchmarks/gpu.py --out results.json``.
 """
@@ -284,8 +284,8 @@ def main() -> None:
         d = res["decode"]
         _log(f"decode step {d['decode_step_s'] * 1e3:.2f} ms = {d['decode_tokens_per_s']:.0f} tokens/s; roofline "
              f"{d['roofline_step_s'] * 1e3:.2f} ms ({d['roofline_fraction']:.2f} of it)")
-    if "profile" in args.parts:
-        res["profile"] = part_profile(args)
+        if "profile" in args.parts:
+            res["decode_profile"] = part_profile(args)
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(json.dumps(res, indent=1))
     _log(f"written to {args.out}")
