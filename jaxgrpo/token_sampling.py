@@ -102,6 +102,12 @@ def _nucleus_mask_search(z: jax.Array, lse: jax.Array, top_p: jax.Array) -> jax.
     return jax.lax.cond(no_ties, lambda: key >= hi[:, None], by_rank)
 
 
+def _row_scatter(vocab: int, ids: jax.Array, values: jax.Array) -> jax.Array:
+    """``[N, vocab]`` booleans, ``values[n, j]`` at ``ids[n, j]``, False elsewhere: a scatter vmapped over the rows
+    (their axis a batching dimension, which a mesh splitting the rows partitions with no collective)."""
+    return jax.vmap(lambda i, v: jnp.zeros(vocab, bool).at[i].set(v))(ids, values)
+
+
 def _nucleus_mask(z: jax.Array, top_p: jax.Array) -> jax.Array:
     """Boolean ``[N, V]`` mask of the nucleus of ``softmax(z)`` (ties in z: lower token id first).
 
@@ -113,13 +119,12 @@ def _nucleus_mask(z: jax.Array, top_p: jax.Array) -> jax.Array:
     Every path gives the same set, so the sample does not depend on which one ran (the noise is indexed by token id,
     see below).
     """
-    n, vocab = z.shape
+    vocab = z.shape[-1]
     lse = jax.nn.logsumexp(z, axis=-1, keepdims=True)
-    rows = jnp.arange(n)[:, None]
 
     def nucleus(z_sorted, ids):
         keep = _keep_prefix(jnp.exp(z_sorted - lse), top_p)
-        return jnp.zeros((n, vocab), bool).at[rows, ids].set(keep)
+        return _row_scatter(vocab, ids, keep)
 
     def full_sort():
         ids = jnp.argsort(-z, axis=-1, stable=True).astype(jnp.int32)
@@ -163,11 +168,11 @@ def kept_mask(z: jax.Array, *, top_k: int = 0, top_p: float | None = None) -> ja
     temperature-scaled logits ``z [N, V]`` (the same set, ties included: it runs `truncated_logits` at temperature 1,
     an exact division). ``top_k`` (0 = off) and ``top_p`` (None = off) are static. For a learner that scores sampled
     tokens under the sampling distribution (`jaxgrpo.logprobs`)."""
-    n, vocab = z.shape
+    vocab = z.shape[-1]
     cand, ids = truncated_logits(z, 1.0, top_k=top_k, top_p=top_p)
     if ids is None:
         return jnp.isfinite(cand)
-    return jnp.zeros((n, vocab), bool).at[jnp.arange(n)[:, None], ids].set(jnp.isfinite(cand))
+    return _row_scatter(vocab, ids, jnp.isfinite(cand))
 
 
 _CDF_BLOCK = 128

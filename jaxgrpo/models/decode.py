@@ -305,10 +305,10 @@ def decode_step(
     for w, (kp, vp), (ck, cv) in zip(weights["layers"], prefix, cache):
 
         def attend(q, k, v, ck=ck, cv=cv, kp=kp, vp=vp):
-            if jnp.ndim(slot):  # a slot per row (a scatter; a slot past the cache drops that row's write)
-                rows = jnp.arange(ck.shape[0])
-                ck = ck.at[rows, :, slot].set(k[:, 0].astype(ck.dtype), mode="drop")
-                cv = cv.at[rows, :, :, slot].set(v[:, 0].astype(cv.dtype), mode="drop")
+            if jnp.ndim(slot):  # a slot per row (a scatter; a slot past the cache drops that row's write), vmapped
+                # over the rows: their axis is the scatter's batching dimension, which a mesh splits locally
+                ck = jax.vmap(lambda c, u, s: c.at[:, s].set(u, mode="drop"))(ck, k[:, 0].astype(ck.dtype), slot)
+                cv = jax.vmap(lambda c, u, s: c.at[:, :, s].set(u, mode="drop"))(cv, v[:, 0].astype(cv.dtype), slot)
             else:
                 kt, vt = k.transpose(0, 2, 1, 3).astype(ck.dtype), v.transpose(0, 2, 3, 1).astype(cv.dtype)
                 ck = jax.lax.dynamic_update_slice(ck, kt, (zero, zero, slot, zero))

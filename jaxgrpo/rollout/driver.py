@@ -26,6 +26,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from jaxgrpo import models, padding
 from jaxgrpo.rollout import engine
@@ -70,10 +71,10 @@ class _Run:
     """Host state of one driver run (slots -> prompts, pending queue, harvested groups)."""
 
     def __init__(self, config, params, prompts, sp: SamplingParams, key, slots, block, width, packed_ladder=None,
-                 first_rows=0):  # fmt: skip
+                 first_rows=0, mesh=None):  # fmt: skip
         self.config, self.params, self.prompts, self.sp, self.key = config, params, list(prompts), sp, key
         self.packed_ladder, self.first_rows = packed_ladder, first_rows
-        self.spec = engine.make_spec(config, sp, slots, width, block)
+        self.spec = engine.make_spec(config, sp, slots, width, block, mesh=mesh)
         self.weights = engine.prepare_weights(config, params)
         self.caches, self.state = engine.init(config, self.spec)
         self.temp = jnp.float32(sp.temperature if sp.temperature > 0 else 1.0)
@@ -165,6 +166,7 @@ def run(
     max_blocks: int | None = None,
     packed_ladder: tuple[int, int] | None = None,
     first_rows: int = 0,
+    mesh: Mesh | None = None,
 ) -> tuple[dict[int, Group], RunStats]:
     """Sample ``sp.num_samples`` completions for each prompt with ``slots`` group slots (None: one per prompt, padded
     to a power of two: static mode). ``params``: compute-dtype params (`models.compute_params`). Returns the
@@ -179,13 +181,16 @@ def run(
     run's ``(floor, cap)`` (`jaxgrpo.perf.shape_ladders`): the first prefill's packed width climbs
     `padding.ladder_bucket` from ``floor`` to ``cap``, one program for nearly every step, not one per bucket.
     ``first_rows``: the first prefill runs at least this many rows (the extra ones padding, their writes dropped), so
-    a caller whose prompt count varies keeps one program (`jaxgrpo.rollout.multiturn.fixed_generate`)."""
+    a caller whose prompt count varies keeps one program (`jaxgrpo.rollout.multiturn.fixed_generate`). ``mesh``:
+    the slots and their rows split over its batch axes (`engine.row_sharding`; ``slots`` rounded up to a multiple of
+    `engine.row_shards`, the extra ones empty); ``params`` are used as placed (`jaxgrpo.sharding.shard_params`)."""
     sp.check(config.vocab_size, config.max_position_embeddings, prompts)
     if block < 1 or (slots is not None and slots < 1):
         raise ValueError(f"decode block ({block}) and slots ({slots}) must be >= 1")
-    slots = padding.batch_bucket(len(prompts)) if slots is None else int(slots)
+    shards = engine.row_shards(mesh)
+    slots = padding.batch_bucket(len(prompts), shards) if slots is None else -(-int(slots) // shards) * shards
     width = padding.prompt_bucket(max([len(p) for p in prompts] + [prompt_width or 1]), prompt_buckets)
-    r = _Run(config, params, prompts, sp, key, slots, int(block), width, packed_ladder, first_rows)
+    r = _Run(config, params, prompts, sp, key, slots, int(block), width, packed_ladder, first_rows, mesh)
     r.admit(list(range(slots)), more)
     while True:
         freed, stop = r.harvest(np.asarray(r.state.done), on_group)

@@ -38,11 +38,13 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgrpo import models
 from jaxgrpo.models.attention import KVCache
 from jaxgrpo.models.decode import DecodeWeights, decode_step, decode_weights
 from jaxgrpo.rollout.params import SamplingParams
+from jaxgrpo.sharding import BATCH_AXES
 from jaxgrpo.token_sampling import sample_from_logits
 
 CACHE_MULTIPLE = 128  # decode cache width granularity (no odd widths for the matmul libraries to pad)
@@ -69,6 +71,9 @@ class Spec:
     use_top_p: bool
     eos_token_ids: tuple[int, ...]
     window_multiple: int = WINDOW_MULTIPLE
+    # with a mesh: slots and rows (axis 0 of every cache and per-row state array) split over its batch axes
+    # (`row_sharding`); slot s and its G rows on the same device, so a token step needs no collective
+    sharding: NamedSharding | None = None
 
     @property
     def rows(self) -> int:
@@ -98,11 +103,43 @@ def window_multiple(platform: str | None = None, max_new_tokens: int = 1) -> int
 
 
 def make_spec(config: models.ModelConfig, sp: SamplingParams, slots: int, prompt_width: int, block: int,
-              platform: str | None = None) -> Spec:  # fmt: skip
-    """The engine's `Spec` (``platform``: the devices it compiles for, default jax's default backend)."""
+              platform: str | None = None, mesh: Mesh | None = None) -> Spec:  # fmt: skip
+    """The engine's `Spec` (``platform``: the devices it compiles for, default jax's default backend; ``mesh``: the
+    rows split over its batch axes, `row_sharding`; ``slots`` must then be a multiple of `row_shards`)."""
     top_k, use_top_p = truncation(config, sp.greedy, sp.top_k, sp.top_p)
+    sharding = row_sharding(mesh)
+    if slots % row_shards(mesh):
+        raise ValueError(f"{slots} slots do not split over the mesh's {row_shards(mesh)} batch shards")
+    platform = platform or (mesh.devices.flat[0].platform if mesh is not None else None)
     return Spec(slots, sp.num_samples, sp.max_new_tokens, prompt_width, block, sp.greedy, top_k, use_top_p,
-                sp.eos_token_ids, window_multiple(platform, sp.max_new_tokens))  # fmt: skip
+                sp.eos_token_ids, window_multiple(platform, sp.max_new_tokens), sharding)  # fmt: skip
+
+
+def _batch_axes(mesh: Mesh | None) -> tuple[str, ...]:
+    return () if mesh is None else tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1)
+
+
+def row_shards(mesh: Mesh | None) -> int:
+    """How many ways the engine splits its slots over ``mesh`` (the product of its batch axes, `BATCH_AXES`)."""
+    return int(np.prod([mesh.shape[a] for a in _batch_axes(mesh)])) if mesh is not None else 1
+
+
+def row_sharding(mesh: Mesh | None) -> NamedSharding | None:
+    """Axis 0 (slots, rows) over ``mesh``'s batch axes (as the training batch), the other axes replicated; None
+    without a mesh or when it has no batch axis of size > 1 (every device then runs every row)."""
+    axes = _batch_axes(mesh)
+    if not axes:
+        return None
+    return NamedSharding(mesh, PartitionSpec(axes if len(axes) > 1 else axes[0]))
+
+
+def _constrain(spec: Spec, tree: Any) -> Any:
+    """Every array of ``tree`` with a leading slot or row axis split as `Spec.sharding` says, the rest replicated."""
+    if spec.sharding is None:
+        return tree
+    whole = NamedSharding(spec.sharding.mesh, PartitionSpec())
+    split = lambda x: spec.sharding if x.ndim and x.shape[0] in (spec.slots, spec.rows) else whole  # noqa: E731
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, split(x)), tree)
 
 
 @flax.struct.dataclass
@@ -152,7 +189,7 @@ def init(config: models.ModelConfig, spec: Spec) -> tuple[Caches, DecodeState]:
                         zeros((B, M), jnp.float32), zeros((B, M), jnp.float32),
                         jnp.zeros((B, M), bool), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
                         zeros(B, jnp.int32))  # fmt: skip
-    return caches, state
+    return _constrain(spec, (caches, state))
 
 
 def _sample(spec: Spec, keys, logits, temperature, top_p):
@@ -197,7 +234,7 @@ def prefill(config, spec: Spec, packed_width: int, params, weights: DecodeWeight
                tokens=col0(tok, jnp.int32), logprobs=col0(logp, jnp.float32), entropy=col0(ent, jnp.float32),
                mask=col0(True, bool), start=jnp.full(A * G, state.clock))  # fmt: skip
     state = state.replace(**{k: getattr(state, k).at[rows].set(v, mode="drop") for k, v in upd.items()})
-    return Caches(prefix, prefix_mask, caches.decode), state
+    return _constrain(spec, (Caches(prefix, prefix_mask, caches.decode), state))
 
 
 def _decode_one(config, spec: Spec, weights, caches: Caches, st: DecodeState, temperature, top_p):
@@ -213,14 +250,14 @@ def _decode_one(config, spec: Spec, weights, caches: Caches, st: DecodeState, te
                                 caches.prefix_mask, caches.decode, slot_B, mask_BM)  # fmt: skip
     keys = jax.vmap(jax.random.fold_in)(st.row_key, st.step.astype(jnp.uint32))
     tok, logp, ent = _sample(spec, keys, _logits(weights, hidden), temperature, top_p)
-    rows = jnp.arange(B)
     col = jnp.where(active, st.step, M)  # out of range for finished rows: the write is dropped
-    put = lambda buf, v: buf.at[rows, col].set(v, mode="drop")  # noqa: E731
+    # a write per row, vmapped: a scatter whose row axis is a batching dimension, which a mesh splits with no collective
+    put = jax.vmap(lambda buf, v, c: buf.at[c].set(v, mode="drop"))  # noqa: E731
     eos = active & _is_eos(spec, tok)
     step = st.step + active.astype(jnp.int32)
     st = st.replace(step=step, last=jnp.where(active, tok, st.last), done=st.done | eos | (step >= M),
-                    eos=st.eos | eos, tokens=put(st.tokens, tok), logprobs=put(st.logprobs, logp),
-                    entropy=put(st.entropy, ent), mask=put(st.mask, True),
+                    eos=st.eos | eos, tokens=put(st.tokens, tok, col), logprobs=put(st.logprobs, logp, col),
+                    entropy=put(st.entropy, ent, col), mask=put(st.mask, jnp.ones(B, bool), col),
                     active_steps=st.active_steps + jnp.sum(active, dtype=jnp.int32), clock=st.clock + 1)  # fmt: skip
     return Caches(caches.prefix, caches.prefix_mask, cache), st
 
@@ -235,7 +272,7 @@ def decode_block(config, spec: Spec, weights: DecodeWeights, caches: Caches, sta
     def body(_, carry):
         return _decode_one(config, spec, weights, *carry, temperature, top_p)
 
-    return jax.lax.fori_loop(0, spec.block, body, (caches, state))
+    return _constrain(spec, jax.lax.fori_loop(0, spec.block, body, (caches, state)))
 
 
 def window(spec: Spec, steps: int) -> int:

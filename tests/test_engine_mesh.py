@@ -1,0 +1,72 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""The rollout engine on a mesh (8 fake CPU devices): slots and rows split over the batch axes give the one-device
+engine's tokens (exactly) and log-probs, in static and continuous mode, on a data mesh and a data x fsdp one; the
+token step needs no collective but the scalar row-step count and the top-k candidates' gather of the draw (no cache,
+weight or per-row state moves between devices); slots round up to the shard count; a bad split is refused."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec
+from test_engine import CASES, MORE_PROMPTS
+from test_sampling import tiny_model
+
+from jaxgrpo import sharding
+from jaxgrpo.rollout import SamplingParams, driver, engine
+
+COLLECTIVE = re.compile(r"\b(all-gather|all-reduce|collective-permute|all-to-all|reduce-scatter)\(")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_model()
+
+
+@pytest.mark.parametrize("shape", [(8, 1), (2, 4)], ids=["data8", "data2xfsdp4"])
+@pytest.mark.parametrize("case, slots", [("eos_topp", None), ("eos_topp", 3), ("topk_topp", 3)])
+def test_engine_on_a_mesh_gives_the_one_device_samples(tiny, shape, case, slots):
+    kw, key = CASES[case]
+    sp = SamplingParams(**kw)
+    ref, ref_stats = driver.run(*tiny, MORE_PROMPTS, sp, jax.random.key(key), slots=slots)
+    mesh = sharding.make_mesh(*shape, 1)
+    got, stats = driver.run(*tiny, MORE_PROMPTS, sp, jax.random.key(key), slots=slots, mesh=mesh)
+    assert sorted(got) == sorted(ref) == list(range(len(MORE_PROMPTS)))
+    for p in ref:
+        np.testing.assert_array_equal(got[p].tokens, ref[p].tokens)
+        np.testing.assert_array_equal(got[p].mask, ref[p].mask)
+        np.testing.assert_allclose(got[p].logprobs, ref[p].logprobs, atol=1e-5, rtol=0)
+    assert stats.admitted == ref_stats.admitted == len(MORE_PROMPTS)
+    assert stats.decode_tokens == ref_stats.decode_tokens  # the same row-steps on real rows
+
+
+def test_slots_round_up_to_the_shards_and_a_bad_split_is_refused(tiny):
+    sp = SamplingParams(**CASES["eos_topp"][0])
+    mesh = sharding.make_mesh(8, 1, 1)
+    assert engine.row_shards(mesh) == 8 and engine.row_shards(None) == 1 and engine.row_sharding(None) is None
+    assert engine.row_shards(sharding.make_mesh(2, 2, 2)) == 4  # data x fsdp; the tensor axis holds every row
+    _, stats = driver.run(*tiny, MORE_PROMPTS, sp, jax.random.key(0), slots=3, mesh=mesh)  # 3 slots -> 8
+    assert stats.slot_utilization == pytest.approx(stats.decode_tokens / (stats.decode_steps * 8 * sp.num_samples))
+    with pytest.raises(ValueError, match="3 slots do not split over the mesh's 8 batch shards"):
+        engine.make_spec(tiny[0], sp, 3, 16, 8, mesh=mesh)
+
+
+def test_token_step_on_a_mesh_moves_no_cache_weight_or_row_state(tiny):
+    config, params = tiny
+    sp = SamplingParams(**CASES["topk_topp"][0])  # top-k and top-p: the draw's candidates and nucleus
+    spec = engine.make_spec(config, sp, 8, 16, 8, mesh=sharding.make_mesh(8, 1, 1))
+    caches, state = engine.init(config, spec)
+    assert all(x.sharding.spec == PartitionSpec("data") for x in jax.tree.leaves((caches, state)) if x.ndim)
+    weights = engine.prepare_weights(config, params)
+    text = engine.decode_block.lower(config, spec, weights, caches, state, jnp.float32(0.8),
+                                     jnp.float32(0.8)).compile().as_text()  # fmt: skip
+    found = [(m.group(1), re.search(r'op_name="([^"]*)"', line).group(1).rsplit("/", 1)[-1])
+             for line in text.splitlines() if (m := COLLECTIVE.search(line))]  # fmt: skip
+    assert found and set(found) <= {("all-reduce", "reduce_sum"), ("all-gather", "top_k")}, found
+    for line in text.splitlines():  # the one gather: the rows' top-k candidates, [rows, k], not a cache
+        if "all-gather(" in line:
+            assert re.search(r"= (f32|s32)\[32,\d+\]", line), line
