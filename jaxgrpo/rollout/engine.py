@@ -9,6 +9,12 @@ step ``i`` (it has generated tokens ``0 .. i-1``) a row feeds token ``i - 1`` at
 writes its key/value at decode slot ``i - 1`` (a per-row in-place scatter), attends to its prompt and its decode slots
 ``0 .. i-1`` (`models.decode.decode_step`) and samples token ``i``.
 
+Mesh (`Spec.sharding`, `make_spec(..., mesh=)`): axis 0 of every cache and per-row state array (slots, rows) is split
+over the mesh's batch axes (`jaxgrpo.sharding.BATCH_AXES`), in contiguous blocks, so slot ``s`` and its G rows live
+on one device; the per-row writes are vmapped scatters (the row axis a batching dimension), and a token step needs
+no collective but the scalar row-step count and the draw's top-k candidates (``[rows, k]``). Weights are read as the
+caller placed them. Single-process meshes: the driver reads ``done`` and the finished groups on the host.
+
 Window: the decode cache holds ``W`` slots, the block's `window` (the most steps of an unfinished row + the block,
 rounded up to `window_multiple`: 32, 128 on CPU, coarser past `MAX_WINDOWS` windows; at most ``Mc`` = ``M - 1``
 rounded up to a multiple of 128); the driver `resize`s it between blocks, so a token step reads the slots its rows
