@@ -269,16 +269,17 @@ def train_step_jobs(tr: Any, template: Batch, first: tuple[int, int, int]) -> li
 def engine_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
     """One job per rollout-engine program the run can take (module docstring), as the driver calls them
     (`jaxgrpo.rollout.driver`): ``decode_block`` at every window first, then the window changes, then the prefills.
-    Only where the engine's arguments are uncommitted (one device, no mesh, no separate rollout device)."""
+    On one device, and on the learner's mesh (the arguments placed as the driver places them: `engine_programs`);
+    not on a separate rollout device."""
     from jaxgrpo.rollout import engine
 
-    cfg, r = tr.cfg, tr.cfg.rollout
-    if not tr.use_engine or r.max_new_tokens < 2 or committed(tr) or cfg.mesh.rollout:
+    cfg, r, mesh = tr.cfg, tr.cfg.rollout, tr.rollout_mesh
+    if not tr.use_engine or r.max_new_tokens < 2 or (committed(tr) and mesh is None) or cfg.mesh.rollout:
         return []
-    P = r.prompts_per_step
-    slots = padding.batch_bucket(P) if r.engine == "static" else (r.slots or P)
+    P, shards = r.prompts_per_step, engine.row_shards(mesh)
+    slots = padding.batch_bucket(P, shards) if r.engine == "static" else -(-(r.slots or P) // shards) * shards
     spec = engine.make_spec(tr.model_config, _sampling_params(tr), slots, padding.prompt_bucket(tr.prompt_width),
-                            r.decode_block)  # fmt: skip
+                            r.decode_block, mesh=mesh)  # fmt: skip
     first = padding.batch_bucket(min(slots, P))
     lengths = np.sort([len(x) for x in tr.encoded])
     floor, cap = tr.ladders["engine"]
@@ -312,9 +313,15 @@ def engine_programs(tr: Any, spec: Any, first: int, packs: list[int], refills: b
     from jaxgrpo.rollout import engine
 
     mcfg = tr.model_config
-    params = jax.eval_shape(lambda p: models.compute_params(mcfg, p), tr.state.params)
-    weights = jax.eval_shape(lambda p: engine.prepare_weights(mcfg, p), params)
-    caches, state = jax.eval_shape(lambda: engine.init(mcfg, spec))
+    if spec.sharding is None:
+        params = jax.eval_shape(lambda p: models.compute_params(mcfg, p), tr.state.params)
+        weights = jax.eval_shape(lambda p: engine.prepare_weights(mcfg, p), params)
+    else:  # on a mesh: placed as the rollout's are (the weights' placement is what XLA gives `prepare_weights`)
+        placed = tr.sampler_params()
+        params = jax.tree.map(abstract, placed)
+        weights = jax.tree.map(abstract, engine.prepare_weights(mcfg, placed))
+        del placed
+    caches, state = engine.placed(spec, jax.eval_shape(lambda: engine.init(mcfg, spec)))
     f32 = jax.ShapeDtypeStruct((), jnp.float32)
     key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
 
@@ -351,9 +358,9 @@ def engine_programs(tr: Any, spec: Any, first: int, packs: list[int], refills: b
 
 
 def sampler_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
-    """With a mesh the trainer samples with `sampling.generate`, whose only varying shape is its prefill's packed
-    width on the run's ``"sampler"`` ladder: one job per rung a batch of the data can reach, its arguments placed as
-    `generate` places them (the compute-dtype weights as the trainer passes them, the prompts on the batch axes)."""
+    """On a mesh of several processes the trainer samples with `sampling.generate`, whose only varying shape is its
+    prefill's packed width on the run's ``"sampler"`` ladder: one job per rung a batch of the data can reach, its
+    arguments placed as `generate` places them (the compute-dtype weights as the trainer passes them, the prompts on the batch axes)."""
 
     from jaxgrpo import sampling
 

@@ -143,7 +143,7 @@ def sample_sized(tr: Any, indices: list[int], sizes: np.ndarray, key: jax.Array)
     r, unit = tr.cfg.rollout, tr.scheduler.settings.min_group
     expanded = [i for i, g in zip(indices, sizes) for _ in range(int(g) // unit)]
     prompt_ids = [tr.encoded[i] for i in expanded]
-    if tr.rollout_mesh is None:  # the engine; the same rows in flight as G-row groups in `slots` slots
+    if tr.use_engine:  # the same rows in flight as G-row groups in `slots` slots
         groups, stats = tr.drive(prompt_ids, key, num_samples=unit)
         tr.rollout_stats = stats.metrics()
         comp = rollout_driver.completions(groups, range(len(prompt_ids)))

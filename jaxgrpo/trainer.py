@@ -301,8 +301,10 @@ class Trainer:
 
     @property
     def use_engine(self) -> bool:
-        """The rollout engine samples (one device); with a mesh the previous sampler (`sampling.generate`) does."""
-        return self.rollout_mesh is None
+        """The rollout engine samples: on one device, or on the learner's mesh in one process (its slots split over
+        the batch axes, `jaxgrpo.rollout.engine`); the previous sampler (`sampling.generate`'s mesh path) on a mesh
+        of several processes or on the data mesh of ``mesh.rollout > 1``."""
+        return self.rollout_mesh is None or (self.cfg.mesh.rollout == 0 and jax.process_count() == 1)
 
     def sampler_params(self) -> Any:
         """The compute-dtype weights the rollout samples with: the version an asynchronous run's producer published
@@ -321,7 +323,7 @@ class Trainer:
         sp = SamplingParams(r.max_new_tokens, n, r.temperature, r.top_p, r.top_k, self.eos_token_ids)
         slots = None if r.engine == "static" else (r.slots or r.prompts_per_step) * r.group_size // n
         return rollout_driver.run(self.model_config, self.sampler_params(), prompt_ids, sp, key, slots=slots,
-                                  block=r.decode_block, prompt_width=self.prompt_width,
+                                  block=r.decode_block, prompt_width=self.prompt_width, mesh=self.rollout_mesh,
                                   packed_ladder=self.ladders["engine"] if n == r.group_size else None,
                                   **kw)  # fmt: skip
 

@@ -161,38 +161,45 @@ def test_preemption_stops_the_precompile_thread(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_engine_windows_compile_in_the_background():
+@pytest.mark.parametrize("mesh", [None, (2, 1)], ids=["one_device", "mesh_data2"])
+def test_engine_windows_compile_in_the_background(mesh):
     """The engine's programs for every decode window, window change and admission (`precompile.engine_jobs`):
     after a warm-up of one block (what a run's first, short rollout compiles) and the jobs, a continuous-batching
     rollout whose rows all run to max_new_tokens (no EOS: every window, two windows per row) with refills (3 slots,
     8 prompts: admissions of 1 and 2 prompts, windows shrinking) compiles nothing on this thread; without the jobs
-    the same rollout compiles (the count has teeth)."""
+    the same rollout compiles (the count has teeth). On a mesh of 2 batch shards (the slots rounded up to 4, the
+    weights sharded as the trainer shards them), the jobs' arguments are placed as the driver places them."""
+    from jaxgrpo import sharding
     cfg = config_lib.load_config("default", ["rollout.prompts_per_step=8", "rollout.group_size=2",
                                              "rollout.max_new_tokens=140", "model.max_position_embeddings=160",
                                              "rollout.slots=3", "rollout.decode_block=8"])  # fmt: skip
     from jaxgrpo import build, models
 
     mcfg, params, _ = build.build_policy(cfg, jax.random.key(0))
+    if mesh is not None:
+        mesh = sharding.make_mesh(*mesh, 1, devices=jax.devices()[: mesh[0] * mesh[1]])
+        params = sharding.shard_params(params, mcfg, mesh)
     rng = np.random.default_rng(0)
     prompts = [list(rng.integers(3, mcfg.vocab_size, n)) for n in (5, 9, 7, 12, 6, 8, 10, 4)]
     encoded = prompts
     lengths = [len(p) for p in encoded]
     r = cfg.rollout
     ladders = {"engine": (padding.ladder_bucket(sum(sorted(lengths)[-3:]), 16, 64), 64)}
+    compute = models.compute_params(mcfg, params)
     tr = type("Run", (), dict(cfg=cfg, model_config=mcfg, use_engine=True, eos_token_ids=(), prompt_width=32,
-                              encoded=encoded, ladders=ladders,
+                              encoded=encoded, ladders=ladders, rollout_mesh=mesh, sampler_params=lambda self: compute,
                               state=type("S", (), {"params": params})()))()  # fmt: skip
     sp = SamplingParams(r.max_new_tokens, r.group_size, r.temperature, r.top_p, r.top_k, ())
-    compute = models.compute_params(mcfg, params)
+    slots = r.slots if mesh is None else 4
 
     def rollout(max_blocks=None, key=0):
         return rollout_driver.run(mcfg, compute, prompts, sp, jax.random.key(key), slots=r.slots,
                                   block=r.decode_block, prompt_width=32, packed_ladder=ladders["engine"],
-                                  max_blocks=max_blocks)  # fmt: skip
+                                  max_blocks=max_blocks, mesh=mesh)  # fmt: skip
 
     counter = precompile.CompileCounter()
     try:
-        spec = engine.make_spec(mcfg, sp, r.slots, padding.prompt_bucket(32), r.decode_block)
+        spec = engine.make_spec(mcfg, sp, slots, padding.prompt_bucket(32), r.decode_block, mesh=mesh)
         assert sorted({engine.window(spec, s) for s in range(1, 140)}) == [128, 256]  # CPU: windows of 128
         rollout(max_blocks=1)
         before = counter.step_path
@@ -234,46 +241,32 @@ def test_interpreter_exit_stops_the_thread(tmp_path):
 
 
 @pytest.mark.slow
-def test_sampler_rungs_on_a_mesh(tmp_path):
-    """With a mesh (data 4 x fsdp 2) the trainer samples with `sampling.generate`, whose prefill's packed width climbs
-    the run's "sampler" ladder: 2,000 prompts of 8-14 tokens and one of 26, drawn in order, put the long one in step
-    2's batch, above the floor (16, where > 99% of batches fall) on the cap's rung. With the thread joined after step
-    1, step 2 compiles nothing on the step path; with ``perf.precompile=off`` it compiles (the count has teeth); the
-    metrics agree step for step."""
-    import json
-
-    data = tmp_path / "data"
-    data.mkdir()
-    ks = [1 + i % 4 for i in range(2000)]
-    ks[8] = 10  # the second batch's first prompt: "1+" x 10 "1=" is 26 tokens
-    (data / "train.jsonl").write_text("".join(json.dumps({"question": "1+" * k + "1=", "answer": f"#### {k + 1}"})
-                                              + "\n" for k in ks))  # fmt: skip
-    runs = {}
-    for mode in ("off", "background"):
-        jax.clear_caches()  # the sampler's programs are module-level: each run compiles (or reads) its own
-        cfg = config_lib.load_config("default", [
-            "rollout.prompts_per_step=8", "rollout.group_size=2", "rollout.max_new_tokens=2", "log.progress=false",
+def test_trainer_samples_on_the_engine_on_a_mesh(tmp_path):
+    """With a mesh (data 4 x fsdp 2) in one process the trainer samples on the rollout engine (its slots split over
+    the 8 devices): the same rollouts as the same run on one device (tokens sampled, rewards, degeneracy), the
+    engine's metrics reported, and with the background precompiler joined after step 1, step 2 compiles nothing."""
+    base = ["rollout.prompts_per_step=8", "rollout.group_size=2", "rollout.max_new_tokens=3", "log.progress=false",
             "log.tensorboard=false", "log.sample_every=0", "checkpoint.every=0", "checkpoint.export_final=false",
-            "train.steps=2", "data.source=gsm8k", f"data.path={data}", "data.shuffle=false",
-            "data.max_prompt_tokens=32", "data.rewards={gsm8k: 1.0}", "mesh.data=4", "mesh.fsdp=2",
-            f"perf.precompile={mode}"])  # fmt: skip
-        t = trainer.Trainer(cfg, tmp_path / mode)
+            "train.steps=2", "perf.precompile=background"]  # fmt: skip
+    runs = {}
+    for name, mesh in (("mesh", ["mesh.data=4", "mesh.fsdp=2"]), ("one", [])):
+        t = trainer.Trainer(config_lib.load_config("default", [*base, *mesh]), tmp_path / name)
         out = []
         try:
-            assert not t.use_engine and t.ladders["sampler"] == (16, 28)
+            assert t.use_engine and (t.rollout_mesh is not None) == (name == "mesh")
             for step in range(2):
                 out.append(t.step(step))
-                if step == 0 and mode == "background":
+                if step == 0:
                     assert t.precompiler is not None and t.precompiler.join(300) and t.precompiler.failed == []
-                    assert "sampler prefill packed 28" in [n for n, _ in t.precompiler.jobs]
         finally:
             t.close()
-        runs[mode] = out
-    on, off = runs["background"], runs["off"]
-    assert on[1]["time/compiles"] == 0 and off[1]["time/compiles"] > 0, (on[1], off[1])
-    for a, b in zip(on, off):
-        keys = {k for k in a if not k.startswith(("time/", "throughput/"))}
-        assert {k: a[k] for k in keys} == {k: b[k] for k in keys}
+        runs[name] = out
+    assert runs["mesh"][1]["time/compiles"] == 0, runs["mesh"][1]
+    for a, b in zip(runs["mesh"], runs["one"]):
+        assert "rollout/slot_utilization" in a
+        for k in ("tokens/sampled", "rollout/slot_utilization", "degeneracy/collapse_rate", "degeneracy/success_rate"):
+            assert a[k] == b[k], (k, a[k], b[k])
+        assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-6)
 
 
 EVAL_RUN = ["train.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=3",

@@ -139,13 +139,27 @@ def row_sharding(mesh: Mesh | None) -> NamedSharding | None:
     return NamedSharding(mesh, PartitionSpec(axes if len(axes) > 1 else axes[0]))
 
 
+def placed(spec: Spec, tree: Any) -> Any:
+    """Abstract arrays (``jax.ShapeDtypeStruct``) of the engine's caches and state placed as the jitted programs
+    place them (`_constrain`): for lowering them ahead of time (`jaxgrpo.precompile`, `jaxgrpo.aot`)."""
+    if spec.sharding is None:
+        return tree
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=_placement(spec, x)), tree)
+
+
+def _placement(spec: Spec, x: Any) -> NamedSharding:
+    """An array's placement on the engine's mesh: split over the batch axes if its axis 0 counts slots or rows."""
+    assert spec.sharding is not None
+    if x.ndim and x.shape[0] in (spec.slots, spec.rows):
+        return spec.sharding
+    return NamedSharding(spec.sharding.mesh, PartitionSpec())
+
+
 def _constrain(spec: Spec, tree: Any) -> Any:
     """Every array of ``tree`` with a leading slot or row axis split as `Spec.sharding` says, the rest replicated."""
     if spec.sharding is None:
         return tree
-    whole = NamedSharding(spec.sharding.mesh, PartitionSpec())
-    split = lambda x: spec.sharding if x.ndim and x.shape[0] in (spec.slots, spec.rows) else whole  # noqa: E731
-    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, split(x)), tree)
+    return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, _placement(spec, x)), tree)
 
 
 @flax.struct.dataclass
