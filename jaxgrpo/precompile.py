@@ -360,7 +360,8 @@ def engine_programs(tr: Any, spec: Any, first: int, packs: list[int], refills: b
 def sampler_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
     """On a mesh of several processes the trainer samples with `sampling.generate`, whose only varying shape is its
     prefill's packed width on the run's ``"sampler"`` ladder: one job per rung a batch of the data can reach, its
-    arguments placed as `generate` places them (the compute-dtype weights as the trainer passes them, the prompts on the batch axes)."""
+    arguments placed as `generate` places them (the compute-dtype weights as the trainer passes them, the prompts on
+    the batch axes)."""
 
     from jaxgrpo import sampling
 
