@@ -258,16 +258,17 @@ def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], t
     weights, for ``rollout.prompts_per_step`` prompts of ``data.max_prompt_tokens`` tokens each (padded as
     `sampling.generate` pads them); `program_figures` of each (``decode`` absent when ``max_new_tokens == 1``), and
     ``weights``: the per-chip bytes of the compute-dtype weights the programs read. ``texts``, when given, receives
-    each program's optimized HLO text (``compiled.as_text()``) under the same names. On one device these are the
-    rollout engine's public programs (`compile_engine`), which the trainer runs there; with a mesh, the sampler's,
-    which it runs then (the trainer records no projections: `perf.reuse_projections` does not apply to it).
-    ``windows``: compile only that many of the engine's decode windows (`compile_engine`)."""
+    each program's optimized HLO text (``compiled.as_text()``) under the same names. On one device and on the
+    learner's mesh these are the rollout engine's public programs (`compile_engine`), which the trainer runs there;
+    on the rollout mesh of ``mesh.rollout > 1``, the previous sampler's, which it runs then (the trainer records no
+    projections: `perf.reuse_projections` does not apply to it). ``windows``: compile only that many of the engine's
+    decode windows."""
     from jaxgrpo import sampling
 
     m, r = cfg.mesh, cfg.rollout
     mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
-    if len(devices) == 1 and r.max_new_tokens > 1:  # what the engine runs
-        return compile_engine(cfg, mcfg, devices, texts, windows)
+    if r.max_new_tokens > 1 and (len(devices) == 1 or not m.rollout):
+        return compile_engine(cfg, mcfg, devices, texts, windows)  # the engine: what the trainer samples with there
     mode, shards = _sampler_mode(cfg, mcfg, mesh, record=False)
     num_prompts = padding.batch_bucket(r.prompts_per_step, shards)
     width = padding.prompt_bucket(cfg.data.max_prompt_tokens)
@@ -299,30 +300,6 @@ def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], t
     return out
 
 
-def format_train_report(step: dict[str, float], text: str, vocab: int, chip: Chip | None, top: int = 5) -> list[str]:
-    """The train step's model FLOPs, HBM bytes (`compile_train_step`'s ``hbm_bytes``), roofline time on ``chip`` and
-    the MFU it allows (FLOPs / peak over the roofline time), its heaviest kernels and every float32 ``[*, vocab]``
-    buffer its kernels write (`jaxgrpo.hlo.wide_buffers` of its optimized HLO ``text``), as printable lines."""
-    gib = float(GiB)
-    flops, moved = step["counted_flops"], step["hbm_bytes"]
-    seconds = roofline_seconds(flops, moved, chip)
-    bound = "" if chip is None else (" (FLOP-bound" if flops / chip.peak_flops >= moved / chip.hbm_bandwidth
-                                     else " (bytes-bound") + f"; MFU at most {flops / chip.peak_flops / seconds:.0%})"
-    lines = [f"  train step: {flops / 1e12:.2f} TFLOP per chip (counted from the shapes), {moved / gib:.2f} GiB HBM "
-             f"traffic (optimized HLO, loops by trip count), roofline {seconds:.3f} s{bound}"]  # fmt: skip
-    rep = hlo.program_bytes(text)
-    if rep.unknown_trip_counts:
-        lines.append(f"    ({rep.unknown_trip_counts} loops of unknown trip count counted once: a lower bound)")
-    for k in rep.top(top):
-        lines.append(f"    {k.count:>5d} x {k.kind[:40]:<40s} {(k.read + k.write) * k.count / gib:8.2f} GiB  {k.shape}")
-    wide = hlo.wide_buffers(text, "f32", vocab)
-    lines.append(f"  float32 [*, {vocab}] buffers written by the train step's kernels: {len(wide)}"
-                 + (":" if wide else ""))  # fmt: skip
-    for f in wide[:top]:
-        lines.append(f"    {f.op:<13s} {f.bytes / 2**20:9.1f} MiB  {f.shape}  ({f.source[-60:] or f.where})")
-    return lines
-
-
 def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], texts: dict[str, str] | None = None,
                    windows: int | None = None) -> dict[str, dict[str, float]]:  # fmt: skip
     """Compile the rollout engine's public programs (`jaxgrpo.rollout.engine`: ``prepare_weights``, ``prefill`` of
@@ -331,19 +308,35 @@ def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], te
     texts into ``texts`` (``decode``: the block, whose loop body is one token step, at the widest decode window;
     ``decode_w<slots>`` the other windows). ``windows``: compile only that many windows, evenly spread from the
     narrowest to the widest (`jaxgrpo.decode_report` interpolates the others); default all. For a GPU, ``decode``'s
-    figures also say how the host launches a token step (`jaxgrpo.hlo.HostLaunches`: CUDA graphs or single kernels)."""
+    figures also say how the host launches a token step (`jaxgrpo.hlo.HostLaunches`: CUDA graphs or single kernels).
+    On several devices: the config's mesh, the weights sharded as the trainer shards them, the slots
+    split over the batch axes (`engine.Spec.sharding`); the decode weights placed as XLA places `prepare_weights`'s
+    outputs when compiled as one program (the trainer runs it layer by layer)."""
     from jaxgrpo.models.attention import KVCache
     from jaxgrpo.rollout import engine
 
-    mesh = sharding.make_mesh(1, 1, 1, devices=devices[:1])
+    m, one = cfg.mesh, len(devices) == 1
+    sizes = (1, 1, 1) if one else (m.data, m.fsdp, m.tensor)
+    mesh = sharding.make_mesh(*sizes, devices=devices[:1] if one else devices)
     put = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(  # noqa: E731
         mesh, PartitionSpec())), tree)  # fmt: skip
-    params = put(jax.eval_shape(lambda: models.compute_params(mcfg, models.init_params(mcfg, jax.random.key(0)))))
-    spec = engine_spec(cfg, mcfg, devices[0].platform)
-    slots, width = spec.slots, spec.prompt_width
+    abstract = jax.eval_shape(lambda: models.compute_params(mcfg, models.init_params(mcfg, jax.random.key(0))))
     options = compiler_options(devices)
-    weights = put(jax.eval_shape(lambda p: engine.prepare_weights(mcfg, p), params))
-    caches, state = put(jax.eval_shape(lambda: engine.init(mcfg, spec)))
+    spec = engine_spec(cfg, mcfg, devices[0].platform, None if one else mesh)
+    slots, width = spec.slots, spec.prompt_width
+    if one:
+        params = put(abstract)
+        weights = put(jax.eval_shape(lambda p: engine.prepare_weights(mcfg, p), params))
+    else:
+        plain = mcfg if models.lora.has_adapters(abstract) else mcfg.replace(lora=None)
+        params = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), abstract,
+                              sharding.param_shardings(plain, mesh))  # fmt: skip
+        prepare = jax.jit(lambda p: engine.prepare_weights(mcfg, p)).lower(params)
+        weights = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), prepare.out_info,
+                               prepare.compile(options).output_shardings)  # fmt: skip
+    caches, state = engine.placed(spec, jax.eval_shape(lambda: engine.init(mcfg, spec)))
+    if one:
+        caches, state = put((caches, state))
     scalar = lambda dt: jax.ShapeDtypeStruct((), dt, sharding=NamedSharding(mesh, PartitionSpec()))  # noqa: E731
     f32 = scalar(jnp.float32)
     rows = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(mesh, PartitionSpec()))  # noqa: E731
@@ -374,17 +367,20 @@ def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], te
     return out
 
 
-def engine_spec(cfg: Config, mcfg: models.ModelConfig, platform: str) -> Any:
+def engine_spec(cfg: Config, mcfg: models.ModelConfig, platform: str, mesh: Any = None) -> Any:
     """The rollout engine's `Spec` for this config on ``platform``'s devices: ``rollout.slots`` prompts of
-    ``data.max_prompt_tokens`` (bucketed), ``rollout.decode_block`` steps per block, the rollout's sampling."""
+    ``data.max_prompt_tokens`` (bucketed; on a ``mesh`` rounded up to its batch shards, as the driver rounds them),
+    ``rollout.decode_block`` steps per block, the rollout's sampling."""
     from jaxgrpo.rollout import engine
     from jaxgrpo.rollout.params import SamplingParams
 
     r = cfg.rollout
     sp = SamplingParams(max_new_tokens=r.max_new_tokens, num_samples=r.group_size, temperature=r.temperature,
                         top_p=r.top_p, top_k=r.top_k, eos_token_ids=tuple(mcfg.eos_token_ids))  # fmt: skip
-    return engine.make_spec(mcfg, sp, r.slots or r.prompts_per_step, padding.prompt_bucket(cfg.data.max_prompt_tokens),
-                            r.decode_block, platform)  # fmt: skip
+    shards = engine.row_shards(mesh)
+    slots = -(-(r.slots or r.prompts_per_step) // shards) * shards
+    return engine.make_spec(mcfg, sp, slots, padding.prompt_bucket(cfg.data.max_prompt_tokens), r.decode_block,
+                            platform, mesh)  # fmt: skip
 
 
 def spread(items: list[int], n: int | None) -> list[int]:

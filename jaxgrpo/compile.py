@@ -45,7 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     program = "train step"
     try:
         cfg = config_lib.load_config(args.config, args.overrides)
-        from jaxgrpo import aot  # after validation: a bad key fails before JAX starts
+        from jaxgrpo import (
+            aot,  # after validation: a bad key fails before JAX starts
+            train_report,
+        )
         from jaxgrpo import decode_report as dr
 
         m = cfg.mesh
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         if value == 0 and name in ("reference weights (KL)", "rollout weights (compute)"):
             continue  # no KL term; the sampler reads the masters themselves
         print(f"  {name:<28s}{aot.human(value)}")
-    print("\n".join(aot.format_train_report(step, texts["train"], mcfg.vocab_size, chip)))
+    print("\n".join(train_report.format_train_report(step, texts["train"], mcfg.vocab_size, chip)))
     if "decode" in texts:
         ideal = dr.decode_ideal_bytes(rcfg, mcfg, len(rollout_devices))
         report = dr.decode_report(rcfg, mcfg, texts, ideal, devices[0].platform)

@@ -301,10 +301,11 @@ class Trainer:
 
     @property
     def use_engine(self) -> bool:
-        """The rollout engine samples: on one device, or on the learner's mesh in one process (its slots split over
-        the batch axes, `jaxgrpo.rollout.engine`); the previous sampler (`sampling.generate`'s mesh path) on a mesh
-        of several processes or on the data mesh of ``mesh.rollout > 1``."""
-        return self.rollout_mesh is None or (self.cfg.mesh.rollout == 0 and jax.process_count() == 1)
+        """The rollout engine samples: on one device, or on the learner's mesh (its slots split over the batch axes,
+        `jaxgrpo.rollout.engine`; on several processes each reads the others' rows once per block,
+        `driver.host_array`); the previous sampler (`sampling.generate`'s mesh path) on the data mesh of
+        ``mesh.rollout > 1``."""
+        return self.rollout_mesh is None or self.cfg.mesh.rollout == 0
 
     def sampler_params(self) -> Any:
         """The compute-dtype weights the rollout samples with: the version an asynchronous run's producer published

@@ -46,11 +46,12 @@ def test_rollout_programs_compiled_with_donated_kv_cache():
     out = aot.compile_rollout(cfg, mcfg, aot.topology_devices(None, 4))
     from jaxgrpo import models, padding
 
-    # the sampler's weights: every parameter once in bfloat16, FSDP-sharded (each leaf's embed axis split in 2)
+    # the engine's decode weights (on the learner's mesh): every parameter once in bfloat16, FSDP-sharded as XLA
+    # places `prepare_weights`'s outputs (at most half of them whole on a device)
     assert out["weights"]["total"] < models.count_params(mcfg) * 2
     assert out["weights"]["total"] >= models.count_params(mcfg) * 2 / 2
-    # closed form of one shard's KV caches (2 of the 4 devices share a row shard): prefix cache of the 8 prompts at
-    # their bucketed width, decode cache of M - 1 = 4 slots per row
+    # closed form of a lower bound of one device's KV caches (the engine's slots split over the 4 devices): prefix
+    # cache of the 8 prompts at their bucketed width, decode cache of at least M - 1 = 4 slots per row
     kv = 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * 2
     prefix = kv * 8 * padding.prompt_bucket(cfg.data.max_prompt_tokens) / 4
     decode = kv * 8 * cfg.rollout.group_size * 4 / 4

@@ -70,3 +70,37 @@ def test_token_step_on_a_mesh_moves_no_cache_weight_or_row_state(tiny):
     for line in text.splitlines():  # the one gather: the rows' top-k candidates, [rows, k], not a cache
         if "all-gather(" in line:
             assert re.search(r"= (f32|s32)\[32,\d+\]", line), line
+
+
+TWO_PROCESS_BODY = r"""
+from test_engine import CASES, MORE_PROMPTS
+from test_sampling import tiny_model
+from jaxgrpo import sharding
+from jaxgrpo.rollout import SamplingParams, driver
+config, params = tiny_model()
+sp = SamplingParams(**CASES["eos_topp"][0])
+mesh = sharding.make_mesh(8, 1, 1)  # the rows of both processes' devices
+params = sharding.shard_params(params, config, mesh)
+groups, stats = driver.run(config, params, MORE_PROMPTS, sp, jax.random.key(CASES["eos_topp"][1]), slots=3,
+                           mesh=mesh)
+comp = driver.completions(groups, range(len(MORE_PROMPTS)))
+if pid == 0:
+    np.savez(out, tokens=comp.tokens, logprobs=comp.logprobs, mask=comp.mask, admitted=stats.admitted)
+"""
+
+
+@pytest.mark.slow
+def test_engine_on_a_mesh_of_two_processes_gives_the_one_device_samples(tiny, tmp_path):
+    """The driver on a mesh over two processes' devices (4 each): every process reads the rows of the other's
+    devices through a gather once per block (`driver.host_array`), takes the same decisions, and the groups are the
+    one-device engine's, refills included (3 slots, rounded up to 8)."""
+    from multihost import run_two_processes
+
+    kw, key = CASES["eos_topp"]
+    ref, _ = driver.run(*tiny, MORE_PROMPTS, SamplingParams(**kw), jax.random.key(key), slots=3)
+    want = driver.completions(ref, range(len(MORE_PROMPTS)))
+    got = run_two_processes(TWO_PROCESS_BODY, tmp_path)
+    assert int(got["admitted"]) == len(MORE_PROMPTS)
+    np.testing.assert_array_equal(got["tokens"], want.tokens)
+    np.testing.assert_array_equal(got["mask"], want.mask)
+    np.testing.assert_allclose(got["logprobs"], want.logprobs, atol=1e-5, rtol=0)

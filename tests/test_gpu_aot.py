@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxgrpo import aot, decode_report, hlo
+from jaxgrpo import aot, decode_report, hlo, train_report
 from jaxgrpo import compile as compile_cli
 from jaxgrpo import config as config_lib
 from jaxgrpo.errors import ConfigError
@@ -345,7 +345,7 @@ def test_qwen_train_step_for_an_h100_has_no_float32_vocab_buffer(capsys):
     assert "__gpu$xla.gpu.triton" in text  # the fused head's kernels
     assert hlo.wide_buffers(text, "f32", mcfg.vocab_size) == []
     assert step["hbm_bytes"] == hlo.program_bytes(text).bytes_per_iteration > step["weights"]
-    lines = aot.format_train_report(step, text, mcfg.vocab_size, aot.CHIPS["h100"])
+    lines = train_report.format_train_report(step, text, mcfg.vocab_size, aot.CHIPS["h100"])
     assert "GiB HBM traffic" in lines[0] and lines[-1].endswith("buffers written by the train step's kernels: 0")
 
 

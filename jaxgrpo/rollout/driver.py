@@ -67,6 +67,17 @@ class RunStats:
         }
 
 
+def host_array(x: jax.Array) -> np.ndarray:
+    """``x`` whole on the host. On a mesh spanning several processes each holds only its devices' rows: they are
+    gathered from every process (a collective: every process's driver makes the same calls in the same order, its
+    decisions taken on the same gathered arrays)."""
+    if x.is_fully_addressable or x.is_fully_replicated:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
 class _Run:
     """Host state of one driver run (slots -> prompts, pending queue, harvested groups)."""
 
@@ -123,8 +134,8 @@ class _Run:
         fin = [int(s) for s in np.flatnonzero((self.slot_prompt >= 0) & done.reshape(-1, g).all(1))]
         stop = False
         if fin:
-            host = jax.device_get((self.state.tokens, self.state.logprobs, self.state.entropy, self.state.mask,
-                                   self.state.eos))  # fmt: skip
+            host = [host_array(x) for x in (self.state.tokens, self.state.logprobs, self.state.entropy,
+                                            self.state.mask, self.state.eos)]  # fmt: skip
             for s in fin:
                 if stop:  # the caller has what it asked for: a group that finished beside it is dropped, unread
                     break
@@ -139,7 +150,7 @@ class _Run:
     def decode(self) -> None:
         t0 = time.perf_counter()
         before = self.stats.decode_steps
-        steps = np.asarray(self.state.step)[~np.asarray(self.state.done)]
+        steps = host_array(self.state.step)[~host_array(self.state.done)]
         width = engine.window(self.spec, int(steps.max(initial=1)))
         if width != self.caches.decode[0].k.shape[2]:  # the block's window of decode slots (`engine.window`)
             self.caches = self.caches.replace(decode=engine.resize(self.caches.decode, width))
@@ -193,7 +204,7 @@ def run(
     r = _Run(config, params, prompts, sp, key, slots, int(block), width, packed_ladder, first_rows, mesh)
     r.admit(list(range(slots)), more)
     while True:
-        freed, stop = r.harvest(np.asarray(r.state.done), on_group)
+        freed, stop = r.harvest(host_array(r.state.done), on_group)
         if stop:
             break
         if freed:
@@ -205,7 +216,7 @@ def run(
     busy = np.flatnonzero(r.slot_prompt >= 0)
     if busy.size:  # groups dropped (in flight or unread): their tokens were sampled all the same (a budget counts them)
         g = r.spec.num_samples
-        r.stats.dropped_tokens = int(np.asarray(r.state.mask).reshape(-1, g, r.state.mask.shape[-1])[busy].sum())
+        r.stats.dropped_tokens = int(host_array(r.state.mask).reshape(-1, g, r.state.mask.shape[-1])[busy].sum())
     r.stats.decode_tokens = active
     r.stats.slot_utilization = active / max(r.stats.decode_steps * r.spec.rows, 1)
     return r.groups, r.stats
