@@ -13,7 +13,8 @@ Mesh (`Spec.sharding`, `make_spec(..., mesh=)`): axis 0 of every cache and per-r
 over the mesh's batch axes (`jaxgrpo.sharding.BATCH_AXES`), in contiguous blocks, so slot ``s`` and its G rows live
 on one device; the per-row writes are vmapped scatters (the row axis a batching dimension), and a token step needs
 no collective but the scalar row-step count and the draw's top-k candidates (``[rows, k]``). Weights are read as the
-caller placed them. Single-process meshes: the driver reads ``done`` and the finished groups on the host.
+caller placed them. On a mesh over several processes the driver gathers ``done`` and the finished groups from every
+process once per block (`jaxgrpo.rollout.driver.host_array`).
 
 Window: the decode cache holds ``W`` slots, the block's `window` (the most steps of an unfinished row + the block,
 rounded up to `window_multiple`: 32, 128 on CPU, coarser past `MAX_WINDOWS` windows; at most ``Mc`` = ``M - 1``
