@@ -377,8 +377,7 @@ def engine_spec(cfg: Config, mcfg: models.ModelConfig, platform: str, mesh: Any 
     r = cfg.rollout
     sp = SamplingParams(max_new_tokens=r.max_new_tokens, num_samples=r.group_size, temperature=r.temperature,
                         top_p=r.top_p, top_k=r.top_k, eos_token_ids=tuple(mcfg.eos_token_ids))  # fmt: skip
-    shards = engine.row_shards(mesh)
-    slots = -(-(r.slots or r.prompts_per_step) // shards) * shards
+    slots = engine.split_slots(r.slots or r.prompts_per_step, mesh)
     return engine.make_spec(mcfg, sp, slots, padding.prompt_bucket(cfg.data.max_prompt_tokens), r.decode_block,
                             platform, mesh)  # fmt: skip
 

@@ -12,8 +12,8 @@ What varies over a single-turn run (everything else is fixed at startup):
 * the rollout engine (`jaxgrpo.rollout.engine`): one ``decode_block`` per decode window ``window(spec, s)``,
   ``s = 1 .. max_new_tokens - 1``; one ``resize`` per window change a run makes (up by one block's steps; down,
   when slots are refilled, to any narrower window); the first ``prefill`` per packed width of the ``"engine"`` ladder,
-  and, when slots are refilled, one later ``prefill`` per (admission size, window).
-* with a mesh, the sampler instead (`sampling.generate`): its prefill per packed width of the ``"sampler"`` ladder;
+  and, when slots are refilled, one later ``prefill`` per (admission size, window); on one device and on the
+  learner's mesh (arguments placed as the driver places them), not on rollout devices of their own;
 * the host-to-device transfers of each batch shape (``jnp.asarray`` compiles a small program per shape and dtype);
 * the in-training evaluations (`jaxgrpo.in_training`: the held-out set every ``train.eval_every`` steps, the
   ``train.retain`` sets), sampled through `sampling.generate` at their own shapes: per evaluation batch
@@ -276,8 +276,9 @@ def engine_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
     cfg, r, mesh = tr.cfg, tr.cfg.rollout, tr.rollout_mesh
     if not tr.use_engine or r.max_new_tokens < 2 or (committed(tr) and mesh is None) or cfg.mesh.rollout:
         return []
-    P, shards = r.prompts_per_step, engine.row_shards(mesh)
-    slots = padding.batch_bucket(P, shards) if r.engine == "static" else -(-(r.slots or P) // shards) * shards
+    P = r.prompts_per_step
+    slots = (padding.batch_bucket(P, engine.row_shards(mesh)) if r.engine == "static"
+             else engine.split_slots(r.slots or P, mesh))  # fmt: skip
     spec = engine.make_spec(tr.model_config, _sampling_params(tr), slots, padding.prompt_bucket(tr.prompt_width),
                             r.decode_block, mesh=mesh)  # fmt: skip
     first = padding.batch_bucket(min(slots, P))
@@ -355,35 +356,6 @@ def engine_programs(tr: Any, spec: Any, first: int, packs: list[int], refills: b
         for n in sorted({padding.batch_bucket(i) for i in range(1, spec.slots + 1)}):
             jobs += [(f"{label}prefill {n} prompts at window {w}", lambda n=n, w=w: prefill(n, 0, w)) for w in wins]
     return jobs
-
-
-def sampler_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
-    """On a mesh of several processes the trainer samples with `sampling.generate`, whose only varying shape is its
-    prefill's packed width on the run's ``"sampler"`` ladder: one job per rung a batch of the data can reach, its
-    arguments placed as `generate` places them (the compute-dtype weights as the trainer passes them, the prompts on
-    the batch axes)."""
-
-    from jaxgrpo import sampling
-
-    r = tr.cfg.rollout
-    if tr.use_engine or tr.rollout_mesh is None or tr.producer is not None or r.max_staleness:
-        return []
-    mesh, P, mcfg = tr.rollout_mesh, r.prompts_per_step, tr.model_config
-    mode, shards = sampling.sampler_mode(mcfg, mesh, r.group_size, r.max_new_tokens, r.temperature, r.top_p, r.top_k,
-                                         tr.eos_token_ids)
-    batch_sh = mode.batch_sharding
-    params = jax.tree.map(abstract, tr.sampler_params())
-    rows = padding.batch_bucket(P, shards)
-    width = padding.prompt_bucket(tr.prompt_width)  # the trainer's one prompt bucket
-    arg = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=batch_sh)  # noqa: E731
-    prompts = (arg((rows, width), jnp.int32), arg((rows, width), jnp.bool_), arg((rows * r.group_size,), jnp.bool_))
-    key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
-    f32 = jax.ShapeDtypeStruct((), jnp.float32)
-    floor, cap = tr.ladders["sampler"]
-    rungs = sorted({max(padding.ladder_bucket(n, padding.MIN_PROMPT_BUCKET, cap), floor) for n in range(1, cap + 1)})
-    row0 = sampling._ROW0
-    return [(f"sampler prefill packed {w}", lambda w=w: sampling._prefill.lower(
-        mcfg, mode, (w, shards), params, *prompts, key, f32, f32, row0).compile()) for w in rungs]  # fmt: skip
 
 
 def eval_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
@@ -492,7 +464,7 @@ def start(tr: Any, template: Batch, first: tuple[int, int, int]) -> Precompiler 
     """The background precompiler of a single-turn `Trainer` after its first step (``template``: that step's batch as
     `abstract` structs; ``first``: its ``(groups, width, packed)``), started; None when nothing is left to compile. A
     multi-turn run's is `jaxgrpo.multiturn_precompile.start`."""
-    train, rollout = train_step_jobs(tr, template, first), engine_jobs(tr) + sampler_jobs(tr)
+    train, rollout = train_step_jobs(tr, template, first), engine_jobs(tr)
     jobs = [j for pair in itertools.zip_longest(train, rollout) for j in pair if j is not None]  # both, nearest first
     jobs += eval_jobs(tr)  # the evaluations' programs, after every step's
     return run(jobs)

@@ -51,6 +51,7 @@ from jaxgrpo.groups import Rollout
 from jaxgrpo.host import to_host
 from jaxgrpo.models import lora
 from jaxgrpo.rollout import driver as rollout_driver
+from jaxgrpo.rollout import engine as rollout_engine
 from jaxgrpo.rollout.params import SamplingParams
 from jaxgrpo.scheduler import from_config as make_scheduler
 
@@ -265,9 +266,13 @@ class Trainer:
                 f"exceeds the model's context ({self.model_config.max_position_embeddings}); lower "
                 "data.max_prompt_tokens or rollout.max_new_tokens")
         r = cfg.rollout
-        slots = r.prompts_per_step if r.engine == "static" else (r.slots or r.prompts_per_step)
-        self.shapes = step_batch_lib.StepShapes.for_prompts([len(x) for x in self.encoded], r.prompts_per_step, slots,
-                                                        cfg.algo, self.perf, self.mesh, r.max_new_tokens, self.pad_id)
+        # the engine's first admission (its slots rounded up to the mesh's batch shards, as the driver rounds them);
+        # the legacy sampler's rows split over the mesh it samples on
+        rm, p = self.rollout_mesh, r.prompts_per_step
+        slots = p if r.engine == "static" else rollout_engine.split_slots(r.slots or p, rm)
+        self.shapes = step_batch_lib.StepShapes.for_prompts(
+            [len(x) for x in self.encoded], r.prompts_per_step, slots, cfg.algo, self.perf, self.mesh,
+            r.max_new_tokens, self.pad_id, sampler_shards=rollout_engine.row_shards(rm))
         self.prompt_width, self.ladders = self.shapes.prompt_width, self.shapes.ladders
         self.examples = examples
 

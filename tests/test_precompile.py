@@ -269,6 +269,35 @@ def test_trainer_samples_on_the_engine_on_a_mesh(tmp_path):
         assert a["reward/mean"] == pytest.approx(b["reward/mean"], abs=1e-6)
 
 
+@pytest.mark.slow
+def test_a_rollout_mesh_sizes_the_sampler_ladder_by_its_own_shards(tmp_path):
+    """``mesh.rollout=2`` (the previous sampler on a data mesh of 2, the learner on data 2 x fsdp 2): the sampler's
+    packed rows are 8 prompts over 2 shards, not over the learner's 4, and its ladder is sized for that. 2,000 prompts
+    of 8-14 tokens and one of 26 put the long one in step 2's batch: its row (44 tokens) fits the ladder's cap (80);
+    sized for 4 shards the cap was 40 and step 2 raised "a packed prompt row of 44 tokens is wider than the run's
+    widest row"."""
+    import json
+
+    data = tmp_path / "data"
+    data.mkdir()
+    ks = [1 + i % 4 for i in range(2000)]
+    ks[8] = 10  # the second batch's first prompt: "1+" x 10 "1=" is 26 tokens
+    (data / "train.jsonl").write_text("".join(json.dumps({"question": "1+" * k + "1=", "answer": f"#### {k + 1}"})
+                                              + "\n" for k in ks))  # fmt: skip
+    cfg = config_lib.load_config("default", [
+        "rollout.prompts_per_step=8", "rollout.group_size=2", "rollout.max_new_tokens=2", "log.progress=false",
+        "log.tensorboard=false", "log.sample_every=0", "checkpoint.every=0", "checkpoint.export_final=false",
+        "train.steps=2", "data.source=gsm8k", f"data.path={data}", "data.shuffle=false", "data.max_prompt_tokens=32",
+        "data.rewards={gsm8k: 1.0}", "mesh.data=2", "mesh.fsdp=2", "mesh.rollout=2"])  # fmt: skip
+    t = trainer.Trainer(cfg, tmp_path / "run")
+    try:
+        assert not t.use_engine and t.ladders["sampler"] == (64, 80)
+        out = [t.step(step) for step in range(2)]
+    finally:
+        t.close()
+    assert [m["tokens/sampled"] > 0 for m in out] == [True, True]
+
+
 EVAL_RUN = ["train.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=3",
             "checkpoint.every=0", "checkpoint.export_final=false", "log.progress=false", "log.tensorboard=false",
             "log.sample_every=0", "train.eval_every=2", "train.eval_examples=6", "train.retain_every=2",

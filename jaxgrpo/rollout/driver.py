@@ -198,8 +198,8 @@ def run(
     sp.check(config.vocab_size, config.max_position_embeddings, prompts)
     if block < 1 or (slots is not None and slots < 1):
         raise ValueError(f"decode block ({block}) and slots ({slots}) must be >= 1")
-    shards = engine.row_shards(mesh)
-    slots = padding.batch_bucket(len(prompts), shards) if slots is None else -(-int(slots) // shards) * shards
+    slots = (padding.batch_bucket(len(prompts), engine.row_shards(mesh)) if slots is None
+             else engine.split_slots(slots, mesh))  # fmt: skip
     width = padding.prompt_bucket(max([len(p) for p in prompts] + [prompt_width or 1]), prompt_buckets)
     r = _Run(config, params, prompts, sp, key, slots, int(block), width, packed_ladder, first_rows, mesh)
     r.admit(list(range(slots)), more)

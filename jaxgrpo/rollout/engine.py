@@ -131,6 +131,12 @@ def row_shards(mesh: Mesh | None) -> int:
     return int(np.prod([mesh.shape[a] for a in _batch_axes(mesh)])) if mesh is not None else 1
 
 
+def split_slots(slots: int, mesh: Mesh | None) -> int:
+    """``slots`` rounded up to a multiple of `row_shards`: the driver's slot count on ``mesh`` (extra slots idle)."""
+    shards = row_shards(mesh)
+    return -(-int(slots) // shards) * shards
+
+
 def row_sharding(mesh: Mesh | None) -> NamedSharding | None:
     """Axis 0 (slots, rows) over ``mesh``'s batch axes (as the training batch), the other axes replicated; None
     without a mesh or when it has no batch axis of size > 1 (every device then runs every row)."""
