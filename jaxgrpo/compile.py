@@ -45,10 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     program = "train step"
     try:
         cfg = config_lib.load_config(args.config, args.overrides)
-        from jaxgrpo import (
-            aot,  # after validation: a bad key fails before JAX starts
-            train_report,
-        )
+        # after validation: a bad key fails before JAX starts
+        from jaxgrpo import aot, train_report
         from jaxgrpo import decode_report as dr
 
         m = cfg.mesh
