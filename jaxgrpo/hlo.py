@@ -6,6 +6,8 @@ Traffic model (the compulsory HBM traffic of each kernel as XLA emitted it; cach
 after the method of ``shared/gpu-aot/hlo_bytes.py``:
   * every top-level instruction of a computation is one kernel, except the free ones (parameters, constants, tuples,
     get-tuple-elements, bitcasts: no data moves);
+  * an array in another memory space than HBM (``S(1)`` in its layout: a TPU's on-chip VMEM) moves no HBM bytes;
+    an asynchronous ``copy-start`` reads its source and writes its destination, its ``copy-done`` nothing;
   * bytes written = the output's size; a cuBLAS custom call's ``s8`` workspace is not counted; an in-place
     dynamic-update-slice or scatter (a top-level one, or a fusion whose root is one; XLA updates its operand's buffer
     in place and inserts an explicit copy where it cannot) writes its updates only;
@@ -29,6 +31,10 @@ import re
 _ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
              "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}  # fmt: skip
 _ARRAY = re.compile(r"\b(" + "|".join(_ITEMSIZE) + r")\[([0-9,]*)\]")
+# an array with its layout, whose ``S(n)`` (n > 0) places it in another memory space than HBM: a TPU's on-chip
+# VMEM (1) or its semaphores (2); such a buffer costs no HBM traffic to read or write
+_ARRAY_LAYOUT = re.compile(r"\b(" + "|".join(_ITEMSIZE) + r")\[([0-9,]*)\](\{[^}]*\})?")
+_ON_CHIP = re.compile(r"S\([1-9]\d*\)")
 _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id", "replica-id"}
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(ROOT )?%([\w.\-]+) = (.+?) ([a-z][a-z0-9\-]*)\((.*)$")
@@ -88,14 +94,20 @@ class LoopReport:
         return sorted(self.kernels, key=lambda k: -(k.read + k.write) * k.count)[:n]
 
 
+def _hbm_arrays(shape: str) -> list[int]:
+    """Bytes of each array of an HLO shape string in HBM, in order (0 for one placed on chip, ``S(n)`` with n > 0)."""
+    return [0 if _ON_CHIP.search(layout) else math.prod(int(d) for d in dims.split(",") if d) * _ITEMSIZE[dt]
+            for dt, dims, layout in _ARRAY_LAYOUT.findall(shape)]  # fmt: skip
+
+
 def array_bytes(shape: str) -> int:
-    """Bytes of every array in an HLO shape string (a tuple's leaves summed; layouts ``{...}`` ignored)."""
-    return sum(math.prod(int(d) for d in dims.split(",") if d) * _ITEMSIZE[dt] for dt, dims in _ARRAY.findall(shape))
+    """HBM bytes of every array in an HLO shape string (a tuple's leaves summed; an array whose layout places it in
+    another memory space, ``S(1)`` a TPU's on-chip VMEM, counts 0)."""
+    return sum(_hbm_arrays(shape))
 
 
 def _largest_array(shape: str) -> int:
-    sizes = [math.prod(int(d) for d in dims.split(",") if d) * _ITEMSIZE[dt] for dt, dims in _ARRAY.findall(shape)]
-    return max(sizes, default=0)
+    return max(_hbm_arrays(shape), default=0)
 
 
 def _operand_names(rest: str) -> tuple[str, ...]:
@@ -183,6 +195,10 @@ def _kernel(comps: dict[str, list[Instr]], ins: Instr, shapes: dict[str, str]) -
         read = sum(array_bytes(shapes.get(o, "")) if reads.get(k) is None else reads[k] for k, o in enumerate(ops))
         write = write if update is None else update
         kind = "fusion:" + re.sub(r"(\.\d+)+$", "", ins.name)
+    elif ins.op == "copy-start":  # an asynchronous copy (a TPU's prefetch into VMEM): (destination, source, context)
+        read, write = sum(array_bytes(shapes.get(o, "")) for o in ops), (_hbm_arrays(ins.shape) or [0])[0]
+    elif ins.op == "copy-done":  # its completion: no bytes of its own
+        read = write = 0
     else:
         if ins.op == "dynamic-update-slice":
             write, ops = array_bytes(shapes.get(ops[1], "")), ops[1:2] + ops[2:]

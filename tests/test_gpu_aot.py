@@ -142,6 +142,56 @@ def test_loop_bytes_of_a_hand_written_module():
     assert hlo.array_bytes("(bf16[2,3]{1,0}, pred[4], f32[])") == 12 + 4 + 4
 
 
+# A TPU-style loop body: the weight prefetched from HBM into on-chip VMEM (memory space 1 in its layout) by an
+# asynchronous copy, then read there by the matmul fusion, whose activation and output live in HBM.
+TPU_PREFETCH = """HloModule tpu_prefetch
+
+%fused_mm (a: bf16[8,1024], w: bf16[1024,1024]) -> bf16[8,1024] {
+  %a = bf16[8,1024]{1,0:T(8,128)(2,1)} parameter(0)
+  %w = bf16[1024,1024]{1,0:T(8,128)(2,1)S(1)} parameter(1)
+  ROOT %d = bf16[8,1024]{1,0:T(8,128)(2,1)} dot(%a, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%body (st: (s32[], bf16[8,1024], bf16[1024,1024])) -> (s32[], bf16[8,1024], bf16[1024,1024]) {
+  %st = (s32[], bf16[8,1024]{1,0:T(8,128)(2,1)}, bf16[1024,1024]{1,0:T(8,128)(2,1)}) parameter(0)
+  %i = s32[] get-tuple-element(%st), index=0
+  %a = bf16[8,1024]{1,0:T(8,128)(2,1)} get-tuple-element(%st), index=1
+  %w = bf16[1024,1024]{1,0:T(8,128)(2,1)} get-tuple-element(%st), index=2
+  %one = s32[] constant(1)
+  %i1 = s32[] add(%i, %one)
+  %cs = (bf16[1024,1024]{1,0:T(8,128)(2,1)S(1)}, bf16[1024,1024]{1,0:T(8,128)(2,1)}, u32[]{:S(2)}) copy-start(%w)
+  %cd = bf16[1024,1024]{1,0:T(8,128)(2,1)S(1)} copy-done(%cs)
+  %mm = bf16[8,1024]{1,0:T(8,128)(2,1)} fusion(%a, %cd), kind=kOutput, calls=%fused_mm
+  ROOT %next = (s32[], bf16[8,1024]{1,0:T(8,128)(2,1)}, bf16[1024,1024]{1,0:T(8,128)(2,1)}) tuple(%i1, %mm, %w)
+}
+
+%cond (st: (s32[], bf16[8,1024], bf16[1024,1024])) -> pred[] {
+  %st = (s32[], bf16[8,1024]{1,0:T(8,128)(2,1)}, bf16[1024,1024]{1,0:T(8,128)(2,1)}) parameter(0)
+  %i = s32[] get-tuple-element(%st), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (s: (s32[], bf16[8,1024], bf16[1024,1024])) -> (s32[], bf16[8,1024], bf16[1024,1024]) {
+  %s = (s32[], bf16[8,1024]{1,0:T(8,128)(2,1)}, bf16[1024,1024]{1,0:T(8,128)(2,1)}) parameter(0)
+  ROOT %loop = (s32[], bf16[8,1024]{1,0:T(8,128)(2,1)}, bf16[1024,1024]{1,0:T(8,128)(2,1)}) while(%s), condition=%cond, body=%body
+}
+"""  # noqa: E501
+
+
+def test_a_prefetch_into_on_chip_memory_is_read_from_hbm_once():
+    """The weight is read from HBM once per iteration, by its copy into VMEM (2 MiB); writing and reading the VMEM
+    copy (``S(1)``) and the copy's completion move no HBM bytes (they were charged three times more before)."""
+    rep = hlo.loop_report(TPU_PREFETCH)
+    by_name = {k.name: k for k in rep.kernels}
+    weight, act = 1024 * 1024 * 2, 8 * 1024 * 2
+    assert (by_name["cs"].read, by_name["cs"].write) == (weight, 0)
+    assert (by_name["cd"].read, by_name["cd"].write) == (0, 0)
+    assert (by_name["mm"].read, by_name["mm"].write) == (act, act)
+    assert rep.bytes_per_iteration == weight + 2 * act + (4 + 4) + 4
+    assert hlo.array_bytes("(bf16[2,4]{1,0:S(1)}, f32[3]{0}, u32[]{:S(2)})") == 12
+
+
 def test_missing_cuda_plugin_or_ptxas_is_one_line(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith("jax_plugins") else
