@@ -67,10 +67,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgrpo import models, padding
-from jaxgrpo.rollout import driver
+from jaxgrpo.rollout import driver, engine
 from jaxgrpo.rollout.params import SamplingParams
 from jaxgrpo.rollout.record import Completions
-from jaxgrpo.sharding import BATCH_AXES
 from jaxgrpo.token_sampling import sample_from_logits, truncated_logits
 
 __all__ = [
@@ -234,29 +233,21 @@ def _decode(config, mode: _Mode, params, cache, state, consts, temperature, top_
 # Public entry point
 
 
-def _batch_axes(mesh: Mesh | None) -> tuple[str, ...]:
-    """The mesh's batch axes of size > 1 (the rollout batch is split over them)."""
-    return () if mesh is None else tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1)
-
-
 def sampler_mode(config: models.ModelConfig, mesh: Mesh | None, num_samples: int, max_new_tokens: int,
                  temperature: float, top_p: float, top_k: int, eos_token_ids: Sequence[int],
                  record_projections: bool = False) -> tuple[_Mode, int]:  # fmt: skip
     """The static mode `generate` compiles its mesh path with (the rows split over the mesh's batch axes, the cache
     leaves ``[L, B, ...]`` split like them on axis 1, the other axes left to the partitioner; the sampling switches),
     and its number of batch shards. `jaxgrpo.aot` and `jaxgrpo.precompile` lower the same programs from it."""
-    axes = _batch_axes(mesh)
-    shards = int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
-    batch_sharding = cache_sharding = None
-    if axes:
-        spec = axes if len(axes) > 1 else axes[0]
-        batch_sharding = NamedSharding(mesh, PartitionSpec(spec))
-        cache_sharding = NamedSharding(mesh, PartitionSpec(None, spec, *([PartitionSpec.UNCONSTRAINED] * 3)))
+    batch_sharding, cache_sharding = engine.row_sharding(mesh), None  # the engine's split of the rows
+    if batch_sharding is not None:
+        rows = batch_sharding.spec[0]
+        cache_sharding = NamedSharding(mesh, PartitionSpec(None, rows, *([PartitionSpec.UNCONSTRAINED] * 3)))
     greedy = temperature == 0.0
-    use_top_k = int(top_k) if (not greedy and top_k < config.vocab_size) else 0  # k >= V truncates nothing
-    mode = _Mode(int(num_samples), int(max_new_tokens), greedy, use_top_k, (not greedy) and top_p < 1.0,
+    use_top_k, use_top_p = engine.truncation(config, greedy, top_k, top_p)
+    mode = _Mode(int(num_samples), int(max_new_tokens), greedy, use_top_k, use_top_p,
                  tuple(int(e) for e in eos_token_ids), batch_sharding, cache_sharding, bool(record_projections))
-    return mode, shards
+    return mode, engine.row_shards(mesh)
 
 
 def _put(x: np.ndarray, sharding: NamedSharding | None) -> jax.Array:
