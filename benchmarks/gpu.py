@@ -214,26 +214,16 @@ def part_decode(args: argparse.Namespace, chip: aot.Chip) -> dict:
     kv_bytes = 2 * mcfg.num_layers * mean_slots * mcfg.num_kv_heads * mcfg.head_dim * 2
     weight_bytes = models.count_params(mcfg) * 2
     roofline_s = (weight_bytes + kv_bytes) / chip.hbm_bandwidth
-    return {"rows": P * G, "prompt_width": width, "new_tokens": [n1, n2],
-            "median_s": {str(k): v for k, v in times.items()},
-            "decode_step_s": step_s, "decode_tokens_per_s": P * G / step_s, "weight_bytes": weight_bytes,
-            "kv_bytes_mean": kv_bytes, "roofline_step_s": roofline_s, "roofline_fraction": roofline_s / step_s,
-            "end_to_end_tokens_per_s": P * G * n2 / times[n2]}  # fmt: skip
-
-
-def part_profile(args: argparse.Namespace) -> dict:
-    """One `sampling.generate` of the decode part's shape at its longer length under `jax.profiler`, per kernel name
-    (`kernel_profile`): device time per token step (the prefill's kernels included, once in ``n`` steps)."""
-    mcfg = models.get_preset("qwen2.5-0.5b", dtype="bfloat16").replace(num_layers=LAYERS[0])
-    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), models.init_params(mcfg, jax.random.key(0)))
-    rng = np.random.default_rng(0)
-    prompts = [list(rng.integers(3, mcfg.vocab_size, size=int(n))) for n in rng.integers(64, 129,
-                                                                                         size=args.decode_prompts)]
-    n = args.decode_tokens[1]
-    kw = dict(num_samples=args.decode_group, max_new_tokens=n, temperature=1.0, eos_token_ids=())
-    run = lambda: sampling.generate(mcfg, params, prompts, key=jax.random.key(1), **kw)  # noqa: E731
-    jax.block_until_ready(run())  # compile
-    return dict(_profiled(run, args, "decode", steps=n), rows=args.decode_prompts * args.decode_group)
+    out = {"rows": P * G, "prompt_width": width, "new_tokens": [n1, n2],
+           "median_s": {str(k): v for k, v in times.items()},
+           "decode_step_s": step_s, "decode_tokens_per_s": P * G / step_s, "weight_bytes": weight_bytes,
+           "kv_bytes_mean": kv_bytes, "roofline_step_s": roofline_s, "roofline_fraction": roofline_s / step_s,
+           "end_to_end_tokens_per_s": P * G * n2 / times[n2]}  # fmt: skip
+    if "profile" in args.parts:  # the longer run once more, under the profiler: device time per token step
+        kw = dict(num_samples=G, max_new_tokens=n2, temperature=1.0, eos_token_ids=())  # (its prefill's included)
+        run = lambda: sampling.generate(mcfg, params, prompts, key=jax.random.key(1), **kw)  # noqa: E731
+        out["profile"] = _profiled(run, args, "decode", steps=n2)
+    return out
 
 
 def _profiled(fn, args: argparse.Namespace, name: str, steps: int, top: int = 60) -> dict:
@@ -284,8 +274,6 @@ def main() -> None:
         d = res["decode"]
         _log(f"decode step {d['decode_step_s'] * 1e3:.2f} ms = {d['decode_tokens_per_s']:.0f} tokens/s; roofline "
              f"{d['roofline_step_s'] * 1e3:.2f} ms ({d['roofline_fraction']:.2f} of it)")
-        if "profile" in args.parts:
-            res["decode_profile"] = part_profile(args)
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(json.dumps(res, indent=1))
     _log(f"written to {args.out}")
