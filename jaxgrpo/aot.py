@@ -334,9 +334,8 @@ def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], te
         prepare = jax.jit(lambda p: engine.prepare_weights(mcfg, p)).lower(params)
         weights = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), prepare.out_info,
                                prepare.compile(options).output_shardings)  # fmt: skip
-    caches, state = engine.placed(spec, jax.eval_shape(lambda: engine.init(mcfg, spec)))
-    if one:
-        caches, state = put((caches, state))
+    empty = jax.eval_shape(lambda: engine.init(mcfg, spec))
+    caches, state = put(empty) if one else engine.placed(spec, empty)
     scalar = lambda dt: jax.ShapeDtypeStruct((), dt, sharding=NamedSharding(mesh, PartitionSpec()))  # noqa: E731
     f32 = scalar(jnp.float32)
     rows = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(mesh, PartitionSpec()))  # noqa: E731

@@ -94,15 +94,15 @@ def shape_ladders(prompt_lengths: Any, prompts_per_step: int, slots: int, algo: 
     lengths = np.asarray(prompt_lengths, np.int64)
     p, shards = int(prompts_per_step), 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
     q = max(p // (int(algo.num_minibatches) * int(algo.grad_accum_steps) * shards), 1)
-    shards = shards if sampler_shards is None else int(sampler_shards)  # the sampler's from here on
-    a, rows = int(slots), padding.batch_bucket(p, shards)  # the engine admits `slots` prompts first
+    split = shards if sampler_shards is None else int(sampler_shards)  # the sampler's rows: one per batch shard
+    a, rows = int(slots), padding.batch_bucket(p, split)  # the engine admits `slots` prompts first
     rng = np.random.default_rng(0)
     batches = [rng.choice(lengths, max(p, a), replace=len(lengths) < max(p, a)) for _ in range(draws)]
     needs = {"train": [int(np.sort(b)[-q:].sum()) for b in batches],
              "engine": [int(b[:a].sum()) + padding.batch_bucket(a) - a for b in batches],
-             "sampler": [padding.sampler_row_need(list(b[:p]) + [1] * (rows - p), shards) for b in batches]}
+             "sampler": [padding.sampler_row_need(list(b[:p]) + [1] * (rows - p), split) for b in batches]}
     caps = {"train": padding.PACK_BUCKET * -(-padding.widest_row(lengths, q) // padding.PACK_BUCKET),
             "engine": padding.prompt_bucket(padding.widest_row(lengths, a) + padding.batch_bucket(a) - a),
-            "sampler": padding.prompt_bucket(padding.widest_row(lengths, rows // shards) + rows - p)}
+            "sampler": padding.prompt_bucket(padding.widest_row(lengths, rows // split) + rows - p)}
     units = {"train": padding.PACK_BUCKET, "engine": padding.MIN_PROMPT_BUCKET, "sampler": padding.MIN_PROMPT_BUCKET}
     return {k: (padding.ladder_floor(needs[k], units[k], caps[k]), caps[k]) for k in needs}
