@@ -9,10 +9,10 @@ checkpoint needed) and a worst-case batch (every prompt ``data.max_prompt_tokens
 jaxgrpo[tpu]`` brings libtpu), or the local backend. XLA's `memory_analysis` then gives per-chip bytes exactly as the
 slice would allocate them: arguments (weights + optimizer state + batch), outputs, temporaries.
 
-The rollout's two programs are compiled the same way (`compile_rollout`): the sampler's jitted prefill and decode
-loop (`jaxgrpo.sampling`, with the mode, padding and sharding `sampling.generate` gives them for the worst-case
+The rollout's programs are compiled the same way (`compile_rollout`): the rollout engine's jitted prefill and
+decode blocks (`jaxgrpo.rollout.engine`, with the spec and placement the driver gives them for the worst-case
 prompts) on abstract compute-dtype weights, so their per-chip figures hold the compute-dtype weight copy, the prefix
-and decode KV caches, the recorded projections and XLA's temporaries as compiled. The train state stays resident
+and decode KV caches and XLA's temporaries as compiled. The train state stays resident
 while the sampler runs, so each rollout program's total adds it. Before anything compiles, `rollout_bytes` bounds the
 caches from their shapes alone: a rollout whose caches cannot fit even spread over every chip is refused at once.
 FLOPs per step are counted from the shapes (`train_step_flops`: XLA's ``cost_analysis`` counts each loop body once,
@@ -242,65 +242,7 @@ def program_figures(compiled: Any) -> dict[str, float]:
     return out
 
 
-def _sampler_mode(cfg: Config, mcfg: models.ModelConfig, mesh: Mesh, record: bool) -> tuple[Any, int]:
-    """The sampler's static mode for this config's rollouts and its number of batch shards, as `sampling.generate`
-    builds them (same sharding of rows and caches, same sampling switches)."""
-    from jaxgrpo import sampling
-
-    r = cfg.rollout
-    return sampling.sampler_mode(mcfg, mesh, r.group_size, r.max_new_tokens, r.temperature, r.top_p, r.top_k,
-                                 mcfg.eos_token_ids, record)
-
-
 def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], texts: dict[str, str] | None = None,
-                    windows: int | None = None) -> dict[str, dict[str, float]]:  # fmt: skip
-    """Compile the sampler's prefill and decode loop (`jaxgrpo.sampling`) for ``devices`` on abstract compute-dtype
-    weights, for ``rollout.prompts_per_step`` prompts of ``data.max_prompt_tokens`` tokens each (padded as
-    `sampling.generate` pads them); `program_figures` of each (``decode`` absent when ``max_new_tokens == 1``), and
-    ``weights``: the per-chip bytes of the compute-dtype weights the programs read. ``texts``, when given, receives
-    each program's optimized HLO text (``compiled.as_text()``) under the same names. On one device and on the
-    learner's mesh these are the rollout engine's public programs (`compile_engine`), which the trainer runs there;
-    on the rollout mesh of ``mesh.rollout > 1``, the previous sampler's, which it runs then (the trainer records no
-    projections: `perf.reuse_projections` does not apply to it). ``windows``: compile only that many of the engine's
-    decode windows."""
-    from jaxgrpo import sampling
-
-    m, r = cfg.mesh, cfg.rollout
-    mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
-    if r.max_new_tokens > 1 and (len(devices) == 1 or not m.rollout):
-        return compile_engine(cfg, mcfg, devices, texts, windows)  # the engine: what the trainer samples with there
-    mode, shards = _sampler_mode(cfg, mcfg, mesh, record=False)
-    num_prompts = padding.batch_bucket(r.prompts_per_step, shards)
-    width = padding.prompt_bucket(cfg.data.max_prompt_tokens)
-    packing = (padding.sampler_packed_width([cfg.data.max_prompt_tokens] * num_prompts, shards), shards)
-    rows = mode.batch_sharding or NamedSharding(mesh, PartitionSpec())
-    scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=NamedSharding(mesh, PartitionSpec()))  # noqa: E731
-    # what the sampler reads (`models.compute_params`): compute-dtype weights; LoRA adapters merged in float32
-    # compute, unmerged (float32, sharded like their base) otherwise
-    abstract = jax.eval_shape(lambda: models.compute_params(mcfg, models.init_params(mcfg, jax.random.key(0))))
-    sampler_cfg = mcfg if models.lora.has_adapters(abstract) else mcfg.replace(lora=None)
-    params = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), abstract,
-                          sharding.param_shardings(sampler_cfg, mesh))  # fmt: skip
-    shapes = (((num_prompts, width), jnp.int32), ((num_prompts, width), jnp.bool_),
-              ((num_prompts * r.group_size,), jnp.bool_))  # prompt tokens, their mask, the rows that are real
-    prompts = [jax.ShapeDtypeStruct(shape, dtype, sharding=rows) for shape, dtype in shapes]
-    key = scalar(jax.eval_shape(lambda: jax.random.key(0)).dtype)
-    f32 = scalar(jnp.float32)
-    lowered = sampling._prefill.lower(mcfg, mode, packing, params, *prompts, key, f32, f32, sampling._ROW0)
-    prefill = lowered.compile(compiler_options=compiler_options(devices))
-    texts = {} if texts is None else texts
-    texts["prefill"] = prefill.as_text()
-    out = dict(weights=dict(total=per_chip_bytes(params)), prefill=program_figures(prefill))
-    if r.max_new_tokens > 1:  # the prefill's outputs, with the shardings it gives them, feed the decode loop
-        carried = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), lowered.out_info,
-                               prefill.output_shardings)  # fmt: skip
-        decode = sampling._decode.lower(mcfg, mode, params, *carried, f32, f32).compile(compiler_options(devices))
-        texts["decode"] = decode.as_text()
-        out["decode"] = program_figures(decode)
-    return out
-
-
-def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], texts: dict[str, str] | None = None,
                    windows: int | None = None) -> dict[str, dict[str, float]]:  # fmt: skip
     """Compile the rollout engine's public programs (`jaxgrpo.rollout.engine`: ``prepare_weights``, ``prefill`` of
     ``rollout.slots`` prompts, ``decode_block`` of ``rollout.decode_block`` steps) for one device on abstract
@@ -309,9 +251,11 @@ def compile_engine(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], te
     ``decode_w<slots>`` the other windows). ``windows``: compile only that many windows, evenly spread from the
     narrowest to the widest (`jaxgrpo.decode_report` interpolates the others); default all. For a GPU, ``decode``'s
     figures also say how the host launches a token step (`jaxgrpo.hlo.HostLaunches`: CUDA graphs or single kernels).
-    On several devices: the config's mesh, the weights sharded as the trainer shards them, the slots
-    split over the batch axes (`engine.Spec.sharding`); the decode weights placed as XLA places `prepare_weights`'s
-    outputs when compiled as one program (the trainer runs it layer by layer)."""
+    On several devices: the config's mesh (for ``mesh.rollout = R``, rollouts on devices of their own: pass
+    `rollout_config` and those R devices), the weights sharded as the trainer shards them, the slots split over the
+    batch axes (`engine.Spec.sharding`); the decode weights placed as XLA places `prepare_weights`'s outputs when
+    compiled as one program (the trainer runs it layer by layer). ``weights``: the per-chip bytes of the
+    compute-dtype weights the programs read."""
     from jaxgrpo.models.attention import KVCache
     from jaxgrpo.rollout import engine
 

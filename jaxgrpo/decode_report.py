@@ -90,8 +90,8 @@ def decode_report(cfg: Config, mcfg: models.ModelConfig, texts: dict[str, str], 
     their bytes per token step averaged over a full-length rollout's steps (`engine_windows`), which is what the
     ideal (at the mean step) is compared with; launches and the heaviest kernels are the widest's, the findings
     those of every compiled window, and ``windows`` gives each window's ``(steps, bytes per step)``;
-    ``interpolated`` the windows not compiled (`compile_engine`'s ``windows``), whose bytes are linear between their
-    compiled neighbours. ``platform``: the devices' (`engine.window_multiple`)."""
+    ``interpolated`` the windows not compiled (`aot.compile_rollout`'s ``windows``), whose bytes are linear between
+    their compiled neighbours. ``platform``: the devices' (`engine.window_multiple`)."""
     args = (ideal, mcfg.vocab_size, smallest_moved_buffer(mcfg, cfg))
     rep = decode_step_report(texts["decode"], *args)
     if not any(name.startswith("decode_w") for name in texts):

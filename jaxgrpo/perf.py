@@ -84,25 +84,21 @@ def packed_prompt_width(
 
 
 def shape_ladders(prompt_lengths: Any, prompts_per_step: int, slots: int, algo: AlgoConfig, mesh: Mesh | None = None,
-                  draws: int = 512, sampler_shards: int | None = None) -> dict[str, tuple[int, int]]:
+                  draws: int = 512) -> dict[str, tuple[int, int]]:
     """The ``(floor, cap)`` ladders (`jaxgrpo.padding`) of a run whose steps draw ``prompts_per_step`` prompts from
     prompts of these lengths: ``"train"`` for the train step's packed width (`packed_prompt_width`), ``"engine"`` for
-    the engine's first prefill (``slots`` prompts and 1-token pads in one row), ``"sampler"`` for the legacy sampler
-    (the prompts and 1-token pads to a power of two, one row per batch shard: ``sampler_shards`` of them, default
-    ``mesh``'s; the rollout mesh's when the sampler runs on devices of its own). ``cap``: the widest row the data can
-    make; ``floor``: the rung of the 99th percentile of the rows of ``draws`` batches drawn (seeded) from the data."""
+    the engine's first prefill (``slots`` prompts and 1-token pads in one row, on any mesh). ``cap``: the widest row
+    the data can make; ``floor``: the rung of the 99th percentile of the rows of ``draws`` batches drawn (seeded)
+    from the data."""
     lengths = np.asarray(prompt_lengths, np.int64)
     p, shards = int(prompts_per_step), 1 if mesh is None else int(mesh.shape["data"] * mesh.shape["fsdp"])
     q = max(p // (int(algo.num_minibatches) * int(algo.grad_accum_steps) * shards), 1)
-    split = shards if sampler_shards is None else int(sampler_shards)  # the sampler's rows: one per batch shard
-    a, rows = int(slots), padding.batch_bucket(p, split)  # the engine admits `slots` prompts first
+    a = int(slots)  # the engine admits `slots` prompts first
     rng = np.random.default_rng(0)
     batches = [rng.choice(lengths, max(p, a), replace=len(lengths) < max(p, a)) for _ in range(draws)]
     needs = {"train": [int(np.sort(b)[-q:].sum()) for b in batches],
-             "engine": [int(b[:a].sum()) + padding.batch_bucket(a) - a for b in batches],
-             "sampler": [padding.sampler_row_need(list(b[:p]) + [1] * (rows - p), split) for b in batches]}
+             "engine": [int(b[:a].sum()) + padding.batch_bucket(a) - a for b in batches]}
     caps = {"train": padding.PACK_BUCKET * -(-padding.widest_row(lengths, q) // padding.PACK_BUCKET),
-            "engine": padding.prompt_bucket(padding.widest_row(lengths, a) + padding.batch_bucket(a) - a),
-            "sampler": padding.prompt_bucket(padding.widest_row(lengths, rows // split) + rows - p)}
-    units = {"train": padding.PACK_BUCKET, "engine": padding.MIN_PROMPT_BUCKET, "sampler": padding.MIN_PROMPT_BUCKET}
+            "engine": padding.prompt_bucket(padding.widest_row(lengths, a) + padding.batch_bucket(a) - a)}
+    units = {"train": padding.PACK_BUCKET, "engine": padding.MIN_PROMPT_BUCKET}
     return {k: (padding.ladder_floor(needs[k], units[k], caps[k]), caps[k]) for k in needs}

@@ -17,11 +17,10 @@ What varies over a single-turn run (everything else is fixed at startup):
 * the host-to-device transfers of each batch shape (``jnp.asarray`` compiles a small program per shape and dtype);
 * the in-training evaluations (`jaxgrpo.in_training`: the held-out set every ``train.eval_every`` steps, the
   ``train.retain`` sets), sampled through `sampling.generate` at their own shapes: per evaluation batch
-  (`eval.prompt_batches` of the set's encoded prompts), on one device the engine's init, decode windows, window
-  changes and packed prefill at that batch's spec (``driver.DEFAULT_BLOCK``, one slot per prompt) and the transfer of
-  its completions; with a mesh the sampler's prefill, decode and the slicing of its outputs (run on zeros placed as
-  the compiled decode's outputs: eager programs cannot be lowered abstractly); and the held-out statistics' eager
-  scalar programs (`eval.summarize` run on a zero success matrix).
+  (`eval.prompt_batches` of the set's encoded prompts), the engine's init, decode windows, window changes and packed
+  prefill at that batch's spec (``driver.DEFAULT_BLOCK``, one slot per prompt; on the run's mesh if it has one) and
+  the transfer of its completions; and the held-out statistics' eager scalar programs (`eval.summarize` run on a
+  zero success matrix).
 
 After the first step, when the first real arguments exist, `start` lowers each of these with
 ``jitted.lower(*abstract_args).compile()`` in a daemon thread, nearest to the first step's shapes first, the
@@ -361,10 +360,10 @@ def engine_programs(tr: Any, spec: Any, first: int, packs: list[int], refills: b
 def eval_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
     """The programs of the trainer's evaluations (`jaxgrpo.in_training`: the held-out ``train.eval_every`` set, then
     the ``train.retain`` sets), in the order a step runs them: each set's prompts encoded and cut into the batches
-    `eval.evaluate` samples (`eval.prompt_batches`), each batch's shapes taken as `sampling.generate` takes them.
-    One device: the engine in static mode (`engine_programs` at the batch's spec: init, every decode window, the
-    window changes, the prefill at its packed width) and the transfer of its completions; with a mesh,
-    `sampler_eval_jobs`. Before them the eager scalar programs of the held-out set's statistics."""
+    `eval.evaluate` samples (`eval.prompt_batches`), each batch's shapes taken as `sampling.generate` takes them:
+    the engine in static mode (`engine_programs` at the batch's spec, on the run's mesh if it has one: init, every
+    decode window, the window changes, the prefill of its prompts at its packed width) and the transfer of its
+    completions. Before them the eager scalar programs of the held-out set's statistics."""
     from jaxgrpo import data as data_lib
     from jaxgrpo import eval as eval_lib
     from jaxgrpo import in_training
@@ -377,76 +376,27 @@ def eval_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
     jobs: list[tuple[str, Callable[[], Any]]] = []
     if tr.cfg.train.eval_every:  # its degeneracy at G: a few eager scalar programs (`degeneracy.iid_rate`)
         jobs.append(("evaluation statistics", lambda: eval_lib.summarize(np.zeros((1, G), bool), [G])))
-    if tr.mesh is not None:
-        return jobs + sampler_eval_jobs(tr, sets)
-    if committed(tr):
+    mesh = tr.mesh
+    if mesh is None and committed(tr):
         return []
-    sp = _sampling_params(tr)
-    specs: dict[Any, tuple[list[int], list[int]]] = {}  # spec -> (packed widths, prompts per batch), first seen first
+    sp, shards = _sampling_params(tr), engine.row_shards(mesh)
+    # (spec, prompts admitted) -> (packed widths, prompts per batch), first seen first
+    specs: dict[tuple[Any, int], tuple[list[int], list[int]]] = {}
     for _, examples, data_cfg in sets:
         for batch in eval_lib.prompt_batches(data_lib.encode_prompts(tr.tokenizer, examples, data_cfg)):
-            slots, width = padding.batch_bucket(len(batch)), padding.prompt_bucket(max(len(p) for p in batch))
-            _, mask = engine.left_pad(batch, width, slots)  # as `driver.run` admits them: all at once
+            slots, width = padding.batch_bucket(len(batch), shards), padding.prompt_bucket(max(len(p) for p in batch))
+            first = padding.batch_bucket(len(batch))  # as `driver.run` admits them: all at once
+            _, mask = engine.left_pad(batch, width, first)
             packed = padding.sampler_packed_width([int(m.sum()) for m in mask], 1)
-            packs, sizes = specs.setdefault(engine.make_spec(tr.model_config, sp, slots, width, driver.DEFAULT_BLOCK),
-                                            ([], []))  # fmt: skip
+            spec = engine.make_spec(tr.model_config, sp, slots, width, driver.DEFAULT_BLOCK, mesh=mesh)
+            packs, sizes = specs.setdefault((spec, first), ([], []))
             packs += [packed] if packed not in packs else []
             sizes += [len(batch)] if len(batch) not in sizes else []
-    for spec, (packs, sizes) in specs.items():
-        label = f"evaluation ({spec.slots} prompts of {spec.prompt_width}): "
-        jobs += engine_programs(tr, spec, spec.slots, packs, False, init=True, label=label)
+    for (spec, first), (packs, sizes) in specs.items():
+        label = f"evaluation ({first} prompts of {spec.prompt_width}): "
+        jobs += engine_programs(tr, spec, first, packs, False, init=True, label=label)
         jobs += [(f"{label}completions transfer {n}", lambda n=n: _completions_transfer(n * G, M)) for n in sizes]
     return jobs
-
-
-def sampler_eval_jobs(tr: Any, sets: list[tuple[str, Any, Any]]) -> list[tuple[str, Callable[[], Any]]]:
-    """With a mesh `eval.evaluate` samples with `sampling.generate`'s sharded path: per batch shape, its ``_prefill``
-    (the batch's prompt bucket and packed width, no ladder), its ``_decode`` (arguments placed as the prefill's
-    compiled outputs are) and the slicing of its outputs to the real rows (run on zeros so placed). The compute-dtype
-    weights are placed like the policy's (an eager cast keeps the placement)."""
-
-    from jaxgrpo import data as data_lib
-    from jaxgrpo import eval as eval_lib
-    from jaxgrpo import sampling
-
-    mesh, mcfg, r = tr.mesh, tr.model_config, tr.cfg.rollout
-    placed = jax.tree.map(abstract, tr.state.params)
-    params = jax.eval_shape(lambda p: models.compute_params(mcfg, p), tr.state.params)
-    if jax.tree.structure(params) != jax.tree.structure(placed):  # LoRA merged for sampling: not placed like these
-        return []
-    params = jax.tree.map(lambda a, p: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=p.sharding), params, placed)
-    G, M = r.group_size, r.max_new_tokens
-    mode, shards = sampling.sampler_mode(mcfg, mesh, G, M, r.temperature, r.top_p, r.top_k, tr.eos_token_ids)
-    batch_sh = mode.batch_sharding
-    key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
-    f32 = jax.ShapeDtypeStruct((), jnp.float32)
-    shapes: list[tuple[int, int, int, int]] = []  # (real prompts, padded prompts, prompt bucket, packed width)
-    for _, examples, data_cfg in sets:
-        for batch in eval_lib.prompt_batches(data_lib.encode_prompts(tr.tokenizer, examples, data_cfg)):
-            rows = padding.batch_bucket(len(batch), shards)
-            lengths = [len(p) for p in batch] + [1] * (rows - len(batch))
-            shape = (len(batch), rows, padding.prompt_bucket(max(lengths)),
-                     padding.sampler_packed_width(lengths, shards))  # fmt: skip
-            shapes += [shape] if shape not in shapes else []
-
-    def programs(n: int, rows: int, width: int, packed: int) -> None:
-        arg = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=batch_sh)  # noqa: E731
-        prompts = (arg((rows, width), jnp.int32), arg((rows, width), jnp.bool_), arg((rows * G,), jnp.bool_))
-        out = sampling._prefill.lower(mcfg, mode, (packed, shards), params, *prompts, key, f32, f32,
-                                      sampling._ROW0).compile()
-        placed_like = lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=o.sharding,  # noqa: E731
-                                                     weak_type=o.weak_type)
-        cache, state, consts = jax.tree.map(placed_like, out.out_info)
-        if M > 1:
-            out = sampling._decode.lower(mcfg, mode, params, cache, state, consts, f32, f32).compile()
-            state = jax.tree.map(placed_like, out.out_info)[1]
-        zeros = {k: jax.device_put(np.zeros(state[k].shape, state[k].dtype), state[k].sharding)
-                 for k in ("tokens", "logprobs", "mask", "eos", "entropy")}  # fmt: skip
-        cut = {k: v[: n * G] for k, v in zeros.items()}  # as `generate` cuts the padding rows off
-        jax.block_until_ready((cut, jnp.sum(cut["mask"], axis=-1, dtype=jnp.int32), ~cut["eos"]))
-
-    return [(f"evaluation sampler {n} prompts of {w} packed {p}", lambda s=(n, b, w, p): programs(*s))
-            for n, b, w, p in shapes]  # fmt: skip
 
 
 def _completions_transfer(rows: int, width: int) -> Any:

@@ -5,13 +5,14 @@
 (token-id lists) into ``Completions`` of shape ``[len(prompts) * G, M]`` in prompt-major order (rows
 ``p*G .. p*G+G-1`` belong to prompt ``p``).
 
-Without a mesh and without ``record_projections``, ``generate`` is a thin call of the rollout engine in static mode
+Without ``record_projections``, ``generate`` is a thin call of the rollout engine in static mode
 (`jaxgrpo.rollout.driver.run` with one group slot per prompt: `jaxgrpo.rollout.engine`'s jitted prefill and donated
-k-step decode blocks, per-layer caches, the stop test once per block); same keys, same tokens, same log-probs as the
-path below (tests/test_engine.py checks it against a golden file of that path). With a mesh or ``record_projections``
+k-step decode blocks, per-layer caches, the stop test once per block; with a mesh the slots and their rows split over
+its batch axes, and on several processes every process gets the whole result); same keys, same tokens, same log-probs
+as the path below (tests/test_engine.py checks it against a golden file of that path). With ``record_projections``
 the path below runs.
 
-How it runs (with a mesh or ``record_projections``)
+How it runs (with ``record_projections``)
 ---------------------------------------------------
 1. Host side (`jaxgrpo.padding`): each prompt is left-padded to a static width ``Tp`` (`padding.prompt_bucket`: four
    buckets per octave, so at most 25% padding and O(log length) buckets -- or the smallest of the caller's
@@ -313,12 +314,15 @@ def generate(
     _validate(config, prompts, sp, prompt_buckets)
     g, m = int(num_samples), int(max_new_tokens)
     num_prompts = len(prompts)
-    if row_offset and (mesh is None and not record_projections):
-        raise ValueError("row_offset applies to the mesh sampler: pass a mesh (one device is a mesh too)")
-    if mesh is None and not record_projections:  # the engine, static mode: one slot per prompt (padded to 2^n)
+    if row_offset < 0 or row_offset % g:
+        raise ValueError(f"row_offset ({row_offset}) must be a non-negative multiple of num_samples ({g}): the first "
+                         "row of a whole prompt's group")  # fmt: skip
+    if not record_projections:  # the engine, static mode: one slot per prompt (padded to 2^n and to the mesh)
         groups, _ = driver.run(config, params, prompts, sp, key, prompt_buckets=prompt_buckets,
-                               packed_ladder=packed_ladder)
+                               packed_ladder=packed_ladder, mesh=mesh, prompt_offset=row_offset // g)
         return jax.tree.map(jnp.asarray, driver.completions(groups, range(num_prompts)))
+    if row_offset:
+        raise ValueError("row_offset does not apply with record_projections=True")
     if record_projections and mesh is not None:
         raise ValueError("record_projections=True is not supported with a mesh (the train step reuses them only "
                          "unsharded); pass mesh=None or record_projections=False")  # fmt: skip

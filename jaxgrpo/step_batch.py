@@ -153,10 +153,9 @@ class StepShapes:
 
     @classmethod
     def for_prompts(cls, prompt_lengths: list[int], prompts_per_step: int, slots: int, algo: AlgoConfig,
-                    perf: PerfConfig, mesh: Mesh | None, max_new_tokens: int, pad_id: int = 0,
-                    sampler_shards: int | None = None) -> StepShapes:  # fmt: skip
+                    perf: PerfConfig, mesh: Mesh | None, max_new_tokens: int, pad_id: int = 0) -> StepShapes:
         """A run's shapes from every prompt length it can draw (`padding.train_prompt_width`, `shape_ladders`)."""
-        ladders = shape_ladders(prompt_lengths, prompts_per_step, slots, algo, mesh, sampler_shards=sampler_shards)
+        ladders = shape_ladders(prompt_lengths, prompts_per_step, slots, algo, mesh)
         return cls(algo, perf, mesh, int(max_new_tokens), padding.train_prompt_width([max(prompt_lengths)]), ladders,
                    pad_id)  # fmt: skip
 

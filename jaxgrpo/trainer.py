@@ -266,13 +266,12 @@ class Trainer:
                 f"exceeds the model's context ({self.model_config.max_position_embeddings}); lower "
                 "data.max_prompt_tokens or rollout.max_new_tokens")
         r = cfg.rollout
-        # the engine's first admission (its slots rounded up to the mesh's batch shards, as the driver rounds them);
-        # the legacy sampler's rows split over the mesh it samples on
+        # the engine's first admission (its slots rounded up to the mesh's batch shards, as the driver rounds them)
         rm, p = self.rollout_mesh, r.prompts_per_step
         slots = p if r.engine == "static" else rollout_engine.split_slots(r.slots or p, rm)
         self.shapes = step_batch_lib.StepShapes.for_prompts(
             [len(x) for x in self.encoded], r.prompts_per_step, slots, cfg.algo, self.perf, self.mesh,
-            r.max_new_tokens, self.pad_id, sampler_shards=rollout_engine.row_shards(rm))
+            r.max_new_tokens, self.pad_id)
         self.prompt_width, self.ladders = self.shapes.prompt_width, self.shapes.ladders
         self.examples = examples
 
@@ -295,21 +294,21 @@ class Trainer:
         return self.score(indices, rollout_driver.completions(groups, range(len(indices))))
 
     def generate(self, prompt_ids: list[list[int]], key: jax.Array, row_offset: int = 0) -> sampling.Completions:
-        """`sampling.generate` (the mesh sampler) over the rollout mesh, with the run's sampling settings."""
+        """`sampling.generate` (the engine in static mode) over the rollout mesh, with the run's sampling settings."""
         r = self.cfg.rollout
         return sampling.generate(  # the sampler reads compute-dtype weights, cast once per rollout
             self.model_config, self.sampler_params(), prompt_ids,
             num_samples=r.group_size, max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
             top_k=r.top_k, eos_token_ids=self.eos_token_ids, key=key, mesh=self.rollout_mesh,
-            prompt_buckets=(padding.prompt_bucket(self.prompt_width),), packed_ladder=self.ladders["sampler"],
+            prompt_buckets=(padding.prompt_bucket(self.prompt_width),), packed_ladder=self.ladders["engine"],
             row_offset=row_offset)
 
     @property
     def use_engine(self) -> bool:
-        """The rollout engine samples: on one device, or on the learner's mesh (its slots split over the batch axes,
-        `jaxgrpo.rollout.engine`; on several processes each reads the others' rows once per block,
-        `driver.host_array`); the previous sampler (`sampling.generate`'s mesh path) on the data mesh of
-        ``mesh.rollout > 1``."""
+        """The rollout driver samples (continuous batching, streamed resampling, scheduling): on one device, or on the
+        learner's mesh (its slots split over the batch axes, `jaxgrpo.rollout.engine`; on several processes each
+        reads the others' rows once per block, `driver.host_array`); on the data mesh of ``mesh.rollout > 1``
+        (rollouts on devices of their own, asynchronous) `generate`: the engine in static mode."""
         return self.rollout_mesh is None or self.cfg.mesh.rollout == 0
 
     def sampler_params(self) -> Any:

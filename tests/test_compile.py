@@ -151,8 +151,8 @@ def test_sharded_over_local_devices(capsys):
 
 def test_rollout_on_chips_of_its_own(capsys):
     """mesh.rollout=4 of 8 local devices: the train step compiles on the first 4 (the same figures as without a
-    rollout beside it), the rollout on the last 4 over a data mesh, each chip holding the whole bfloat16 weights
-    (the parameter count × 2 bytes) and no optimizer state beside them."""
+    rollout beside it), the rollout engine on the last 4 over a data mesh, each chip holding the whole bfloat16 decode
+    weights (the parameter count × 2 bytes, a tied LM head laid out once more) and no optimizer state beside them."""
     base = ["mesh.fsdp=4", "rollout.prompts_per_step=8", "rollout.max_new_tokens=4", "model.dtype=bfloat16"]
     assert compile_cli.main([*base, "mesh.rollout=4"]) == 0
     split = capsys.readouterr().out
@@ -164,7 +164,9 @@ def test_rollout_on_chips_of_its_own(capsys):
     assert row(split, "train step total").endswith(aot.human(alone["total"]))
     from jaxgrpo import models
 
-    assert row(split, "rollout weights (compute)").endswith(aot.human(models.count_params(mcfg) * 2))
+    # the engine's decode weights: every parameter in bfloat16, and a tied embedding's LM head once more as [D, V]
+    head = mcfg.vocab_size * mcfg.hidden_size * 2 if mcfg.tie_word_embeddings else 0
+    assert row(split, "rollout weights (compute)").endswith(aot.human(models.count_params(mcfg) * 2 + head))
     decode = float(row(split, "decode total").split()[-2])
     parts = sum(float(row(split, name).split()[-2]) for name in ("rollout weights (compute)",
                                                                  "decode KV caches and state", "decode temporaries"))

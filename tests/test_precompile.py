@@ -270,12 +270,12 @@ def test_trainer_samples_on_the_engine_on_a_mesh(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_rollout_mesh_sizes_the_sampler_ladder_by_its_own_shards(tmp_path):
-    """``mesh.rollout=2`` (the previous sampler on a data mesh of 2, the learner on data 2 x fsdp 2): the sampler's
-    packed rows are 8 prompts over 2 shards, not over the learner's 4, and its ladder is sized for that. 2,000 prompts
-    of 8-14 tokens and one of 26 put the long one in step 2's batch: its row (44 tokens) fits the ladder's cap (80);
-    sized for 4 shards the cap was 40 and step 2 raised "a packed prompt row of 44 tokens is wider than the run's
-    widest row"."""
+def test_a_rollout_mesh_samples_on_the_engine_within_its_ladder(tmp_path):
+    """``mesh.rollout=2`` (the rollouts on a data mesh of 2 of their own, the learner on data 2 x fsdp 2): the engine
+    in static mode admits the step's 8 prompts in one packed row, on the ``"engine"`` ladder. 2,000 prompts of 8-14
+    tokens and one of 26 put the long one in step 2's batch, whose row fits the ladder's cap (128). (The
+    previous sampler split the row over the mesh's shards: sized for the learner's 4 instead of the rollout mesh's 2,
+    its cap was 40 and step 2 raised "a packed prompt row of 44 tokens is wider than the run's widest row".)"""
     import json
 
     data = tmp_path / "data"
@@ -291,7 +291,7 @@ def test_a_rollout_mesh_sizes_the_sampler_ladder_by_its_own_shards(tmp_path):
         "data.rewards={gsm8k: 1.0}", "mesh.data=2", "mesh.fsdp=2", "mesh.rollout=2"])  # fmt: skip
     t = trainer.Trainer(cfg, tmp_path / "run")
     try:
-        assert not t.use_engine and t.ladders["sampler"] == (64, 80)
+        assert not t.use_engine and t.ladders["engine"] == (128, 128), t.ladders
         out = [t.step(step) for step in range(2)]
     finally:
         t.close()

@@ -68,9 +68,8 @@ def test_a_run_uses_one_rung_for_nearly_every_step():
         widths["engine"].append(padding.sampler_packed_width(b, 1, ladder=ladders["engine"]))
     for k, w in widths.items():
         assert np.mean(np.asarray(w) == ladders[k][0]) >= 0.97, (k, ladders[k], np.unique(w, return_counts=True))
-    # equal prompts: 2 x 30 tokens rounded up to 64; 8 x 30 in the sampler's bucket (4 per octave) of 240, 256
-    assert perf.shape_ladders([30] * 100, 8, 8, algo) == {"train": (64, 64), "engine": (256, 256),
-                                                          "sampler": (256, 256)}
+    # equal prompts: 2 x 30 tokens rounded up to 64; 8 x 30 in the engine's bucket (4 per octave) of 240, 256
+    assert perf.shape_ladders([30] * 100, 8, 8, algo) == {"train": (64, 64), "engine": (256, 256)}
 
 
 # Five batches of 8 prompts, in order (data.shuffle=false): "1+" k times then "1=" is a prompt of 2k + 6 tokens

@@ -331,7 +331,7 @@ def test_sharded_equals_unsharded(tiny):
 def test_a_share_with_its_row_offset_samples_the_whole_batchs_rows(tiny):
     """Each host of an asynchronous multi-process run samples a block of the step's prompts (`async_rollout.
     sample_across_processes`): with ``row_offset`` = the block's first row, its rows are those of the whole batch,
-    on a mesh of another size too."""
+    on a mesh of another size or on one device too; an offset inside a group is refused."""
     config, params = tiny
     g = SHARDED_KW["num_samples"]
     whole_mesh = sharding.make_mesh(4, 1, 1, jax.devices()[:4])
@@ -346,8 +346,10 @@ def test_a_share_with_its_row_offset_samples_the_whole_batchs_rows(tiny):
         np.testing.assert_allclose(share.logprobs, whole.logprobs[rows], atol=1e-5)
     unshifted = sampling.generate(config, params, PROMPTS[1:3], mesh=share_mesh, **kw)
     assert not np.array_equal(unshifted.tokens, whole.tokens[g:]), "the offset must change the rows' keys"
-    with pytest.raises(ValueError, match="row_offset applies to the mesh sampler"):
-        sampling.generate(config, params, PROMPTS, row_offset=g, **kw)
+    one_device = sampling.generate(config, params, PROMPTS[1:3], row_offset=g, **kw)  # no mesh: the same rows
+    np.testing.assert_array_equal(one_device.tokens, whole.tokens[g : 3 * g])
+    with pytest.raises(ValueError, match="multiple of num_samples"):
+        sampling.generate(config, params, PROMPTS, row_offset=g + 1, **kw)
 
 
 TWO_PROCESS_BODY = r"""
@@ -358,8 +360,9 @@ config, params = tiny_model()
 mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
 comp = sampling.generate(config, sharding.shard_params(params, config, mesh), PROMPTS, mesh=mesh,
                          key=jax.random.key(21), **SHARDED_KW)
-got = {k: np.asarray(multihost_utils.process_allgather(getattr(comp, k), tiled=True))
-       for k in ("tokens", "logprobs", "mask", "truncated")}
+got = {k: np.asarray(getattr(comp, k)) for k in ("tokens", "logprobs", "mask", "truncated")}  # whole, on each
+both = multihost_utils.process_allgather(got["tokens"])  # [2, N, M]: every process holds the same completions
+assert both.shape == (2, *got["tokens"].shape) and (both[0] == both[1]).all(), both.shape
 if pid == 0:
     np.savez(out, **got)
 """
@@ -367,7 +370,8 @@ if pid == 0:
 
 @pytest.mark.slow
 def test_two_process_generate_equals_single_process(tiny, tmp_path):
-    """Multi-host: two jax.distributed CPU processes (4 devices each, gloo) sample what one process does."""
+    """Multi-host: two jax.distributed CPU processes (4 devices each, gloo) sample what one process does, and each
+    holds the whole result."""
     config, params = tiny
     got = run_two_processes(TWO_PROCESS_BODY, tmp_path)
     ref = sampling.generate(config, params, PROMPTS, key=jax.random.key(21), **SHARDED_KW)

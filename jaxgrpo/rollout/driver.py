@@ -82,9 +82,9 @@ class _Run:
     """Host state of one driver run (slots -> prompts, pending queue, harvested groups)."""
 
     def __init__(self, config, params, prompts, sp: SamplingParams, key, slots, block, width, packed_ladder=None,
-                 first_rows=0, mesh=None):  # fmt: skip
+                 first_rows=0, mesh=None, prompt_offset=0):  # fmt: skip
         self.config, self.params, self.prompts, self.sp, self.key = config, params, list(prompts), sp, key
-        self.packed_ladder, self.first_rows = packed_ladder, first_rows
+        self.packed_ladder, self.first_rows, self.prompt_offset = packed_ladder, first_rows, prompt_offset
         self.spec = engine.make_spec(config, sp, slots, width, block, mesh=mesh)
         self.weights = engine.prepare_weights(config, params)
         self.caches, self.state = engine.init(config, self.spec)
@@ -117,7 +117,7 @@ class _Run:
         slot_ids = np.full(a, self.spec.slots, np.int32)
         slot_ids[: len(ids)] = free[: len(ids)]
         pid = np.zeros(a, np.int32)
-        pid[: len(ids)] = ids
+        pid[: len(ids)] = np.asarray(ids) + self.prompt_offset
         t0 = time.perf_counter()
         self.caches, self.state = engine.prefill(self.config, self.spec, packed, self.params, self.weights,
                                                  self.caches, self.state, tok, mask, slot_ids, pid, self.key,
@@ -178,6 +178,7 @@ def run(
     packed_ladder: tuple[int, int] | None = None,
     first_rows: int = 0,
     mesh: Mesh | None = None,
+    prompt_offset: int = 0,
 ) -> tuple[dict[int, Group], RunStats]:
     """Sample ``sp.num_samples`` completions for each prompt with ``slots`` group slots (None: one per prompt, padded
     to a power of two: static mode). ``params``: compute-dtype params (`models.compute_params`). Returns the
@@ -194,14 +195,20 @@ def run(
     ``first_rows``: the first prefill runs at least this many rows (the extra ones padding, their writes dropped), so
     a caller whose prompt count varies keeps one program (`jaxgrpo.rollout.multiturn.fixed_generate`). ``mesh``:
     the slots and their rows split over its batch axes (`engine.row_sharding`; ``slots`` rounded up to a multiple of
-    `engine.row_shards`, the extra ones empty); ``params`` are used as placed (`jaxgrpo.sharding.shard_params`)."""
+    `engine.row_shards`, the extra ones empty); ``params`` are used as placed (`jaxgrpo.sharding.shard_params`).
+    ``prompt_offset``: the prompts' place in a larger list: prompt ``i`` draws with the keys of prompt
+    ``prompt_offset + i`` (a share of a batch sampled on several hosts draws what the whole batch would); the
+    returned groups are numbered from 0 all the same."""
     sp.check(config.vocab_size, config.max_position_embeddings, prompts)
     if block < 1 or (slots is not None and slots < 1):
         raise ValueError(f"decode block ({block}) and slots ({slots}) must be >= 1")
     slots = (padding.batch_bucket(len(prompts), engine.row_shards(mesh)) if slots is None
              else engine.split_slots(slots, mesh))  # fmt: skip
     width = padding.prompt_bucket(max([len(p) for p in prompts] + [prompt_width or 1]), prompt_buckets)
-    r = _Run(config, params, prompts, sp, key, slots, int(block), width, packed_ladder, first_rows, mesh)
+    if prompt_offset < 0:
+        raise ValueError(f"prompt_offset ({prompt_offset}) must be >= 0")
+    r = _Run(config, params, prompts, sp, key, slots, int(block), width, packed_ladder, first_rows, mesh,
+             prompt_offset)
     r.admit(list(range(slots)), more)
     while True:
         freed, stop = r.harvest(host_array(r.state.done), on_group)
