@@ -96,8 +96,7 @@ def run_cell(
     rng = np.random.default_rng(0)
     lens = rng.integers(prompt_len // 2, prompt_len + 1, prompts)
     prompt_ids = [rng.integers(1, cfg.vocab_size, n).tolist() for n in lens]
-    perf, _ = ts.resolve_perf(AlgoConfig(), PerfConfig(prefix_sharing=prefix_sharing, remat=remat,
-                                                      reuse_projections=False), num_shards=1,
+    perf, _ = ts.resolve_perf(AlgoConfig(), PerfConfig(prefix_sharing=prefix_sharing, remat=remat), num_shards=1,
                               platform=jax.default_backend())  # fmt: skip
     init_fn, step_fn = ts.make_train_step(cfg, AlgoConfig(), OptimConfig(learning_rate=1e-6), perf=perf,
                                           total_steps=steps)  # fmt: skip

@@ -358,8 +358,8 @@ def rollout_config(cfg: Config) -> Config:
 def rollout_cache_bytes(mcfg: models.ModelConfig, cfg: Config) -> float:
     """The rollout's KV caches in bytes, all chips together, from their shapes alone (no compilation): the prefix
     cache (`models.prefill`: keys and values of every prompt's ``Tp`` slots, one copy per prompt) and the decode cache
-    (`models.init_decode_cache`: ``M - 1`` slots per row). Spread evenly over the chips, they are a lower bound of
-    what any sharding of the rollout needs per chip."""
+    (at least ``M - 1`` slots per row, `jaxgrpo.rollout.engine`). Spread evenly over the chips, they are a lower bound
+    of what any sharding of the rollout needs per chip."""
     c, r = mcfg, cfg.rollout
     kv = 2 * c.num_layers * c.num_kv_heads * c.head_dim * jnp.dtype(c.dtype).itemsize  # bytes per cached token
     slots_per_prompt = padding.prompt_bucket(cfg.data.max_prompt_tokens) + r.group_size * max(r.max_new_tokens - 1, 1)

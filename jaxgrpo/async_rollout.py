@@ -246,7 +246,7 @@ def sample_across_processes(tr: Any, prompt_ids: list[list[int]], key: jax.Array
     if bad:
         raise RuntimeError(f"the rollout of process {bad[0][0]} failed: {bad[0][1]}")
     got = [_unpack(b) for b in parts if b]
-    return sampling.Completions(**{f: np.concatenate([c[f] for c in got]) for f in _FIELDS}, projections=None)
+    return sampling.Completions(**{f: np.concatenate([c[f] for c in got]) for f in _FIELDS})
 
 
 _EXCHANGES = itertools.count()  # rounds swapped between processes, over every run of this process

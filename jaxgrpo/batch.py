@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import flax.struct
@@ -13,8 +12,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxgrpo.config_sections import AlgoConfig, PerfConfig
-from jaxgrpo.perf import resolve_perf
+from jaxgrpo.config_sections import AlgoConfig
 from jaxgrpo.rollout.history import to_rows
 from jaxgrpo.rollout.multiturn import MultiTurnRollout
 from jaxgrpo.sharding import BATCH_AXES
@@ -41,11 +39,6 @@ class Batch:
     rewards ``[P, G]`` float32; valid ``[P, G]`` bool (False = sample dropped, e.g. a failed reward).
     old_logprobs ``[B, Tc]`` float32: the sampler's per-token log-probs (temperature-scaled), 0 where masked.
     ref_logprobs ``[B, Tc]`` float32 or None: reference-policy log-probs, required iff ``kl_coef > 0``.
-    projections: None, or the sampler's recorded dense-projection outputs of the completion tokens
-    (`sampling.Completions.projections`: name -> ``[L, B, Tc-1, out]``), valid only for the parameters that sampled
-    this rollout. With prefix sharing and one optimizer update per rollout (``num_iterations = num_minibatches =
-    grad_accum_steps = 1``, no mesh) the step's forward then takes those products as given instead of recomputing
-    them (`models.layers.matmul_given`: same values up to float rounding, same backward).
     action_mask ``[B, Tc]`` bool or None: which completion tokens the policy sampled (multi-turn rollouts: tool and
     environment tokens inside the completion are False). They stay in the attention (``completion_mask``) but are
     context for the loss: no loss, no KL, not in the aggregation's token or sequence counts. None = all are actions.
@@ -58,12 +51,11 @@ class Batch:
     valid: jax.Array
     old_logprobs: jax.Array
     ref_logprobs: jax.Array | None = None
-    projections: dict[str, jax.Array] | None = None
     truncated: jax.Array | None = None  # [B] bool: no EOS within max_new_tokens; required by algo.overlong_filter
     action_mask: jax.Array | None = None
 
 
-def check_batch(batch: Batch, algo: AlgoConfig, perf: PerfConfig, num_shards: int) -> tuple[int, int]:
+def check_batch(batch: Batch, algo: AlgoConfig, num_shards: int) -> tuple[int, int]:
     """Static shape checks at trace time; returns (P, G)."""
     if batch.rewards.ndim != 2:
         raise ValueError(f"rewards must be [P, G], got shape {batch.rewards.shape}")
@@ -78,14 +70,6 @@ def check_batch(batch: Batch, algo: AlgoConfig, perf: PerfConfig, num_shards: in
     for name, shape in expected.items():
         if getattr(batch, name).shape != shape:
             raise ValueError(f"batch.{name} has shape {getattr(batch, name).shape}, expected {shape}")
-    if batch.projections is not None:
-        _, notes = resolve_perf(algo, dataclasses.replace(perf, reuse_projections=True), num_shards=num_shards,
-                                platform="any")  # fmt: skip
-        if any(n.startswith("perf.reuse_projections") for n in notes):
-            raise ValueError(f"batch.projections given but {notes[0]}; pass projections=None")
-        for name, x in batch.projections.items():
-            if x.ndim != 4 or x.shape[1:3] != (B, Tc - 1):
-                raise ValueError(f"batch.projections[{name!r}] has shape {x.shape}, expected [L, {B}, {Tc - 1}, out]")
     if algo.kl_coef > 0:
         if batch.ref_logprobs is None:
             raise ValueError("algo.kl_coef > 0 needs batch.ref_logprobs (compute_logprobs with the reference params)")

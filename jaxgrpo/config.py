@@ -88,10 +88,34 @@ BUILTIN_TOKENIZERS = ("builtin:arithmetic",)
 MOVED_KEYS: dict[str, tuple[str, str, dict[Any, Any]]] = {
     "algo.prefix_sharing": ("perf.prefix_sharing", "", {}),
     "algo.logprob_chunk": ("perf.logprob_chunk", "", {}),
-    "algo.reuse_projections": ("perf.reuse_projections", "", {}),
     "algo.remat": ("perf.remat", " with values none|projections|full (true was full, false was projections)",
                    {True: "full", False: "projections"}),
 }
+
+
+# Keys that were retired: dotted key -> (the value that meant "off", why). A saved config (a run directory's
+# config.yaml, written before) may hold the off value: it is dropped; any other value is refused.
+RETIRED_KEYS: dict[str, tuple[Any, str]] = {
+    "perf.reuse_projections": (False, "projection reuse was retired (the rollout engine records no projections; it "
+                                      "saved ~3% of a CPU step and applied to one device and one update per rollout)"),
+    "algo.reuse_projections": (False, "projection reuse was retired (see perf.reuse_projections)"),
+}
+
+
+def _retired(key: str, value: Any) -> bool:
+    """Whether ``key`` is one of `RETIRED_KEYS` at its off value (to be dropped); ConfigError at any other value."""
+    if key not in RETIRED_KEYS:
+        return False
+    off, why = RETIRED_KEYS[key]
+    if value != off:
+        raise ConfigError(f"{key}={value!r}: {why}; remove the key")
+    return True
+
+
+def _drop_retired(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``raw`` without the `RETIRED_KEYS` that hold their off value (`_retired`)."""
+    return {s: {k: v for k, v in sec.items() if not _retired(f"{s}.{k}", v)} if isinstance(sec, Mapping) else sec
+            for s, sec in raw.items()}  # fmt: skip
 
 
 def _moved(key: str, value: Any) -> ConfigError | None:
@@ -114,7 +138,7 @@ def from_dict(raw: Mapping[str, Any] | None) -> Config:
         raise ConfigError(f"a config must be a mapping of sections, got {type(raw).__name__}")
     valid = [*SECTIONS, *TOP_LEVEL_SCALARS]
     kwargs: dict[str, Any] = {}
-    for k, v in raw.items():
+    for k, v in _drop_retired(raw).items():
         if k in SECTIONS:
             kwargs[k] = coerce.dataclass_from_mapping(k, SECTIONS[k], v, _moved)
         elif k in TOP_LEVEL_SCALARS:
@@ -198,6 +222,8 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
         raise ConfigError(f"override {override!r} names a whole section; set one key: {head}.KEY=... "
                           f"with KEY one of: {', '.join(valid)}")
     key = parts[1]
+    if _retired(f"{head}.{key}", value):
+        return
     if key not in valid:
         raise _moved(f"{head}.{key}", value) or coerce.unknown_key(f"{head}.{key}", key, valid, head)
     tp, _ = coerce.optional_inner(_field_type(head, key))

@@ -173,9 +173,6 @@ class PerfConfig:
     # outputs, full = nothing
     remat: RematPolicy = "projections"
     logprob_chunk: int = 0  # LM-head sequence chunk in the train step; 0 = automatic
-    # the sampler records dense-projection outputs, the step takes them as given (library: generate(record_projections)
-    # + Batch.projections); the trainer's rollout engine records none, so it does not apply to a trainer run
-    reuse_projections: bool = False
     # the hand-written matmul backward (faster on XLA:CPU only); auto = explicit on CPU, XLA's own elsewhere
     matmul_backward: MatmulBackward = "auto"
     # the train step's attention: dense ([T, S] scores per row) | chunked (online softmax over key chunks, no [T, S]

@@ -28,7 +28,6 @@ class Rollout:
     texts: list[str]
     rewards: np.ndarray  # [P, G]
     valid: np.ndarray  # [P, G]
-    projections: dict[str, jax.Array] | None = None  # the sampler's record for the train step (`Batch.projections`)
 
 
 def make_batch(rollout: Rollout, prompt_width: int, pad_id: int) -> Batch:
@@ -45,7 +44,6 @@ def make_batch(rollout: Rollout, prompt_width: int, pad_id: int) -> Batch:
         valid=jnp.asarray(rollout.valid),
         old_logprobs=jnp.asarray(np.where(cmask, np.asarray(comp.logprobs), 0.0), jnp.float32),
         ref_logprobs=None,
-        projections=rollout.projections,
     )
 
 
@@ -73,8 +71,8 @@ def merge_groups(pool: list[Rollout], picks: list[tuple[int, int]]) -> Rollout:
     rows = [(r, p * g + j) for r, p in picks for j in range(g)]
     comp_fields = {}
     for f in dataclasses.fields(pool[0].completions):
-        if f.name == "projections" or getattr(pool[0].completions, f.name) is None:  # projections: never recorded
-            continue  # with dynamic sampling (`train_step.resolve_perf`)
+        if getattr(pool[0].completions, f.name) is None:
+            continue
         comp_fields[f.name] = np.stack([np.asarray(getattr(pool[r].completions, f.name))[i] for r, i in rows])
     return Rollout(
         prompt_ids=[pool[r].prompt_ids[p] for r, p in picks],

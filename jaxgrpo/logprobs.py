@@ -75,7 +75,6 @@ def compute_logprobs(
     group_size: int = 0,
     packed_width: int = 0,
     pack_rows: int = 1,
-    projections: dict[str, jax.Array] | None = None,
     top_k: int = 0,
     top_p: float = 1.0,
     lm_head: LMHead = "auto",
@@ -94,10 +93,8 @@ def compute_logprobs(
     ``packed_width``, ``pack_rows`` (prefix sharing only): run the group prompts packed end to end in ``pack_rows``
     rows of ``packed_width`` tokens instead of left-padded (`jaxgrpo.models.prefix.prefix_shared_hidden`; same
     values, no work on prompt padding); size it with `packed_prompt_width`. ``pack_rows`` is the number of batch
-    shards (one packed row each); the automatic LM-head chunk is sized for one shard's rows. ``projections`` (prefix
-    sharing only):
-    the completion tokens' dense-projection outputs recorded by the sampler with these ``params`` (see
-    `Batch.projections`), taken as given in the forward. ``top_k`` (0 = off), ``top_p`` (1 = off): the sampler's
+    shards (one packed row each); the automatic LM-head chunk is sized for one shard's rows. ``top_k`` (0 = off),
+    ``top_p`` (1 = off): the sampler's
     truncation; the log-probs and entropies are then of the truncated, renormalised distribution (module docstring).
     ``lm_head``: "xla" = the chunked head above; "fused" = `jaxgrpo.fused_head` (Pallas kernels: Triton on an NVIDIA
     GPU, the Pallas interpreter elsewhere; no float32 ``[tokens, V]`` array; no truncation); "auto" = fused when the
@@ -126,8 +123,6 @@ def compute_logprobs(
         raise ValueError("lm_head='fused' has no top-k/top-p truncation; use lm_head='xla' (or 'auto')")
     if group_size < 0 or (group_size > 1 and B % group_size):
         raise ValueError(f"group_size={group_size} must be 0/1 (no prefix sharing) or divide the {B} rows (B = P*G)")
-    if projections is not None and group_size <= 1:
-        raise ValueError("projections are reused only with prefix sharing (group_size > 1)")
     if group_size > 1:
         h_BCD = prefix_lib.prefix_shared_predictors(
             model_config,
@@ -142,7 +137,6 @@ def compute_logprobs(
             constrain_rows=constrain_rows,
             packed_width=packed_width,
             pack_rows=pack_rows,
-            completion_given=projections,
         )
     else:
         attention_mask = jnp.concatenate([batch.prompt_mask, batch.completion_mask], axis=1).astype(bool)

@@ -166,7 +166,6 @@ class StepParts:
         mb: dict[str, jax.Array],
         group_size: int,
         packed_width: int,
-        projections: dict[str, jax.Array] | None,
         remat: str,
     ) -> tuple[jax.Array, jax.Array]:
         """`compute_logprobs` of a micro-batch's rows with the step's perf switches."""
@@ -179,7 +178,7 @@ class StepParts:
                                 constrain_rows=self._constrain_rows if self.mesh is not None else None,
                                 group_size=group_size if perf.prefix_sharing else 0,
                                 packed_width=packed_width,  # used only with prefix sharing (group_size > 1)
-                                pack_rows=self.num_shards, projections=projections, top_k=self.top_k,
+                                pack_rows=self.num_shards, top_k=self.top_k,
                                 top_p=self.top_p, lm_head=perf.lm_head)  # fmt: skip
 
     # -- 3. one micro-batch: loss (weighted by its share of the global normalizer) and statistics
@@ -189,11 +188,10 @@ class StepParts:
         mb: dict[str, jax.Array],
         group_size: int,
         packed_width: int = 0,
-        projections: dict[str, jax.Array] | None = None,
         key: jax.Array | None = None,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         algo = self.algo
-        logp, entropy = self.logprobs(params, mb, group_size, packed_width, projections, self.perf.remat)
+        logp, entropy = self.logprobs(params, mb, group_size, packed_width, self.perf.remat)
         logp = self._constrain_rows(logp)
         max_tokens = algo.max_tokens if algo.max_tokens is not None else logp.shape[1]
         use_kl = algo.kl_coef > 0
@@ -297,15 +295,13 @@ class StepParts:
         mbs: dict[str, jax.Array],
         group_size: int,
         packed_width: int = 0,
-        projections: dict[str, jax.Array] | None = None,
         key: jax.Array | None = None,
     ) -> tuple[jax.Array, Params, dict]:
         """``key``: the randomness of this update's loss (Clip-Cov), split over its micro-batches; None = key(0)."""
         # the gradient of the trainable part only (a LoRA run's adapters; the frozen base is a constant here)
         train = lora.trainable(params)
         grad_fn = jax.value_and_grad(
-            lambda t, mb, k: self.micro_loss(lora.with_trainable(params, t), mb, group_size, packed_width,
-                                             projections, k),
+            lambda t, mb, k: self.micro_loss(lora.with_trainable(params, t), mb, group_size, packed_width, k),
             has_aux=True,
         )
         if self.algo.objective != "clip_cov":
@@ -354,7 +350,6 @@ class StepParts:
         split: dict[str, jax.Array],
         group_size: int,
         packed_width: int = 0,
-        projections: dict[str, jax.Array] | None = None,
     ) -> dict[str, jax.Array]:
         """With `old_forward`: the trainer's log-probs at the sampling parameters (a forward without gradient, one
         micro-batch at a time), as ``split["train_old"]``; for the masking modes the dropped tokens leave
@@ -362,7 +357,7 @@ class StepParts:
         if not self.old_forward:
             return split
         params = jax.lax.stop_gradient(params)
-        forward = lambda mb: self.logprobs(params, mb, group_size, packed_width, projections, "none")[0]  # noqa: E731
+        forward = lambda mb: self.logprobs(params, mb, group_size, packed_width, "none")[0]  # noqa: E731
 
         keys = ("tokens", "prompt_mask", "completion_mask", "old_logprobs")
         flat = {k: split[k].reshape(self.splits, *split[k].shape[2:]) for k in keys}
@@ -387,8 +382,8 @@ def _normalizers(tok: jax.Array, seq: jax.Array) -> dict[str, jax.Array]:
 def first_minibatch_gradient(
     step: StepParts, params: Params, batch: Batch, packed_width: int = 0
 ) -> tuple[jax.Array, Params, dict]:
-    Pn, G = check_batch(batch, step.algo, step.perf, step.num_shards)
+    Pn, G = check_batch(batch, step.algo, step.num_shards)
     prep = step.prepare(batch)
-    split = step.correct_sampler(params, step.split_batch(batch, prep), G, packed_width, batch.projections)
+    split = step.correct_sampler(params, step.split_batch(batch, prep), G, packed_width)
     mbs = jax.tree.map(lambda x: x[0], split)
-    return step.minibatch_grad(params, mbs, G, packed_width, batch.projections)
+    return step.minibatch_grad(params, mbs, G, packed_width)

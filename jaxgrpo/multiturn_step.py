@@ -120,7 +120,7 @@ class MultiTurn:
     caches, a row waiting on its tools leaves the decode batch); else (the default) the simple loop
     (`jaxgrpo.rollout.multiturn.rollout`: one call per turn for the trajectories still running, on one device
     `multiturn.fixed_generate` at ``loop_shapes``, the run's fixed shapes, so that the run compiles a bounded set of
-    programs: `jaxgrpo.multiturn_precompile`; with ``mesh.rollout`` `sampling.generate`'s mesh path).
+    programs: `jaxgrpo.multiturn_precompile`; with ``mesh.rollout`` `sampling.generate` on that mesh).
     ``generate``: a `sampling.generate` stand-in for the simple loop (a test's scripted policy; it implies the loop).
     ``rollout_stats``: the engine's metrics of the last `sample` (`turn_driver.TurnStats`; none for the loop)."""
 
@@ -168,7 +168,7 @@ class MultiTurn:
     def sample(self, model_config: models.ModelConfig, params: Any, examples: Sequence[Example], key: jax.Array,
                scorer: Scorer | None, mesh: Any = None) -> Scored:  # fmt: skip
         """G trajectories per example, scored (rewards as in the module docstring). ``mesh``: the simple loop's
-        sampler runs over its batch axes (`sampling.generate`'s mesh path; an asynchronous run's ``mesh.rollout``
+        sampler runs over its batch axes (`sampling.generate` on the mesh; an asynchronous run's ``mesh.rollout``
         devices), ``params`` placed on it."""
         r = self.cfg.rollout
         g = r.group_size

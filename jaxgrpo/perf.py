@@ -19,27 +19,11 @@ def resolve_perf(
 ) -> tuple[PerfConfig, list[str]]:
     """The performance switches that apply to this run, and one note per requested switch that does not.
 
-    The one place that decides them: ``perf.reuse_projections`` (the sampler's recorded projections stand for the
-    step's forward only with prefix sharing, one optimizer update per rollout -- at the parameters that sampled it --
-    and one batch shard; the trainer also drops it with ``remat="full"``, which trades that memory away, and with
-    dynamic sampling, whose merged rounds carry no record); ``perf.prompt_packing`` (needs prefix sharing);
+    The one place that decides them: ``perf.prompt_packing`` (needs prefix sharing);
     ``perf.matmul_backward="auto"`` (explicit on ``platform == "cpu"``, XLA's own elsewhere); ``perf.attention``
     ("auto": dense on CPU, cudnn on a GPU computing in bfloat16/float16, chunked otherwise; "cudnn" elsewhere falls
     back to chunked: cuDNN's flash attention exists on NVIDIA GPUs for 16-bit inputs only)."""
     notes, changes = [], {}
-    updates = algo.num_iterations * algo.num_minibatches * algo.grad_accum_steps
-    if perf.reuse_projections:
-        why = [text for cond, text in (
-            (not perf.prefix_sharing, "perf.prefix_sharing=false"),
-            (updates != 1, f"{updates} optimizer updates per rollout (num_iterations x num_minibatches x "
-                           "grad_accum_steps; the record holds for the sampling parameters only)"),
-            (num_shards != 1, f"{num_shards} devices share the batch (the sampler records unsharded)"),
-            (perf.remat == "full", 'perf.remat="full" (it trades this memory away)'),
-            (algo.degenerate_groups == "resample", "algo.degenerate_groups=resample (merged rounds carry no record)"),
-        ) if cond]  # fmt: skip
-        if why:
-            changes["reuse_projections"] = False
-            notes.append(f"perf.reuse_projections=true does not apply: {'; '.join(why)}; recomputing the projections")
     if perf.prompt_packing and not perf.prefix_sharing:
         changes["prompt_packing"] = False
         notes.append("perf.prompt_packing=true does not apply: it packs the shared prompts of perf.prefix_sharing")

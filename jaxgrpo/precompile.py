@@ -160,15 +160,13 @@ def _like(x: jax.ShapeDtypeStruct | None, shape: tuple[int, ...]) -> jax.ShapeDt
 def batch_struct(template: Batch, groups: int, width: int) -> Batch:
     """The abstract train-step batch of ``groups`` groups and completion width ``width``, laid out (dtypes,
     placement) like ``template`` (an abstract batch of the same run: `abstract` of each leaf)."""
-    if template.projections is not None:
-        raise ValueError("a batch with recorded projections has the sampler's shapes; it is not precompiled")
     G = template.rewards.shape[1]
     B, Tp = groups * G, template.prompt_mask.shape[1]
     wide = lambda x: _like(x, (B, width))  # noqa: E731
     return Batch(tokens=_like(template.tokens, (B, Tp + width)), prompt_mask=_like(template.prompt_mask, (B, Tp)),
                  completion_mask=wide(template.completion_mask), rewards=_like(template.rewards, (groups, G)),
                  valid=_like(template.valid, (groups, G)), old_logprobs=wide(template.old_logprobs),
-                 ref_logprobs=wide(template.ref_logprobs), projections=None,
+                 ref_logprobs=wide(template.ref_logprobs),
                  truncated=_like(template.truncated, (B,)), action_mask=wide(template.action_mask))  # fmt: skip
 
 

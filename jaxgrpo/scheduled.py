@@ -152,7 +152,7 @@ def sample_sized(tr: Any, indices: list[int], sizes: np.ndarray, key: jax.Array)
                                  max_new_tokens=r.max_new_tokens,
                                  temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                  eos_token_ids=tr.eos_token_ids, key=key, mesh=tr.rollout_mesh)  # fmt: skip
-        comp = jax.tree.map(to_host, comp.replace(projections=None))
+        comp = jax.tree.map(to_host, comp)
     return score_sized(tr, indices, sizes, comp)
 
 

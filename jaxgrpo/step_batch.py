@@ -129,8 +129,6 @@ def full_metrics(algo: AlgoConfig, roll: Rollout) -> dict[str, float]:
 
 def narrow(roll: Rollout, groups: np.ndarray, width: int) -> Rollout:
     """The rollout's ``groups`` (in that order) with completions cut to ``width`` columns."""
-    if roll.projections is not None:
-        raise ValueError("a rollout with recorded projections cannot be narrowed (their shapes are the sampler's)")
     picked = merge_groups([roll], [(0, int(p)) for p in groups])
     comp = picked.completions
     cut = {f.name: np.asarray(getattr(comp, f.name))[:, :width] for f in dataclasses.fields(comp)
@@ -180,7 +178,7 @@ class StepShapes:
         off or does not apply)."""
         P = roll.rewards.shape[0]
         everything = (np.arange(P), self.max_new_tokens)
-        if not self.perf.trim_batch or self.algo.objective == "clip_cov" or roll.projections is not None:
+        if not self.perf.trim_batch or self.algo.objective == "clip_cov":
             return everything
         masked = self.algo.degenerate_groups in ("mask", "resample")
         deg = degenerate_groups(self.algo, roll.rewards, roll.valid) if masked else np.zeros(P, bool)

@@ -18,8 +18,7 @@ Inside one `jax.jit` (state donated), for one rollout of P prompts × G samples:
    the prompts run packed end to end, so no decoder work is spent on their padding) — then only the hidden states
    that predict completion tokens (positions ``Tp-1 … T-2``) go through the LM head, in sequence chunks under `lax.map`
    with a hand-written backward, ``log_softmax(h·W / temperature)`` in float32: no float32 ``[B, T, V]`` tensor
-   exists, and prompt positions cost no LM-head work. With ``batch.projections`` (the sampler's record, one update
-   per rollout) the completion tokens' dense projections are taken as given in the forward, not recomputed.
+   exists, and prompt positions cost no LM-head work.
 3. **Loss** (`losses.policy_loss` inside `shard_map`, ``axis_name=BATCH_AXES``): the clipped surrogate with every
    algo option, the importance ratio ``ρ = exp(logp − old_logprobs)`` taken against the *sampler's* log-probs (kept
    for all μ iterations, so ``ρ ≠ 1`` from the second iteration on), plus ``kl_coef · KL(π‖π_ref)`` only when
@@ -319,21 +318,18 @@ def _build_program(
     def train_step(
         state: TrainState, batch: Batch, hparams: jax.Array, packed_prompt_width: int = 0
     ) -> tuple[TrainState, dict[str, jax.Array]]:
-        check_batch(batch, algo, step.perf, step.num_shards)
+        check_batch(batch, algo, step.num_shards)
         prep = step.prepare(batch)
         split = step.split_batch(batch, prep)
         G = batch.rewards.shape[1]
-        split = step.correct_sampler(state.params, split, G, packed_prompt_width, batch.projections)
+        split = step.correct_sampler(state.params, split, G, packed_prompt_width)
         lr = optim_lib.schedule_value(optim.schedule, hparams, state.step)  # one rate for all updates of the step
 
         def update(carry, u):
             params, opt_state = carry
             mbs = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, u % step.nm, keepdims=False), split)
-            # batch.projections (checked: one update per rollout) hold for these params: the ones that sampled
             key = jax.random.fold_in(state.rng, u) if algo.objective == "clip_cov" else None  # Clip-Cov's subset
-            loss, grads, aux = step.minibatch_grad(
-                params, mbs, batch.rewards.shape[1], packed_prompt_width, batch.projections, key
-            )
+            loss, grads, aux = step.minibatch_grad(params, mbs, batch.rewards.shape[1], packed_prompt_width, key)
             grad_norm = optax.global_norm(grads)
             train = lora.trainable(params)  # a LoRA run updates its adapters only; the base passes through
             direction, opt_state = tx.update(grads, opt_state, train)

@@ -108,15 +108,10 @@ class Trainer:
         self.model_config, params = build.add_lora(cfg, self.model_config, params, jax.random.fold_in(self.key, 3))
         self.lora = self.model_config.lora is not None
         self.eos_token_ids = build.eos_ids(self.model_config, self.tokenizer)
-        # The perf switches that apply to this run; the sampler records its projections only on one device
-        # (`generate` records unsharded arrays), so every device of the mesh counts as a shard here.
+        # The perf switches that apply to this run (every device of the mesh counts as a batch shard here)
         self.perf, self.perf_notes = ts.resolve_perf(
             cfg.algo, cfg.perf, num_shards=m.data * m.fsdp * m.tensor, platform=jax.default_backend(),
             compute_dtype=self.model_config.dtype)
-        if self.perf.reuse_projections:  # one device: the engine samples, and it records no projections
-            self.perf = dataclasses.replace(self.perf, reuse_projections=False)
-            self.perf_notes.append("perf.reuse_projections=true does not apply: the trainer's rollout engine records "
-                                   "no projections; recomputing the projections")
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
 
         self.set_prompts(examples)
@@ -223,11 +218,6 @@ class Trainer:
         self.sampled_tokens = int(extra.get("sampled_tokens", 0))
         return step
 
-    @property
-    def reuse_projections(self) -> bool:
-        """Whether the sampler records its projections for the step (`perf.reuse_projections`, where it applies)."""
-        return self.perf.reuse_projections
-
     def report_perf(self) -> None:
         """Says once, at startup, which requested perf switches do not apply to this run (stderr), and writes the
         applied switches and those notes to ``<run_dir>/perf.yaml``."""
@@ -282,8 +272,9 @@ class Trainer:
 
     # -- one RL step -------------------------------------------------------------------------------------------
     def sample(self, indices: list[int], key: jax.Array) -> Rollout:
-        """One round: a group for each prompt of ``indices`` (the engine; the previous sampler with a mesh; on
-        several processes with rollout devices of their own, each host its share: `async_rollout`)."""
+        """One round: a group for each prompt of ``indices`` (the rollout driver; with ``mesh.rollout > 1``
+        `generate`, the engine in static mode; on several processes with rollout devices of their own, each host its
+        share: `async_rollout`)."""
         prompt_ids = [self.encoded[i] for i in indices]
         if self.cfg.mesh.rollout and jax.process_count() > 1:  # (`async_rollout.process_groups`)
             return self.score(indices, async_rollout.sample_across_processes(self, prompt_ids, key))

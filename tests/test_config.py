@@ -169,14 +169,29 @@ def test_literal_coercion():
         C.load_config(None, ["perf.remat=true"])
 
 
+@pytest.mark.parametrize("key", ["perf.reuse_projections", "algo.reuse_projections"])
+def test_a_retired_key_at_its_off_value_loads_and_otherwise_says_it_was_retired(tmp_path, key):
+    """Projection reuse was retired: a saved config.yaml holding ``reuse_projections: false`` (what every run wrote
+    before) still loads, as file and as override, to the same config; ``true`` is one line naming the key."""
+    section, name = key.split(".")
+    path = write(tmp_path, f"{section}:\n  {name}: false\n", "config.yaml")
+    assert C.load_config(path, []) == C.load_config(None, [f"{key}=false"]) == C.Config()
+    for source in ("override", "yaml"):
+        with pytest.raises(C.ConfigError, match=f"^{key}=True: projection reuse was retired.*remove the key$"):
+            if source == "override":
+                C.load_config(None, [f"{key}=true"])
+            else:
+                C.load_config(write(tmp_path, f"{section}:\n  {name}: true\n", "on.yaml"), [])
+
+
 def test_perf_section():
     assert C.Config().perf == C.PerfConfig(prefix_sharing=True, prompt_packing=True, remat="projections",
-                                           logprob_chunk=0, reuse_projections=False, matmul_backward="auto")
+                                           logprob_chunk=0, matmul_backward="auto")
     cfg = C.load_config(None, ["perf.remat=full", "perf.logprob_chunk=64", "perf.prefix_sharing=false",
                                "perf.matmul_backward=xla"])
     assert (cfg.perf.remat, cfg.perf.logprob_chunk, cfg.perf.prefix_sharing) == ("full", 64, False)
     assert cfg.perf.matmul_backward == "xla" and cfg.algo == C.AlgoConfig()
-    moved = {"prefix_sharing", "remat", "logprob_chunk", "reuse_projections"}
+    moved = {"prefix_sharing", "remat", "logprob_chunk"}
     assert not moved & {f.name for f in dataclasses.fields(C.AlgoConfig)}
     assert C.load_config("smollm2_gsm8k", []).perf.remat == "full"
     assert list(C.to_dict(C.Config())).index("perf") == list(C.to_dict(C.Config())).index("algo") + 1
@@ -189,7 +204,6 @@ def test_perf_section():
         ("algo.remat=false", "set perf.remat=projections instead"),
         ("algo.prefix_sharing=false", "set perf.prefix_sharing=false instead"),
         ("algo.logprob_chunk=64", "set perf.logprob_chunk=64 instead"),
-        ("algo.reuse_projections=true", "set perf.reuse_projections=true instead"),
     ],
 )
 def test_moved_keys_name_their_new_place(tmp_path, override, new):
@@ -332,7 +346,7 @@ def test_resolved_yaml_round_trip(tmp_path):
     cfg = C.load_config(None, ["algo.estimator=pass_at_k", "algo.estimator_args.k=4", "algo.clip_high=null",
                                "optim.learning_rate=1e-7", "data.system_prompt=Be brief: 2 lines.",
                                "data.rewards.gsm8k_lenient=0.1", "model.name_or_path=007", "seed=9", "data.path=null",
-                               "perf.remat=full", "perf.reuse_projections=false"])
+                               "perf.remat=full"])
     text = C.to_yaml(cfg)
     assert C.from_dict(yaml.safe_load(text)) == cfg
     path = write(tmp_path, text, "config.yaml")

@@ -1,8 +1,8 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""The sampler's model entry points (`jaxgrpo.models.decode`) against the plain full-sequence forward.
+"""The rollout engine's model entry points (`jaxgrpo.models.decode`) against the plain full-sequence forward.
 
-`prefill` (prompts padded or packed end to end) and `forward_with_prefix_cache` (G rows sharing one prompt cache) must
-give the hidden states `models.hidden_states` computes on each concatenated, unshared row [prompt; completion]
+`prefill` (prompts padded or packed end to end) and `decode_step` (G rows sharing one prompt cache, one token a step)
+must give the hidden states `models.hidden_states` computes on each concatenated, unshared row [prompt; completion]
 (itself tested against transformers in test_models.py), with keys/values equal to the plain cache path's.
 """
 
@@ -89,54 +89,36 @@ def test_pack_layout():
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_forward_with_prefix_cache_equals_full_rows(name):
-    """Chunks of 2, 1 and 3 tokens decoded against the shared prompt cache give the states of the full rows."""
+def test_decode_step_equals_full_rows(name):
+    """Six tokens decoded one at a time (`decode.decode_step`, the rollout engine's token step on the per-layer prefix
+    and decode caches) give the states of the full rows [prompt; completion]."""
+    from jaxgrpo.models import decode
+
     config = CONFIGS[name]
     params = random_params(config, seed=2)
     prompts, tp, m = _prompts(1), 12, 6
-    _, _, prefix = _packed_prefill(config, params, prompts, 1, tp)
+    _, _, kv = _packed_prefill(config, params, prompts, 1, tp)
+    prefix = [models.KVCache(kv.k[i], kv.v[i]) for i in range(config.num_layers)]
     _, pmask = pad_rows(prompts, tp, "left")
-    n = len(prompts) * G
+    n, K, H = len(prompts) * G, config.num_kv_heads, config.head_dim
     gen = np.random.default_rng(3).integers(1, 97, (n, m)).astype(np.int32)
-    cache, kv_mask = models.init_decode_cache(config, n, m), jnp.ones((n, m), bool)
-    step = jax.jit(models.forward_with_prefix_cache, static_argnums=0, donate_argnames="cache")
-    hs, t0 = [], 0
-    for t in (2, 1, 3):
-        pos = np.repeat(LENGTHS, G)[:, None] + np.arange(t0, t0 + t)[None]
-        h, cache = step(config, params, jnp.asarray(gen[:, t0 : t0 + t]), jnp.asarray(pos), prefix, jnp.asarray(pmask),
-                        cache, t0, kv_mask)  # fmt: skip
-        chex.assert_shape(h, (n, t, config.hidden_size))
+    dt = jnp.dtype(config.dtype)
+    cache = [models.KVCache(jnp.zeros((n, K, m, H), dt), jnp.zeros((n, K, H, m), dt)) for _ in prefix]
+    step = jax.jit(decode.decode_step, static_argnums=0, donate_argnames="cache")
+    weights = decode.decode_weights(config, params)
+    hs = []
+    for t in range(m):
+        pos = jnp.asarray(np.repeat(LENGTHS, G) + t, jnp.int32)
+        mask = jnp.broadcast_to(jnp.arange(m) <= t, (n, m))
+        h, cache = step(config, weights, jnp.asarray(gen[:, t]), pos, prefix, jnp.asarray(pmask), cache,
+                        jnp.int32(t), mask)  # fmt: skip
+        chex.assert_shape(h, (n, config.hidden_size))
         chex.assert_tree_all_finite(h)
         hs.append(h)
-        t0 += t
     rows = [np.concatenate([prompts[i // G], gen[i]]) for i in range(n)]
     tok, mask = pad_rows(rows, tp + m, "left")
     ref = models.hidden_states(config, params, jnp.asarray(tok), attention_mask=jnp.asarray(mask))[:, tp:]
-    assert rel_err(jnp.concatenate(hs, 1), ref) < 1e-5
-
-
-def test_forward_with_prefix_cache_rejects_bad_shapes():
-    config = CONFIGS["llama_gqa"]
-    params = random_params(config)
-    prefix = models.init_decode_cache(config, 2, 8)  # the prefix cache has the decode cache's layout
-    cache = models.init_decode_cache(config, 6, 4)
-    tok, pos = jnp.ones((6, 1), jnp.int32), jnp.zeros((6, 1), jnp.int32)
-    ok = dict(prefix_mask=jnp.ones((2, 8), bool), kv_mask=jnp.ones((6, 4), bool))
-    with pytest.raises(ValueError, match="cannot be split evenly"):
-        models.forward_with_prefix_cache(config, params, tok[:5], pos[:5], prefix, ok["prefix_mask"],
-                                         models.init_decode_cache(config, 5, 4), 0, ok["kv_mask"][:5])  # fmt: skip
-    with pytest.raises(ValueError, match="prefix_mask shape"):
-        models.forward_with_prefix_cache(config, params, tok, pos, prefix, jnp.ones((2, 7), bool), cache, 0,
-                                         ok["kv_mask"])  # fmt: skip
-    with pytest.raises(ValueError, match="prefix k shape"):  # forward_with_cache's [L, B, S, K, H] layout
-        models.forward_with_prefix_cache(config, params, tok, pos, models.init_cache(config, 2, 8), ok["prefix_mask"],
-                                         cache, 0, ok["kv_mask"])  # fmt: skip
-    with pytest.raises(ValueError, match="init_decode_cache"):
-        models.forward_with_prefix_cache(config, params, tok, pos, prefix, ok["prefix_mask"],
-                                         models.init_cache(config, 6, 4), 0, ok["kv_mask"])  # fmt: skip
-    with pytest.raises(ValueError, match="kv_mask shape"):
-        models.forward_with_prefix_cache(config, params, tok, pos, prefix, ok["prefix_mask"], cache, 0,
-                                         jnp.ones((6, 5), bool))  # fmt: skip
+    assert rel_err(jnp.stack(hs, 1), ref) < 1e-5
 
 
 def test_projection_backward_equals_autodiff_and_finite_differences():

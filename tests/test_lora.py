@@ -153,29 +153,6 @@ def test_sharded_step_equals_single_device():
         assert rel_err(g, w) < 1e-5, jax.tree_util.keystr(path)
 
 
-def test_projection_reuse_with_adapters_gives_the_same_gradient():
-    """The sampler's recorded projections (which include the adapter term) taken as given: same gradient."""
-    from jaxgrpo import sampling
-
-    config = BASE.replace(lora=SPEC)
-    params = lora_params(config, b_scale=0.2)
-    comp = sampling.generate(config, params, [[1, 2, 3], [4, 5]], num_samples=2, max_new_tokens=5,
-                             temperature=TEMP, key=jax.random.key(0), record_projections=True)  # fmt: skip
-    from jaxgrpo.groups import Rollout, make_batch
-
-    roll = Rollout(prompt_ids=[[1, 2, 3], [4, 5]], examples=[], completions=comp, texts=[],
-                   rewards=np.array([[1.0, 0.0], [0.0, 1.0]]), valid=np.ones((2, 2), bool),
-                   projections=comp.projections)  # fmt: skip
-    batch = make_batch(roll, 4, 0)
-    assert batch.projections is not None
-    perf = ts.PerfConfig(prefix_sharing=True)
-    _, g_given, _ = ts.policy_gradient(config, ALGO, params, batch, perf=perf, temperature=TEMP)
-    _, g_plain, _ = ts.policy_gradient(config, ALGO, params, batch.replace(projections=None), perf=perf,
-                                       temperature=TEMP)  # fmt: skip
-    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(g_given), jax.tree.leaves(g_plain)):
-        assert rel_err(g, w) < 1e-4, jax.tree_util.keystr(path)
-
-
 # ----------------------------------------------------------------------------------------------- PEFT export
 def test_peft_applies_the_exported_adapter_to_the_transformers_model(tmp_path):
     import peft

@@ -15,7 +15,7 @@ import pytest
 
 from jaxgrpo import models, sampling
 from jaxgrpo.batch import check_batch, multiturn_batch
-from jaxgrpo.config import AlgoConfig, PerfConfig
+from jaxgrpo.config import AlgoConfig
 from jaxgrpo.gguf_tokenizer import gguf_tokenizer
 from jaxgrpo.rollout import multiturn as MT
 from jaxgrpo.rollout.env import Toolbox
@@ -105,7 +105,7 @@ def test_scripted_turn_loop_histories_counts_and_batch(tok):
     # packed for the train step: shapes check, action mask carried
     batch = multiturn_batch(out, np.ones((4, 1), np.float32), np.ones((4, 1), bool), prompt_width=max(
         len(p) for p in out.prompt_ids), completion_width=max(len(x.tokens) for x in h))  # fmt: skip
-    assert check_batch(batch, AlgoConfig(), PerfConfig(), 1) == (4, 1)
+    assert check_batch(batch, AlgoConfig(), 1) == (4, 1)
     am = np.asarray(batch.action_mask)
     assert am[0].sum() == sum(h[0].action) and not am[0, len(h[0].tokens) :].any()
 

@@ -95,18 +95,18 @@ def test_kl_to_the_initial_policy(tmp_path):
 
 
 def test_a_perf_switch_that_does_not_apply_is_reported_once(tmp_path, capsys):
-    """perf.reuse_projections=true with two optimizer updates per rollout: turned off, said once on stderr at
-    startup (not again per step), and written with the applied switches to <run_dir>/perf.yaml."""
+    """perf.prompt_packing=true without prefix sharing: turned off, said once on stderr at startup (not again per
+    step), and written with the applied switches to <run_dir>/perf.yaml."""
     import yaml
 
-    cfg = small_config("perf.reuse_projections=true", "algo.num_iterations=2", "train.steps=2", "checkpoint.every=0",
+    cfg = small_config("perf.prefix_sharing=false", "perf.prompt_packing=true", "train.steps=2", "checkpoint.every=0",
                        "checkpoint.export_final=false")
     trainer.run(cfg, tmp_path / "run")
     err = capsys.readouterr().err
-    notes = [line for line in err.splitlines() if "perf.reuse_projections=true does not apply" in line]
-    assert len(notes) == 1 and notes[0].startswith("jaxgrpo: ") and "num_iterations" in notes[0], err
+    notes = [line for line in err.splitlines() if "perf.prompt_packing=true does not apply" in line]
+    assert len(notes) == 1 and notes[0].startswith("jaxgrpo: ") and "prefix_sharing" in notes[0], err
     info = yaml.safe_load((tmp_path / "run" / trainer.PERF_FILE).read_text())
-    assert info["applied"]["reuse_projections"] is False and info["applied"]["remat"] == "projections"
+    assert info["applied"]["prompt_packing"] is False and info["applied"]["remat"] == "projections"
     assert info["applied"]["matmul_backward"] in ("explicit", "xla")  # "auto" resolved for the platform
     assert info["notes"] == [notes[0].removeprefix("jaxgrpo: ")]
     trainer.Trainer(small_config(), tmp_path / "quiet")  # everything applies: nothing said

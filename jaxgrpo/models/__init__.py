@@ -8,7 +8,7 @@ Layout::
     layers.py       the decoder layer, the one dense projection, the ONE scan over the stacked layers
     attention.py    the pluggable part: attention kernels and the attention functions of each forward
     transformer.py  full sequences (`forward`, `hidden_states`) and a KV-cached chunk (`forward_with_cache`)
-    decode.py       the sampler's `prefill` (prompts packed end to end) and `forward_with_prefix_cache`
+    decode.py       the rollout engine's `prefill` (prompts packed end to end) and one-token `decode_step`
     prefix.py       the prefix-shared train forward (each group's prompt encoded once for its G completions)
     lora.py         low-rank adapters: init, merge, split/join with the frozen base, PEFT export
     convert.py      HF safetensors load and save, tokenizers (GGUF loads via gguf_import.py);  presets.py  shapes
@@ -24,17 +24,16 @@ Shape letters (one meaning each, package-wide; arrays are named ``x_BTD`` with t
     N query heads        K key/value heads        R query heads per kv head (N = K*R, GQA)   H head dim
     J packed prompt rows W packed row width       Q prompts per packed row
 
-Public surface: `ModelConfig`, `init_params`, `param_axes`, `param_shapes`, `count_params`, `lm_head`,
-`projection_widths`, `forward`, `hidden_states`, `init_cache`, `forward_with_cache`, `KVCache`, `prefill`,
-`init_decode_cache`, `forward_with_prefix_cache`, `load_pretrained`, `save_pretrained`, `load_tokenizer`, `PRESETS`,
-`save_gguf`, `LoraSpec`, `lora`.
+Public surface: `ModelConfig`, `init_params`, `param_axes`, `param_shapes`, `count_params`, `lm_head`, `forward`,
+`hidden_states`, `init_cache`, `forward_with_cache`, `KVCache`, `prefill`, `load_pretrained`, `save_pretrained`,
+`load_tokenizer`, `PRESETS`, `save_gguf`, `LoraSpec`, `lora`.
 """
 
 from jaxgrpo.models import lora
 from jaxgrpo.models.attention import KVCache
 from jaxgrpo.models.config import LoraSpec, ModelConfig, ModelConfigError, RopeScaling, from_hf_config, to_hf_config
 from jaxgrpo.models.convert import CheckpointError, load_pretrained, load_tokenizer, save_pretrained
-from jaxgrpo.models.decode import forward_with_prefix_cache, init_decode_cache, prefill
+from jaxgrpo.models.decode import prefill
 from jaxgrpo.models.gguf_export import save_gguf
 from jaxgrpo.models.params import (
     PROJECTIONS,
@@ -44,7 +43,6 @@ from jaxgrpo.models.params import (
     lm_head,
     param_axes,
     param_shapes,
-    projection_widths,
 )
 from jaxgrpo.models.presets import PRESETS, get_preset
 from jaxgrpo.models.transformer import forward, forward_with_cache, hidden_states, init_cache
@@ -68,12 +66,9 @@ __all__ = [
     "count_params",
     "forward",
     "forward_with_cache",
-    "forward_with_prefix_cache",
     "from_hf_config",
     "hidden_states",
     "init_cache",
-    "init_decode_cache",
-    "projection_widths",
     "init_params",
     "lm_head",
     "param_axes",

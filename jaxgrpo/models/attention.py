@@ -18,7 +18,6 @@ and the attention functions built on them, each with `jaxgrpo.models.layers`' ca
                                         (the sampler's prefill and the prompt rows of the prefix-shared train step)
     shared_prefix(prefix_mask, mask)    completion rows over their prompt's keys (from the prompt stream in the same
                                         layer) and their own (the prefix-shared train step, `prefix.py`)
-    cached_shared_prefix(...)           decode rows over the prefix cache and a decode cache they write (`decode.py`)
 
 Scores and softmax are float32; a masked score is a finite ``-1e30`` (exp underflows to exactly 0; no inf - inf =
 NaN) and a query with no visible key gets output 0, not NaN. Keys and values of the shared-prefix kernel come
@@ -258,19 +257,3 @@ def _shared_prefix_fused(q, k, v, kp_PKSH, vp_PKHS, prefix_mask_PS, mask_BT, imp
     mask = jnp.concatenate([prefix, causal_mask(mask_BT)], axis=-1)
     return attend_fused(q, jnp.concatenate([kp, k], axis=1), jnp.concatenate([vp, v], axis=1), mask, causal=False,
                         implementation=implementation)
-
-
-def cached_shared_prefix(prefix_mask_PS: jax.Array, mask_BTM: jax.Array, start: jax.Array) -> Attention:
-    """Decode rows (``B = P * G``) over the prefix cache (``ctx.inputs``, this layer's ``(k [P, K, Tp, H],
-    v [P, K, H, Tp])``) and their decode cache (``ctx.state``, a `KVCache` ``k [L, B, K, M, H]``, ``v [L, B, K, H,
-    M]``), into which the chunk's keys/values are first written at slots ``[start, start + T)``."""
-
-    def fn(q, k, v, ctx: LayerContext):
-        k_new, v_new = kv_major(k, v)
-        ck, cv = _write(ctx.state.k, k_new, ctx.index, start, 2), _write(ctx.state.v, v_new, ctx.index, start, 3)
-        kp, vp = (x.astype(q.dtype) for x in ctx.inputs)
-        a = attend_shared_prefix(q, kp, vp, prefix_mask_PS, _layer(ck, ctx.index, q.dtype),
-                                 _layer(cv, ctx.index, q.dtype), mask_BTM)  # fmt: skip
-        return a, KVCache(ck, cv), None
-
-    return fn

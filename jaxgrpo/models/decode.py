@@ -1,23 +1,22 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""The sampler's forwards: `prefill` the prompts once, then decode against a shared prompt cache.
+"""The rollout engine's forwards: `prefill` the prompts once, then `decode_step` one token per row against a shared
+prompt cache.
 
-A GRPO rollout decodes ``B = P * G`` rows (``G`` samples for each of ``P`` prompts, prompt-major: row ``b`` belongs
-to prompt ``b // G``). With one plain KV cache per row, every row would carry and read its own copy of its prompt's
-keys/values, G times the same bytes. Here the cache is split in two:
+A GRPO rollout decodes ``B = S * G`` rows (``G`` samples for each of ``S`` prompts, slot-major: row ``b`` belongs
+to prompt slot ``b // G``). With one plain KV cache per row, every row would carry and read its own copy of its
+prompt's keys/values, G times the same bytes. Here the cache is split in two, one array per layer:
 
-    prefix cache  k ``[L, P, K, Tp, H]``, v ``[L, P, K, H, Tp]``: each prompt once (written by `prefill`),
-                  read-only while decoding;
-    decode cache  k ``[L, B, K, M, H]``, v ``[L, B, K, H, M]``: the tokens each row generated, written one chunk at a
-                  time (`init_decode_cache`).
+    prefix cache  k ``[S, K, Tp, H]``, v ``[S, K, H, Tp]``: each prompt once (written by `prefill`), read-only while
+                  decoding;
+    decode cache  k ``[B, K, M, H]``, v ``[B, K, H, M]``: the tokens each row generated, one slot per step.
 
-Both are kv-head-major with the key axis of the values minor (see `jaxgrpo.models.attention`). For query ``i`` of row
-``b`` (at decode slot ``start + i``) attention runs over the joint key set
+Both are kv-head-major with the key axis of the values minor (see `jaxgrpo.models.attention`). Row ``b``'s query
+attends to the joint key set
 
-    { prefix slot s of prompt b // G : prefix_mask[b // G, s] }
-      U  { decode slot j of row b : kv_mask[b, j], j <= start + i }
+    { prefix slot s of prompt b // G : prefix_mask[b // G, s] }  U  { decode slot j of row b : mask[b, j] }
 
-with one softmax over both parts (`attention.attend_shared_prefix`), so the result equals attention over the
-concatenated cache ``[prefix ; decode]``.
+with one softmax over both parts (`attend_decode`), so the result equals attention over the concatenated cache
+``[prefix ; decode]``.
 
 `prefill` runs the prompts packed end to end (``packed_width > 0``; `jaxgrpo.padding.pack_layout`): the token-wise
 work (projections, MLP, norms) runs on real tokens only and only the attention runs in the padded per-prompt layout.
@@ -50,14 +49,6 @@ from jaxgrpo.models.layers import (
     run_layers,
 )
 from jaxgrpo.models.params import Params, lm_head
-
-
-def init_decode_cache(config: ModelConfig, rows: int, slots: int, dtype: Any = None) -> KVCache:
-    """Zeroed decode cache for `forward_with_prefix_cache`: k ``[L, rows, K, slots, H]``, v ``[L, rows, K, H, slots]``
-    (dtype defaults to the model dtype)."""
-    L, K, H = config.num_layers, config.num_kv_heads, config.head_dim
-    dt = jnp.dtype(config.dtype if dtype is None else dtype)
-    return KVCache(k=jnp.zeros((L, rows, K, slots, H), dt), v=jnp.zeros((L, rows, K, H, slots), dt))
 
 
 def prompt_stream(
@@ -102,75 +93,14 @@ def prefill(
     """Encode the prompts ``[P, Tp]`` (left-padded, ``prompt_mask`` their real tokens, at least one each).
 
     Returns ``(last_hidden [P, D], prefix)``: the final-normed state of each prompt's last token (compute dtype) and
-    the prefix cache k ``[L, P, K, Tp, H]``, v ``[L, P, K, H, Tp]`` `forward_with_prefix_cache` reads.
+    the prefix cache k ``[L, P, K, Tp, H]``, v ``[L, P, K, H, Tp]`` (the engine keeps it per layer, `decode_step`).
     ``packed_width``, ``pack_rows``, ``attention_kernel``: see `prompt_stream`."""
     check_tokens(prompt_tokens)
     if prompt_mask.shape != prompt_tokens.shape:
         raise ValueError(f"prompt_mask shape {prompt_mask.shape} != prompt_tokens shape {prompt_tokens.shape}")
     stream, last = prompt_stream(config, params, prompt_tokens, prompt_mask, packed_width, pack_rows, attention_kernel)
-    (x,), _, (kv,), _ = run_layers(config, params, [dataclasses.replace(stream, emit=True)], remat="none")
+    (x,), _, (kv,) = run_layers(config, params, [dataclasses.replace(stream, emit=True)], remat="none")
     return final_norm(config, params, last(x)), KVCache(*kv)
-
-
-def forward_with_prefix_cache(
-    config: ModelConfig,
-    params: Params,
-    tokens: jax.Array,
-    positions: jax.Array,
-    prefix: KVCache,
-    prefix_mask: jax.Array,
-    cache: KVCache,
-    start: jax.Array | int,
-    kv_mask: jax.Array,
-    *,
-    record: bool = False,
-) -> tuple[jax.Array, KVCache] | tuple[jax.Array, KVCache, dict[str, jax.Array]]:
-    """Run a chunk ``tokens [B, t]`` of ``B = P * G`` prompt-major rows against a shared prompt cache.
-
-    Args:
-      tokens ``[B, t]`` int, positions ``[B, t]`` int: the chunk and its RoPE positions (they continue from each
-        prompt's real length).
-      prefix: the prefix cache from `prefill` (k ``[L, P, K, Tp, H]``, v ``[L, P, K, H, Tp]``). Not modified.
-      prefix_mask ``[P, Tp]`` bool: the prompts' real tokens (each prompt needs at least one).
-      cache: the decode cache (`init_decode_cache`, k ``[L, B, K, M, H]``, v ``[L, B, K, H, M]``); the chunk's
-        keys/values are written to slots ``[start, start + t)`` (``start`` an int32 scalar, ``start + t <= M``).
-      kv_mask ``[B, M]`` bool: the real decode slots (it must already mark this chunk's tokens).
-      record: also return every dense projection's output for the chunk, ``{name: [L, B, t, out]}`` (the train step
-        can take them as given instead of recomputing them: `jaxgrpo.models.prefix`).
-
-    Returns:
-      ``(hidden [B, t, D], cache)`` (+ the record): final-normed hidden states and the updated decode cache. Donate
-      ``cache`` when jitting so the update happens in place.
-    """
-    check_tokens(tokens)
-    B, t = tokens.shape
-    L, K, H = config.num_layers, config.num_kv_heads, config.head_dim
-    if prefix.k.ndim != 5 or (prefix.k.shape[0], prefix.k.shape[2], prefix.k.shape[4]) != (L, K, H):
-        raise ValueError(f"prefix k shape {prefix.k.shape} is not [L, P, K, Tp, H] with the config's (L, K, H) = "
-                         f"{(L, K, H)} (the layout `prefill` returns)")  # fmt: skip
-    P, Tp = prefix.k.shape[1], prefix.k.shape[3]
-    if prefix.v.shape != (L, P, K, H, Tp):
-        raise ValueError(f"prefix v shape {prefix.v.shape} != [L, P, K, H, Tp] = {(L, P, K, H, Tp)}")
-    if P < 1 or B % P:
-        raise ValueError(f"{B} rows cannot be split evenly over the prefix cache's {P} prompts (rows must be P * G)")
-    if prefix_mask.shape != (P, Tp):
-        raise ValueError(f"prefix_mask shape {prefix_mask.shape} != (prompts, prefix slots) {(P, Tp)}")
-    M = cache.k.shape[3] if cache.k.ndim == 5 else -1
-    if cache.k.shape != (L, B, K, M, H) or cache.v.shape != (L, B, K, H, M):
-        raise ValueError(f"decode cache k, v shapes {cache.k.shape}, {cache.v.shape} are not [L, B, K, M, H], "
-                         f"[L, B, K, H, M] for {B} rows and (L, K, H) = {(L, K, H)}; make it with init_decode_cache")
-    if positions.shape != (B, t):
-        raise ValueError(f"positions shape {positions.shape} != tokens shape {(B, t)}")
-    if kv_mask.shape != (B, M):
-        raise ValueError(f"kv_mask shape {kv_mask.shape} != (rows, decode slots) {(B, M)}")
-    start = jnp.asarray(start, jnp.int32)
-    slot_T = start + jnp.arange(t, dtype=jnp.int32)
-    mask_BTM = (jnp.arange(M, dtype=jnp.int32)[None, :] <= slot_T[:, None])[None] & kv_mask.astype(bool)[:, None, :]
-    attend = attention.cached_shared_prefix(prefix_mask.astype(bool), mask_BTM, start)
-    stream = Stream(embed(config, params, tokens), rope_tables(config, positions), attend, record=record)
-    (x,), cache, _, (rec,) = run_layers(config, params, [stream], state=cache, layer_inputs=tuple(prefix), remat="none")
-    hidden = final_norm(config, params, x)
-    return (hidden, cache, rec) if record else (hidden, cache)
 
 
 # ------------------------------------------------------------------------------------------ the engine's decode step
@@ -319,7 +249,7 @@ def decode_step(
             return a[:, None], None
 
         if "lora" in w:
-            x, _, _ = decoder_layer(config, w, x, rope, attend, explicit=False)
+            x, _ = decoder_layer(config, w, x, rope, attend, explicit=False)
         else:
             x = _fused_layer(config, w, x, rope, attend)
     return final_norm(config, weights, x[:, 0]), new_cache

@@ -50,7 +50,7 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxgrpo.models.config import ModelConfig
-from jaxgrpo.models.params import PROJECTIONS, Params
+from jaxgrpo.models.params import Params
 
 RematPolicy = Literal["none", "projections", "full", "projections+norms"]
 MatmulBackward = Literal["auto", "explicit", "xla"]
@@ -151,26 +151,6 @@ def _einsum_matmul(x_MI: jax.Array, w_IO: jax.Array) -> jax.Array:
     return jnp.einsum("...i,io->...o", x_MI, w_IO)
 
 
-def _given_bwd(explicit: bool, res, dy_MO):
-    x_MI, w_IO = res
-    dx, dw = _matmul_bwd(res, dy_MO) if explicit else jax.vjp(_einsum_matmul, x_MI, w_IO)[1](dy_MO)
-    return dx, dw, jnp.zeros_like(dy_MO)
-
-
-def _make_matmul_given(explicit: bool) -> Callable:
-    @jax.custom_vjp
-    def given(x_MI, w_IO, y_MO):
-        return y_MO
-
-    given.defvjp(lambda x, w, y: (y, (x, w)), lambda res, dy: _given_bwd(explicit, res, dy))
-    return given
-
-
-# ``x @ w`` whose value ``y`` is already known (recorded by the sampler with the same weights): returns ``y`` without
-# the product; the backward is the matmul's (``dx = dy w^T``, ``dw = x^T dy``), nothing flows to ``y``.
-matmul_given = {True: _make_matmul_given(True), False: _make_matmul_given(False)}
-
-
 def explicit_backward(mode: MatmulBackward) -> bool:
     """Whether `dense` uses `matmul`'s hand-written backward: ``"auto"`` = on the CPU backend only."""
     if mode not in MATMUL_BACKWARDS:
@@ -182,35 +162,23 @@ def dense(
     x: jax.Array,
     w: jax.Array,
     n_in: int,
-    given: jax.Array | None = None,
     explicit: bool = True,
     adapter: tuple[jax.Array, jax.Array, float] | None = None,
 ) -> jax.Array:
     """THE dense projection: contract the last ``n_in`` axes of ``x`` with the first ``n_in`` of ``w`` (the weight
     is read in ``x``'s compute dtype; its gradient flows back to the stored dtype through the cast).
 
-    Returns the flattened output ``[..., prod(w.shape[n_in:])]``. ``given`` (same shape), when not None, is the known
-    value of the product (`matmul_given`). ``adapter = (A [*in, r], B [r, *out], s)`` adds LoRA's ``s (x A) B``
-    (`jaxgrpo.models.lora`) — unmerged, so only the rank-r products are differentiated; with ``given`` (which then
-    holds the adapted output), the base's share is ``given - s (x A) B`` with the adapter term's gradient intact.
-    The output is named for the ``"projections"`` remat policy."""
+    Returns the flattened output ``[..., prod(w.shape[n_in:])]``. ``adapter = (A [*in, r], B [r, *out], s)`` adds
+    LoRA's ``s (x A) B`` (`jaxgrpo.models.lora`) — unmerged, so only the rank-r products are differentiated. The
+    output is named for the ``"projections"`` remat policy."""
     in_size = math.prod(w.shape[:n_in])
     x_flat = x.reshape(*x.shape[: x.ndim - n_in], in_size)
     w_flat = w.reshape(in_size, -1).astype(x.dtype)  # stored weights (param_dtype) read in the compute dtype
-    low_rank = None
+    y = matmul(x_flat, w_flat) if explicit else _einsum_matmul(x_flat, w_flat)
     if adapter is not None:
         a, b, scale = adapter
         xa = _einsum_matmul(x_flat, a.reshape(in_size, -1).astype(x.dtype))
-        low_rank = (scale * _einsum_matmul(xa, b.reshape(b.shape[0], -1).astype(x.dtype))).astype(x.dtype)
-    if given is not None:
-        base_part = given.astype(x_flat.dtype)
-        if low_rank is not None:
-            base_part = base_part - jax.lax.stop_gradient(low_rank)
-        y = matmul_given[explicit](x_flat, w_flat, base_part)
-    else:
-        y = matmul(x_flat, w_flat) if explicit else _einsum_matmul(x_flat, w_flat)
-    if low_rank is not None:
-        y = y + low_rank
+        y = y + (scale * _einsum_matmul(xa, b.reshape(b.shape[0], -1).astype(x.dtype))).astype(x.dtype)
     return checkpoint_name(y, _PROJ)
 
 
@@ -233,23 +201,20 @@ def decoder_layer(
     x_BTD: jax.Array,
     rope: tuple[jax.Array, jax.Array],
     attend: Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]],
-    given: dict[str, jax.Array] | None = None,
     explicit: bool = True,
-) -> tuple[jax.Array, Any, dict[str, jax.Array]]:
+) -> tuple[jax.Array, Any]:
     """One decoder layer (formulas in the module docstring) on ``x [B, T, D]`` with layer params ``lp``.
 
-    ``attend(q [B,T,K,R,H], k, v [B,T,K,H]) -> (a [B,T,K,R,H], aux)``; ``given``: known projection outputs by
-    `PROJECTIONS` name (``[B, T, out]``). Returns ``(x_out, aux, projections)`` with every projection's flat output."""
+    ``attend(q [B,T,K,R,H], k, v [B,T,K,H]) -> (a [B,T,K,R,H], aux)``. Returns ``(x_out, aux)``."""
     c, eps = config, config.rms_norm_eps
     B, T = x_BTD.shape[:2]
-    ys: dict[str, jax.Array] = {}
     adapters = lp.get("lora", {})  # absent when LoRA is off or merged into the weights
 
     def proj(name: str, x: jax.Array, n_in: int) -> jax.Array:
         ab = adapters.get(name)
         adapter = None if ab is None else (ab["a"], ab["b"], c.lora.scale)
-        ys[name] = dense(x, lp[name], n_in, None if given is None else given[name], explicit, adapter)
-        return ys[name].reshape(*x.shape[: x.ndim - n_in], *lp[name].shape[n_in:])
+        y = dense(x, lp[name], n_in, explicit, adapter)
+        return y.reshape(*x.shape[: x.ndim - n_in], *lp[name].shape[n_in:])
 
     h_BTD = checkpoint_name(rms_norm(x_BTD, lp["attn_norm"], eps), _NORM)
     q_BTNH, k_BTKH, v_BTKH = proj("q", h_BTD, 1), proj("k", h_BTD, 1), proj("v", h_BTD, 1)
@@ -263,22 +228,19 @@ def decoder_layer(
     x_BTD = x_BTD + proj("o", a_BTKRH.reshape(B, T, c.num_heads, c.head_dim), 2)
     h_BTD = checkpoint_name(rms_norm(x_BTD, lp["mlp_norm"], eps), _NORM)
     u_BTF = jax.nn.silu(proj("gate", h_BTD, 1)) * proj("up", h_BTD, 1)
-    return x_BTD + proj("down", u_BTF, 1), aux, ys
+    return x_BTD + proj("down", u_BTF, 1), aux
 
 
 # --------------------------------------------------------------------------------------------------- the scan
 @dataclasses.dataclass(frozen=True)
 class Stream:
-    """Rows run through every layer: embeddings ``x [B, T, D]``, RoPE ``(cos, sin)``, their attention, and
-    optionally known projection outputs ``given`` (``{name: [L, B, T, out]}``), whether to return every
-    projection's output (``record``) and the attention's ``out`` of every layer (``emit``; later streams of the same
-    layer see it either way)."""
+    """Rows run through every layer: embeddings ``x [B, T, D]``, RoPE ``(cos, sin)``, their attention, and whether
+    to return the attention's ``out`` of every layer (``emit``; later streams of the same layer see it either
+    way)."""
 
     x: jax.Array
     rope: tuple[jax.Array, jax.Array]
     attend: Attention
-    given: dict[str, jax.Array] | None = None
-    record: bool = False
     emit: bool = False
 
 
@@ -309,34 +271,30 @@ def run_layers(
     remat: RematPolicy = "projections",
     matmul_backward: MatmulBackward = "auto",
     constrain_rows: Callable[[jax.Array], jax.Array] | None = None,
-) -> tuple[tuple[jax.Array, ...], Any, tuple[Any, ...], tuple[dict[str, jax.Array] | None, ...]]:
+) -> tuple[tuple[jax.Array, ...], Any, tuple[Any, ...]]:
     """THE scan over the stacked layers. Returns ``(x_out per stream [B, T, D] (not final-normed), final state,
-    attention outs per stream (stacked over layers; None unless ``emit``), recorded projections per stream
-    ({name: [L, B, T, out]} or None))``. ``layer_inputs``: a pytree with leading axis L, sliced per layer into
-    ``ctx.inputs``. ``constrain_rows``: applied to every stream's rows ``[B, T, D]`` at each layer boundary (the train
-    step's batch sharding: without it GSPMD may replicate activations over the FSDP axis to avoid gathering weights).
-    """
+    attention outs per stream (stacked over layers; None unless ``emit``))``. ``layer_inputs``: a pytree with
+    leading axis L, sliced per layer into ``ctx.inputs``. ``constrain_rows``: applied to every stream's rows
+    ``[B, T, D]`` at each layer boundary (the train step's batch sharding: without it GSPMD may replicate activations
+    over the FSDP axis to avoid gathering weights)."""
     explicit = explicit_backward(matmul_backward)
-    givens = tuple(s.given for s in streams)
 
     def body(carry, xs):
         xs_in, state = carry
-        lp, index, inputs, given_l = xs
-        xs_out, outs, recs = [], [], []
-        for s, x, given in zip(streams, xs_in, given_l):
+        lp, index, inputs = xs
+        xs_out, outs = [], []
+        for s, x in zip(streams, xs_in):
             x = x if constrain_rows is None else constrain_rows(x)
             attend = functools.partial(_with_context, s.attend, LayerContext(index, inputs, state, tuple(outs)))
-            x, (state, out), ys = decoder_layer(config, lp, x, s.rope, attend, given, explicit)
+            x, (state, out) = decoder_layer(config, lp, x, s.rope, attend, explicit)
             xs_out.append(x)
             outs.append(out)
-            recs.append({n: ys[n] for n in PROJECTIONS} if s.record else None)
-        emitted = tuple(out if s.emit else None for s, out in zip(streams, outs))
-        return (tuple(xs_out), state), (emitted, tuple(recs))
+        return (tuple(xs_out), state), tuple(out if s.emit else None for s, out in zip(streams, outs))
 
     policy = _policy(remat)
     if policy is not None:
         body = jax.checkpoint(body, policy=policy)
     layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
     carry = (tuple(s.x for s in streams), state)
-    (xs_out, state), (outs, recs) = jax.lax.scan(body, carry, (params["layers"], layer_ids, layer_inputs, givens))
-    return xs_out, state, outs, recs
+    (xs_out, state), outs = jax.lax.scan(body, carry, (params["layers"], layer_ids, layer_inputs))
+    return xs_out, state, outs

@@ -132,24 +132,3 @@ def compute_params(config: ModelConfig, params: Params) -> Params:
         base, adapters = lora.split(params)
         return lora.join(jax.tree.map(cast, base), adapters)
     return jax.tree.map(cast, params)
-
-
-def projection_widths(config: ModelConfig) -> dict[str, int]:
-    """Each dense projection's flattened output width, by `PROJECTIONS` name."""
-    D, F, H = config.hidden_size, config.intermediate_size, config.head_dim
-    return dict(zip(PROJECTIONS, (config.num_heads * H, config.num_kv_heads * H, config.num_kv_heads * H, D, F, F, D)))
-
-
-def check_projections(
-    config: ModelConfig, arrays: dict[str, jax.Array], rows: int, slots: int | None, what: str, hint: str = ""
-) -> None:
-    """ValueError unless ``arrays`` holds every `PROJECTIONS` name, each ``[L, rows, slots, width]`` (``slots=None``:
-    any). ``what`` names the argument in the message, ``hint`` says how to make a right one."""
-    widths = projection_widths(config)
-    if set(arrays) != set(widths):
-        raise ValueError(f"{what} has projections {sorted(arrays)}, expected {sorted(widths)}{hint}")
-    for name, x in arrays.items():
-        n = x.shape[2] if slots is None and x.ndim == 4 else slots
-        if x.shape != (config.num_layers, rows, n, widths[name]):
-            want = (config.num_layers, rows, "any" if slots is None else n, widths[name])
-            raise ValueError(f"{what}[{name!r}] has shape {x.shape}, expected [L, rows, slots, out] = {want}{hint}")

@@ -42,7 +42,7 @@ from jaxgrpo.models.layers import (
     rope_tables,
     run_layers,
 )
-from jaxgrpo.models.params import Params, check_projections
+from jaxgrpo.models.params import Params
 
 
 def _check(name: str, x: jax.Array, shape: tuple[int, ...]) -> None:
@@ -64,7 +64,6 @@ def prefix_shared_hidden(
     constrain_rows: Callable[[jax.Array], jax.Array] | None = None,
     packed_width: int = 0,
     pack_rows: int = 1,
-    completion_given: dict[str, jax.Array] | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Final-normed hidden states of G completions per prompt, each prompt encoded once.
 
@@ -78,9 +77,6 @@ def prefix_shared_hidden(
         ``pack_rows`` rows of width ``W`` (same values). ``W`` must hold the real tokens of each row's ``P /
         pack_rows`` consecutive prompts (`jaxgrpo.padding.packed_width` sizes it); checked when the mask is concrete.
       pack_rows: dividing P (one per batch shard).
-      completion_given: optional ``{name: [L, P*G, Tc, out]}`` for every dense projection: the completion tokens'
-        projection outputs, already known (recorded by the sampler with these params); the forward takes them as
-        given (`layers.matmul_given`) instead of computing those products, and the backward is unchanged.
 
     Returns:
       ``(h_completion [P, G, Tc, D], h_prompt_last [P, D])`` in the compute dtype: ``h_completion[p, g, t]`` equals
@@ -106,17 +102,15 @@ def prefix_shared_hidden(
     pm_PT = prompt_mask.astype(bool)
     cm_BC = completion_mask.astype(bool).reshape(P * G, Tc)
     B = P * G
-    if completion_given is not None:
-        check_projections(config, completion_given, B, Tc, "completion_given")
 
     prompts, last = prompt_stream(config, params, prompt_tokens, pm_PT, packed_width, pack_rows, attention_kernel)
     # completion positions continue from the prompt's real length (as cumsum(mask) - 1 over the concatenated row)
     n_P = jnp.sum(pm_PT, axis=1, dtype=jnp.int32)
     pos_BC = jnp.maximum(jnp.repeat(n_P, G)[:, None] + jnp.cumsum(cm_BC.astype(jnp.int32), axis=1) - 1, 0)
     completions = Stream(embed(config, params, completion_tokens.reshape(B, Tc)), rope_tables(config, pos_BC),
-                         attention.shared_prefix(pm_PT, cm_BC, attention_kernel), given=completion_given)
-    (xp, xc_BCD), _, _, _ = run_layers(config, params, [prompts, completions], remat=remat,
-                                       matmul_backward=matmul_backward, constrain_rows=constrain_rows)  # fmt: skip
+                         attention.shared_prefix(pm_PT, cm_BC, attention_kernel))
+    (xp, xc_BCD), _, _ = run_layers(config, params, [prompts, completions], remat=remat,
+                                    matmul_backward=matmul_backward, constrain_rows=constrain_rows)  # fmt: skip
     h_c = final_norm(config, params, xc_BCD).reshape(P, G, Tc, -1)
     return h_c, final_norm(config, params, last(xp))
 
@@ -169,7 +163,6 @@ def prefix_shared_predictors(
     constrain_rows: Callable[[jax.Array], jax.Array] | None = None,
     packed_width: int = 0,
     pack_rows: int = 1,
-    completion_given: dict[str, jax.Array] | None = None,
 ) -> jax.Array:
     """The hidden states that predict each completion token, ``[B, Tc, D]``, for train-step rows.
 
@@ -177,9 +170,7 @@ def prefix_shared_predictors(
     ``completion_mask [B, Tc]``, B = P*G prompt-major (the group's prompt is taken from row ``p*G``; see
     `group_prompts`). Equals ``models.hidden_states(tokens, mask)[:, Tp-1 : Tp+Tc-1]`` of the plain path: position
     ``Tp-1`` (last prompt token) predicts completion token 0, position ``Tp+t`` predicts token ``t+1``.
-    ``packed_width``, ``pack_rows``: run the prompts packed (see `prefix_shared_hidden`). ``completion_given``:
-    ``{name: [L, B, Tc-1, out]}``, the recorded projections of the completion tokens that are run (all but the last;
-    see `prefix_shared_hidden`).
+    ``packed_width``, ``pack_rows``: run the prompts packed (see `prefix_shared_hidden`).
     """
     check_tokens(tokens)
     B, Tp = prompt_mask.shape
@@ -191,7 +182,7 @@ def prefix_shared_predictors(
     Pn = B // G
     pack = dict(remat=remat, matmul_backward=matmul_backward, attention_kernel=attention_kernel,
                 constrain_rows=constrain_rows, packed_width=packed_width, pack_rows=pack_rows)  # fmt: skip
-    if Tc == 1:  # only the last prompt token predicts anything (no completion token is run: nothing to reuse)
+    if Tc == 1:  # only the last prompt token predicts anything (no completion token is run)
         _, h_last = prefix_shared_hidden(config, params, prompts, pmask, tokens[:, Tp:].reshape(Pn, G, 1), **pack)
         return jnp.repeat(h_last, G, axis=0)[:, None, :]
     # The last completion token predicts nothing: it is not run (causality: earlier states do not depend on it).
@@ -202,7 +193,6 @@ def prefix_shared_predictors(
         pmask,
         tokens[:, Tp : Tp + Tc - 1].reshape(Pn, G, Tc - 1),
         completion_mask[:, : Tc - 1].reshape(Pn, G, Tc - 1),
-        completion_given=completion_given,
         **pack,
     )
     h_first = jnp.repeat(h_last, G, axis=0)[:, None, :]

@@ -64,7 +64,7 @@ def hidden_states(
         raise ValueError(f"positions shape {positions.shape} != tokens shape {(B, T)}")
     stream = Stream(embed(config, params, tokens), rope_tables(config, positions),
                     attention.causal(mask_BT, attention_kernel))  # fmt: skip
-    (x_BTD,), _, _, _ = run_layers(config, params, [stream], remat=remat, matmul_backward=matmul_backward,
+    (x_BTD,), _, _ = run_layers(config, params, [stream], remat=remat, matmul_backward=matmul_backward,
                                    constrain_rows=constrain_rows)  # fmt: skip
     return final_norm(config, params, x_BTD)
 
@@ -122,5 +122,5 @@ def forward_with_cache(
     slot_T = start + jnp.arange(t, dtype=jnp.int32)
     mask_BTS = (jnp.arange(S, dtype=jnp.int32)[None, :] <= slot_T[:, None])[None] & kv_mask.astype(bool)[:, None, :]
     stream = Stream(embed(config, params, tokens), rope_tables(config, positions), attention.cached(mask_BTS, start))
-    (x_BTD,), cache, _, _ = run_layers(config, params, [stream], state=cache, remat="none")
+    (x_BTD,), cache, _ = run_layers(config, params, [stream], state=cache, remat="none")
     return final_norm(config, params, x_BTD), cache

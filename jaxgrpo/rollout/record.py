@@ -31,9 +31,6 @@ class Completions:
     ``[N]`` bool, True when the row ended without emitting an EOS id (it hit ``max_new_tokens``; always True when
     ``eos_token_ids`` is empty).  entropy: ``[N, M]`` float32 entropy (nats) of the sampling distribution each token
     was drawn from (0 where ``mask`` is False; greedy: of the untempered model distribution, like the log-probs).
-    projections: None, or (``generate(record_projections=True)``, ``M > 1``) for each dense projection name of
-    `models.transformer.PROJECTIONS`, ``[L, N, M-1, out]``: its output at the decode step that fed completion token
-    ``j`` (``j < M-1``), for the train step to reuse (see `train_step.Batch.projections`).
     """
 
     tokens: jax.Array
@@ -42,7 +39,6 @@ class Completions:
     lengths: jax.Array
     truncated: jax.Array
     entropy: jax.Array | None = None
-    projections: dict[str, jax.Array] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
