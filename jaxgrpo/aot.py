@@ -313,7 +313,9 @@ def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], t
 def engine_spec(cfg: Config, mcfg: models.ModelConfig, platform: str, mesh: Any = None) -> Any:
     """The rollout engine's `Spec` for this config on ``platform``'s devices: ``rollout.slots`` prompts of
     ``data.max_prompt_tokens`` (bucketed; on a ``mesh`` rounded up to its batch shards, as the driver rounds them),
-    ``rollout.decode_block`` steps per block, the rollout's sampling."""
+    ``rollout.decode_block`` steps per block, the rollout's sampling, the prefill's attention kernel as the run
+    resolves ``perf.attention`` on that platform."""
+    from jaxgrpo.models.attention import Kernel
     from jaxgrpo.rollout import engine
     from jaxgrpo.rollout.params import SamplingParams
 
@@ -321,8 +323,10 @@ def engine_spec(cfg: Config, mcfg: models.ModelConfig, platform: str, mesh: Any 
     sp = SamplingParams(max_new_tokens=r.max_new_tokens, num_samples=r.group_size, temperature=r.temperature,
                         top_p=r.top_p, top_k=r.top_k, eos_token_ids=tuple(mcfg.eos_token_ids))  # fmt: skip
     slots = engine.split_slots(r.slots or r.prompts_per_step, mesh)
+    perf, _ = resolve_perf(cfg.algo, cfg.perf, num_shards=engine.row_shards(mesh), platform=platform,
+                           compute_dtype=mcfg.dtype)  # fmt: skip
     return engine.make_spec(mcfg, sp, slots, padding.prompt_bucket(cfg.data.max_prompt_tokens), r.decode_block,
-                            platform, mesh)  # fmt: skip
+                            platform, mesh, Kernel(perf.attention, perf.attention_chunk))  # fmt: skip
 
 
 def spread(items: list[int], n: int | None) -> list[int]:

@@ -50,6 +50,7 @@ from jaxgrpo.errors import CheckpointError, ConfigError, cli_error
 from jaxgrpo.eval_report import format_summary, write_report
 from jaxgrpo.eval_stats import degenerate_probability, pass_at_k_unbiased
 from jaxgrpo.example import Example
+from jaxgrpo.models.attention import DENSE, Kernel
 
 DEFAULT_NUM_SAMPLES = 16
 PROMPTS_PER_BATCH = 32  # prompts per `sampling.generate` call of `evaluate`
@@ -116,6 +117,16 @@ def summarize(successes: np.ndarray, group_sizes: Sequence[int], ks: Sequence[in
 # -- sampling driver ------------------------------------------------------------------------------------------------
 
 
+def prefill_attention(cfg: Config, model_config: models.ModelConfig) -> Kernel:
+    """The sampler's prefill attention kernel for ``cfg`` on this host's backend: its ``perf.attention`` resolved as a
+    training run resolves it (`jaxgrpo.perf.resolve_perf`)."""
+    from jaxgrpo.perf import resolve_perf
+
+    perf, _ = resolve_perf(cfg.algo, cfg.perf, num_shards=1, platform=jax.default_backend(),
+                           compute_dtype=model_config.dtype)  # fmt: skip
+    return Kernel(perf.attention, perf.attention_chunk)
+
+
 def evaluate(
     model_config: models.ModelConfig,
     params: Params,
@@ -138,6 +149,7 @@ def evaluate(
     keep_texts: int = 4,
     ks: Sequence[int] | None = None,
     packed_ladder: tuple[int, int] | None = None,
+    attention: Kernel = DENSE,
 ) -> dict[str, Any]:
     """Samples `num_samples` completions per example with `jaxgrpo.sampling.generate`, scores them with `reward_fn`
     (a `jaxgrpo.rewards.RewardFn` or registry name; success = reward >= `success_threshold`) and returns
@@ -150,7 +162,8 @@ def evaluate(
     and the tokenizer's (`jaxgrpo.build.eos_ids`). ``packed_ladder``: ``(floor, cap)`` of the first prefill's packed
     width (`jaxgrpo.sampling.generate`); evaluations of several sets whose batches share a ladder (e.g. ``(w, w)``
     with ``w`` the widest batch's packed row, `jaxgrpo.padding.widest_row`) share one compiled prefill instead of
-    one per set's prompt lengths. None: the bucket of each batch's own prompts.
+    one per set's prompt lengths. None: the bucket of each batch's own prompts. ``attention``: the prefill's
+    attention kernel (a run's resolved ``perf.attention``).
     """
     if not examples:
         raise ValueError("evaluate: no examples (check the split / --num-prompts)")
@@ -182,6 +195,7 @@ def evaluate(
             key=jax.random.fold_in(key, b),
             mesh=mesh,
             packed_ladder=packed_ladder,
+            attention=attention,
         )
         tokens, mask = np.asarray(comp.tokens), np.asarray(comp.mask)
         texts = tokenizer.batch_decode([t[m].tolist() for t, m in zip(tokens, mask)], skip_special_tokens=True)
@@ -414,6 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 success_threshold=args.success_threshold,
                 prompts_per_batch=args.prompts_per_batch,
                 mesh=policy.mesh,
+                attention=prefill_attention(cfg, policy.model_config),
             )
         sched = None if multiturn else eval_schedule.load_history(run_cfg, args.run_dir, step)
         if sched is not None:  # rollout.schedule: what it buys on these prompts (jaxgrpo.eval_schedule)

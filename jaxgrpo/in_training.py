@@ -50,7 +50,7 @@ def evaluate_held_out(tr: Any, step: int) -> dict[str, float]:
         eval_lib.correctness_reward(tr.cfg, None), num_samples=r.group_size, group_sizes=[r.group_size],
         key=jax.random.fold_in(jax.random.fold_in(tr.key, step), 1), max_new_tokens=r.max_new_tokens,
         temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, eos_token_ids=tr.eos_token_ids,
-        data_config=tr.cfg.data, mesh=tr.mesh)
+        data_config=tr.cfg.data, mesh=tr.mesh, attention=tr.prefill_attention)
     eval_lib.write_report(result, tr.run_dir / "eval" / f"step{step}")
     (deg,) = result["degeneracy"]
     out = {f"eval/pass@{k}": v for k, v in result["pass@k"].items()}
@@ -69,6 +69,7 @@ def retain_accuracy(tr: Any, step: int) -> dict[str, float]:
             num_samples=r.group_size, group_sizes=[], key=jax.random.fold_in(jax.random.fold_in(tr.key, step),
                                                                                2 + i),
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-            eos_token_ids=tr.eos_token_ids, data_config=rs.data, mesh=tr.mesh)  # fmt: skip
+            eos_token_ids=tr.eos_token_ids, data_config=rs.data, mesh=tr.mesh,
+            attention=tr.prefill_attention)  # fmt: skip
         out[f"retain/{rs.name}/accuracy"] = result["mean_success_rate"]
     return out

@@ -277,7 +277,7 @@ def engine_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
     slots = (padding.batch_bucket(P, engine.row_shards(mesh)) if r.engine == "static"
              else engine.split_slots(r.slots or P, mesh))  # fmt: skip
     spec = engine.make_spec(tr.model_config, _sampling_params(tr), slots, padding.prompt_bucket(tr.prompt_width),
-                            r.decode_block, mesh=mesh)  # fmt: skip
+                            r.decode_block, mesh=mesh, attention=tr.prefill_attention)  # fmt: skip
     first = padding.batch_bucket(min(slots, P))
     lengths = np.sort([len(x) for x in tr.encoded])
     floor, cap = tr.ladders["engine"]
@@ -386,7 +386,8 @@ def eval_jobs(tr: Any) -> list[tuple[str, Callable[[], Any]]]:
             first = padding.batch_bucket(len(batch))  # as `driver.run` admits them: all at once
             _, mask = engine.left_pad(batch, width, first)
             packed = padding.sampler_packed_width([int(m.sum()) for m in mask], 1)
-            spec = engine.make_spec(tr.model_config, sp, slots, width, driver.DEFAULT_BLOCK, mesh=mesh)
+            spec = engine.make_spec(tr.model_config, sp, slots, width, driver.DEFAULT_BLOCK, mesh=mesh,
+                                    attention=tr.prefill_attention)  # fmt: skip
             packs, sizes = specs.setdefault((spec, first), ([], []))
             packs += [packed] if packed not in packs else []
             sizes += [len(batch)] if len(batch) not in sizes else []

@@ -42,6 +42,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxgrpo import models
+from jaxgrpo.models.attention import DENSE, Kernel
 from jaxgrpo.rollout import driver
 from jaxgrpo.rollout.params import SamplingParams
 from jaxgrpo.rollout.record import Completions
@@ -78,6 +79,7 @@ def generate(
     prompt_buckets: Sequence[int] | None = None,
     packed_ladder: tuple[int, int] | None = None,
     row_offset: int = 0,
+    attention: Kernel = DENSE,
 ) -> Completions:
     """Sample ``num_samples`` completions of up to ``max_new_tokens`` tokens for each prompt.
 
@@ -95,6 +97,7 @@ def generate(
       row_offset: the rows' place in a larger batch: row i samples with the key of row ``row_offset + i`` (a share
       of a batch sampled on several hosts draws what the whole batch's rows would); a multiple of
       ``num_samples``.
+      attention: the prefill's attention kernel (`models.attention.Kernel`: a run's resolved ``perf.attention``).
 
     Returns:
       ``Completions`` with ``[len(prompts) * num_samples, M]`` arrays in prompt-major order (see the class).
@@ -119,5 +122,5 @@ def generate(
         raise ValueError(f"row_offset ({row_offset}) must be a non-negative multiple of num_samples ({g}): the first "
                          "row of a whole prompt's group")  # fmt: skip
     groups, _ = driver.run(config, params, prompts, sp, key, prompt_buckets=prompt_buckets, packed_ladder=packed_ladder,
-                           mesh=mesh, prompt_offset=row_offset // g)  # fmt: skip
+                           mesh=mesh, prompt_offset=row_offset // g, attention=attention)  # fmt: skip
     return jax.tree.map(jnp.asarray, driver.completions(groups, range(len(prompts))))

@@ -151,7 +151,8 @@ def sample_sized(tr: Any, indices: list[int], sizes: np.ndarray, key: jax.Array)
         comp = sampling.generate(tr.model_config, tr.sampler_params(), prompt_ids, num_samples=unit,
                                  max_new_tokens=r.max_new_tokens,
                                  temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                 eos_token_ids=tr.eos_token_ids, key=key, mesh=tr.rollout_mesh)  # fmt: skip
+                                 eos_token_ids=tr.eos_token_ids, key=key, mesh=tr.rollout_mesh,
+                                 attention=tr.prefill_attention)  # fmt: skip
         comp = jax.tree.map(to_host, comp)
     return score_sized(tr, indices, sizes, comp)
 

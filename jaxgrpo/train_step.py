@@ -105,6 +105,7 @@ from jaxgrpo.config_sections import AlgoConfig, OptimConfig, PerfConfig
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.minibatch import StepParts, first_minibatch_gradient
 from jaxgrpo.models import lora
+from jaxgrpo.models.attention import Kernel
 from jaxgrpo.perf import packed_prompt_width, resolve_perf, shape_ladders
 
 # The train step's public surface, wherever each part lives.
@@ -266,14 +267,25 @@ def make_train_step(
     return init_fn, StepFn(jitted, hparams, mesh)
 
 
-def reference_logprobs_fn(model_config: models.ModelConfig, temperature: float, chunk: int, top_k: int,
-                          top_p: float) -> Callable:
+def reference_logprobs_fn(model_config: models.ModelConfig, temperature: float, perf: PerfConfig, top_k: int,
+                          top_p: float, num_shards: int = 1) -> Callable:
     """``fn(params, batch) -> [B, Tc]``: the batch's completion log-probs under ``params`` (the KL reference pass,
-    `compute_logprobs` at the rollout's temperature and truncation), jitted and memoized like `make_train_step`'s
-    step, so trainers with the same model and sampling settings share its compiled programs."""
-    key = ("reference", _freeze(model_config), float(temperature), int(chunk), int(top_k), float(top_p))
-    return _memoized(key, lambda: jax.jit(lambda prm, b: compute_logprobs(model_config, prm, b, temperature, chunk,
-                                                                          top_k=top_k, top_p=top_p)[0]))  # fmt: skip
+    `compute_logprobs` at the rollout's temperature and truncation), with the run's perf switches as the train
+    step's forward takes them (``perf`` as `resolve_perf` gives it: the attention kernel, prefix sharing -- each
+    group's prompt encoded once, the batch being prompt-major --, the LM-head chunk and kernel; no remat, there is no
+    backward; the prompts left-padded, not packed, so the pass has one program per batch shape), jitted and memoized
+    like `make_train_step`'s step, so trainers with the same model and settings share its compiled programs."""
+    key = ("reference", _freeze(model_config), float(temperature), int(top_k), float(top_p), perf.attention,
+           int(perf.attention_chunk), bool(perf.prefix_sharing), int(perf.logprob_chunk), perf.lm_head, int(num_shards))
+    kernel = Kernel(perf.attention, perf.attention_chunk)
+
+    def fn(params: Any, batch: Batch) -> jax.Array:
+        g = batch.rewards.shape[1] if perf.prefix_sharing else 0
+        return compute_logprobs(model_config, params, batch, temperature, perf.logprob_chunk, remat="none",
+                                attention_kernel=kernel, group_size=g, pack_rows=num_shards, top_k=top_k, top_p=top_p,
+                                lm_head=perf.lm_head)[0]  # fmt: skip
+
+    return _memoized(key, lambda: jax.jit(fn))
 
 
 def release_programs() -> None:

@@ -50,6 +50,7 @@ from jaxgrpo import warm_start as warm_start_lib
 from jaxgrpo.groups import Rollout
 from jaxgrpo.host import to_host
 from jaxgrpo.models import lora
+from jaxgrpo.models.attention import Kernel
 from jaxgrpo.rollout import driver as rollout_driver
 from jaxgrpo.rollout import engine as rollout_engine
 from jaxgrpo.rollout.params import SamplingParams
@@ -142,8 +143,8 @@ class Trainer:
         if cfg.algo.kl_coef > 0:
             if not self.lora:
                 self.ref_params = jax.tree.map(jnp.copy, models.compute_params(self.model_config, params))
-            self.ref_logprobs = ts.reference_logprobs_fn(self.model_config, temperature, self.perf.logprob_chunk,
-                                                         cfg.rollout.top_k, cfg.rollout.top_p)  # fmt: skip
+            self.ref_logprobs = ts.reference_logprobs_fn(self.model_config, temperature, self.perf, cfg.rollout.top_k,
+                                                         cfg.rollout.top_p, m.data * m.fsdp)  # fmt: skip
         # the learner's log-probs are of the sampler's distribution (top-k / top-p truncated: jaxgrpo.logprobs)
         # max_tokens fixed: the single-turn batch's completion width varies (`jaxgrpo.step_batch`)
         r = cfg.rollout
@@ -292,7 +293,7 @@ class Trainer:
             num_samples=r.group_size, max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
             top_k=r.top_k, eos_token_ids=self.eos_token_ids, key=key, mesh=self.rollout_mesh,
             prompt_buckets=(padding.prompt_bucket(self.prompt_width),), packed_ladder=self.ladders["engine"],
-            row_offset=row_offset)
+            row_offset=row_offset, attention=self.prefill_attention)
 
     @property
     def use_engine(self) -> bool:
@@ -301,6 +302,11 @@ class Trainer:
         reads the others' rows once per block, `driver.host_array`); on the data mesh of ``mesh.rollout > 1``
         (rollouts on devices of their own, asynchronous) `generate`: the engine in static mode."""
         return self.rollout_mesh is None or self.cfg.mesh.rollout == 0
+
+    @property
+    def prefill_attention(self) -> Kernel:
+        """The rollout prefill's attention kernel: the run's resolved ``perf.attention``, as its train step's."""
+        return Kernel(self.perf.attention, self.perf.attention_chunk)
 
     def sampler_params(self) -> Any:
         """The compute-dtype weights the rollout samples with: the version an asynchronous run's producer published
@@ -321,7 +327,7 @@ class Trainer:
         return rollout_driver.run(self.model_config, self.sampler_params(), prompt_ids, sp, key, slots=slots,
                                   block=r.decode_block, prompt_width=self.prompt_width, mesh=self.rollout_mesh,
                                   packed_ladder=self.ladders["engine"] if n == r.group_size else None,
-                                  **kw)  # fmt: skip
+                                  attention=self.prefill_attention, **kw)  # fmt: skip
 
     def score_rows(self, indices: list[int], sizes: Sequence[int], comp: sampling.Completions
                    ) -> tuple[list[str], np.ndarray, np.ndarray]:

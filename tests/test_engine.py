@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from test_sampling import PROMPTS, _gather, _log_softmax, _teacher_forced_logits, tiny_model
 
-from jaxgrpo import sampling
+from jaxgrpo import models, sampling
+from jaxgrpo.models.attention import Kernel
 from jaxgrpo.rollout import RolloutRecord, SamplingParams, driver, engine
 
 GOLDEN = pathlib.Path(__file__).parent / "data" / "engine_golden.npz"
@@ -52,6 +53,28 @@ def test_static_mode_gives_the_previous_samplers_tokens_and_logprobs(tiny, name)
     np.testing.assert_array_equal(comp.mask, gold[f"{name}/mask"])
     # same math, float32; only the reduction order of a few sums may differ (fused q|k|v, 128-wide cache)
     np.testing.assert_allclose(comp.logprobs, gold[f"{name}/logprobs"], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kernel", [Kernel("chunked", 4), Kernel("cudnn", implementation="xla")],
+                         ids=["chunked", "cudnn_layout"])
+def test_the_prefill_takes_the_runs_attention_kernel(tiny, kernel, monkeypatch):
+    """``attention=``: the prefill runs the run's kernel (chunked online softmax; cuDNN's masks and layout through
+    XLA) and samples the golden file's tokens, its log-probs within float32 rounding; the spec carries the kernel."""
+    kw, key = CASES["plain"]
+    gold = np.load(GOLDEN)
+    seen, real = [], models.prefill
+
+    def prefill(*args, attention_kernel=None, **kwargs):  # traced once per spec: what the engine's prefill runs
+        seen.append(attention_kernel)
+        return real(*args, attention_kernel=attention_kernel, **kwargs)
+
+    monkeypatch.setattr(models, "prefill", prefill)
+    comp = sampling.generate(*tiny, PROMPTS, key=jax.random.key(key), attention=kernel, **kw)
+    assert seen == [kernel]
+    np.testing.assert_array_equal(comp.tokens, gold["plain/tokens"])
+    np.testing.assert_allclose(comp.logprobs, gold["plain/logprobs"], atol=1e-5, rtol=0)
+    spec = engine.make_spec(tiny[0], SamplingParams(**kw), 4, 16, 8, attention=kernel)
+    assert spec.attention == kernel and spec != engine.make_spec(tiny[0], SamplingParams(**kw), 4, 16, 8)
 
 
 def test_continuous_mode_returns_every_group_whole_once_and_equals_static(tiny):

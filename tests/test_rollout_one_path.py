@@ -13,18 +13,23 @@ from test_sampling import PROMPTS, tiny_model
 from test_train import small_config
 
 from jaxgrpo import sampling, trainer
+from jaxgrpo.models.attention import Kernel
 from jaxgrpo.rollout import driver
 from jaxgrpo.rollout.params import SamplingParams
 
 
-def test_default_config_trains_on_the_engine(tmp_path):
-    tr = trainer.Trainer(small_config(), tmp_path / "engine")
+def test_default_config_trains_on_the_engine_with_the_runs_attention(tmp_path, monkeypatch):
+    """The trainer samples on the engine, and its prefill runs the run's ``perf.attention`` (as resolved)."""
+    seen, real = [], driver.run
+    monkeypatch.setattr(driver, "run", lambda *a, **kw: seen.append(kw["attention"]) or real(*a, **kw))
+    tr = trainer.Trainer(small_config("perf.attention=chunked", "perf.attention_chunk=8"), tmp_path / "engine")
     try:
         assert tr.use_engine and not tr.perf_notes
         for rec in [tr.step(s) for s in range(2)]:
             assert 0 < rec["rollout/slot_utilization"] <= 1 and rec["rollout/decode_steps"] >= 1
     finally:
         tr.close()
+    assert seen == [Kernel("chunked", 8)] * 2
 
 
 @pytest.mark.slow

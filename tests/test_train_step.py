@@ -421,11 +421,13 @@ def test_one_program_for_runs_that_differ_in_schedule_numbers(config, params):
                                temperature=TEMP, total_steps=10)[1]  # fmt: skip
     assert other.jitted is not fns[0].jitted
     # the KL reference pass is memoized on the model and the sampling settings the same way
-    ref = ts.reference_logprobs_fn(config, TEMP, 0, 0, 1.0)
-    assert ts.reference_logprobs_fn(config, TEMP, 0, 0, 1.0) is ref is not ts.reference_logprobs_fn(config, TEMP, 0, 5,
-                                                                                                        1.0)
+    perf = PerfConfig(attention="dense")
+    ref = ts.reference_logprobs_fn(config, TEMP, perf, 0, 1.0)
+    assert ts.reference_logprobs_fn(config, TEMP, perf, 0, 1.0) is ref is not ts.reference_logprobs_fn(config, TEMP,
+                                                                                                        perf, 5, 1.0)
+    assert ts.reference_logprobs_fn(config, TEMP, PerfConfig(attention="chunked"), 0, 1.0) is not ref
     ts.release_programs()
-    assert ts.reference_logprobs_fn(config, TEMP, 0, 0, 1.0) is not ref
+    assert ts.reference_logprobs_fn(config, TEMP, perf, 0, 1.0) is not ref
     for step_fn, T in zip(cos, (2, 4)):
         want = 0.5 * (1 + math.cos(math.pi / T))
         np.testing.assert_allclose(optim.schedule_value("cosine", step_fn.hparams, 1), want, rtol=1e-6)
@@ -469,3 +471,24 @@ def test_bad_inputs_raise_clear_errors(config, params):
         ts.policy_gradient(config, AlgoConfig(), params, with_ref, temperature=TEMP)
     with pytest.raises(ValueError, match="multiple of 4"):
         ts.policy_gradient(config, AlgoConfig(grad_accum_steps=4), params, batch, temperature=TEMP)
+
+
+@pytest.mark.parametrize("perf", [PerfConfig(), PerfConfig(attention="chunked", attention_chunk=4),
+                                  PerfConfig(prefix_sharing=False, attention="dense")],
+                         ids=["shared", "chunked", "plain"])  # fmt: skip
+def test_reference_pass_takes_the_runs_perf_switches(perf):
+    """The KL reference pass (`reference_logprobs_fn`) runs the forward the train step runs: with prefix sharing each
+    group's prompt is encoded once (the jaxpr holds a ``[P, Tp, D]`` prompt stream, B = P * G rows), with the run's
+    attention kernel; the log-probs equal the full-vocabulary log-softmax of `models.forward` (float32)."""
+    config = tiny_config()
+    params = models.init_params(config, jax.random.key(3))
+    raw = make_batch_np(5, 3, 4)
+    batch = to_batch(config, params, raw)
+    perf, _ = ts.resolve_perf(AlgoConfig(), perf, num_shards=1, platform="cpu")  # as the trainer passes it
+    fn = ts.reference_logprobs_fn(config, TEMP, perf, 0, 1.0)
+    got = fn(params, batch)
+    want, _ = reference_logprobs(config, params, raw["tokens"], raw["prompt_mask"], raw["completion_mask"])
+    mask = raw["completion_mask"]
+    np.testing.assert_allclose(np.where(mask, got, 0), np.where(mask, want, 0), atol=2e-5)
+    text = str(jax.make_jaxpr(fn)(params, batch))
+    assert (f"f32[3,{TP},{config.hidden_size}]" in text) == perf.prefix_sharing

@@ -29,6 +29,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jaxgrpo import models, padding
+from jaxgrpo.models.attention import DENSE, Kernel
 from jaxgrpo.rollout import engine
 from jaxgrpo.rollout.params import SamplingParams
 from jaxgrpo.rollout.record import Completions
@@ -82,10 +83,10 @@ class _Run:
     """Host state of one driver run (slots -> prompts, pending queue, harvested groups)."""
 
     def __init__(self, config, params, prompts, sp: SamplingParams, key, slots, block, width, packed_ladder=None,
-                 first_rows=0, mesh=None, prompt_offset=0):  # fmt: skip
+                 first_rows=0, mesh=None, prompt_offset=0, attention=DENSE):  # fmt: skip
         self.config, self.params, self.prompts, self.sp, self.key = config, params, list(prompts), sp, key
         self.packed_ladder, self.first_rows, self.prompt_offset = packed_ladder, first_rows, prompt_offset
-        self.spec = engine.make_spec(config, sp, slots, width, block, mesh=mesh)
+        self.spec = engine.make_spec(config, sp, slots, width, block, mesh=mesh, attention=attention)
         self.weights = engine.prepare_weights(config, params)
         self.caches, self.state = engine.init(config, self.spec)
         self.temp = jnp.float32(sp.temperature if sp.temperature > 0 else 1.0)
@@ -179,6 +180,7 @@ def run(
     first_rows: int = 0,
     mesh: Mesh | None = None,
     prompt_offset: int = 0,
+    attention: Kernel = DENSE,
 ) -> tuple[dict[int, Group], RunStats]:
     """Sample ``sp.num_samples`` completions for each prompt with ``slots`` group slots (None: one per prompt, padded
     to a power of two: static mode). ``params``: compute-dtype params (`models.compute_params`). Returns the
@@ -198,7 +200,8 @@ def run(
     `engine.row_shards`, the extra ones empty); ``params`` are used as placed (`jaxgrpo.sharding.shard_params`).
     ``prompt_offset``: the prompts' place in a larger list: prompt ``i`` draws with the keys of prompt
     ``prompt_offset + i`` (a share of a batch sampled on several hosts draws what the whole batch would); the
-    returned groups are numbered from 0 all the same."""
+    returned groups are numbered from 0 all the same. ``attention``: the prefill's attention kernel (a run's
+    resolved ``perf.attention``, `models.attention.Kernel`)."""
     sp.check(config.vocab_size, config.max_position_embeddings, prompts)
     if block < 1 or (slots is not None and slots < 1):
         raise ValueError(f"decode block ({block}) and slots ({slots}) must be >= 1")
@@ -208,7 +211,7 @@ def run(
     if prompt_offset < 0:
         raise ValueError(f"prompt_offset ({prompt_offset}) must be >= 0")
     r = _Run(config, params, prompts, sp, key, slots, int(block), width, packed_ladder, first_rows, mesh,
-             prompt_offset)
+             prompt_offset, attention)
     r.admit(list(range(slots)), more)
     while True:
         freed, stop = r.harvest(host_array(r.state.done), on_group)

@@ -48,7 +48,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgrpo import models
-from jaxgrpo.models.attention import KVCache
+from jaxgrpo.models.attention import DENSE, Kernel, KVCache
 from jaxgrpo.models.decode import DecodeWeights, decode_step, decode_weights
 from jaxgrpo.rollout.params import SamplingParams
 from jaxgrpo.sharding import BATCH_AXES
@@ -81,6 +81,7 @@ class Spec:
     # with a mesh: slots and rows (axis 0 of every cache and per-row state array) split over its batch axes
     # (`row_sharding`); slot s and its G rows on the same device, so a token step needs no collective
     sharding: NamedSharding | None = None
+    attention: Kernel = DENSE  # the prefill's attention kernel (the run's `perf.attention`, resolved)
 
     @property
     def rows(self) -> int:
@@ -110,16 +111,17 @@ def window_multiple(platform: str | None = None, max_new_tokens: int = 1) -> int
 
 
 def make_spec(config: models.ModelConfig, sp: SamplingParams, slots: int, prompt_width: int, block: int,
-              platform: str | None = None, mesh: Mesh | None = None) -> Spec:  # fmt: skip
+              platform: str | None = None, mesh: Mesh | None = None, attention: Kernel = DENSE) -> Spec:  # fmt: skip
     """The engine's `Spec` (``platform``: the devices it compiles for, default jax's default backend; ``mesh``: the
-    rows split over its batch axes, `row_sharding`; ``slots`` must then be a multiple of `row_shards`)."""
+    rows split over its batch axes, `row_sharding`; ``slots`` must then be a multiple of `row_shards`;
+    ``attention``: the prefill's attention kernel, `models.attention.Kernel`)."""
     top_k, use_top_p = truncation(config, sp.greedy, sp.top_k, sp.top_p)
     sharding = row_sharding(mesh)
     if slots % row_shards(mesh):
         raise ValueError(f"{slots} slots do not split over the mesh's {row_shards(mesh)} batch shards")
     platform = platform or (mesh.devices.flat[0].platform if mesh is not None else None)
     return Spec(slots, sp.num_samples, sp.max_new_tokens, prompt_width, block, sp.greedy, top_k, use_top_p,
-                sp.eos_token_ids, window_multiple(platform, sp.max_new_tokens), sharding)  # fmt: skip
+                sp.eos_token_ids, window_multiple(platform, sp.max_new_tokens), sharding, attention)  # fmt: skip
 
 
 def _batch_axes(mesh: Mesh | None) -> tuple[str, ...]:
@@ -243,7 +245,8 @@ def prefill(config, spec: Spec, packed_width: int, params, weights: DecodeWeight
     and reset those rows' state. ``params``: compute-dtype params (`models.prefill`); ``weights``: `decode_weights`."""
     G, M = spec.num_samples, spec.max_new_tokens
     A = prompt_AxT.shape[0]
-    last_AxD, kv = models.prefill(config, params, prompt_AxT, mask_AxT, packed_width=packed_width)
+    last_AxD, kv = models.prefill(config, params, prompt_AxT, mask_AxT, packed_width=packed_width,
+                                  attention_kernel=spec.attention)  # fmt: skip
     prefix = [KVCache(pk.at[slot_A].set(kv.k[i].astype(pk.dtype), mode="drop"),
                       pv.at[slot_A].set(kv.v[i].astype(pv.dtype), mode="drop"))
               for i, (pk, pv) in enumerate(caches.prefix)]  # fmt: skip
