@@ -9,11 +9,11 @@ first edition's audit against the figures the README quotes."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 import sys
 
+import benchmark_module
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -21,11 +21,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def dr():
-    spec = importlib.util.spec_from_file_location("degeneracy_real", REPO / "benchmarks" / "degeneracy_real.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["degeneracy_real"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_module.load("degeneracy_real")
 
 
 def test_parts_cover_every_arm_and_seed_once_with_one_budget(dr):

@@ -7,26 +7,17 @@ is reached and overshot by less than one step; the level split adds up to the pe
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import math
 import pathlib
-import sys
 
+import benchmark_module
 import numpy as np
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
 
 def _load_runner():
-    if "degeneracy_study" in sys.modules:
-        return sys.modules["degeneracy_study"]
-    spec = importlib.util.spec_from_file_location("degeneracy_study", REPO / "benchmarks" / "degeneracy_study.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_module.load("degeneracy_study")
 
 
 def _read_csv(path: pathlib.Path) -> list[dict[str, str]]:

@@ -6,25 +6,17 @@ of the loop body launched once per trip)."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-import pathlib
-import sys
 
+import benchmark_module
 import jax
 import jax.numpy as jnp
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
 def kp():
-    spec = importlib.util.spec_from_file_location("kernel_profile", REPO / "benchmarks" / "kernel_profile.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["kernel_profile"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_module.load("kernel_profile")
 
 
 def _meta(kind: str, pid: int, name: str, tid: int | None = None) -> dict:

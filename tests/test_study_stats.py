@@ -5,23 +5,15 @@ tables, Cohen's (1988) sample sizes; scipy (when installed) as a second, indepen
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import pathlib
-import sys
 
+import benchmark_module
 import pytest
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def st():
-    spec = importlib.util.spec_from_file_location("study_stats", REPO / "benchmarks" / "study_stats.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["study_stats"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_module.load("study_stats")
 
 
 @pytest.mark.parametrize("t", [0.0, 0.3, 1.0, 2.5, 12.0])
