@@ -12,7 +12,9 @@ The work of one RL step, identical for both:
 
 Reported: seconds per RL step (sampling + rewards + log-probs + update), first step excluded (warm-up / XLA
 compile), median of the remaining ``--steps - 1`` (>= 3). TRL's step is timed with a `TrainerCallback`
-(``on_step_begin`` .. ``on_step_end``: its generation, reward, old-log-prob and training passes all happen inside).
+(``on_step_begin`` .. ``on_step_end``: its generation, reward, old-log-prob and training passes all happen inside),
+twice: generating with transformers' ``generate`` (``trl``) and with transformers' in-process continuous batching
+(``trl_cb``, ``GRPOConfig(use_transformers_continuous_batching=True)``, TRL's fast path without vLLM).
 The jaxgrpo step is `Trainer.step()`, broken down by its own metrics and, for the update, by wrapping the jitted train
 step (outside the trainer's hot path): ``sampling`` (``time/sample_s`` less ``time/reward_s``: the rollout engine's
 prefill and decode, detokenisation and batch assembly), ``rewards`` (``time/reward_s``, the reward calls),
@@ -27,7 +29,7 @@ with the same environment: the glibc malloc tunables ``python -m jaxgrpo.train``
 worker included; ``--malloc default`` runs every worker with glibc's defaults.
 `trl` is a benchmark-only dependency (``pip install trl``), not a dependency of jaxgrpo.
 
-  python benchmarks/vs_trl.py [--steps 4] [--only trl|jaxgrpo|jaxgrpo_noprefix] [--malloc keep|hugepages|default]
+  python benchmarks/vs_trl.py [--steps 4] [--only trl|trl_cb|jaxgrpo|jaxgrpo_noprefix] [--malloc keep|hugepages|default]
                               [--gpu] [--gguf FILE] [--data-dir DIR] [--prompts 8] [--group 4] [--tokens 64]
                               [--out benchmarks/results/vs_trl.json]
 """
@@ -52,6 +54,9 @@ P, G, TC, LR = 8, 4, 64, 1e-6
 # --gpu: both frameworks on the GPU with float32 master weights and bfloat16 compute (TRL: ``bf16=True`` autocast over
 # a float32 model; jaxgrpo: ``model.dtype=bfloat16``); --gguf/--data-dir: where the model and GSM8K are on that machine
 GPU = {"on": False, "gguf": "smollm2"}
+# the arms: jaxgrpo with and without prefix sharing, TRL generating with transformers' `generate` (static batch) and
+# with transformers' in-process continuous batching (``use_transformers_continuous_batching``)
+WORKERS = ("jaxgrpo", "jaxgrpo_noprefix", "trl", "trl_cb")
 
 
 def _examples_and_prompts():
@@ -76,7 +81,7 @@ def _load() -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------ TRL
-def run_trl(steps: int) -> dict:
+def run_trl(steps: int, continuous_batching: bool = False) -> dict:
     import datasets
     import torch
     import transformers
@@ -123,12 +128,14 @@ def run_trl(steps: int) -> dict:
             temperature=1.0, top_p=1.0, top_k=0, beta=0.0, num_iterations=1, learning_rate=LR, max_steps=steps,
             logging_steps=1, report_to="none", use_cpu=not GPU["on"], bf16=GPU["on"], fp16=False, save_strategy="no",
             shuffle_dataset=False, seed=0, dataloader_num_workers=0, disable_tqdm=True,
+            use_transformers_continuous_batching=continuous_batching,
         )  # fmt: skip
         trainer = trl.GRPOTrainer(model=model, reward_funcs=gsm8k_reward, args=args, train_dataset=ds,
                                   processing_class=tokenizer, callbacks=[Timer()])  # fmt: skip
         trainer.train()
     return {
-        "framework": f"trl {trl.__version__} (torch {torch.__version__}, transformers {transformers.__version__})",
+        "framework": f"trl {trl.__version__} (torch {torch.__version__}, transformers {transformers.__version__})"
+                     + (", transformers' continuous batching" if continuous_batching else ""),
         "step_s": times,
         "completion_len_mean": statistics.mean(lengths) if lengths else None,
         "torch_threads": torch.get_num_threads(),
@@ -250,8 +257,8 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=4, help="RL steps per framework (the first is excluded); >= 4")
-    ap.add_argument("--only", choices=["trl", "jaxgrpo", "jaxgrpo_noprefix"], default=None)
-    ap.add_argument("--worker", choices=["trl", "jaxgrpo", "jaxgrpo_noprefix"], default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--only", choices=WORKERS, default=None)
+    ap.add_argument("--worker", choices=WORKERS, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--malloc", choices=list(MALLOC_MODES), default=MALLOC_MODES[0],
                     help="every worker's glibc malloc tunables, as JAXGRPO_MALLOC for jaxgrpo's CLI")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "vs_trl.json"))
@@ -269,14 +276,14 @@ def main() -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        if args.worker == "trl":
-            res = run_trl(args.steps)
+        if args.worker.startswith("trl"):
+            res = run_trl(args.steps, continuous_batching=args.worker == "trl_cb")
         else:
             res = run_jaxgrpo(args.steps, prefix_sharing=args.worker == "jaxgrpo")
         print("RESULT " + json.dumps(res), flush=True)
         return
 
-    which = [args.only] if args.only else ["jaxgrpo", "jaxgrpo_noprefix", "trl"]
+    which = [args.only] if args.only else list(WORKERS)
     env = malloc_env({**os.environ, "JAXGRPO_MALLOC": args.malloc})
     tunables = (env or os.environ).get("GLIBC_TUNABLES")
     malloc = f"GLIBC_TUNABLES={tunables}" if tunables else "glibc defaults"
@@ -323,10 +330,11 @@ def main() -> None:
         prev["results"].update(results)
         prev.update({k: v for k, v in summary.items() if k != "results"})
         summary = prev
-    trl_s = summary["results"].get("trl", {}).get("median_step_s")
-    for w in ("jaxgrpo", "jaxgrpo_noprefix"):
-        if trl_s and summary["results"].get(w, {}).get("median_step_s"):
-            summary[f"speedup_{w}_vs_trl"] = trl_s / summary["results"][w]["median_step_s"]
+    for t in ("trl", "trl_cb"):
+        trl_s = summary["results"].get(t, {}).get("median_step_s")
+        for w in ("jaxgrpo", "jaxgrpo_noprefix"):
+            if trl_s and summary["results"].get(w, {}).get("median_step_s"):
+                summary[f"speedup_{w}_vs_{t}"] = trl_s / summary["results"][w]["median_step_s"]
     out.write_text(json.dumps(summary, indent=2))
     print(f"\n{'framework':<22}{'median s/step':>14}{'sampling':>10}{'rewards':>9}{'logprobs':>9}{'update':>8}")
     for w, r in summary["results"].items():

@@ -111,22 +111,20 @@ def _batch_ks_run(tmp_path, sampler: str, *extra: str) -> list[str]:
             "log.tensorboard=false", "log.sample_every=0", "checkpoint.every=0", "checkpoint.export_final=false",
             f"train.steps={len(BATCH_KS)}", "data.source=gsm8k", f"data.path={data}", "data.shuffle=false",
             "data.max_prompt_tokens=32", "data.rewards={gsm8k: 1.0}",
-            # a mesh: the engine's slots split over it; the previous sampler (that of multi-process meshes) forced
+            # a mesh: the engine's slots split over it
             *(["mesh.data=4", "mesh.fsdp=2"] if sampler != "engine" else []), *extra]  # fmt: skip
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sampler", ["legacy", "engine", "engine_mesh"])
-def test_no_compilation_after_the_first_step(tmp_path, sampler, monkeypatch):
+@pytest.mark.parametrize("sampler", ["engine", "engine_mesh"])
+def test_no_compilation_after_the_first_step(tmp_path, sampler):
     """Five steps whose prompts' lengths differ from batch to batch: XLA compiles in step 1 only (sampler, train
-    step and everything around them), with the engine (on one device and on a data 4 x fsdp 2 mesh) and with the
-    legacy sampler (on the mesh, as a multi-process run takes it); the former per-batch widths (the packed prompts
-    rounded up to 64, the sampler's 4 buckets per octave) take two values each over the same batches."""
-    if sampler == "legacy":
-        monkeypatch.setattr(trainer.Trainer, "use_engine", False)
+    step and everything around them), with the engine on one device and on a data 4 x fsdp 2 mesh; the former
+    per-batch widths (the packed prompts rounded up to 64, the sampler's 4 buckets per octave) take two values each
+    over the same batches."""
     cfg = config_lib.load_config("default", _batch_ks_run(tmp_path, sampler))
     t = trainer.Trainer(cfg, tmp_path / "run")
-    assert t.use_engine == (sampler != "legacy") and (t.rollout_mesh is None) == (sampler == "engine")
+    assert t.use_engine and (t.rollout_mesh is None) == (sampler == "engine")
     lengths = []
     rollout = t.rollout
 
