@@ -211,6 +211,33 @@ def compile_train_step(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]
                 hbm_bytes=float(hlo.program_bytes(text).bytes_per_iteration))  # fmt: skip
 
 
+def compile_reference(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]) -> dict[str, float] | None:
+    """With ``algo.kl_coef > 0``, compile the KL reference pass for ``devices`` (`train_step.reference_logprobs_fn`
+    with the run's perf switches, on the worst-case batch and the reference weights as the trainer holds them: a
+    compute-dtype copy of the initial weights sharded like the masters, or with LoRA the frozen base itself);
+    `program_figures` of it, and ``shared``: the bytes of its arguments that are the train state's own (LoRA's base).
+    None without a KL term."""
+    if cfg.algo.kl_coef <= 0:
+        return None
+    m, r = cfg.mesh, cfg.rollout
+    mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
+    shards = int(mesh.shape["data"] * mesh.shape["fsdp"])
+    perf, _ = resolve_perf(cfg.algo, cfg.perf, num_shards=shards * int(mesh.shape["tensor"]),
+                           platform=devices[0].platform, compute_dtype=mcfg.dtype)  # fmt: skip
+    masters = ts.abstract_state(mcfg, cfg.algo, cfg.optim, mesh, cfg.train.steps).params
+    if mcfg.lora is not None:
+        ref, shared = models.lora.split(masters)[0], per_chip_bytes(models.lora.split(masters)[0])
+    else:
+        ref = jax.tree.map(lambda x, p: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=p.sharding),
+                           jax.eval_shape(lambda p: models.compute_params(mcfg, p), masters), masters)  # fmt: skip
+        shared = 0.0
+    fn = ts.reference_logprobs_fn(mcfg, r.temperature, perf, r.top_k, r.top_p, shards)
+    batch = abstract_batch(cfg, mesh, padding.train_prompt_width([cfg.data.max_prompt_tokens])).replace(
+        ref_logprobs=None)
+    compiled = fn.lower(ref, batch).compile(compiler_options=compiler_options(devices))
+    return dict(program_figures(compiled), shared=shared)
+
+
 def resident_bytes(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]) -> dict[str, float]:
     """Per-chip bytes that stay on the chips through the rollout and the train step: the master weights and the
     optimizer state (`train_step.abstract_state`), and with ``algo.kl_coef > 0`` the reference policy's weights (the
@@ -370,14 +397,17 @@ def rollout_cache_bytes(mcfg: models.ModelConfig, cfg: Config) -> float:
     return float(kv * r.prompts_per_step * slots_per_prompt)
 
 
-def totals(cfg: Config, resident: dict[str, float], step: dict[str, float], rollout: dict[str, dict[str, float]]
-           ) -> dict[str, float]:  # fmt: skip
+def totals(cfg: Config, resident: dict[str, float], step: dict[str, float], rollout: dict[str, dict[str, float]],
+           reference: dict[str, float] | None = None) -> dict[str, float]:  # fmt: skip
     """Per-chip peak of each program with what stays resident beside it (`resident_bytes`): the train step (its
-    arguments hold the train state; the reference weights come on top), the prefill and the decode loop (the train
-    state, plus each program's own total; where the compute dtype is the master dtype the sampler reads the masters
-    themselves, which are then not counted twice). With ``mesh.rollout`` the rollout's programs run on chips of their
-    own: each total alone."""
+    arguments hold the train state; the reference weights come on top), the KL reference pass (``reference``,
+    `compile_reference`: the train state beside its total, whose arguments hold the reference weights), the prefill
+    and the decode loop (the train state, plus each program's own total; where the compute dtype is the master dtype
+    the sampler reads the masters themselves, which are then not counted twice). With ``mesh.rollout`` the rollout's
+    programs run on chips of their own: each total alone."""
     out = {"train step": step["total"] + resident["reference"]}
+    if reference is not None:
+        out["reference pass"] = resident["weights"] + resident["optimizer"] + reference["total"] - reference["shared"]
     if cfg.mesh.rollout:  # the rollout's devices hold only what its programs take (their arguments: the weights)
         out.update({name: p["total"] for name, p in rollout.items() if name != "weights"})
         return out

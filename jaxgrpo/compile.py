@@ -2,8 +2,9 @@
 """`python -m jaxgrpo.compile --config FILE [--topology v5e:4x8 | --platform cuda --chip h100] [--dump-hlo DIR]
 [section.key=value ...]`: does a config fit, and how close is its decode to the memory roofline?
 
-Compiles the config's train step and its rollout (the sampler's prefill and decode loop) ahead of time for a TPU slice
-(``--topology``, else the config's ``mesh.topology``; compile-only devices, needs libtpu: ``pip install jaxgrpo[tpu]``),
+Compiles the config's train step, its KL reference pass (with ``algo.kl_coef > 0``) and its rollout (the engine's
+prefill and decode block) ahead of time for a TPU slice (``--topology``, else the config's ``mesh.topology``;
+compile-only devices, needs libtpu: ``pip install jaxgrpo[tpu]``),
 for NVIDIA GPUs without one (``--platform cuda --chip h100|h200``: `aot.gpu_devices`, needs ``pip install
 "jax[cuda13-local]==<jax version>"`` and ptxas) or for the local devices, and prints per chip: weights, optimizer
 state, each program's temporaries and total against the chip's memory, FLOPs per step and a roofline step time
@@ -15,8 +16,8 @@ decode loop's bytes moved per token step against the ideal (weights once + the K
 ``DIR/prefill.hlo.txt``). With ``mesh.rollout = R`` (asynchronous rollouts on devices of their own) the train step
 compiles on the first ``data × fsdp × tensor`` devices and the rollout on the last R, each judged with what its own
 chips hold (the rollout's: its compute-dtype weights, caches and temporaries). Exits 1 when the train step, the
-prefill or the decode loop does not fit (a rollout whose KV caches cannot fit even spread over every chip is refused
-before anything compiles), 2 on a bad config or a missing compiler.
+reference pass, the prefill or the decode loop does not fit (a rollout whose KV caches cannot fit even spread over
+every chip is refused before anything compiles), 2 on a bad config or a missing compiler.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         texts: dict[str, str] = {}
         step = aot.compile_train_step(cfg, mcfg, learner_devices, texts)
+        program = "KL reference pass"
+        reference = aot.compile_reference(cfg, mcfg, learner_devices)
         program = "rollout"
         rollout = aot.compile_rollout(rcfg, mcfg, rollout_devices, texts)
     except ConfigError as e:
@@ -102,13 +105,16 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"{program} DOES NOT FIT: {str(e).splitlines()[0]}")
         return 1
-    totals = aot.totals(cfg, resident, step, rollout)
+    totals = aot.totals(cfg, resident, step, rollout, reference)
     shared = aot.shared_rollout_weights(cfg, rollout)  # the state's own arrays, as `aot.totals` counts them
     rows = [("weights (masters)", resident["weights"]), ("optimizer state", resident["optimizer"]),
             ("reference weights (KL)", resident["reference"]), ("train step temporaries", step["temporaries"]),
-            ("train step total", totals["train step"]),
-            ("rollout weights (compute)", rollout["weights"]["total"] - shared),
-            ("prefill temporaries", rollout["prefill"]["temporaries"]), ("prefill total", totals["prefill"])]
+            ("train step total", totals["train step"])]
+    if reference is not None:
+        rows += [("reference pass temporaries", reference["temporaries"]),
+                 ("reference pass total", totals["reference pass"])]  # fmt: skip
+    rows += [("rollout weights (compute)", rollout["weights"]["total"] - shared),
+             ("prefill temporaries", rollout["prefill"]["temporaries"]), ("prefill total", totals["prefill"])]
     if "decode" in rollout:
         d = rollout["decode"]
         rows += [("decode KV caches and state", d["arguments"] - rollout["weights"]["total"]),

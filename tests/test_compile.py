@@ -9,9 +9,10 @@ import importlib.util
 
 import pytest
 
-from jaxgrpo import aot
+from jaxgrpo import aot, models, sharding
 from jaxgrpo import compile as compile_cli
 from jaxgrpo import config as config_lib
+from jaxgrpo import train_step as ts
 
 
 def test_default_config_fits_the_local_device(capsys):
@@ -31,11 +32,11 @@ def test_programs_over_a_small_chip_fail_with_exit_code_1(capsys, monkeypatch):
     monkeypatch.setattr(aot, "chip_of", lambda devices: ("tiny-chip", aot.Chip(bound + 1, 1e12, 1e11)))
     assert compile_cli.main(overrides) == 1
     out = capsys.readouterr().out
-    for row in ("reference weights (KL)", "rollout weights (compute)", "prefill total", "decode KV caches and state",
-                "decode total"):  # fmt: skip
+    for row in ("reference weights (KL)", "reference pass total", "rollout weights (compute)", "prefill total",
+                "decode KV caches and state", "decode total"):  # fmt: skip
         assert row in out
     assert "nothing compiled" not in out and "DOES NOT FIT" in out
-    assert out.strip().endswith("per chip: train step, prefill, decode")
+    assert out.strip().endswith("per chip: train step, reference pass, prefill, decode")
 
 
 def test_rollout_programs_compiled_with_donated_kv_cache():
@@ -220,3 +221,26 @@ def test_rollout_weights_shared_with_the_state(over, shared):
     resident = {"weights": 50.0, "optimizer": 20.0, "reference": 0.0}
     totals = aot.totals(cfg, resident, {"total": 10.0}, rollout)
     assert totals["prefill"] == (300.0 if cfg.mesh.rollout else 70.0 + 300.0 - (1000.0 if shared else 0.0))
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_kl_reference_pass_is_compiled_and_judged(capsys, lora):
+    """``algo.kl_coef > 0``: the KL reference pass (the trainer's `reference_logprobs_fn`, with the run's perf) is
+    compiled beside the train step and judged with the train state resident: its total is the masters, the optimizer
+    state and its own program (whose arguments hold the reference weights: a compute-dtype copy, or LoRA's frozen base,
+    which is the state's own and counted once)."""
+    over = ["algo.kl_coef=0.01", "rollout.max_new_tokens=3", "model.dtype=bfloat16", "mesh.fsdp=4",
+            *(["lora.rank=4"] if lora else [])]  # fmt: skip
+    assert compile_cli.main(over) == 0
+    out = capsys.readouterr().out
+    cfg = config_lib.load_config("default", over)
+    mcfg, devices = aot.model_config(cfg), aot.topology_devices(None, 4)
+    ref = aot.compile_reference(cfg, mcfg, devices)
+    resident = aot.resident_bytes(cfg, mcfg, devices)
+    base = aot.per_chip_bytes(models.lora.split(ts.abstract_state(mcfg, cfg.algo, cfg.optim, sharding.make_mesh(
+        1, 4, 1, devices=devices), cfg.train.steps).params)[0]) if lora else 0.0  # fmt: skip
+    assert ref["shared"] == base and ref["arguments"] >= (base or resident["reference"])
+    want = resident["weights"] + resident["optimizer"] + ref["total"] - base
+    row = next(line for line in out.splitlines() if line.strip().startswith("reference pass total"))
+    assert row.endswith(aot.human(want)) and "reference pass temporaries" in out
+    assert aot.compile_reference(config_lib.load_config("default", over[1:]), mcfg, devices) is None  # no KL term
