@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             devices = aot.gpu_devices(args.chip or "h100", size + split)
             if cfg.perf.attention in ("auto", "cudnn") and not aot.has_cudnn():  # its library builds the kernel
                 cfg = config_lib.load_config(args.config, [*args.overrides, "perf.attention=chunked"])
-                print("cuDNN is not installed: the train step compiles with perf.attention=chunked")
+                print("cuDNN is not installed: the train step, the reference pass and the prefill compile with "
+                      "perf.attention=chunked")
         else:
             devices = aot.topology_devices(topology, size + split)
         mcfg = aot.model_config(cfg)

@@ -100,7 +100,7 @@ FILE_SECONDS = {
     "test_chunked_attention.py": 24, "test_faults.py": 23, "test_models_gguf.py": 22, "test_decode.py": 20,
     "test_rollout_truncated_logprobs.py": 20, "test_fused_logprobs.py": 19, "test_train_step_prefix.py": 19,
     "test_advantages.py": 18, "test_step_batch.py": 18, "test_prefix.py": 18, "test_models.py": 17,
-    "test_recompile.py": 17, "test_projection_reuse.py": 16,
+    "test_recompile.py": 17,
 }
 
 

@@ -221,8 +221,9 @@ def test_cli_compiles_for_an_h100_and_dumps_the_decode_hlo(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def qwen_decode():
-    """The Qwen2.5-0.5B-Instruct GSM8K config's decode loop compiled for an H100 (random weights: shapes only)."""
-    cfg = config_lib.load_config("qwen2.5-0.5b-instruct_gsm8k", [])
+    """The Qwen2.5-0.5B-Instruct GSM8K config's decode loop compiled for an H100 (random weights: shapes only; the
+    prefill's attention is the config's, chunked where cuDNN is not installed, as `python -m jaxgrpo.compile` does)."""
+    cfg = config_lib.load_config("qwen2.5-0.5b-instruct_gsm8k", [] if aot.has_cudnn() else ["perf.attention=chunked"])
     mcfg = aot.model_config(cfg)
     texts: dict[str, str] = {}
     figures = aot.compile_rollout(cfg, mcfg, aot.gpu_devices("h100"), texts, windows=3)  # of 16 windows: 32, 288, 512
