@@ -21,6 +21,7 @@ from jaxgrpo import config as config_lib
 from jaxgrpo import padding, precompile, trainer
 from jaxgrpo import step_batch as step_batch_lib
 from jaxgrpo.config_sections import AlgoConfig, PerfConfig
+from jaxgrpo.models.attention import DENSE
 from jaxgrpo.rollout import driver as rollout_driver
 from jaxgrpo.rollout import engine
 from jaxgrpo.rollout.params import SamplingParams
@@ -188,7 +189,7 @@ def test_engine_windows_compile_in_the_background(mesh):
     compute = models.compute_params(mcfg, params)
     tr = type("Run", (), dict(cfg=cfg, model_config=mcfg, use_engine=True, eos_token_ids=(), prompt_width=32,
                               encoded=encoded, ladders=ladders, rollout_mesh=mesh, sampler_params=lambda self: compute,
-                              state=type("S", (), {"params": params})()))()  # fmt: skip
+                              prefill_attention=DENSE, state=type("S", (), {"params": params})()))()  # fmt: skip
     sp = SamplingParams(r.max_new_tokens, r.group_size, r.temperature, r.top_p, r.top_k, ())
     slots = r.slots if mesh is None else 4
 

@@ -86,11 +86,13 @@ def test_tiny_run_end_to_end(tmp_path):
 
 def test_kl_to_the_initial_policy(tmp_path):
     """algo.kl_coef > 0: the reference forward runs on a copy of the initial params, so the KL is 0 at the first
-    step (same params) and grows as the policy moves."""
+    step (same params) and grows as the policy moves. (Step 1's groups are all degenerate here: its gradient is 0 or
+    float noise, which Adam may or may not turn into a move, so step 2's KL is 0 or tiny; step 3 follows a real
+    update.)"""
     history = trainer.run(small_config("algo.kl_coef=0.5", "optim.learning_rate=1e-2", "train.steps=3",
                                        "checkpoint.every=0", "checkpoint.export_final=false"), tmp_path / "run")
     kl = [rec["kl"] for rec in history]
-    assert abs(kl[0]) < 1e-6 and 0 < kl[1] < kl[2], kl
+    assert abs(kl[0]) < 1e-6 and 0 <= kl[1] < kl[2] and kl[2] > 1e-3, kl
     assert all(np.isfinite(rec["loss"]) for rec in history)
 
 
