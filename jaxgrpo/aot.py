@@ -37,7 +37,7 @@ from jaxgrpo import hlo, models, padding, sharding
 from jaxgrpo import train_step as ts
 from jaxgrpo.config import Config
 from jaxgrpo.errors import ConfigError
-from jaxgrpo.perf import resolve_perf
+from jaxgrpo.perf import attention_kernel, resolve_perf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,7 +342,6 @@ def engine_spec(cfg: Config, mcfg: models.ModelConfig, platform: str, mesh: Any 
     ``data.max_prompt_tokens`` (bucketed; on a ``mesh`` rounded up to its batch shards, as the driver rounds them),
     ``rollout.decode_block`` steps per block, the rollout's sampling, the prefill's attention kernel as the run
     resolves ``perf.attention`` on that platform."""
-    from jaxgrpo.models.attention import Kernel
     from jaxgrpo.rollout import engine
     from jaxgrpo.rollout.params import SamplingParams
 
@@ -353,7 +352,7 @@ def engine_spec(cfg: Config, mcfg: models.ModelConfig, platform: str, mesh: Any 
     perf, _ = resolve_perf(cfg.algo, cfg.perf, num_shards=engine.row_shards(mesh), platform=platform,
                            compute_dtype=mcfg.dtype)  # fmt: skip
     return engine.make_spec(mcfg, sp, slots, padding.prompt_bucket(cfg.data.max_prompt_tokens), r.decode_block,
-                            platform, mesh, Kernel(perf.attention, perf.attention_chunk))  # fmt: skip
+                            platform, mesh, attention_kernel(perf))  # fmt: skip
 
 
 def spread(items: list[int], n: int | None) -> list[int]:

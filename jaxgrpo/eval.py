@@ -120,11 +120,11 @@ def summarize(successes: np.ndarray, group_sizes: Sequence[int], ks: Sequence[in
 def prefill_attention(cfg: Config, model_config: models.ModelConfig) -> Kernel:
     """The sampler's prefill attention kernel for ``cfg`` on this host's backend: its ``perf.attention`` resolved as a
     training run resolves it (`jaxgrpo.perf.resolve_perf`)."""
-    from jaxgrpo.perf import resolve_perf
+    from jaxgrpo.perf import attention_kernel, resolve_perf
 
     perf, _ = resolve_perf(cfg.algo, cfg.perf, num_shards=1, platform=jax.default_backend(),
                            compute_dtype=model_config.dtype)  # fmt: skip
-    return Kernel(perf.attention, perf.attention_chunk)
+    return attention_kernel(perf)
 
 
 def evaluate(

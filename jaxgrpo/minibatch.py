@@ -23,8 +23,7 @@ from jaxgrpo.degeneracy import DEGENERATE_MODES
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.losses import AGGREGATIONS
 from jaxgrpo.models import lora
-from jaxgrpo.models.attention import Kernel
-from jaxgrpo.perf import platform_of, resolve_perf
+from jaxgrpo.perf import attention_kernel, platform_of, resolve_perf
 
 BATCH_AXES = sharding_lib.BATCH_AXES
 Params = Any
@@ -172,7 +171,7 @@ class StepParts:
         rows = Batch(tokens=mb["tokens"], prompt_mask=mb["prompt_mask"], completion_mask=mb["completion_mask"],
                      rewards=jnp.zeros((0, 0)), valid=jnp.zeros((0, 0), bool), old_logprobs=mb["old_logprobs"])
         perf = self.perf
-        kernel = Kernel(perf.attention, perf.attention_chunk)
+        kernel = attention_kernel(perf)
         return compute_logprobs(self.config, params, rows, self.temperature, perf.logprob_chunk, remat=remat,
                                 matmul_backward=perf.matmul_backward, attention_kernel=kernel,
                                 constrain_rows=self._constrain_rows if self.mesh is not None else None,

@@ -12,6 +12,13 @@ from jax.sharding import Mesh
 
 from jaxgrpo import padding
 from jaxgrpo.config_sections import AlgoConfig, PerfConfig
+from jaxgrpo.models.attention import Kernel
+
+
+def attention_kernel(perf: PerfConfig) -> Kernel:
+    """The attention kernel of a resolved ``perf`` (`resolve_perf`): what the train step, the KL reference pass and
+    the rollout's prefill run."""
+    return Kernel(perf.attention, perf.attention_chunk)
 
 
 def resolve_perf(

@@ -105,13 +105,12 @@ from jaxgrpo.config_sections import AlgoConfig, OptimConfig, PerfConfig
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.minibatch import StepParts, first_minibatch_gradient
 from jaxgrpo.models import lora
-from jaxgrpo.models.attention import Kernel
-from jaxgrpo.perf import packed_prompt_width, resolve_perf, shape_ladders
+from jaxgrpo.perf import attention_kernel, packed_prompt_width, resolve_perf, shape_ladders
 
 # The train step's public surface, wherever each part lives.
-__all__ = ["Batch", "TrainState", "abstract_state", "compute_logprobs", "global_batch", "make_train_step",
-           "packed_prompt_width", "policy_gradient", "resolve_perf", "shape_ladders", "state_shardings",
-           "StepFn"]  # fmt: skip
+__all__ = ["Batch", "TrainState", "abstract_state", "attention_kernel", "compute_logprobs", "global_batch",
+           "make_train_step", "packed_prompt_width", "policy_gradient", "resolve_perf", "shape_ladders",
+           "state_shardings", "StepFn"]  # fmt: skip
 
 Params = Any
 
@@ -277,7 +276,7 @@ def reference_logprobs_fn(model_config: models.ModelConfig, temperature: float, 
     like `make_train_step`'s step, so trainers with the same model and settings share its compiled programs."""
     key = ("reference", _freeze(model_config), float(temperature), int(top_k), float(top_p), perf.attention,
            int(perf.attention_chunk), bool(perf.prefix_sharing), int(perf.logprob_chunk), perf.lm_head, int(num_shards))
-    kernel = Kernel(perf.attention, perf.attention_chunk)
+    kernel = attention_kernel(perf)
 
     def fn(params: Any, batch: Batch) -> jax.Array:
         g = batch.rewards.shape[1] if perf.prefix_sharing else 0

@@ -306,7 +306,7 @@ class Trainer:
     @property
     def prefill_attention(self) -> Kernel:
         """The rollout prefill's attention kernel: the run's resolved ``perf.attention``, as its train step's."""
-        return Kernel(self.perf.attention, self.perf.attention_chunk)
+        return ts.attention_kernel(self.perf)
 
     def sampler_params(self) -> Any:
         """The compute-dtype weights the rollout samples with: the version an asynchronous run's producer published
