@@ -231,7 +231,8 @@ def compile_reference(cfg: Config, mcfg: models.ModelConfig, devices: list[Any])
         ref = jax.tree.map(lambda x, p: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=p.sharding),
                            jax.eval_shape(lambda p: models.compute_params(mcfg, p), masters), masters)  # fmt: skip
         shared = 0.0
-    fn = ts.reference_logprobs_fn(mcfg, r.temperature, perf, r.top_k, r.top_p, shards)
+    fn = ts.reference_logprobs_fn(mcfg, r.temperature, perf, r.top_k, r.top_p, shards,
+                                  cfg.algo.num_minibatches * cfg.algo.grad_accum_steps)  # fmt: skip
     batch = abstract_batch(cfg, mesh, padding.train_prompt_width([cfg.data.max_prompt_tokens])).replace(
         ref_logprobs=None)
     compiled = fn.lower(ref, batch).compile(compiler_options=compiler_options(devices))

@@ -267,22 +267,47 @@ def make_train_step(
 
 
 def reference_logprobs_fn(model_config: models.ModelConfig, temperature: float, perf: PerfConfig, top_k: int,
-                          top_p: float, num_shards: int = 1) -> Callable:
+                          top_p: float, num_shards: int = 1, chunks: int = 1) -> Callable:
     """``fn(params, batch) -> [B, Tc]``: the batch's completion log-probs under ``params`` (the KL reference pass,
     `compute_logprobs` at the rollout's temperature and truncation), with the run's perf switches as the train
     step's forward takes them (``perf`` as `resolve_perf` gives it: the attention kernel, prefix sharing -- each
     group's prompt encoded once, the batch being prompt-major --, the LM-head chunk and kernel; no remat, there is no
     backward; the prompts left-padded, not packed, so the pass has one program per batch shape), jitted and memoized
-    like `make_train_step`'s step, so trainers with the same model and settings share its compiled programs."""
+    like `make_train_step`'s step, so trainers with the same model and settings share its compiled programs.
+    ``chunks`` (the train step's micro-batches a step, ``num_minibatches x grad_accum_steps``): the rows run that
+    many at a time under `jax.lax.map`, each of ``num_shards`` batch shards giving each chunk whole groups of its own
+    rows, as the train step splits them, so the pass holds one micro-batch's activations, not the whole batch's; when
+    the groups do not divide so, the batch runs whole."""
     key = ("reference", _freeze(model_config), float(temperature), int(top_k), float(top_p), perf.attention,
-           int(perf.attention_chunk), bool(perf.prefix_sharing), int(perf.logprob_chunk), perf.lm_head, int(num_shards))
+           int(perf.attention_chunk), bool(perf.prefix_sharing), int(perf.logprob_chunk), perf.lm_head, int(num_shards),
+           int(chunks))  # fmt: skip
     kernel = attention_kernel(perf)
 
-    def fn(params: Any, batch: Batch) -> jax.Array:
+    def rows_logprobs(params: Any, batch: Batch) -> jax.Array:
         g = batch.rewards.shape[1] if perf.prefix_sharing else 0
         return compute_logprobs(model_config, params, batch, temperature, perf.logprob_chunk, remat="none",
                                 attention_kernel=kernel, group_size=g, pack_rows=num_shards, top_k=top_k, top_p=top_p,
                                 lm_head=perf.lm_head)[0]  # fmt: skip
+
+    def fn(params: Any, batch: Batch) -> jax.Array:
+        P, G = batch.rewards.shape
+        S, C = int(num_shards), int(chunks)
+        if C <= 1 or P % (S * C):
+            return rows_logprobs(params, batch)
+        n = P * G // (S * C)  # rows of one shard in one chunk: whole groups
+
+        def split(x: jax.Array) -> jax.Array:  # [B, ...] -> [C, B / C, ...], shard s's rows still its own
+            return jnp.moveaxis(x.reshape(S, C, n, *x.shape[1:]), 1, 0).reshape(C, S * n, *x.shape[1:])
+
+        def one(mb: dict[str, jax.Array]) -> jax.Array:
+            rows = Batch(tokens=mb["tokens"], prompt_mask=mb["prompt_mask"], completion_mask=mb["completion_mask"],
+                         rewards=jnp.zeros((S * n // G, G)), valid=jnp.zeros((S * n // G, G), bool),
+                         old_logprobs=mb["completion_mask"].astype(jnp.float32))  # fmt: skip
+            return rows_logprobs(params, rows)
+
+        parts = {k: split(getattr(batch, k)) for k in ("tokens", "prompt_mask", "completion_mask")}
+        out = jax.lax.map(one, parts)  # [C, S * n, Tc]
+        return jnp.moveaxis(out.reshape(C, S, n, -1), 0, 1).reshape(P * G, -1)
 
     return _memoized(key, lambda: jax.jit(fn))
 

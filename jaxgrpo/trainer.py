@@ -143,8 +143,10 @@ class Trainer:
         if cfg.algo.kl_coef > 0:
             if not self.lora:
                 self.ref_params = jax.tree.map(jnp.copy, models.compute_params(self.model_config, params))
+            a = cfg.algo
             self.ref_logprobs = ts.reference_logprobs_fn(self.model_config, temperature, self.perf, cfg.rollout.top_k,
-                                                         cfg.rollout.top_p, m.data * m.fsdp)  # fmt: skip
+                                                         cfg.rollout.top_p, m.data * m.fsdp,
+                                                         a.num_minibatches * a.grad_accum_steps)  # fmt: skip
         # the learner's log-probs are of the sampler's distribution (top-k / top-p truncated: jaxgrpo.logprobs)
         # max_tokens fixed: the single-turn batch's completion width varies (`jaxgrpo.step_batch`)
         r = cfg.rollout

@@ -492,3 +492,23 @@ def test_reference_pass_takes_the_runs_perf_switches(perf):
     np.testing.assert_allclose(np.where(mask, got, 0), np.where(mask, want, 0), atol=2e-5)
     text = str(jax.make_jaxpr(fn)(params, batch))
     assert (f"f32[3,{TP},{config.hidden_size}]" in text) == perf.prefix_sharing
+
+
+def test_reference_pass_in_micro_batches_equals_the_whole_batch_and_holds_less():
+    """``chunks``: the reference pass runs the train step's micro-batches one at a time (whole groups of each batch
+    shard's rows, `jax.lax.map`): the same log-probs, in the batch's row order, from a program that holds fewer
+    temporaries; a group count the chunks do not divide runs whole."""
+    config = tiny_config()
+    params = models.init_params(config, jax.random.key(3))
+    raw = make_batch_np(6, 8, 4)
+    batch = to_batch(config, params, raw)
+    perf, _ = ts.resolve_perf(AlgoConfig(), PerfConfig(), num_shards=2, platform="cpu")
+    whole = ts.reference_logprobs_fn(config, TEMP, perf, 0, 1.0, 2)
+    chunked = ts.reference_logprobs_fn(config, TEMP, perf, 0, 1.0, 2, 4)  # 2 shards x 4 chunks of one group each
+    mask = raw["completion_mask"]
+    np.testing.assert_allclose(np.where(mask, chunked(params, batch), 0), np.where(mask, whole(params, batch), 0),
+                               atol=1e-6)  # fmt: skip
+    temp = lambda fn: fn.lower(params, batch).compile().memory_analysis().temp_size_in_bytes  # noqa: E731
+    assert temp(chunked) < temp(whole) / 2
+    odd = ts.reference_logprobs_fn(config, TEMP, perf, 0, 1.0, 2, 3)  # 8 groups over 2 x 3: not divisible, runs whole
+    assert temp(odd) == temp(whole)
