@@ -180,17 +180,24 @@ def abstract_batch(cfg: Config, mesh: Mesh, prompt_width: int) -> ts.Batch:
                     truncated=sds((B,), bool) if cfg.algo.overlong_filter else None)  # fmt: skip
 
 
+def _learner(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]) -> tuple[Mesh, int, Any]:
+    """The learner's mesh on ``devices``, its batch shards and the perf switches as `resolve_perf` applies them there
+    (the train step's and the KL reference pass's)."""
+    m = cfg.mesh
+    mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
+    shards = int(mesh.shape["data"] * mesh.shape["fsdp"])
+    perf, _ = resolve_perf(cfg.algo, cfg.perf, num_shards=shards * int(mesh.shape["tensor"]),
+                           platform=devices[0].platform, compute_dtype=mcfg.dtype)  # fmt: skip
+    return mesh, shards, perf
+
+
 def compile_train_step(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], texts: dict[str, str] | None = None
                        ) -> dict[str, float]:  # fmt: skip
     """Compile the train step for ``devices``; per-chip bytes (arguments, outputs, temporaries) and cost figures:
     ``counted_flops`` (`train_step_flops`) and ``hbm_bytes``, the compulsory HBM traffic of one step by
     `jaxgrpo.hlo.program_bytes` (every loop counted by its trip count). ``texts``, when given, receives the optimized
     HLO text under ``"train"``."""
-    m = cfg.mesh
-    mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
-    shards = int(mesh.shape["data"] * mesh.shape["fsdp"])
-    perf, _ = resolve_perf(cfg.algo, cfg.perf, num_shards=shards * int(mesh.shape["tensor"]),
-                           platform=devices[0].platform, compute_dtype=mcfg.dtype)  # fmt: skip
+    mesh, shards, perf = _learner(cfg, mcfg, devices)
     init_fn, step_fn = ts.make_train_step(mcfg, cfg.algo, cfg.optim, perf=perf, mesh=mesh,
                                           temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k,
                                           top_p=cfg.rollout.top_p, total_steps=cfg.train.steps)  # fmt: skip
@@ -219,14 +226,12 @@ def compile_reference(cfg: Config, mcfg: models.ModelConfig, devices: list[Any])
     None without a KL term."""
     if cfg.algo.kl_coef <= 0:
         return None
-    m, r = cfg.mesh, cfg.rollout
-    mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices)
-    shards = int(mesh.shape["data"] * mesh.shape["fsdp"])
-    perf, _ = resolve_perf(cfg.algo, cfg.perf, num_shards=shards * int(mesh.shape["tensor"]),
-                           platform=devices[0].platform, compute_dtype=mcfg.dtype)  # fmt: skip
+    r = cfg.rollout
+    mesh, shards, perf = _learner(cfg, mcfg, devices)
     masters = ts.abstract_state(mcfg, cfg.algo, cfg.optim, mesh, cfg.train.steps).params
     if mcfg.lora is not None:
-        ref, shared = models.lora.split(masters)[0], per_chip_bytes(models.lora.split(masters)[0])
+        ref = models.lora.split(masters)[0]
+        shared = per_chip_bytes(ref)
     else:
         ref = jax.tree.map(lambda x, p: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=p.sharding),
                            jax.eval_shape(lambda p: models.compute_params(mcfg, p), masters), masters)  # fmt: skip

@@ -151,13 +151,10 @@ class StepParts:
             advantages=adv, token_mask=token_mask, loss_mask=loss_mask, tok=tok_S, seq=seq_S, dropped=dropped, diag=diag
         )
 
-    # -- split a rollout into [nm, ga, rows...] by groups: group p -> split p % S
+    # -- split a rollout into [nm, ga, rows...] by groups: group p -> split p % S (`split_groups`)
     def split(self, x: jax.Array, rows_per_group: int) -> jax.Array:
-        S = self.splits
-        groups = x.shape[0] // rows_per_group
-        y = x.reshape(groups // S, S, rows_per_group, *x.shape[1:])
-        y = jnp.moveaxis(y, 1, 0).reshape(self.nm, self.ga, (groups // S) * rows_per_group, *x.shape[1:])
-        return self._constrain_rows(y, axis=2)
+        y = split_groups(x, rows_per_group, self.splits)
+        return self._constrain_rows(y.reshape(self.nm, self.ga, *y.shape[1:]), axis=2)
 
     def logprobs(
         self,
@@ -370,6 +367,22 @@ class StepParts:
             seq = jnp.sum(jnp.any(loss_mask, axis=3), axis=2).astype(jnp.float32)
             out.update(loss_mask=loss_mask, **_normalizers(tok, seq))
         return out
+
+
+def split_groups(x: jax.Array, rows_per_group: int, splits: int) -> jax.Array:
+    """Prompt-major rows ``[groups * rows_per_group, ...]`` split by whole groups, ``[splits, rows / splits, ...]``:
+    group p goes to split ``p % splits`` (with the groups sharded contiguously over the batch axes and each shard's
+    count a multiple of ``splits``, every split takes its rows from every shard: no row changes device)."""
+    groups = x.shape[0] // rows_per_group
+    y = x.reshape(groups // splits, splits, rows_per_group, *x.shape[1:])
+    return jnp.moveaxis(y, 1, 0).reshape(splits, (groups // splits) * rows_per_group, *x.shape[1:])
+
+
+def join_groups(y: jax.Array, rows_per_group: int) -> jax.Array:
+    """The inverse of `split_groups`: ``[splits, rows / splits, ...]`` back to the prompt-major rows."""
+    splits, n = y.shape[:2]
+    z = y.reshape(splits, n // rows_per_group, rows_per_group, *y.shape[2:])
+    return jnp.moveaxis(z, 0, 1).reshape(splits * n, *y.shape[2:])
 
 
 def _normalizers(tok: jax.Array, seq: jax.Array) -> dict[str, jax.Array]:

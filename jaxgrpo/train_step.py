@@ -103,7 +103,7 @@ from jaxgrpo import sharding as sharding_lib
 from jaxgrpo.batch import Batch, TrainState, check_batch, global_batch
 from jaxgrpo.config_sections import AlgoConfig, OptimConfig, PerfConfig
 from jaxgrpo.logprobs import compute_logprobs
-from jaxgrpo.minibatch import StepParts, first_minibatch_gradient
+from jaxgrpo.minibatch import StepParts, first_minibatch_gradient, join_groups, split_groups
 from jaxgrpo.models import lora
 from jaxgrpo.perf import attention_kernel, packed_prompt_width, resolve_perf, shape_ladders
 
@@ -274,40 +274,30 @@ def reference_logprobs_fn(model_config: models.ModelConfig, temperature: float, 
     group's prompt encoded once, the batch being prompt-major --, the LM-head chunk and kernel; no remat, there is no
     backward; the prompts left-padded, not packed, so the pass has one program per batch shape), jitted and memoized
     like `make_train_step`'s step, so trainers with the same model and settings share its compiled programs.
-    ``chunks`` (the train step's micro-batches a step, ``num_minibatches x grad_accum_steps``): the rows run that
-    many at a time under `jax.lax.map`, each of ``num_shards`` batch shards giving each chunk whole groups of its own
-    rows, as the train step splits them, so the pass holds one micro-batch's activations, not the whole batch's; when
-    the groups do not divide so, the batch runs whole."""
+    ``chunks`` (the train step's micro-batches a step, ``num_minibatches x grad_accum_steps``): the rows run in that
+    many parts under `jax.lax.map`, split by whole groups as the train step splits its micro-batches
+    (`minibatch.split_groups`: every part takes its groups from each of ``num_shards`` batch shards), so the pass
+    holds one micro-batch's activations, not the whole batch's; when the groups do not divide so, the batch runs
+    whole."""
     key = ("reference", _freeze(model_config), float(temperature), int(top_k), float(top_p), perf.attention,
            int(perf.attention_chunk), bool(perf.prefix_sharing), int(perf.logprob_chunk), perf.lm_head, int(num_shards),
            int(chunks))  # fmt: skip
     kernel = attention_kernel(perf)
 
-    def rows_logprobs(params: Any, batch: Batch) -> jax.Array:
-        g = batch.rewards.shape[1] if perf.prefix_sharing else 0
+    def rows_logprobs(params: Any, rows: dict[str, jax.Array], group_size: int) -> jax.Array:
+        batch = Batch(**rows, rewards=jnp.zeros((0, 0)), valid=jnp.zeros((0, 0), bool),
+                      old_logprobs=jnp.zeros((0, 0)))  # the log-probs read the rows alone  # fmt: skip
         return compute_logprobs(model_config, params, batch, temperature, perf.logprob_chunk, remat="none",
-                                attention_kernel=kernel, group_size=g, pack_rows=num_shards, top_k=top_k, top_p=top_p,
-                                lm_head=perf.lm_head)[0]  # fmt: skip
+                                attention_kernel=kernel, group_size=group_size if perf.prefix_sharing else 0,
+                                pack_rows=num_shards, top_k=top_k, top_p=top_p, lm_head=perf.lm_head)[0]  # fmt: skip
 
     def fn(params: Any, batch: Batch) -> jax.Array:
         P, G = batch.rewards.shape
-        S, C = int(num_shards), int(chunks)
-        if C <= 1 or P % (S * C):
-            return rows_logprobs(params, batch)
-        n = P * G // (S * C)  # rows of one shard in one chunk: whole groups
-
-        def split(x: jax.Array) -> jax.Array:  # [B, ...] -> [C, B / C, ...], shard s's rows still its own
-            return jnp.moveaxis(x.reshape(S, C, n, *x.shape[1:]), 1, 0).reshape(C, S * n, *x.shape[1:])
-
-        def one(mb: dict[str, jax.Array]) -> jax.Array:
-            rows = Batch(tokens=mb["tokens"], prompt_mask=mb["prompt_mask"], completion_mask=mb["completion_mask"],
-                         rewards=jnp.zeros((S * n // G, G)), valid=jnp.zeros((S * n // G, G), bool),
-                         old_logprobs=mb["completion_mask"].astype(jnp.float32))  # fmt: skip
-            return rows_logprobs(params, rows)
-
-        parts = {k: split(getattr(batch, k)) for k in ("tokens", "prompt_mask", "completion_mask")}
-        out = jax.lax.map(one, parts)  # [C, S * n, Tc]
-        return jnp.moveaxis(out.reshape(C, S, n, -1), 0, 1).reshape(P * G, -1)
+        rows = {k: getattr(batch, k) for k in ("tokens", "prompt_mask", "completion_mask")}
+        if chunks <= 1 or P % (num_shards * chunks):
+            return rows_logprobs(params, rows, G)
+        parts = {k: split_groups(x, G, chunks) for k, x in rows.items()}  # the train step's micro-batch rule
+        return join_groups(jax.lax.map(lambda mb: rows_logprobs(params, mb, G), parts), G)
 
     return _memoized(key, lambda: jax.jit(fn))
 
