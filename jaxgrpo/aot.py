@@ -288,7 +288,8 @@ def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], t
     `rollout_config` and those R devices), the weights sharded as the trainer shards them, the slots split over the
     batch axes (`engine.Spec.sharding`); the decode weights placed as XLA places `prepare_weights`'s outputs when
     compiled as one program (the trainer runs it layer by layer). ``weights``: the per-chip bytes of the
-    compute-dtype weights the programs read."""
+    compute-dtype weights the programs read (``total``), that over their whole size (``share``) and how many ways
+    the slots are split (``row_shards``): what `jaxgrpo.decode_report.decode_ideal_bytes` needs per chip."""
     from jaxgrpo.models.attention import KVCache
     from jaxgrpo.rollout import engine
 
@@ -319,7 +320,9 @@ def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], t
     prompts = (rows((slots, width), jnp.int32), rows((slots, width), jnp.bool_), rows((slots,), jnp.int32),
                rows((slots,), jnp.int32), scalar(jax.eval_shape(lambda: jax.random.key(0)).dtype))  # fmt: skip
     texts = {} if texts is None else texts
-    out = dict(weights=dict(total=per_chip_bytes(weights)))
+    whole = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(weights))
+    out = dict(weights=dict(total=per_chip_bytes(weights), share=per_chip_bytes(weights) / whole,
+                            row_shards=float(engine.row_shards(None if one else mesh))))  # fmt: skip
     packed = padding.sampler_packed_width([cfg.data.max_prompt_tokens] * slots, 1)
     prefill = engine.prefill.lower(mcfg, spec, packed, params, weights, caches, state, *prompts, f32, f32)
     programs = dict(prefill=prefill)

@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<28s}{aot.human(value)}")
     print("\n".join(train_report.format_train_report(step, texts["train"], mcfg.vocab_size, chip)))
     if "decode" in texts:
-        ideal = dr.decode_ideal_bytes(rcfg, mcfg, len(rollout_devices))
+        w = rollout["weights"]
+        ideal = dr.decode_ideal_bytes(rcfg, mcfg, w["share"], int(w["row_shards"]))
         report = dr.decode_report(rcfg, mcfg, texts, ideal, devices[0].platform)
         report["host"] = {k: rollout["decode"][k] for k in ("launches", "graphs", "graphed", "thunks")
                           if k in rollout["decode"]}  # fmt: skip

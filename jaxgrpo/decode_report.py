@@ -14,12 +14,16 @@ from jaxgrpo import models, padding
 from jaxgrpo.config import Config
 
 
-def decode_ideal_bytes(cfg: Config, mcfg: models.ModelConfig, num_chips: int = 1) -> dict[str, float]:
+def decode_ideal_bytes(cfg: Config, mcfg: models.ModelConfig, weight_share: float = 1.0,
+                       row_shards: int = 1) -> dict[str, float]:  # fmt: skip
     """The bytes one token step of the decode loop must read per chip, at the mean step of a full-length rollout
     (the roofline ideal): every compute-dtype weight once (of the embedding table, only the rows looked up, unless it
     is also the LM head), each prompt's shared prefix keys and values once (``P`` prompts of the padded width), and
-    each row's own decode keys and values at the mean step (``M / 2`` slots). Rows and caches spread evenly over the
-    chips; weights counted whole per chip (replicated: an FSDP/tensor split lowers both sides alike)."""
+    each row's own decode keys and values at the mean step (``M / 2`` slots). On several chips each reads its own
+    shard only: ``weight_share`` of the weights (a chip's bytes of the decode weights as they are placed over the
+    whole weights, `jaxgrpo.aot.compile_rollout`'s ``weights["share"]``; an FSDP or tensor split leaves each chip
+    its shard to read, the other chips' partial products travel between chips, not through its memory) and
+    ``1 / row_shards`` of the caches (the engine splits its slots over the mesh's batch axes)."""
     c, r = mcfg, cfg.rollout
     item = jnp.dtype(c.dtype).itemsize
     weights = models.count_params(c.replace(lora=None)) * item
@@ -29,7 +33,7 @@ def decode_ideal_bytes(cfg: Config, mcfg: models.ModelConfig, num_chips: int = 1
     kv = 2 * c.num_layers * c.num_kv_heads * c.head_dim * item  # bytes per cached token
     prefix = kv * r.prompts_per_step * padding.prompt_bucket(cfg.data.max_prompt_tokens)
     own = kv * rows * r.max_new_tokens / 2
-    out = dict(weights=float(weights), prefix_kv=prefix / num_chips, decode_kv=own / num_chips)
+    out = dict(weights=float(weights) * weight_share, prefix_kv=prefix / row_shards, decode_kv=own / row_shards)
     out["total"] = sum(out.values())
     return out
 
