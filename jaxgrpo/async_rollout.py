@@ -216,23 +216,26 @@ def process_groups(cfg: Any) -> tuple[Any, Any, Any]:
     return learner, rollout, place
 
 
-def sample_across_processes(tr: Any, prompt_ids: list[list[int]], key: jax.Array) -> Any:
+def sample_across_processes(tr: Any, prompt_ids: list[list[int]], key: jax.Array, num_samples: int | None = None
+                            ) -> Any:  # fmt: skip
     """One round of an asynchronous run on several processes: this host samples its share of ``prompt_ids`` (a
-    contiguous block, `numpy.array_split`) on its rollout mesh with the rows' keys of the whole batch
-    (``row_offset``), the hosts swap their completions through the coordinator's key-value store
-    (`jaxgrpo.host.exchange`: no device, no program across processes) and every host returns the whole round's
-    host-side `sampling.Completions`, the same on every host, as a synchronous step's sampler gives. A host whose
-    share failed still takes part in the swap, so every host raises at the same round."""
+    contiguous block, `numpy.array_split`) on its rollout mesh, with the rollout driver over its share of the run's
+    slots and the prompts' keys of the whole batch (``prompt_offset``); the hosts swap their completions through the
+    coordinator's key-value store (`jaxgrpo.host.exchange`: no device, no program across processes) and every host
+    returns the whole round's host-side `sampling.Completions`, the same on every host, as a synchronous step's
+    sampler gives (``num_samples`` rows per prompt, default G). A host whose share failed still takes part in the
+    swap, so every host raises at the same round."""
     from jaxgrpo import host, sampling
+    from jaxgrpo.rollout import driver
 
-    g, n, me = tr.cfg.rollout.group_size, jax.process_count(), jax.process_index()
+    n, me = jax.process_count(), jax.process_index()
     shares = np.array_split(np.arange(len(prompt_ids)), n)
     mine = shares[me]
     payload, failure = b"", None
     try:
         if len(mine):
-            comp = tr.generate([prompt_ids[i] for i in mine], key, row_offset=int(mine[0]) * g)
-            payload = _pack(jax.device_get(comp))
+            groups, _ = tr.drive([prompt_ids[i] for i in mine], key, num_samples, share=n, prompt_offset=int(mine[0]))
+            payload = _pack(driver.completions(groups, range(len(mine))))
     except Exception as e:  # (the others must not wait for this host's share forever)
         failure, payload = e, b"!" + f"{type(e).__name__}: {e}".encode()
     i = next(_EXCHANGES)  # the same sequence on every process: each makes the same calls in the same order

@@ -1,8 +1,9 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
 """One step's rollout for the trainer: P groups, or with ``algo.degenerate_groups=resample`` DAPO's dynamic sampling
 (Yu et al. 2025, arXiv:2503.14476): prompts are drawn until P informative groups are held or
-``algo.resample_max_rounds`` rounds of P prompts are spent, in rounds (``mesh.rollout > 1``: `sampling.generate`)
-or group by group (the rollout driver); a degeneracy-aware schedule (``rollout.schedule``) is `jaxgrpo.scheduled`'s."""
+``algo.resample_max_rounds`` rounds of P prompts are spent, group by group (the rollout driver) or in rounds
+(several hosts with rollout devices of their own: each samples its share of a round); a degeneracy-aware schedule
+(``rollout.schedule``) is `jaxgrpo.scheduled`'s."""
 
 from __future__ import annotations
 

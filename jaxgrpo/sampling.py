@@ -78,7 +78,6 @@ def generate(
     mesh: Mesh | None = None,
     prompt_buckets: Sequence[int] | None = None,
     packed_ladder: tuple[int, int] | None = None,
-    row_offset: int = 0,
     attention: Kernel = DENSE,
 ) -> Completions:
     """Sample ``num_samples`` completions of up to ``max_new_tokens`` tokens for each prompt.
@@ -94,9 +93,6 @@ def generate(
       packed_ladder: the caller's run's ``(floor, cap)`` (`jaxgrpo.perf.shape_ladders`): the packed width climbs
       `padding.ladder_bucket` from ``floor`` to ``cap`` (one program for nearly every step of a run), not 4 buckets
       per octave.
-      row_offset: the rows' place in a larger batch: row i samples with the key of row ``row_offset + i`` (a share
-      of a batch sampled on several hosts draws what the whole batch's rows would); a multiple of
-      ``num_samples``.
       attention: the prefill's attention kernel (`models.attention.Kernel`: a run's resolved ``perf.attention``).
 
     Returns:
@@ -117,10 +113,6 @@ def generate(
     )
     sp = SamplingParams(max_new_tokens, num_samples, temperature, top_p, top_k, eos_token_ids)
     _validate(config, prompts, sp, prompt_buckets)
-    g = int(num_samples)
-    if row_offset < 0 or row_offset % g:
-        raise ValueError(f"row_offset ({row_offset}) must be a non-negative multiple of num_samples ({g}): the first "
-                         "row of a whole prompt's group")  # fmt: skip
     groups, _ = driver.run(config, params, prompts, sp, key, prompt_buckets=prompt_buckets, packed_ladder=packed_ladder,
-                           mesh=mesh, prompt_offset=row_offset // g, attention=attention)  # fmt: skip
+                           mesh=mesh, attention=attention)  # fmt: skip
     return jax.tree.map(jnp.asarray, driver.completions(groups, range(len(prompts))))

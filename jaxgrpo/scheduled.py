@@ -29,7 +29,6 @@ import numpy as np
 
 from jaxgrpo import degeneracy, sampling
 from jaxgrpo.groups import Rollout, merge_groups, resample_metrics, sampled_tokens, stream_groups
-from jaxgrpo.host import to_host
 from jaxgrpo.rollout import driver as rollout_driver
 
 
@@ -140,20 +139,17 @@ def stream(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, float
 def sample_sized(tr: Any, indices: list[int], sizes: np.ndarray, key: jax.Array) -> Rollout:
     """Samples ``sizes[i]`` completions for prompt ``indices[i]`` (multiples of u = ``schedule_min_group``, as
     sub-groups of u) and scores them; returns the padded ``[P, G]`` rollout (padding rows invalid and empty)."""
-    r, unit = tr.cfg.rollout, tr.scheduler.settings.min_group
+    unit = tr.scheduler.settings.min_group
     expanded = [i for i, g in zip(indices, sizes) for _ in range(int(g) // unit)]
     prompt_ids = [tr.encoded[i] for i in expanded]
     if tr.use_engine:  # the same rows in flight as G-row groups in `slots` slots
         groups, stats = tr.drive(prompt_ids, key, num_samples=unit)
         tr.rollout_stats = stats.metrics()
         comp = rollout_driver.completions(groups, range(len(prompt_ids)))
-    else:
-        comp = sampling.generate(tr.model_config, tr.sampler_params(), prompt_ids, num_samples=unit,
-                                 max_new_tokens=r.max_new_tokens,
-                                 temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                 eos_token_ids=tr.eos_token_ids, key=key, mesh=tr.rollout_mesh,
-                                 attention=tr.prefill_attention)  # fmt: skip
-        comp = jax.tree.map(to_host, comp)
+    else:  # each host its share (several processes with rollout devices of their own)
+        from jaxgrpo import async_rollout
+
+        comp = async_rollout.sample_across_processes(tr, prompt_ids, key, num_samples=unit)
     return score_sized(tr, indices, sizes, comp)
 
 

@@ -30,7 +30,6 @@ from jaxgrpo import (
     models,
     multiturn_precompile,
     objectives,
-    padding,
     precompile,
     rewards,
     sampling,
@@ -48,7 +47,6 @@ from jaxgrpo import step_batch as step_batch_lib
 from jaxgrpo import train_step as ts
 from jaxgrpo import warm_start as warm_start_lib
 from jaxgrpo.groups import Rollout
-from jaxgrpo.host import to_host
 from jaxgrpo.models import lora
 from jaxgrpo.models.attention import Kernel
 from jaxgrpo.rollout import driver as rollout_driver
@@ -275,35 +273,24 @@ class Trainer:
 
     # -- one RL step -------------------------------------------------------------------------------------------
     def sample(self, indices: list[int], key: jax.Array) -> Rollout:
-        """One round: a group for each prompt of ``indices`` (the rollout driver; with ``mesh.rollout > 1``
-        `generate`, the engine in static mode; on several processes with rollout devices of their own, each host its
-        share: `async_rollout`)."""
+        """One round: a group for each prompt of ``indices`` (the rollout driver; on several processes with rollout
+        devices of their own, each host drives its share: `async_rollout.sample_across_processes`)."""
         prompt_ids = [self.encoded[i] for i in indices]
-        if self.cfg.mesh.rollout and jax.process_count() > 1:  # (`async_rollout.process_groups`)
+        if not self.use_engine:  # (`async_rollout.process_groups`)
             return self.score(indices, async_rollout.sample_across_processes(self, prompt_ids, key))
-        if not self.use_engine:
-            return self.score(indices, jax.tree.map(to_host, self.generate(prompt_ids, key)))
         groups, stats = self.drive(prompt_ids, key)
         self.rollout_stats = stats.metrics()
         return self.score(indices, rollout_driver.completions(groups, range(len(indices))))
 
-    def generate(self, prompt_ids: list[list[int]], key: jax.Array, row_offset: int = 0) -> sampling.Completions:
-        """`sampling.generate` (the engine in static mode) over the rollout mesh, with the run's sampling settings."""
-        r = self.cfg.rollout
-        return sampling.generate(  # the sampler reads compute-dtype weights, cast once per rollout
-            self.model_config, self.sampler_params(), prompt_ids,
-            num_samples=r.group_size, max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-            top_k=r.top_k, eos_token_ids=self.eos_token_ids, key=key, mesh=self.rollout_mesh,
-            prompt_buckets=(padding.prompt_bucket(self.prompt_width),), packed_ladder=self.ladders["engine"],
-            row_offset=row_offset, attention=self.prefill_attention)
-
     @property
     def use_engine(self) -> bool:
-        """The rollout driver samples (continuous batching, streamed resampling, scheduling): on one device, or on the
-        learner's mesh (its slots split over the batch axes, `jaxgrpo.rollout.engine`; on several processes each
-        reads the others' rows once per block, `driver.host_array`); on the data mesh of ``mesh.rollout > 1``
-        (rollouts on devices of their own, asynchronous) `generate`: the engine in static mode."""
-        return self.rollout_mesh is None or self.cfg.mesh.rollout == 0
+        """Whether one rollout driver samples each round whole (continuous batching, streamed resampling, scheduling):
+        on one device, on the learner's mesh (its slots split over the batch axes, `jaxgrpo.rollout.engine`; on
+        several processes each reads the others' rows once per block, `driver.host_array`) and on rollout devices of
+        its own in one process (``mesh.rollout``). Not on several processes with rollout devices of their own: there
+        each host drives its share of a round's prompts (continuous batching within it) and the hosts swap the
+        completions, so dynamic sampling and the schedule proceed in rounds."""
+        return self.cfg.mesh.rollout == 0 or jax.process_count() == 1
 
     @property
     def prefill_attention(self) -> Kernel:
@@ -317,15 +304,16 @@ class Trainer:
             return self.sampler_params_override
         return models.compute_params(self.model_config, self.state.params)
 
-    def drive(self, prompt_ids: list[list[int]], key: jax.Array, num_samples: int | None = None,
+    def drive(self, prompt_ids: list[list[int]], key: jax.Array, num_samples: int | None = None, share: int = 1,
               **kw: Any) -> tuple[dict[int, rollout_driver.Group], rollout_driver.RunStats]:
         """The group driver (`jaxgrpo.rollout.driver`) over the current policy: groups of ``num_samples`` rows (default
-        G) in as many slots as hold the run's ``slots`` x G rows. The run's packed-prefill ladder (sized for groups of
-        G) applies to groups of G only: sub-groups admit more prompts at once than its cap was measured for."""
+        G) in as many slots as hold the run's ``slots`` x G rows (``share``: one of that many hosts sampling a round
+        between them, each its ``1 / share`` of the slots). The run's packed-prefill ladder (sized for groups of G)
+        applies to groups of G only: sub-groups admit more prompts at once than its cap was measured for."""
         r = self.cfg.rollout
         n = num_samples or r.group_size
         sp = SamplingParams(r.max_new_tokens, n, r.temperature, r.top_p, r.top_k, self.eos_token_ids)
-        slots = None if r.engine == "static" else (r.slots or r.prompts_per_step) * r.group_size // n
+        slots = None if r.engine == "static" else -(-(r.slots or r.prompts_per_step) * r.group_size // n // share)
         return rollout_driver.run(self.model_config, self.sampler_params(), prompt_ids, sp, key, slots=slots,
                                   block=r.decode_block, prompt_width=self.prompt_width, mesh=self.rollout_mesh,
                                   packed_ladder=self.ladders["engine"] if n == r.group_size else None,

@@ -142,10 +142,16 @@ def test_several_processes_need_rollout_devices_on_every_host(monkeypatch):
 @pytest.mark.slow
 def test_four_learner_and_four_rollout_devices_equal_the_synchronous_mesh_run(tmp_path):
     """8 devices split 4 + 4 (the learner's data mesh, the sampler over a 4-device data mesh of its own), k = 0,
-    against the synchronous run whose learner and sampler share an 8-device data mesh: the same run."""
+    against the synchronous run whose learner and sampler share an 8-device data mesh: the same run. The rollout
+    devices run the group driver with 4 slots for the 8 prompts (continuous batching: 4 admitted, then each freed
+    slot refilled), which draws each prompt's rows with that prompt's keys, as the synchronous run's 8 slots do."""
     sync = trainer.run(small_config("train.steps=2", "mesh.data=8"), tmp_path / "sync")
-    split = trainer.run(small_config("train.steps=2", "mesh.data=4", "mesh.rollout=4"), tmp_path / "split")
+    split = trainer.run(small_config("train.steps=2", "mesh.data=4", "mesh.rollout=4", "rollout.slots=4"),
+                        tmp_path / "split")  # fmt: skip
     assert_same_run(split, sync, rtol=1e-4)
+    # the driver's counters: 8 prompts through 4 slots of 4 rows need two rounds of decode blocks, so more decode
+    # steps than the synchronous run's one batch
+    assert all(a["rollout/decode_steps"] > b["rollout/decode_steps"] for a, b in zip(split, sync))
 
 
 @pytest.mark.slow

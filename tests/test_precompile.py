@@ -292,7 +292,7 @@ def test_a_rollout_mesh_samples_on_the_engine_within_its_ladder(tmp_path):
         "data.rewards={gsm8k: 1.0}", "mesh.data=2", "mesh.fsdp=2", "mesh.rollout=2"])  # fmt: skip
     t = trainer.Trainer(cfg, tmp_path / "run")
     try:
-        assert not t.use_engine and t.ladders["engine"] == (128, 128), t.ladders
+        assert t.use_engine and t.ladders["engine"] == (128, 128), t.ladders
         out = [t.step(step) for step in range(2)]
     finally:
         t.close()

@@ -328,28 +328,33 @@ def test_sharded_equals_unsharded(tiny):
     np.testing.assert_allclose(out.logprobs, ref.logprobs, atol=1e-5)
 
 
-def test_a_share_with_its_row_offset_samples_the_whole_batchs_rows(tiny):
-    """Each host of an asynchronous multi-process run samples a block of the step's prompts (`async_rollout.
-    sample_across_processes`): with ``row_offset`` = the block's first row, its rows are those of the whole batch,
-    on a mesh of another size or on one device too; an offset inside a group is refused."""
+def test_a_share_driven_with_its_prompt_offset_samples_the_whole_batchs_rows(tiny):
+    """Each host of an asynchronous multi-process run drives a block of the step's prompts through its share of the
+    slots (`async_rollout.sample_across_processes`): with ``prompt_offset`` = the block's first prompt, its rows are
+    those of the whole batch, on a mesh of another size, on one device and with fewer slots than prompts (refills)."""
+    from jaxgrpo.rollout import driver
+    from jaxgrpo.rollout.params import SamplingParams
+
     config, params = tiny
     g = SHARDED_KW["num_samples"]
     whole_mesh = sharding.make_mesh(4, 1, 1, jax.devices()[:4])
     share_mesh = sharding.make_mesh(2, 1, 1, jax.devices()[4:6])
-    kw = dict(**SHARDED_KW, key=jax.random.key(21))
-    whole = sampling.generate(config, params, PROMPTS, mesh=whole_mesh, **kw)
-    for lo, hi in ((0, 1), (1, 3), (2, 3)):
-        share = sampling.generate(config, params, PROMPTS[lo:hi], mesh=share_mesh, row_offset=lo * g, **kw)
-        rows = slice(lo * g, hi * g)
-        np.testing.assert_array_equal(share.tokens, whole.tokens[rows])
-        np.testing.assert_array_equal(share.mask, whole.mask[rows])
-        np.testing.assert_allclose(share.logprobs, whole.logprobs[rows], atol=1e-5)
-    unshifted = sampling.generate(config, params, PROMPTS[1:3], mesh=share_mesh, **kw)
+    key = jax.random.key(21)
+    whole = sampling.generate(config, params, PROMPTS, mesh=whole_mesh, **SHARDED_KW, key=key)
+    sp = SamplingParams(SHARDED_KW["max_new_tokens"], g, 1.0, SHARDED_KW["top_p"], 0, SHARDED_KW["eos_token_ids"])
+
+    def share(lo: int, hi: int, **kw) -> sampling.Completions:
+        groups, _ = driver.run(config, params, PROMPTS[lo:hi], sp, key, prompt_offset=lo, **kw)
+        return driver.completions(groups, range(hi - lo))
+
+    for (lo, hi), kw in [((0, 1), dict(mesh=share_mesh)), ((1, 3), dict(mesh=share_mesh)), ((2, 3), {}),
+                         ((1, 3), dict(slots=1))]:  # fmt: skip
+        got, rows = share(lo, hi, **kw), slice(lo * g, hi * g)
+        np.testing.assert_array_equal(got.tokens, whole.tokens[rows])
+        np.testing.assert_array_equal(got.mask, whole.mask[rows])
+        np.testing.assert_allclose(got.logprobs, whole.logprobs[rows], atol=1e-5)
+    unshifted = driver.completions(driver.run(config, params, PROMPTS[1:3], sp, key)[0], range(2))
     assert not np.array_equal(unshifted.tokens, whole.tokens[g:]), "the offset must change the rows' keys"
-    one_device = sampling.generate(config, params, PROMPTS[1:3], row_offset=g, **kw)  # no mesh: the same rows
-    np.testing.assert_array_equal(one_device.tokens, whole.tokens[g : 3 * g])
-    with pytest.raises(ValueError, match="multiple of num_samples"):
-        sampling.generate(config, params, PROMPTS, row_offset=g + 1, **kw)
 
 
 TWO_PROCESS_BODY = r"""

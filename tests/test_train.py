@@ -40,8 +40,7 @@ REQUIRED_METRICS = [
 
 # Metrics that are a deterministic function of (config, seed, step): everything but wall-clock timings.
 def deterministic(rec: dict) -> dict:
-    # rollout/: the engine's scheduling counters (absent on the previous sampler's path, which a mesh takes) and its
-    # tokens/s
+    # rollout/: the engine's scheduling counters (they depend on its slot count) and its tokens/s
     return {k: v for k, v in rec.items() if not k.startswith(("time/", "throughput/", "rollout/"))}
 
 
