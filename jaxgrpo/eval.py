@@ -409,7 +409,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = multiturn_step.evaluate(
                 cfg, policy.model_config, policy.params, policy.tokenizer, examples, reward, num_samples=n,
                 group_sizes=groups, key=jax.random.key(cfg.seed + 1), prompts_per_batch=args.prompts_per_batch,
-                success_threshold=args.success_threshold, summarize=summarize)  # fmt: skip
+                success_threshold=args.success_threshold, summarize=summarize,
+                attention=prefill_attention(cfg, policy.model_config))  # fmt: skip
         else:
             result = evaluate(
                 policy.model_config,

@@ -74,7 +74,8 @@ def loop_jobs(tr: Any) -> list[Job]:
         return []
     shapes = mt.loop_shapes
     sp = SamplingParams(r.max_new_tokens, 1, r.temperature, r.top_p, r.top_k, tr.eos_token_ids)
-    spec = engine.make_spec(tr.model_config, sp, shapes.slots, shapes.prompt_width, driver.DEFAULT_BLOCK)
+    spec = engine.make_spec(tr.model_config, sp, shapes.slots, shapes.prompt_width, driver.DEFAULT_BLOCK,
+                            attention=mt.attention)  # fmt: skip
     return pc.engine_programs(tr, spec, shapes.slots, shapes.packed_rungs(), False, init=True, label="turn loop: ")
 
 
@@ -92,7 +93,8 @@ def turn_engine_jobs(tr: Any) -> list[Job]:
     top_k, use_top_p = engine.truncation(mcfg, greedy, s.top_k, s.top_p)
     W = engine.cache_slots(1 + s.budget + 1)
     spec = TE.TurnSpec(r.prompts_per_step, r.group_size, W, padding.prompt_bucket(max(mt.prompt_width, 1)),
-                       r.decode_block, greedy, top_k, use_top_p, tuple(int(e) for e in tr.eos_token_ids))
+                       r.decode_block, greedy, top_k, use_top_p, tuple(int(e) for e in tr.eos_token_ids),
+                       mt.attention)  # fmt: skip
     S, B, Tp = spec.groups, spec.rows, spec.prompt_width
     params = jax.eval_shape(lambda p: models.compute_params(mcfg, p), tr.state.params)
     weights = jax.eval_shape(lambda p: engine.prepare_weights(mcfg, p), params)

@@ -51,6 +51,7 @@ from jaxgrpo.batch import Batch, multiturn_batch
 from jaxgrpo.config_sections import Config
 from jaxgrpo.errors import ConfigError, RewardError
 from jaxgrpo.example import Example
+from jaxgrpo.models.attention import DENSE, Kernel
 from jaxgrpo.rewards import Scorer
 from jaxgrpo.rollout import history, turn_driver
 from jaxgrpo.rollout import multiturn as MT
@@ -122,14 +123,16 @@ class MultiTurn:
     `multiturn.fixed_generate` at ``loop_shapes``, the run's fixed shapes, so that the run compiles a bounded set of
     programs: `jaxgrpo.multiturn_precompile`; with ``mesh.rollout`` `sampling.generate` on that mesh).
     ``generate``: a `sampling.generate` stand-in for the simple loop (a test's scripted policy; it implies the loop).
-    ``rollout_stats``: the engine's metrics of the last `sample` (`turn_driver.TurnStats`; none for the loop)."""
+    ``rollout_stats``: the engine's metrics of the last `sample` (`turn_driver.TurnStats`; none for the loop).
+    ``attention``: both samplers' prefill attention kernel (a run's resolved ``perf.attention``)."""
 
     generate: Callable[..., sampling.Completions] | None = None
 
     def __init__(self, cfg: Config, tokenizer: Any, model_config: models.ModelConfig,
-                 eos_token_ids: Sequence[int], examples: Sequence[Example]):  # fmt: skip
+                 eos_token_ids: Sequence[int], examples: Sequence[Example], attention: Kernel = DENSE):  # fmt: skip
         d, r = cfg.data, cfg.rollout
         self.cfg, self.tokenizer, self.eos_token_ids = cfg, tokenizer, tuple(eos_token_ids)
+        self.attention = attention  # the prefills' kernel (the run's resolved perf.attention)
         self.toolbox = toolbox(cfg)
         self.env_weight = d.rewards.get(ENV_REWARD)
         self.settings = MT.TurnSettings(max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
@@ -177,11 +180,12 @@ class MultiTurn:
         if self.generate is None and r.turn_engine:
             out, stats = turn_driver.rollout(model_config, params, self.tokenizer, self.toolbox, self.runner,
                                              examples, block=r.decode_block, prompt_width=self.prompt_width,
-                                             **kw)  # fmt: skip
+                                             attention=self.attention, **kw)  # fmt: skip
             self.rollout_stats = stats.metrics()
         else:
-            generate = self.generate or (MT.fixed_generate(self.loop_shapes) if mesh is None else
-                                         functools.partial(sampling.generate, mesh=mesh))  # fmt: skip
+            generate = self.generate or (
+                MT.fixed_generate(self.loop_shapes, attention=self.attention) if mesh is None
+                else functools.partial(sampling.generate, mesh=mesh, attention=self.attention))  # fmt: skip
             out = MT.rollout(model_config, params, self.tokenizer, self.toolbox, self.runner, examples,
                              generate=generate, **kw)  # fmt: skip
             self.rollout_stats = {}
@@ -299,17 +303,18 @@ def train_step(trainer: Any, step: int) -> dict[str, float]:
 
 def evaluate(cfg: Config, model_config: models.ModelConfig, params: Any, tokenizer: Any, examples: Sequence[Example],
              reward: str, *, num_samples: int, group_sizes: Sequence[int], key: jax.Array, prompts_per_batch: int = 32,
-             success_threshold: float = 0.5, summarize: Callable[..., dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+             success_threshold: float = 0.5, summarize: Callable[..., dict[str, Any]],
+             attention: Kernel = DENSE) -> dict[str, Any]:  # fmt: skip
     """`jaxgrpo.eval.evaluate` for a multi-turn config: ``num_samples`` trajectories per example through the turn
     loop, each scored by ``reward`` alone (a reward function of its final answer, or ``environment``: its
     environment's ``get_reward()``); success = reward >= ``success_threshold``. Returns ``summarize``'s
     (`jaxgrpo.eval.summarize`, passed in: eval imports this module) pass@k and degeneracy, ``mean_reward``, the
-    `history.metrics` of all trajectories and a few samples."""
+    `history.metrics` of all trajectories and a few samples. ``attention``: the prefills' kernel."""
     from jaxgrpo import build
 
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, rewards={reward: 1.0}),
                               rollout=dataclasses.replace(cfg.rollout, group_size=num_samples))  # fmt: skip
-    mt = MultiTurn(cfg, tokenizer, model_config, build.eos_ids(model_config, tokenizer), examples)
+    mt = MultiTurn(cfg, tokenizer, model_config, build.eos_ids(model_config, tokenizer), examples, attention)
     scorer = Scorer(reward_functions(cfg)) if reward != ENV_REWARD else None
     params = models.compute_params(model_config, params)
     rewards, hists, samples = [], [], []

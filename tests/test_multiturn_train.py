@@ -29,7 +29,7 @@ import pytest
 
 from jaxgrpo import config as config_lib
 from jaxgrpo import eval as eval_lib
-from jaxgrpo import metrics_log, multiturn_step, sampling, trainer
+from jaxgrpo import metrics_log, models, multiturn_step, sampling, trainer
 from jaxgrpo import train as train_cli
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -349,13 +349,20 @@ def test_tools_that_hang_raise_or_return_garbage_are_reported_and_the_run_goes_o
 
 
 @pytest.mark.slow
-def test_the_readme_environment_trains_on_its_own_reward(modules, smollm2_gguf, tmp_path):
-    """The README's ten-line `Counter` as data.environment, scored by its get_reward alone (no reward function)."""
+def test_the_readme_environment_trains_on_its_own_reward(modules, smollm2_gguf, tmp_path, monkeypatch):
+    """The README's ten-line `Counter` as data.environment, scored by its get_reward alone (no reward function);
+    the turns' prefills run the run's ``perf.attention``."""
+    from jaxgrpo.models.attention import Kernel
+
+    seen, real = [], models.prefill
+    monkeypatch.setattr(models, "prefill", lambda *a, attention_kernel=None, **kw: seen.append(attention_kernel)
+                        or real(*a, attention_kernel=attention_kernel, **kw))  # fmt: skip
     cfg = small(smollm2_gguf, "train.steps=1", "data.environment=readme_env:Counter",
-                "data.rewards={environment: 1.0}")  # fmt: skip
+                "data.rewards={environment: 1.0}", "perf.attention=chunked", "perf.attention_chunk=8")  # fmt: skip
     (m,) = trainer.run(cfg, tmp_path / "run")
     assert np.isfinite(m["loss"]) and m["reward/mean"] in (0.0, 0.25, 0.5, 0.75, 1.0)
     assert "reward/invalid_frac" not in m  # no reward function ran
+    assert seen and set(seen) == {Kernel("chunked", 8)}, seen
 
 
 @pytest.mark.parametrize("extra, match", [

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from jaxgrpo import models
+from jaxgrpo.models.attention import Kernel
 from jaxgrpo.rollout import engine, turn_driver
 from jaxgrpo.rollout import multiturn as MT
 from jaxgrpo.rollout import turn_engine as TE
@@ -124,19 +125,43 @@ class SlowEnv(CalcEnv):
 BLOCKS = [0]
 
 
-def run(params, settings, key=0, engine_loop=True, block=4, env=CalcEnv, timeout=0.2):
+def run(params, settings, key=0, engine_loop=True, block=4, env=CalcEnv, timeout=0.2, attention=None):
     CalcEnv.count = 0
     tok, runner = FakeTokenizer(), ToolRunner(workers=2, timeout=timeout)
     examples = [{"prompt": f"what is {i}?"} for i in range(3)]
     kw = dict(group_size=2, settings=settings, eos_token_ids=EOS, key=jax.random.key(key))
     try:
         if engine_loop:
+            att = {} if attention is None else dict(attention=attention)
             out, stats = turn_driver.rollout(CONFIG, params, tok, Toolbox(env), runner, examples, block=block,
-                                             **kw)  # fmt: skip
+                                             **att, **kw)  # fmt: skip
             return out, stats
+        if attention is not None:  # the trainer's simple loop: the engine at run-fixed shapes
+            kw["generate"] = MT.fixed_generate(MT.LoopShapes(8, 128), attention=attention)
         return MT.rollout(CONFIG, params, tok, Toolbox(env), runner, examples, **kw), None
     finally:
         runner.close()
+
+
+@pytest.mark.parametrize("engine_loop", [True, False], ids=["turn_engine", "simple_loop"])
+def test_the_prefills_take_the_runs_attention_kernel(params, engine_loop, monkeypatch):
+    """``attention=`` (a run's resolved ``perf.attention``): the multi-turn engine's prefix prefill and the simple
+    loop's prefills encode with that kernel (the chunked online softmax), and the trajectories are those of the
+    dense kernel (float32: the kernels differ by rounding only)."""
+    settings = MT.TurnSettings(max_turns=3, max_new_tokens=6, max_total_tokens=300, temperature=0.7)
+    dense, _ = run(params, settings, key=1, engine_loop=engine_loop)
+    kernel, seen, real = Kernel("chunked", 4), [], models.prefill
+
+    def prefill(*args, attention_kernel=None, **kwargs):  # traced once per program: what each prefill runs
+        seen.append(attention_kernel)
+        return real(*args, attention_kernel=attention_kernel, **kwargs)
+
+    monkeypatch.setattr(models, "prefill", prefill)
+    chunked, _ = run(params, settings, key=1, engine_loop=engine_loop, attention=kernel)
+    assert seen and set(seen) == {kernel}, seen
+    assert sum(h.tool_calls for h in dense.histories) > 0  # several turns, so several prefills
+    assert [h.tokens for h in chunked.histories] == [h.tokens for h in dense.histories]
+    assert [h.action for h in chunked.histories] == [h.action for h in dense.histories]
 
 
 def test_record_equals_teacher_forced_forward(params):

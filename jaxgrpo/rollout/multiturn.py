@@ -37,6 +37,7 @@ import jax
 import numpy as np
 
 from jaxgrpo import padding, sampling
+from jaxgrpo.models.attention import DENSE, Kernel
 from jaxgrpo.rollout import driver
 from jaxgrpo.rollout.env import Episode, Toolbox
 from jaxgrpo.rollout.history import ChatFormat, TurnHistory
@@ -239,12 +240,14 @@ class LoopShapes:
         return sorted(rungs)
 
 
-def fixed_generate(shapes: LoopShapes, block: int = driver.DEFAULT_BLOCK) -> Callable[..., Completions]:
+def fixed_generate(shapes: LoopShapes, block: int = driver.DEFAULT_BLOCK, attention: Kernel = DENSE
+                   ) -> Callable[..., Completions]:  # fmt: skip
     """A `sampling.generate` stand-in (one sample per prompt, one device) for `rollout`'s turns that runs the engine
     at ``shapes`` whatever the number of live rows or the length of their contexts, and returns host arrays (no
     transfer program per row count). The same keys as `sampling.generate` (live row ``r`` of a turn draws token ``i``
     with ``fold_in(fold_in(key, r), i)``), so the same trajectories; a turn with more rows or a longer context than
-    ``shapes`` (an evaluation's batch, a prompt longer than the run's estimate) runs wider, at a new program."""
+    ``shapes`` (an evaluation's batch, a prompt longer than the run's estimate) runs wider, at a new program.
+    ``attention``: the prefill's attention kernel (a run's resolved ``perf.attention``)."""
 
     def generate(config: Any, params: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
@@ -255,7 +258,7 @@ def fixed_generate(shapes: LoopShapes, block: int = driver.DEFAULT_BLOCK) -> Cal
         width = max(shapes.prompt_width, padding.prompt_bucket(max(len(p) for p in prompts)))
         # every slot's row prefilled (the missing ones padding), packed on the run's one ladder
         groups, _ = driver.run(config, params, prompts, sp, key, slots=slots, block=block, prompt_width=width,
-                               packed_ladder=(0, slots * width), first_rows=slots)  # fmt: skip
+                               packed_ladder=(0, slots * width), first_rows=slots, attention=attention)  # fmt: skip
         return driver.completions(groups, range(n))
 
     return generate

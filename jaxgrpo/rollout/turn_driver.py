@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgrpo import models, padding
+from jaxgrpo.models.attention import DENSE, Kernel
 from jaxgrpo.rollout import engine
 from jaxgrpo.rollout import turn_engine as TE
 from jaxgrpo.rollout.env import Toolbox
@@ -95,14 +96,16 @@ class _Run:
     """Host state of one engine rollout."""
 
     def __init__(self, config: models.ModelConfig, params: Any, t: Trajectories, settings: TurnSettings,
-                 eos: tuple[int, ...], key: jax.Array, group_size: int, block: int, prompt_width: int):  # fmt: skip
+                 eos: tuple[int, ...], key: jax.Array, group_size: int, block: int, prompt_width: int,
+                 attention: Kernel):  # fmt: skip
         self.config, self.t, self.settings, self.eos = config, t, settings, eos
         self.limit = int(config.max_position_embeddings)
         prefixes, firsts, W = _layout(t.hist, group_size, settings.budget)
         greedy = settings.temperature <= 0
         top_k, use_top_p = engine.truncation(config, greedy, settings.top_k, settings.top_p)
         tp = padding.prompt_bucket(max(max(len(p) for p in prefixes), prompt_width, 1))
-        self.spec = TE.TurnSpec(len(prefixes), group_size, W, tp, int(block), greedy, top_k, use_top_p, eos)
+        self.spec = TE.TurnSpec(len(prefixes), group_size, W, tp, int(block), greedy, top_k, use_top_p, eos,
+                                attention)  # fmt: skip
         B = self.spec.rows
         self.weights = engine.prepare_weights(config, params)
         tok, mask = engine.left_pad(prefixes, tp, len(prefixes))  # an empty prefix: no real token
@@ -185,16 +188,18 @@ def rollout(
     system_prompt: str | None = None,
     block: int = DEFAULT_BLOCK,
     prompt_width: int = 0,
+    attention: Kernel = DENSE,
 ) -> tuple[MultiTurnRollout, TurnStats]:
     """G trajectories per example on the engine (module docstring); `multiturn.rollout`'s arguments (``params``:
     compute-dtype params, `models.compute_params`), ``block``, decode steps per block, and ``prompt_width``, the least
-    prefix-cache width (a run's longest prompt: one decode program for the run, not one per prompt bucket met).
-    Returns the rollout and the engine's stats."""
+    prefix-cache width (a run's longest prompt: one decode program for the run, not one per prompt bucket met), and
+    ``attention``, the prefix prefill's attention kernel (a run's resolved ``perf.attention``). Returns the rollout
+    and the engine's stats."""
     if block < 1:
         raise ValueError(f"decode block ({block}) must be >= 1")
     t = Trajectories.start(tokenizer, toolbox, examples, group_size, system_prompt)
     eos = tuple(int(e) for e in eos_token_ids)
-    run = _Run(model_config, params, t, settings, eos, key, group_size, block, prompt_width)
+    run = _Run(model_config, params, t, settings, eos, key, group_size, block, prompt_width, attention)
     # one thread per batch of calls in flight, so batches run side by side (each call on the runner's workers, which
     # bound how many run at once): one thread would queue a block's calls behind every earlier block's
     pool = concurrent.futures.ThreadPoolExecutor(_BATCH_THREADS, thread_name_prefix="jaxgrpo-tools")

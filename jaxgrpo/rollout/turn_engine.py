@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgrpo import models
-from jaxgrpo.models.attention import KVCache
+from jaxgrpo.models.attention import DENSE, Kernel, KVCache
 from jaxgrpo.models.decode import DecodeWeights, decode_step
 from jaxgrpo.token_sampling import sample_from_logits
 
@@ -56,6 +56,7 @@ class TurnSpec:
     top_k: int
     use_top_p: bool
     eos_token_ids: tuple[int, ...]
+    attention: Kernel = DENSE  # the prefix prefill's attention kernel (the run's `perf.attention`, resolved)
 
     @property
     def rows(self) -> int:
@@ -109,9 +110,9 @@ def init_state(spec: TurnSpec, key: jax.Array, seq: np.ndarray, known: np.ndarra
 def prefill_prefix(config: models.ModelConfig, spec: TurnSpec, params: Any, prefix_SxT: jax.Array,
                    mask_SxT: jax.Array, real_SxT: jax.Array) -> TurnCaches:  # fmt: skip
     """The caches of a run: each group's prefix (left-padded ``[S, Tp]``; ``mask_SxT`` the tokens encoded, at least
-    one; ``real_SxT`` those attended: an empty prefix encodes one dummy token that no row attends) and zero row
-    caches."""
-    _, kv = models.prefill(config, params, prefix_SxT, mask_SxT)
+    one; ``real_SxT`` those attended: an empty prefix encodes one dummy token that no row attends), encoded with
+    ``spec.attention``, and zero row caches."""
+    _, kv = models.prefill(config, params, prefix_SxT, mask_SxT, attention_kernel=spec.attention)
     dt = jnp.dtype(config.dtype)
     prefix = [KVCache(kv.k[i].astype(dt), kv.v[i].astype(dt)) for i in range(config.num_layers)]
     B, K, W, H = spec.rows, config.num_kv_heads, spec.width, config.head_dim
