@@ -217,6 +217,7 @@ def sample_from_logits(
     top_k: int = 0,
     top_p: jax.Array | float | None = None,
     return_entropy: bool = False,
+    tpu_kernel: bool = False,
 ) -> tuple[jax.Array, ...]:
     """Sample one token per row of ``logits [N, V]`` with per-row ``keys [N]``: ``(tokens [N] int32, logprobs [N])``,
     and ``entropy [N]`` (nats, the sampling distribution's; module docstring) too when ``return_entropy`` (static).
@@ -224,7 +225,10 @@ def sample_from_logits(
     The distribution and the reported log-probabilities are those of the module docstring. ``greedy``, ``top_k``
     (0 = off) and whether ``top_p`` is None (off) are static; the values of ``temperature`` and ``top_p`` may be
     traced. The uniform draw is per row: the inversion runs over candidate slots, token ids without top-k (so the
-    two nucleus paths, which give the same set, give the same sample) and ranks with it.
+    two nucleus paths, which give the same set, give the same sample) and ranks with it. ``tpu_kernel`` (static): on
+    a TPU, the vocabulary draw's block sums by the Pallas kernel `jaxgrpo.block_sums` (one read of the logits) where
+    it applies (no top-k/top-p, rows in multiples of 8); only for logits whose rows are not split over a mesh by
+    the SPMD partitioner, which would gather them whole for the kernel (inside `jax.shard_map` they are local).
     """
     logits = logits.astype(jnp.float32)
     if greedy:
@@ -247,7 +251,7 @@ def sample_from_logits(
     if top_p is not None:
         z, _ = truncated_logits(logits, temperature, top_p=top_p)
         keep = jnp.isfinite(z)
-    tokens, logp, entropy = _draw_vocabulary(logits, temperature, _uniforms(keys), keep)
+    tokens, logp, entropy = _draw_vocabulary(logits, temperature, _uniforms(keys), keep, tpu_kernel)
     return (tokens, logp, entropy) if return_entropy else (tokens, logp)
 
 
@@ -278,21 +282,27 @@ def _block_sums_one_pass(z_NBC: jax.Array) -> tuple[jax.Array, jax.Array, jax.Ar
     online-softmax combiner (`_combine`), rescaled to the row's max afterwards (on accelerators, where the logits'
     HBM reads are the cost)."""
     finite = z_NBC > -jnp.inf
-    m_NB, s_NB, t_NB = jax.lax.reduce((z_NBC, finite.astype(jnp.float32), jnp.where(finite, z_NBC, 0.0)),
-                                      (-jnp.inf, 0.0, 0.0), _combine, (2,))  # fmt: skip
+    return _to_row_max(*jax.lax.reduce((z_NBC, finite.astype(jnp.float32), jnp.where(finite, z_NBC, 0.0)),
+                                       (-jnp.inf, 0.0, 0.0), _combine, (2,)))  # fmt: skip
+
+
+def _to_row_max(m_NB: jax.Array, s_NB: jax.Array, t_NB: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per-block ``(max, sum exp(z - max), sum exp(z - max) z)`` rescaled to the row's max: ``(top, mass, moment)``
+    as `_block_sums_two_pass` gives them."""
     top = jnp.max(m_NB, axis=-1)
     scale = jnp.where(m_NB == -jnp.inf, 0.0, jnp.exp(m_NB - top[:, None]))
     return top, s_NB * scale, t_NB * scale
 
 
-def _draw_vocabulary(logits: jax.Array, temperature: jax.Array | float, u: jax.Array, keep: jax.Array | None
-                     ) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
+def _draw_vocabulary(logits: jax.Array, temperature: jax.Array | float, u: jax.Array, keep: jax.Array | None,
+                     tpu_kernel: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
     """The inverse-CDF draw over the whole vocabulary (`invert_cdf`'s rule on ``q = exp(z - max z)``, ``z = logits /
     temperature``, ``-inf`` where ``keep`` is False) from per-block sums: per block of `_CDF_BLOCK` tokens the mass
     ``sum exp(z - max)`` and its first moment ``sum exp(z - max) z`` (one pass over the logits on accelerators,
-    `_block_sums_one_pass`; two on CPU), from which come ``lse = max + log(sum of masses)``, the block to draw from,
-    and the entropy ``lse - sum of moments / sum of masses``; then only the drawn block's logits are read again (its
-    128 values, from which the token and its log-prob ``z_x - lse``). Returns ``(tokens, logprobs, entropy)``."""
+    `_block_sums_one_pass`; two on CPU; with ``tpu_kernel`` on a TPU the Pallas kernel `jaxgrpo.block_sums`, which
+    reads the raw logits where they lie), from which come ``lse = max + log(sum of masses)``, the block to draw
+    from, and the entropy ``lse - sum of moments / sum of masses``; then only the drawn block's logits are read again
+    (its 128 values, from which the token and its log-prob ``z_x - lse``). Returns ``(tokens, logprobs, entropy)``."""
     n, v = logits.shape
     t = jnp.asarray(temperature, jnp.float32)
 
@@ -300,10 +310,19 @@ def _draw_vocabulary(logits: jax.Array, temperature: jax.Array | float, u: jax.A
         z = x.astype(jnp.float32) / t
         return z if kept is None else jnp.where(kept, z, -jnp.inf)
 
-    z = scaled(logits, keep)
     nb = -(-v // _CDF_BLOCK)
-    z_NBC = jnp.pad(z, ((0, 0), (0, nb * _CDF_BLOCK - v)), constant_values=-jnp.inf).reshape(n, nb, _CDF_BLOCK)
-    top, mass, moment = jax.lax.platform_dependent(z_NBC, cpu=_block_sums_two_pass, default=_block_sums_one_pass)
+
+    def xla(sums):  # over the scaled logits viewed as [N, blocks, 128]
+        return lambda x: sums(jnp.pad(scaled(x, keep), ((0, 0), (0, nb * _CDF_BLOCK - v)),
+                                      constant_values=-jnp.inf).reshape(n, nb, _CDF_BLOCK))  # fmt: skip
+
+    branches = dict(cpu=xla(_block_sums_two_pass), default=xla(_block_sums_one_pass))
+    if tpu_kernel and keep is None:
+        from jaxgrpo import block_sums  # (Pallas: imported where it may run)
+
+        if block_sums.supported(n, v):
+            branches["tpu"] = lambda x: _to_row_max(*block_sums.block_sums(x, t))
+    top, mass, moment = jax.lax.platform_dependent(logits, **branches)
     # the barrier keeps XLA from folding the sums of the block sums into sums over the logits (another pass)
     mass, moment = jax.lax.optimization_barrier((mass, moment))
     cdf = jnp.cumsum(mass, axis=-1)

@@ -222,8 +222,20 @@ def init(config: models.ModelConfig, spec: Spec) -> tuple[Caches, DecodeState]:
 
 
 def _sample(spec: Spec, keys, logits, temperature, top_p):
-    return sample_from_logits(keys, logits, temperature, greedy=spec.greedy, top_k=spec.top_k,
-                              top_p=top_p if spec.use_top_p else None, return_entropy=True)  # fmt: skip
+    """The draw (`sample_from_logits`, with the TPU block-sum kernel where it applies). On a mesh each device draws
+    its own rows (`jax.shard_map` over the batch axes: a row's draw reads only its row), so neither the logits nor
+    the top-k candidates are gathered, and the LM head's logits are made row-split."""
+
+    def draw(k, x, t, p):
+        return sample_from_logits(k, x, t, greedy=spec.greedy, top_k=spec.top_k, top_p=p if spec.use_top_p else None,
+                                  return_entropy=True, tpu_kernel=True)  # fmt: skip
+
+    if spec.sharding is None:
+        return draw(keys, logits, temperature, top_p)
+    rows, one = spec.sharding.spec, PartitionSpec()
+    # check_vma off: the TPU kernel's outputs carry no varying-axes type (each row is its device's own anyway)
+    return jax.shard_map(draw, mesh=spec.sharding.mesh, in_specs=(rows, rows, one, one), out_specs=(rows, rows, rows),
+                         check_vma=False)(keys, logits, temperature, top_p)  # fmt: skip
 
 
 def _is_eos(spec: Spec, tokens: jax.Array) -> jax.Array:
