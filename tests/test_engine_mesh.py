@@ -70,6 +70,24 @@ def test_token_step_on_a_mesh_moves_no_cache_weight_or_row_state(tiny):
     assert found and set(found) == {("all-reduce", "reduce_sum")}, found
 
 
+def test_an_admission_of_fewer_rows_than_devices_samples_the_one_device_rows(tiny):
+    """A refill of one prompt (G = 3 rows) on 8 devices: its first tokens are drawn as the partitioner places 3 rows
+    (each device's own rows are drawn in `shard_map` only when the rows split evenly), the one-device draw."""
+    config, params = tiny
+    sp = SamplingParams(**CASES["plain"][0])
+    weights = engine.prepare_weights(config, params)
+    tok, mask = engine.left_pad([[1, 2, 3]], 16, 1)
+    firsts = []
+    for mesh in (None, sharding.make_mesh(8, 1, 1)):
+        spec = engine.make_spec(config, sp, 8, 16, 4, mesh=mesh)
+        caches, state = engine.init(config, spec)
+        _, state = engine.prefill(config, spec, 0, params, weights, caches, state, tok, mask, np.array([5], np.int32),
+                                  np.array([0], np.int32), jax.random.key(1), jnp.float32(1.0), jnp.float32(1.0))
+        firsts.append((np.asarray(state.tokens)[15:18, 0], np.asarray(state.logprobs)[15:18, 0]))
+    np.testing.assert_array_equal(firsts[1][0], firsts[0][0])
+    np.testing.assert_allclose(firsts[1][1], firsts[0][1], atol=1e-5, rtol=0)
+
+
 TWO_PROCESS_BODY = r"""
 from test_engine import CASES, MORE_PROMPTS
 from test_sampling import tiny_model

@@ -226,12 +226,14 @@ def _sample(spec: Spec, keys, logits, temperature, top_p):
     its own rows (`jax.shard_map` over the batch axes: a row's draw reads only its row), so neither the logits nor
     the top-k candidates are gathered, and the LM head's logits are made row-split."""
 
-    def draw(k, x, t, p):
+    def draw(k, x, t, p, kernel=True):
         return sample_from_logits(k, x, t, greedy=spec.greedy, top_k=spec.top_k, top_p=p if spec.use_top_p else None,
-                                  return_entropy=True, tpu_kernel=True)  # fmt: skip
+                                  return_entropy=True, tpu_kernel=kernel)  # fmt: skip
 
     if spec.sharding is None:
         return draw(keys, logits, temperature, top_p)
+    if logits.shape[0] % row_shards(spec.sharding.mesh):  # an admission of fewer rows than devices: as the
+        return draw(keys, logits, temperature, top_p, kernel=False)  # partitioner places them
     rows, one = spec.sharding.spec, PartitionSpec()
     # check_vma off: the TPU kernel's outputs carry no varying-axes type (each row is its device's own anyway)
     return jax.shard_map(draw, mesh=spec.sharding.mesh, in_specs=(rows, rows, one, one), out_specs=(rows, rows, rows),
