@@ -29,6 +29,9 @@ os.environ.setdefault("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# libtpu's compile-only TPU topologies (test_compile.py, test_block_sums.py): libtpu admits one process per host unless
+# told otherwise (a lockfile held for the process's life), and the xdist workers each load it; no TPU chip is used
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 # XLA:CPU's compile time, not the run time of tiny programs, is most of this suite's bill: a 2-layer train step took
 # 13.6 s to compile with the defaults and 1.7 s with the loop-emitting fusion path instead of the MLIR fusion emitters
 # and LLVM at -O0 (its run time grew from 3 to 12 ms). Only the code generator changes: the HLO and its numerics are
