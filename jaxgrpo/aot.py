@@ -309,7 +309,7 @@ def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], t
         plain = mcfg if models.lora.has_adapters(abstract) else mcfg.replace(lora=None)
         params = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), abstract,
                               sharding.param_shardings(plain, mesh))  # fmt: skip
-        prepare = jax.jit(lambda p: engine.prepare_weights(mcfg, p)).lower(params)
+        prepare = jax.jit(lambda p: engine.prepare_weights(mcfg, p, spec)).lower(params)
         weights = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), prepare.out_info,
                                prepare.compile(options).output_shardings)  # fmt: skip
     empty = jax.eval_shape(lambda: engine.init(mcfg, spec))

@@ -317,7 +317,7 @@ def engine_programs(tr: Any, spec: Any, first: int, packs: list[int], refills: b
     else:  # on a mesh: placed as the rollout's are (the weights' placement is what XLA gives `prepare_weights`)
         placed = tr.sampler_params()
         params = jax.tree.map(abstract, placed)
-        weights = jax.tree.map(abstract, engine.prepare_weights(mcfg, placed))
+        weights = jax.tree.map(abstract, engine.prepare_weights(mcfg, placed, spec))
         del placed
     caches, state = engine.placed(spec, jax.eval_shape(lambda: engine.init(mcfg, spec)))
     f32 = jax.ShapeDtypeStruct((), jnp.float32)

@@ -70,6 +70,30 @@ def test_token_step_on_a_mesh_moves_no_cache_weight_or_row_state(tiny):
     assert found and set(found) == {("all-reduce", "reduce_sum")}, found
 
 
+def test_an_fsdp_mesh_splits_the_lm_head_over_the_vocabulary(tiny):
+    """data 2 x fsdp 4: the decode LM head lies split over the vocabulary across the FSDP axis (replicated over data);
+    a token step gathers its data shard's hidden states over the FSDP axis, multiplies them by its vocabulary slice
+    and moves the logits all-to-all into the draw's row split. No collective carries the head or a [rows, vocab]
+    array whole (the partitioner all-reduced each data shard's partial logits over the FSDP axis). A data mesh keeps
+    the head as placed. (The samples equal the one-device engine's: `test_engine_on_a_mesh_gives_the_one_device_
+    samples`.)"""
+    config, params = tiny
+    sp = SamplingParams(**CASES["plain"][0])
+    assert not engine.make_spec(config, sp, 8, 16, 8, mesh=sharding.make_mesh(8, 1, 1)).head_split
+    mesh = sharding.make_mesh(2, 4, 1)
+    spec = engine.make_spec(config, sp, 8, 16, 8, mesh=mesh)
+    weights = engine.prepare_weights(config, sharding.shard_params(params, config, mesh), spec)
+    assert spec.head_split and weights["lm_head"].sharding.spec == PartitionSpec(None, "fsdp")
+    caches, state = engine.init(config, spec)
+    text = engine.decode_block.lower(config, spec, weights, caches, state, jnp.float32(0.8),
+                                     jnp.float32(0.8)).compile().as_text()  # fmt: skip
+    half, v, d = spec.rows // 2, config.vocab_size, config.hidden_size
+    lines = [ln for ln in text.splitlines() if COLLECTIVE.search(ln)]
+    assert any(f"= f32[{half},{d}]" in ln and "all-gather(" in ln for ln in lines), lines
+    assert any("all-to-all(" in ln and f"f32[1,1,{half // 4},{v // 4}]" in ln for ln in lines), lines
+    assert not [ln for ln in lines if re.search(rf"\[({spec.rows}|{half}),{v}\]|\[{d},{v}\]", ln)]
+
+
 def test_an_admission_of_fewer_rows_than_devices_samples_the_one_device_rows(tiny):
     """A refill of one prompt (G = 3 rows) on 8 devices: its first tokens are drawn as the partitioner places 3 rows
     (each device's own rows are drawn in `shard_map` only when the rows split evenly), the one-device draw."""

@@ -87,7 +87,7 @@ class _Run:
         self.config, self.params, self.prompts, self.sp, self.key = config, params, list(prompts), sp, key
         self.packed_ladder, self.first_rows, self.prompt_offset = packed_ladder, first_rows, prompt_offset
         self.spec = engine.make_spec(config, sp, slots, width, block, mesh=mesh, attention=attention)
-        self.weights = engine.prepare_weights(config, params)
+        self.weights = engine.prepare_weights(config, params, self.spec)
         self.caches, self.state = engine.init(config, self.spec)
         self.temp = jnp.float32(sp.temperature if sp.temperature > 0 else 1.0)
         self.top_p = jnp.float32(sp.top_p)

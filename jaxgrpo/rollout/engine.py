@@ -82,6 +82,8 @@ class Spec:
     # (`row_sharding`); slot s and its G rows on the same device, so a token step needs no collective
     sharding: NamedSharding | None = None
     attention: Kernel = DENSE  # the prefill's attention kernel (the run's `perf.attention`, resolved)
+    # with an FSDP-split mesh: the LM head split over the vocabulary across the FSDP axis (`head_sharding`)
+    head_split: bool = False
 
     @property
     def rows(self) -> int:
@@ -120,8 +122,10 @@ def make_spec(config: models.ModelConfig, sp: SamplingParams, slots: int, prompt
     if slots % row_shards(mesh):
         raise ValueError(f"{slots} slots do not split over the mesh's {row_shards(mesh)} batch shards")
     platform = platform or (mesh.devices.flat[0].platform if mesh is not None else None)
+    split = (sharding is not None and mesh.shape.get("fsdp", 1) > 1 and mesh.shape.get("tensor", 1) == 1
+             and config.vocab_size % mesh.shape["fsdp"] == 0)  # fmt: skip
     return Spec(slots, sp.num_samples, sp.max_new_tokens, prompt_width, block, sp.greedy, top_k, use_top_p,
-                sp.eos_token_ids, window_multiple(platform, sp.max_new_tokens), sharding, attention)  # fmt: skip
+                sp.eos_token_ids, window_multiple(platform, sp.max_new_tokens), sharding, attention, split)  # fmt: skip
 
 
 def _batch_axes(mesh: Mesh | None) -> tuple[str, ...]:
@@ -246,9 +250,31 @@ def _is_eos(spec: Spec, tokens: jax.Array) -> jax.Array:
     return jnp.isin(tokens, jnp.asarray(spec.eos_token_ids, jnp.int32))
 
 
-def _logits(weights: DecodeWeights, hidden_BD: jax.Array) -> jax.Array:
-    """The LM head as one einsum, accumulated in float32."""
-    return jnp.einsum("bd,dv->bv", hidden_BD, weights["lm_head"], preferred_element_type=jnp.float32)
+def head_sharding(spec: Spec) -> NamedSharding | None:
+    """The decode LM head's placement when `Spec.head_split`: ``[D, V]`` split over the vocabulary across the FSDP
+    axis (each device reads ``1 / fsdp`` of it per token step); else None (placed as the partitioner places it)."""
+    if not spec.head_split:
+        return None
+    return NamedSharding(spec.sharding.mesh, PartitionSpec(None, "fsdp"))
+
+
+def _logits(spec: Spec, weights: DecodeWeights, hidden_BD: jax.Array) -> jax.Array:
+    """The LM head as one einsum, accumulated in float32. With `Spec.head_split` the hidden states enter it whole
+    over the FSDP axis (rows split over the other batch axes: a gather of ``[rows, D]`` in the compute dtype), so
+    each device computes its vocabulary slice of its data shard's logits; the draw's row split then moves them
+    all-to-all. (With the head split over the hidden axis, XLA computed every row's partial logits on each device
+    and all-reduced them: the pod's decode moved ``[512, 128256]`` float32 twice per token step.)"""
+    dot = lambda h, w: jnp.einsum("bd,dv->bv", h, w, preferred_element_type=jnp.float32)  # noqa: E731
+    if not spec.head_split:
+        return dot(hidden_BD, weights["lm_head"])
+    mesh = spec.sharding.mesh
+    others = tuple(a for a in _batch_axes(mesh) if a != "fsdp")
+    rows = (others if len(others) > 1 else others[0]) if others else None
+    if hidden_BD.shape[0] % int(np.prod([mesh.shape[a] for a in others])):
+        rows = None
+    # explicit, so that the partitioner neither gathers the head nor splits the layers' rows over the FSDP axis
+    return jax.shard_map(dot, mesh=mesh, in_specs=(PartitionSpec(rows, None), PartitionSpec(None, "fsdp")),
+                         out_specs=PartitionSpec(rows, "fsdp"), check_vma=False)(hidden_BD, weights["lm_head"])
 
 
 @functools.partial(jax.jit, static_argnames=("config", "spec", "packed_width"), donate_argnames=("caches", "state"))
@@ -265,7 +291,7 @@ def prefill(config, spec: Spec, packed_width: int, params, weights: DecodeWeight
                       pv.at[slot_A].set(kv.v[i].astype(pv.dtype), mode="drop"))
               for i, (pk, pv) in enumerate(caches.prefix)]  # fmt: skip
     prefix_mask = caches.prefix_mask.at[slot_A].set(mask_AxT, mode="drop")
-    logits = jnp.repeat(_logits(weights, last_AxD), G, axis=0)
+    logits = jnp.repeat(_logits(spec, weights, last_AxD), G, axis=0)
     sample_ids = (prompt_id_A[:, None] * G + jnp.arange(G)[None, :]).reshape(-1).astype(jnp.uint32)
     row_key = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, sample_ids)
     step_key = jax.vmap(jax.random.fold_in, in_axes=(0, None))(row_key, jnp.uint32(0))
@@ -293,7 +319,7 @@ def _decode_one(config, spec: Spec, weights, caches: Caches, st: DecodeState, te
     hidden, cache = decode_step(config, weights, st.last, st.length + st.step - 1, caches.prefix,
                                 caches.prefix_mask, caches.decode, slot_B, mask_BM)  # fmt: skip
     keys = jax.vmap(jax.random.fold_in)(st.row_key, st.step.astype(jnp.uint32))
-    tok, logp, ent = _sample(spec, keys, _logits(weights, hidden), temperature, top_p)
+    tok, logp, ent = _sample(spec, keys, _logits(spec, weights, hidden), temperature, top_p)
     col = jnp.where(active, st.step, M)  # out of range for finished rows: the write is dropped
     # a write per row, vmapped: a scatter whose row axis is a batching dimension, which a mesh splits with no collective
     put = jax.vmap(lambda buf, v, c: buf.at[c].set(v, mode="drop"))  # noqa: E731
@@ -350,10 +376,15 @@ def resize(decode: list[KVCache], width: int) -> list[KVCache]:
     return [KVCache(fit(c.k, 2), fit(c.v, 3)) for c in decode]
 
 
-def prepare_weights(config: models.ModelConfig, params: Any) -> DecodeWeights:
+def prepare_weights(config: models.ModelConfig, params: Any, spec: Spec | None = None) -> DecodeWeights:
     """`models.decode.decode_weights`, called outside jit: one small program per layer, shared by every layer (as
-    one jitted program over all layers XLA:CPU took minutes to compile it for a 30-layer model)."""
-    return decode_weights(config, params)
+    one jitted program over all layers XLA:CPU took minutes to compile it for a 30-layer model); the LM head placed
+    as ``spec`` decodes with it (`head_sharding`)."""
+    weights = decode_weights(config, params)
+    head = None if spec is None else head_sharding(spec)
+    if head is not None:
+        weights["lm_head"] = jax.lax.with_sharding_constraint(weights["lm_head"], head)
+    return weights
 
 
 def left_pad(prompts: list[Any], width: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
