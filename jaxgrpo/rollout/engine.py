@@ -13,8 +13,10 @@ Mesh (`Spec.sharding`, `make_spec(..., mesh=)`): axis 0 of every cache and per-r
 over the mesh's batch axes (`jaxgrpo.sharding.BATCH_AXES`), in contiguous blocks, so slot ``s`` and its G rows live
 on one device; the per-row writes are vmapped scatters (the row axis a batching dimension), each device draws its
 own rows (`jax.shard_map`), and on a data mesh a token step needs no collective but the scalar row-step count.
-Weights are read as the caller placed them. On a mesh over several processes the driver gathers ``done`` and the
-finished groups from every process once per block (`jaxgrpo.rollout.driver.host_array`).
+Weights are read as the caller placed them, but for the LM head on a mesh with an FSDP axis (`Spec.head_split`):
+`prepare_weights` splits it over the vocabulary across that axis, and a token step gathers its data shard's hidden
+states over it and moves the logits all-to-all into the draw's row split. On a mesh over several processes the
+driver gathers ``done`` and the finished groups from every process once per block (`jaxgrpo.rollout.driver.host_array`).
 
 Window: the decode cache holds ``W`` slots, the block's `window` (the most steps of an unfinished row + the block,
 rounded up to `window_multiple`: 32, 128 on CPU, coarser past `MAX_WINDOWS` windows; at most ``Mc`` = ``M - 1``
