@@ -320,9 +320,9 @@ def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], t
     prompts = (rows((slots, width), jnp.int32), rows((slots, width), jnp.bool_), rows((slots,), jnp.int32),
                rows((slots,), jnp.int32), scalar(jax.eval_shape(lambda: jax.random.key(0)).dtype))  # fmt: skip
     texts = {} if texts is None else texts
+    mine = per_chip_bytes(weights)
     whole = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(weights))
-    out = dict(weights=dict(total=per_chip_bytes(weights), share=per_chip_bytes(weights) / whole,
-                            row_shards=float(engine.row_shards(None if one else mesh))))  # fmt: skip
+    out = dict(weights=dict(total=mine, share=mine / whole, row_shards=float(engine.row_shards(None if one else mesh))))
     packed = padding.sampler_packed_width([cfg.data.max_prompt_tokens] * slots, 1)
     prefill = engine.prefill.lower(mcfg, spec, packed, params, weights, caches, state, *prompts, f32, f32)
     programs = dict(prefill=prefill)
