@@ -62,7 +62,7 @@ part_trl() {
     TRL_ARGS=(--model "$CARRY/x/smollm2-135m" --random-init --data-dir "$CARRY/x/gsm8k")
     TRL_PATH="${PYTHONPATH:-}"  # the carried packages only where the machine lacks them (they are for CPython 3.12)
     "$PY" -c "import trl, datasets" 2> /dev/null || TRL_PATH="$PWD/$CARRY/x/site${PYTHONPATH:+:$PYTHONPATH}"
-    SHAPE=(--prompts 16 --group 8 --tokens 128 --steps 4)
+    SHAPE=(--prompts 16 --group 8 --tokens 128 --steps 4 --only jaxgrpo trl trl_cb)  # no-prefix arm: time
     [ "${QUICK:-0}" = 1 ] && SHAPE=(--prompts 2 --group 2 --tokens 8 --steps 2)
     GPU_FLAG=()
     command -v nvidia-smi > /dev/null && GPU_FLAG=(--gpu)

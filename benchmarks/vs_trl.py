@@ -34,7 +34,7 @@ config and tokenizer (`benchmarks/gpu_carry.py` makes one for a GPU machine with
 weights at that shape (seed 0) once and both frameworks load them. Speed does not depend on the weights' values here,
 since every sample is exactly ``--tokens`` long on both sides.
 
-  python benchmarks/vs_trl.py [--steps 4] [--only trl|trl_cb|jaxgrpo|jaxgrpo_noprefix] [--malloc keep|hugepages|default]
+  python benchmarks/vs_trl.py [--steps 4] [--only ARM ...] [--malloc keep|hugepages|default]
                               [--gpu] [--model smollm2|FILE.gguf|DIR [--random-init]] [--data-dir DIR] [--prompts 8]
                               [--group 4] [--tokens 64] [--out benchmarks/results/vs_trl.json]
 """
@@ -282,7 +282,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=4, help="RL steps per framework (the first is excluded); >= 4")
-    ap.add_argument("--only", choices=WORKERS, default=None)
+    ap.add_argument("--only", nargs="+", choices=WORKERS, default=None, help="these arms only")
     ap.add_argument("--worker", choices=WORKERS, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--malloc", choices=list(MALLOC_MODES), default=MALLOC_MODES[0],
                     help="every worker's glibc malloc tunables, as JAXGRPO_MALLOC for jaxgrpo's CLI")
@@ -320,7 +320,7 @@ def main() -> None:
         random_init(args.model, tmp.name)
         weights = f"random float32 weights (seed 0) at the shape of {args.model}"
         args.model = tmp.name
-    which = [args.only] if args.only else list(WORKERS)
+    which = list(args.only or WORKERS)
     env = malloc_env({**os.environ, "JAXGRPO_MALLOC": args.malloc})
     tunables = (env or os.environ).get("GLIBC_TUNABLES")
     malloc = f"GLIBC_TUNABLES={tunables}" if tunables else "glibc defaults"
