@@ -130,14 +130,18 @@ def part_train(cfg: config_lib.Config, args: argparse.Namespace, chip: aot.Chip)
     batch = jax.device_put(make_batch(P, G, args.prompt_len, args.completion_len, mcfg.vocab_size))
     lengths = np.asarray(batch.prompt_mask)[::G].sum(1)
     out = {}
-    for kind, remat, head in [(k, r, h) for k in args.attention for r in args.remat for h in args.lm_head]:
+    default_options = dict(ts.GPU_TRAIN_COMPILER_OPTIONS)
+    runs = [(k, r, h, d) for k in args.attention for r in args.remat for h in args.lm_head for d in args.dot_merger]
+    for kind, remat, head, merger in runs:
+        # XLA's dot merger: off is the train step's default on GPUs (train_step.GPU_TRAIN_COMPILER_OPTIONS)
+        ts.GPU_TRAIN_COMPILER_OPTIONS = default_options if merger == "off" else {}
         perf = PerfConfig(attention=kind, remat=remat, lm_head=head)
         run_cfg = dataclasses.replace(cfg, perf=perf, rollout=dataclasses.replace(
             r, max_new_tokens=args.completion_len))
         width = ts.packed_prompt_width(lengths, args.prompt_len, cfg.algo, perf)
         init_fn, step_fn = ts.make_train_step(mcfg, cfg.algo, cfg.optim, perf=perf, temperature=1.0,
                                               total_steps=cfg.train.steps)  # fmt: skip
-        name = f"{kind}/{remat}/{head}"
+        name = f"{kind}/{remat}/{head}" + ("/dot-merger" if merger == "on" else "")
         try:
             state = init_fn(models.init_params(mcfg, jax.random.key(0)), jax.random.key(1))
             t0 = time.perf_counter()
@@ -160,6 +164,7 @@ def part_train(cfg: config_lib.Config, args: argparse.Namespace, chip: aot.Chip)
             continue
         finally:
             state = None
+            ts.GPU_TRAIN_COMPILER_OPTIONS = default_options
         step_s = statistics.median(times)
         prompt_tokens = int(lengths.sum()) if width else 0  # packed prompts: the decoder runs their real tokens
         no_remat = dataclasses.replace(run_cfg, perf=dataclasses.replace(run_cfg.perf, remat="none"))
@@ -243,6 +248,8 @@ def main() -> None:
     ap.add_argument("--attention", nargs="+", default=["cudnn", "chunked"])
     ap.add_argument("--remat", nargs="+", default=["projections"])
     ap.add_argument("--lm-head", nargs="+", default=["auto"], choices=["auto", "xla", "fused"])
+    ap.add_argument("--dot-merger", nargs="+", default=["off"], choices=["off", "on"],
+                    help="XLA's dot merger in the train step (off: the default on GPUs)")
     ap.add_argument("--prompt-len", type=int, default=384)
     ap.add_argument("--completion-len", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3)

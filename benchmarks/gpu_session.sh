@@ -10,7 +10,7 @@
 #                         (benchmarks/kernel_profile.py; XLA's CUDA graphs kept while profiling)
 #   decode_nograph.*      the same decode with XLA's command buffers (CUDA graphs) off: what the graphs are worth
 #   train.json/.log       the train step at the Qwen2.5-0.5B shape (cuDNN attention, fused LM head): MFU, and one
-#                         step profiled per kernel
+#                         step profiled per kernel; with XLA's dot merger off (the default) and on
 #   recompile/            `python -m jaxgrpo.train` on the embedded default for 6 steps: time/compiles after step 1
 #                         must be 0 under this jax
 #   vs_trl.json/.log      the GRPO step against TRL (`benchmarks/vs_trl.py --gpu`, BENCHMARKS §9's work: 16 prompts x 8
@@ -84,7 +84,7 @@ part_nograph() {
   echo "nograph: exit $?"; grep -E "decode step" "$OUT/decode_nograph.log"
 }
 part_train() {
-  ATT=(--attention cudnn --lm-head fused)
+  ATT=(--attention cudnn --lm-head fused --dot-merger off on)
   [ "${QUICK:-0}" = 1 ] && ATT=(--attention chunked --lm-head auto)
   timeout 150 "$PY" benchmarks/gpu.py --parts train profile "${ATT[@]}" --chip "$CHIP" "${SMALL[@]}" \
     --out "$OUT/train.json" > "$OUT/train.log" 2>&1

@@ -383,7 +383,9 @@ def test_program_bytes_and_wide_buffers_of_the_hand_written_module():
 def test_qwen_train_step_for_an_h100_has_no_float32_vocab_buffer(capsys):
     """The Qwen2.5-0.5B config's train step (a small rollout: the vocabulary and the model are the config's) compiled
     for an H100: the LM head is the fused Pallas one (Triton kernels), so no kernel writes a float32 ``[*, 151936]``
-    buffer (logits, probabilities or a transposed float32 copy of the head); the report's bytes are counted."""
+    buffer (logits, probabilities or a transposed float32 copy of the head); the report's bytes are counted. XLA's dot
+    merger is off for it (`train_step.GPU_TRAIN_COMPILER_OPTIONS`): no kernel concatenates projections to run their
+    GEMMs as one (at this size XLA merged q|k|v and gate|up; at the config's, the two streams' activations)."""
     overrides = ["rollout.prompts_per_step=4", "rollout.group_size=2", "rollout.max_new_tokens=32",
                  "data.max_prompt_tokens=32", "algo.grad_accum_steps=2"]  # fmt: skip
     if not aot.has_cudnn():  # as `python -m jaxgrpo.compile` does
@@ -395,7 +397,12 @@ def test_qwen_train_step_for_an_h100_has_no_float32_vocab_buffer(capsys):
     text = texts["train"]
     assert "__gpu$xla.gpu.triton" in text  # the fused head's kernels
     assert hlo.wide_buffers(text, "f32", mcfg.vocab_size) == []
-    assert step["hbm_bytes"] == hlo.program_bytes(text).bytes_per_iteration > step["weights"]
+    report = hlo.program_bytes(text)
+    assert step["hbm_bytes"] == report.bytes_per_iteration > step["weights"]
+    qkv = (mcfg.num_heads + 2 * mcfg.num_kv_heads) * mcfg.head_dim
+    widths = {mcfg.intermediate_size, 2 * mcfg.intermediate_size, qkv}
+    merged = [k.shape for k in report.kernels if "concatenate" in k.kind and any(f",{w}]" in k.shape for w in widths)]
+    assert merged == []
     lines = train_report.format_train_report(step, text, mcfg.vocab_size, aot.CHIPS["h100"])
     assert "GiB HBM traffic" in lines[0] and lines[-1].endswith("buffers written by the train step's kernels: 0")
 
