@@ -29,6 +29,7 @@ DataSource = Literal["synthetic", "gsm8k", "words", "hf"]
 PromptTemplate = Literal["chat", "plain"]
 Schedule = Literal["constant", "cosine"]
 Precompile = Literal["auto", "background", "off"]
+LayerLoopSwitch = Literal["auto", "scan", "unrolled"]
 SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)
 
 
@@ -188,6 +189,12 @@ class PerfConfig:
     # after the first step, a background thread compiles every other shape the run's step path can take (train-step
     # ladder rungs, decode windows: jaxgrpo.precompile); auto = background on accelerators, off on CPU
     precompile: Precompile = "auto"
+    # the train step's loop over the layers (and the KL reference pass's): scan = one compiled layer body, the saved
+    # activations stacked over the layers; unrolled = each layer its own code, no stacked buffers to initialise, copy,
+    # update and slice (the Qwen2.5-0.5B step for one H100: 1,801.8 -> 1,314.5 GiB, BENCHMARKS §12) for a compile
+    # time that grows with the depth; auto = unrolled on GPUs unless remat is full (then it held far more memory for
+    # few bytes saved), scan elsewhere
+    layer_loop: LayerLoopSwitch = "auto"
 
 
 @dataclasses.dataclass(frozen=True)

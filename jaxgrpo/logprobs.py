@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from jaxgrpo import fused_head, models, token_sampling
 from jaxgrpo.models import prefix as prefix_lib
 from jaxgrpo.models.attention import DENSE, Kernel
-from jaxgrpo.models.layers import MatmulBackward, RematPolicy
+from jaxgrpo.models.layers import LayerLoop, MatmulBackward, RematPolicy
 
 # Elements of one float32 logits chunk [rows, chunk, V] when the chunk is chosen automatically (256 MiB).
 _AUTO_CHUNK_ELEMENTS = 1 << 26
@@ -78,6 +78,7 @@ def compute_logprobs(
     top_k: int = 0,
     top_p: float = 1.0,
     lm_head: LMHead = "auto",
+    layer_loop: LayerLoop = "scan",
 ) -> tuple[jax.Array, jax.Array]:
     """Per-token log-probs and entropies ``([B, Tc], [B, Tc])`` float32 of the completion tokens of `batch`.
 
@@ -86,10 +87,11 @@ def compute_logprobs(
     ``chunk`` completion positions (0 = automatic: as few equal chunks as keep float32 logits ≤ 256 MiB each), each
     with a hand-written backward that recomputes the chunk's logits instead of storing ``[B, Tc, V]``.
     Values at masked positions are meaningless (callers mask them). Entropy carries no gradient. ``remat``,
-    ``matmul_backward``, ``attention_kernel``, ``constrain_rows``: as for `models.hidden_states` (``remat="full"``
-    keeps about one ``[B, T, D]`` per layer for ~1/3 more compute). ``group_size = G > 1``: prefix sharing — rows
-    ``p*G .. p*G+G-1`` must hold the same (left-padded) prompt, as in the train step's `Batch`; the prompt is taken
-    from row ``p*G`` and encoded once per group (`jaxgrpo.models.prefix`); same values and gradients as 0 (plain).
+    ``matmul_backward``, ``attention_kernel``, ``constrain_rows``, ``layer_loop``: as for `models.hidden_states`
+    (``remat="full"`` keeps about one ``[B, T, D]`` per layer for ~1/3 more compute). ``group_size = G > 1``:
+    prefix sharing — rows ``p*G .. p*G+G-1`` must hold the same (left-padded) prompt, as in the train step's
+    `Batch`; the prompt is taken from row ``p*G`` and encoded once per group (`jaxgrpo.models.prefix`); same values
+    and gradients as 0 (plain).
     ``packed_width``, ``pack_rows`` (prefix sharing only): run the group prompts packed end to end in ``pack_rows``
     rows of ``packed_width`` tokens instead of left-padded (`jaxgrpo.models.prefix.prefix_shared_hidden`; same
     values, no work on prompt padding); size it with `packed_prompt_width`. ``pack_rows`` is the number of batch
@@ -137,12 +139,13 @@ def compute_logprobs(
             constrain_rows=constrain_rows,
             packed_width=packed_width,
             pack_rows=pack_rows,
+            layer_loop=layer_loop,
         )
     else:
         attention_mask = jnp.concatenate([batch.prompt_mask, batch.completion_mask], axis=1).astype(bool)
         h_BTD = models.hidden_states(model_config, params, batch.tokens, attention_mask=attention_mask, remat=remat,
                                      matmul_backward=matmul_backward, attention_kernel=attention_kernel,
-                                     constrain_rows=constrain_rows)  # fmt: skip
+                                     constrain_rows=constrain_rows, layer_loop=layer_loop)  # fmt: skip
         h_BCD = h_BTD[:, Tp - 1 : Tp + Tc - 1]  # the hidden state at position i predicts token i+1
     targets_BC = batch.tokens[:, Tp:]
     head = _head_param(model_config, params)

@@ -175,7 +175,7 @@ class StepParts:
                                 group_size=group_size if perf.prefix_sharing else 0,
                                 packed_width=packed_width,  # used only with prefix sharing (group_size > 1)
                                 pack_rows=self.num_shards, top_k=self.top_k,
-                                top_p=self.top_p, lm_head=perf.lm_head)  # fmt: skip
+                                top_p=self.top_p, lm_head=perf.lm_head, layer_loop=perf.layer_loop)  # fmt: skip
 
     # -- 3. one micro-batch: loss (weighted by its share of the global normalizer) and statistics
     def micro_loss(

@@ -295,15 +295,17 @@ def reference_logprobs_fn(model_config: models.ModelConfig, temperature: float, 
     whole."""
     key = ("reference", _freeze(model_config), float(temperature), int(top_k), float(top_p), perf.attention,
            int(perf.attention_chunk), bool(perf.prefix_sharing), int(perf.logprob_chunk), perf.lm_head, int(num_shards),
-           int(chunks))  # fmt: skip
+           int(chunks), perf.layer_loop)  # fmt: skip
     kernel = attention_kernel(perf)
+    layer_loop = "scan" if perf.layer_loop == "auto" else perf.layer_loop  # a perf not through resolve_perf
 
     def rows_logprobs(params: Any, rows: dict[str, jax.Array], group_size: int) -> jax.Array:
         batch = Batch(**rows, rewards=jnp.zeros((0, 0)), valid=jnp.zeros((0, 0), bool),
                       old_logprobs=jnp.zeros((0, 0)))  # the log-probs read the rows alone  # fmt: skip
         return compute_logprobs(model_config, params, batch, temperature, perf.logprob_chunk, remat="none",
                                 attention_kernel=kernel, group_size=group_size if perf.prefix_sharing else 0,
-                                pack_rows=num_shards, top_k=top_k, top_p=top_p, lm_head=perf.lm_head)[0]  # fmt: skip
+                                pack_rows=num_shards, top_k=top_k, top_p=top_p, lm_head=perf.lm_head,
+                                layer_loop=layer_loop)[0]  # fmt: skip
 
     def fn(params: Any, batch: Batch) -> jax.Array:
         P, G = batch.rewards.shape

@@ -189,7 +189,8 @@ def nll(model_config: models.ModelConfig, params: Params, rows: Rows, perf: Perf
     kernel = Kernel("dense" if perf.attention == "auto" else perf.attention, perf.attention_chunk)
     logp, _ = compute_logprobs(model_config, params, rows, 1.0, perf.logprob_chunk, remat=perf.remat,
                                matmul_backward=perf.matmul_backward, attention_kernel=kernel,
-                               lm_head=perf.lm_head)  # fmt: skip
+                               lm_head=perf.lm_head,
+                               layer_loop="scan" if perf.layer_loop == "auto" else perf.layer_loop)  # fmt: skip
     mask = rows.action_mask & rows.completion_mask
     n = jnp.sum(mask)
     return -jnp.sum(jnp.where(mask, logp, 0.0)) / jnp.maximum(n, 1), n

@@ -134,6 +134,7 @@ def test_choices_are_the_literal_types_of_the_modules_that_implement_them():
         ("perf", "attention"): attention.AttentionKind,
         ("perf", "lm_head"): logprobs.LMHead,
         ("perf", "precompile"): config_sections.Precompile,
+        ("perf", "layer_loop"): config_sections.LayerLoopSwitch,
         ("optim", "schedule"): config_sections.Schedule,
         ("checkpoint", "export_gguf_dtype"): gguf_export.GgufDtype | None,
     }
@@ -141,6 +142,7 @@ def test_choices_are_the_literal_types_of_the_modules_that_implement_them():
         assert typing.get_type_hints(C.SECTIONS[section])[key] == literal, (section, key)
     assert C.CHOICES == {k: coerce.literal_choices(v) for k, v in expected.items()}
     assert advantages.ESTIMATORS == typing.get_args(advantages.Estimator)
+    assert ("auto", *layers.LAYER_LOOPS) == typing.get_args(config_sections.LayerLoopSwitch)
     assert degeneracy.DEGENERATE_MODES == ("keep", "mask", "resample")
     assert rewards.ON_REWARD_ERROR == ("error", "invalidate") and C.SCHEDULES == ("constant", "cosine")
     assert C.CHOICES[("perf", "remat")] == ("none", "projections", "full", "projections+norms")

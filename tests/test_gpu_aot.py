@@ -385,7 +385,8 @@ def test_qwen_train_step_for_an_h100_has_no_float32_vocab_buffer(capsys):
     for an H100: the LM head is the fused Pallas one (Triton kernels), so no kernel writes a float32 ``[*, 151936]``
     buffer (logits, probabilities or a transposed float32 copy of the head); the report's bytes are counted. XLA's dot
     merger is off for it (`train_step.GPU_TRAIN_COMPILER_OPTIONS`): no kernel concatenates projections to run their
-    GEMMs as one (at this size XLA merged q|k|v and gate|up; at the config's, the two streams' activations)."""
+    GEMMs as one (at this size XLA merged q|k|v and gate|up; at the config's, the two streams' activations). The
+    layers run unrolled (`perf.layer_loop=auto` on GPUs): no kernel writes a bf16 buffer stacked over the layers."""
     overrides = ["rollout.prompts_per_step=4", "rollout.group_size=2", "rollout.max_new_tokens=32",
                  "data.max_prompt_tokens=32", "algo.grad_accum_steps=2"]  # fmt: skip
     if not aot.has_cudnn():  # as `python -m jaxgrpo.compile` does
@@ -401,8 +402,11 @@ def test_qwen_train_step_for_an_h100_has_no_float32_vocab_buffer(capsys):
     assert step["hbm_bytes"] == report.bytes_per_iteration > step["weights"]
     qkv = (mcfg.num_heads + 2 * mcfg.num_kv_heads) * mcfg.head_dim
     widths = {mcfg.intermediate_size, 2 * mcfg.intermediate_size, qkv}
-    merged = [k.shape for k in report.kernels if "concatenate" in k.kind and any(f",{w}]" in k.shape for w in widths)]
+    merged = [k.shape for k in report.kernels  # bf16 operands of a merged GEMM (not the f32 gradient stacks)
+              if "concatenate" in k.kind and k.shape.startswith("bf16") and any(f",{w}]" in k.shape for w in widths)]
     assert merged == []
+    # perf.layer_loop=auto unrolls the layers on GPUs: no activations stacked over them ([L, ...] in bf16)
+    assert [k.shape for k in report.kernels if f"bf16[{mcfg.num_layers}," in k.shape] == []
     lines = train_report.format_train_report(step, text, mcfg.vocab_size, aot.CHIPS["h100"])
     assert "GiB HBM traffic" in lines[0] and lines[-1].endswith("buffers written by the train step's kernels: 0")
 

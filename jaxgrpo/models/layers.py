@@ -54,6 +54,11 @@ from jaxgrpo.models.params import Params
 
 RematPolicy = Literal["none", "projections", "full", "projections+norms"]
 MatmulBackward = Literal["auto", "explicit", "xla"]
+# the loop over the layers: "scan" = one compiled layer body (`jax.lax.scan`), the saved activations stacked over the
+# layers; "unrolled" = each layer its own code (the scan fully unrolled): no stacked buffers to initialise, update and
+# slice, at a compile time that grows with the depth (`jaxgrpo.perf.resolve_perf` picks it on GPUs)
+LayerLoop = Literal["scan", "unrolled"]
+LAYER_LOOPS = ("scan", "unrolled")
 REMAT_POLICIES: tuple[str, ...] = RematPolicy.__args__
 MATMUL_BACKWARDS: tuple[str, ...] = MatmulBackward.__args__
 _PROJ = "jaxgrpo_projection"  # the name of every dense projection's output, for the "projections" remat policy
@@ -271,12 +276,15 @@ def run_layers(
     remat: RematPolicy = "projections",
     matmul_backward: MatmulBackward = "auto",
     constrain_rows: Callable[[jax.Array], jax.Array] | None = None,
+    layer_loop: LayerLoop = "scan",
 ) -> tuple[tuple[jax.Array, ...], Any, tuple[Any, ...]]:
     """THE scan over the stacked layers. Returns ``(x_out per stream [B, T, D] (not final-normed), final state,
     attention outs per stream (stacked over layers; None unless ``emit``))``. ``layer_inputs``: a pytree with
     leading axis L, sliced per layer into ``ctx.inputs``. ``constrain_rows``: applied to every stream's rows
     ``[B, T, D]`` at each layer boundary (the train step's batch sharding: without it GSPMD may replicate activations
-    over the FSDP axis to avoid gathering weights)."""
+    over the FSDP axis to avoid gathering weights). ``layer_loop``: `LayerLoop` (the same values either way)."""
+    if layer_loop not in LAYER_LOOPS:
+        raise ValueError(f"layer_loop={layer_loop!r}; choose one of {LAYER_LOOPS}")
     explicit = explicit_backward(matmul_backward)
 
     def body(carry, xs):
@@ -296,5 +304,6 @@ def run_layers(
         body = jax.checkpoint(body, policy=policy)
     layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
     carry = (tuple(s.x for s in streams), state)
-    (xs_out, state), outs = jax.lax.scan(body, carry, (params["layers"], layer_ids, layer_inputs))
+    xs = (params["layers"], layer_ids, layer_inputs)
+    (xs_out, state), outs = jax.lax.scan(body, carry, xs, unroll=layer_loop == "unrolled")
     return xs_out, state, outs

@@ -33,6 +33,7 @@ from jaxgrpo.models import attention
 from jaxgrpo.models.config import ModelConfig
 from jaxgrpo.models.decode import prompt_stream
 from jaxgrpo.models.layers import (
+    LayerLoop,
     MatmulBackward,
     RematPolicy,
     Stream,
@@ -64,6 +65,7 @@ def prefix_shared_hidden(
     constrain_rows: Callable[[jax.Array], jax.Array] | None = None,
     packed_width: int = 0,
     pack_rows: int = 1,
+    layer_loop: LayerLoop = "scan",
 ) -> tuple[jax.Array, jax.Array]:
     """Final-normed hidden states of G completions per prompt, each prompt encoded once.
 
@@ -72,7 +74,7 @@ def prefix_shared_hidden(
       prompt_mask ``[P, Tp]`` bool: real prompt tokens. Each prompt needs at least one real token.
       completion_tokens ``[P, G, Tc]`` int: the G completions of prompt p, RIGHT-padded.
       completion_mask ``[P, G, Tc]`` bool or None (= all real).
-      remat, matmul_backward, attention_kernel, constrain_rows: as for `models.hidden_states`.
+      remat, matmul_backward, attention_kernel, constrain_rows, layer_loop: as for `models.hidden_states`.
       packed_width: 0 = the prompt rows run left-padded ``[P, Tp]``; ``W > 0`` = they run packed end to end in
         ``pack_rows`` rows of width ``W`` (same values). ``W`` must hold the real tokens of each row's ``P /
         pack_rows`` consecutive prompts (`jaxgrpo.padding.packed_width` sizes it); checked when the mask is concrete.
@@ -110,7 +112,8 @@ def prefix_shared_hidden(
     completions = Stream(embed(config, params, completion_tokens.reshape(B, Tc)), rope_tables(config, pos_BC),
                          attention.shared_prefix(pm_PT, cm_BC, attention_kernel))
     (xp, xc_BCD), _, _ = run_layers(config, params, [prompts, completions], remat=remat,
-                                    matmul_backward=matmul_backward, constrain_rows=constrain_rows)  # fmt: skip
+                                    matmul_backward=matmul_backward, constrain_rows=constrain_rows,
+                                    layer_loop=layer_loop)  # fmt: skip
     h_c = final_norm(config, params, xc_BCD).reshape(P, G, Tc, -1)
     return h_c, final_norm(config, params, last(xp))
 
@@ -163,6 +166,7 @@ def prefix_shared_predictors(
     constrain_rows: Callable[[jax.Array], jax.Array] | None = None,
     packed_width: int = 0,
     pack_rows: int = 1,
+    layer_loop: LayerLoop = "scan",
 ) -> jax.Array:
     """The hidden states that predict each completion token, ``[B, Tc, D]``, for train-step rows.
 
@@ -170,7 +174,7 @@ def prefix_shared_predictors(
     ``completion_mask [B, Tc]``, B = P*G prompt-major (the group's prompt is taken from row ``p*G``; see
     `group_prompts`). Equals ``models.hidden_states(tokens, mask)[:, Tp-1 : Tp+Tc-1]`` of the plain path: position
     ``Tp-1`` (last prompt token) predicts completion token 0, position ``Tp+t`` predicts token ``t+1``.
-    ``packed_width``, ``pack_rows``: run the prompts packed (see `prefix_shared_hidden`).
+    ``packed_width``, ``pack_rows``: run the prompts packed (see `prefix_shared_hidden`); ``layer_loop``: as there.
     """
     check_tokens(tokens)
     B, Tp = prompt_mask.shape
@@ -181,7 +185,8 @@ def prefix_shared_predictors(
     prompts, pmask = group_prompts(tokens, prompt_mask, G)
     Pn = B // G
     pack = dict(remat=remat, matmul_backward=matmul_backward, attention_kernel=attention_kernel,
-                constrain_rows=constrain_rows, packed_width=packed_width, pack_rows=pack_rows)  # fmt: skip
+                constrain_rows=constrain_rows, packed_width=packed_width, pack_rows=pack_rows,
+                layer_loop=layer_loop)  # fmt: skip
     if Tc == 1:  # only the last prompt token predicts anything (no completion token is run)
         _, h_last = prefix_shared_hidden(config, params, prompts, pmask, tokens[:, Tp:].reshape(Pn, G, 1), **pack)
         return jnp.repeat(h_last, G, axis=0)[:, None, :]

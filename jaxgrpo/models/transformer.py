@@ -18,6 +18,7 @@ from jaxgrpo.models import attention
 from jaxgrpo.models.attention import KVCache
 from jaxgrpo.models.config import ModelConfig
 from jaxgrpo.models.layers import (
+    LayerLoop,
     MatmulBackward,
     RematPolicy,
     Stream,
@@ -41,6 +42,7 @@ def hidden_states(
     matmul_backward: MatmulBackward = "auto",
     attention_kernel: attention.Kernel = attention.DENSE,
     constrain_rows: Callable[[jax.Array], jax.Array] | None = None,
+    layer_loop: LayerLoop = "scan",
 ) -> jax.Array:
     """Final-normed hidden states ``[B, T, D]`` (compute dtype) for a (possibly padded) batch.
 
@@ -48,7 +50,7 @@ def hidden_states(
     ``cumsum(mask) - 1`` clipped at 0 (so each row's first real token is at position 0). ``remat``: the backward
     pass's policy (`jaxgrpo.models.layers.RematPolicy`); ``matmul_backward``: `jaxgrpo.models.layers.MatmulBackward`;
     ``attention_kernel``: `attention.Kernel` (dense, or chunked: no ``[T, T]`` scores; causal with the default
-    positions only); ``constrain_rows``: see `jaxgrpo.models.layers.run_layers`.
+    positions only); ``constrain_rows``, ``layer_loop``: see `jaxgrpo.models.layers.run_layers`.
     """
     check_tokens(tokens)
     B, T = tokens.shape
@@ -65,7 +67,7 @@ def hidden_states(
     stream = Stream(embed(config, params, tokens), rope_tables(config, positions),
                     attention.causal(mask_BT, attention_kernel))  # fmt: skip
     (x_BTD,), _, _ = run_layers(config, params, [stream], remat=remat, matmul_backward=matmul_backward,
-                                   constrain_rows=constrain_rows)  # fmt: skip
+                                   constrain_rows=constrain_rows, layer_loop=layer_loop)  # fmt: skip
     return final_norm(config, params, x_BTD)
 
 
