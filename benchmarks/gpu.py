@@ -131,17 +131,20 @@ def part_train(cfg: config_lib.Config, args: argparse.Namespace, chip: aot.Chip)
     lengths = np.asarray(batch.prompt_mask)[::G].sum(1)
     out = {}
     default_options = dict(ts.GPU_TRAIN_COMPILER_OPTIONS)
-    runs = [(k, r, h, d) for k in args.attention for r in args.remat for h in args.lm_head for d in args.dot_merger]
-    for kind, remat, head, merger in runs:
-        # XLA's dot merger: off is the train step's default on GPUs (train_step.GPU_TRAIN_COMPILER_OPTIONS)
-        ts.GPU_TRAIN_COMPILER_OPTIONS = default_options if merger == "off" else {}
-        perf = PerfConfig(attention=kind, remat=remat, lm_head=head)
+    runs = [(k, r, h, False) for k in args.attention for r in args.remat for h in args.lm_head]
+    if args.before:  # the first configuration once more as the program was before (BENCHMARKS §12)
+        runs.append((*runs[0][:3], True))
+    for kind, remat, head, before in runs:
+        # before: XLA's dot merger on (now off on GPUs: train_step.GPU_TRAIN_COMPILER_OPTIONS) and the layers in a
+        # scan (now unrolled on GPUs: perf.layer_loop=auto)
+        ts.GPU_TRAIN_COMPILER_OPTIONS = {} if before else default_options
+        perf = PerfConfig(attention=kind, remat=remat, lm_head=head, layer_loop="scan" if before else "auto")
         run_cfg = dataclasses.replace(cfg, perf=perf, rollout=dataclasses.replace(
             r, max_new_tokens=args.completion_len))
         width = ts.packed_prompt_width(lengths, args.prompt_len, cfg.algo, perf)
         init_fn, step_fn = ts.make_train_step(mcfg, cfg.algo, cfg.optim, perf=perf, temperature=1.0,
                                               total_steps=cfg.train.steps)  # fmt: skip
-        name = f"{kind}/{remat}/{head}" + ("/dot-merger" if merger == "on" else "")
+        name = f"{kind}/{remat}/{head}" + ("/before: dot merger on, layer scan" if before else "")
         try:
             state = init_fn(models.init_params(mcfg, jax.random.key(0)), jax.random.key(1))
             t0 = time.perf_counter()
@@ -154,7 +157,7 @@ def part_train(cfg: config_lib.Config, args: argparse.Namespace, chip: aot.Chip)
                 state, m = step_fn(state, batch, packed_prompt_width=width)
                 jax.block_until_ready(m)
                 times.append(time.perf_counter() - t0)
-            if "profile" in args.parts:  # one more step under the profiler
+            if "profile" in args.parts and not before:  # one more step under the profiler
                 one, held = _stepper(step_fn, state, batch, width)
                 prof = _profiled(one, args, f"train_{kind}_{remat}_{head}", steps=1)
                 state = held[0]
@@ -177,7 +180,7 @@ def part_train(cfg: config_lib.Config, args: argparse.Namespace, chip: aot.Chip)
                      # the process's peak so far: this configuration's own only for the first one run
                      "process_peak_bytes_in_use": stats.get("peak_bytes_in_use"),
                      "loss": float(m["loss"])}  # fmt: skip
-        if "profile" in args.parts:
+        if "profile" in args.parts and not before:
             out[name]["profile"] = prof
         _log(f"train {name}: {step_s:.3f} s/step (first {first:.1f} s), {out[name]['tokens_per_s']:.0f} tokens/s, "
              f"MFU {out[name]['mfu']:.3f}, process peak {stats.get('peak_bytes_in_use', 0) / 2**30:.1f} GiB")
@@ -248,8 +251,8 @@ def main() -> None:
     ap.add_argument("--attention", nargs="+", default=["cudnn", "chunked"])
     ap.add_argument("--remat", nargs="+", default=["projections"])
     ap.add_argument("--lm-head", nargs="+", default=["auto"], choices=["auto", "xla", "fused"])
-    ap.add_argument("--dot-merger", nargs="+", default=["off"], choices=["off", "on"],
-                    help="XLA's dot merger in the train step (off: the default on GPUs)")
+    ap.add_argument("--before", action="store_true",
+                    help="train: also run the first configuration with XLA's dot merger on and the layers in a scan")
     ap.add_argument("--prompt-len", type=int, default=384)
     ap.add_argument("--completion-len", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3)

@@ -10,7 +10,7 @@
 #                         (benchmarks/kernel_profile.py; XLA's CUDA graphs kept while profiling)
 #   decode_nograph.*      the same decode with XLA's command buffers (CUDA graphs) off: what the graphs are worth
 #   train.json/.log       the train step at the Qwen2.5-0.5B shape (cuDNN attention, fused LM head): MFU, and one
-#                         step profiled per kernel; with XLA's dot merger off (the default) and on
+#                         step profiled per kernel; then as before the dot merger went off and the layers unrolled
 #   recompile/            `python -m jaxgrpo.train` on the embedded default for 6 steps: time/compiles after step 1
 #                         must be 0 under this jax
 #   vs_trl.json/.log      the GRPO step against TRL (`benchmarks/vs_trl.py --gpu`, BENCHMARKS §9's work: 16 prompts x 8
@@ -19,8 +19,11 @@
 #                         runs/gpu_carry; this part unpacks it into runs/gpu_carry/x and puts its packages on PYTHONPATH
 # Usage: bash benchmarks/gpu_session.sh [parts...]   (default: env recompile trl decode train nograph)
 # The device time of a session (15 min with the machine's start) does not hold every part: the default order puts
-# first what an issue's "done when" waits on (recompile: issue 34; trl: issue 30), then the diagnoses. One call:
-#   run(carry=["runs/gpu_carry"], command="bash benchmarks/gpu_session.sh", timeout_s=600)
+# first what an issue's "done when" waits on (recompile: issue 34; trl: issue 30), then the diagnoses. The parts'
+# time limits add up to more than one call's 600 s, so: first call
+#   run(carry=["runs/gpu_carry"], command="OUT=$OUT bash benchmarks/gpu_session.sh env recompile trl decode",
+#       timeout_s=600)
+# then, if the session's device time allows, `bash benchmarks/gpu_session.sh train nograph`.
 # QUICK=1 shrinks every shape (a check of the script itself on any machine, CPU included).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -84,9 +87,9 @@ part_nograph() {
   echo "nograph: exit $?"; grep -E "decode step" "$OUT/decode_nograph.log"
 }
 part_train() {
-  ATT=(--attention cudnn --lm-head fused --dot-merger off on)
+  ATT=(--attention cudnn --lm-head fused --before)
   [ "${QUICK:-0}" = 1 ] && ATT=(--attention chunked --lm-head auto)
-  timeout 150 "$PY" benchmarks/gpu.py --parts train profile "${ATT[@]}" --chip "$CHIP" "${SMALL[@]}" \
+  timeout 200 "$PY" benchmarks/gpu.py --parts train profile "${ATT[@]}" --chip "$CHIP" "${SMALL[@]}" \
     --out "$OUT/train.json" > "$OUT/train.log" 2>&1
   echo "train: exit $?"; grep -E "s/step|device busy" "$OUT/train.log"
 }
