@@ -21,6 +21,12 @@ def attention_kernel(perf: PerfConfig) -> Kernel:
     return Kernel(perf.attention, perf.attention_chunk)
 
 
+def layer_loop(perf: PerfConfig) -> str:
+    """``perf.layer_loop`` as the models take it (`jaxgrpo.models.layers.LayerLoop`): a ``perf`` that did not go
+    through `resolve_perf` (``"auto"``) runs the scan."""
+    return "scan" if perf.layer_loop == "auto" else perf.layer_loop
+
+
 def resolve_perf(
     algo: AlgoConfig, perf: PerfConfig, *, num_shards: int, platform: str, compute_dtype: str = "float32"
 ) -> tuple[PerfConfig, list[str]]:

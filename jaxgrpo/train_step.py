@@ -105,7 +105,7 @@ from jaxgrpo.config_sections import AlgoConfig, OptimConfig, PerfConfig
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.minibatch import StepParts, first_minibatch_gradient, join_groups, split_groups
 from jaxgrpo.models import lora
-from jaxgrpo.perf import attention_kernel, packed_prompt_width, resolve_perf, shape_ladders
+from jaxgrpo.perf import attention_kernel, layer_loop, packed_prompt_width, platform_of, resolve_perf, shape_ladders
 
 # The train step's public surface, wherever each part lives.
 __all__ = ["Batch", "TrainState", "abstract_state", "attention_kernel", "compute_logprobs", "global_batch",
@@ -195,7 +195,7 @@ _PROGRAMS: OrderedDict[Hashable, Any] = OrderedDict()  # the train step's and th
 # XLA:GPU's dot merger turns two dots that share an operand into one dot on concatenated operands. In the train step
 # the shared operand is a layer's weight, read by both streams of prefix sharing (the prompts once, the completions):
 # XLA then copies both streams' activations into one [prompt + completion tokens, *] buffer per projection, pass and
-# micro-batch to save a GEMM launch. At the Qwen2.5-0.5B config that is 312 GiB of copies per step (the MLP's
+# micro-batch to save a GEMM launch. At the Qwen2.5-0.5B config that is ~300 GiB of copies per step (the MLP's
 # bf16[35776, 4864] three times per layer and micro-batch), for -170 GiB net with it off (BENCHMARKS §12). Off for the
 # train step on GPUs; other backends have no such pass or option.
 GPU_TRAIN_COMPILER_OPTIONS = {"xla_gpu_dot_merger_threshold_mb": 0}
@@ -297,7 +297,6 @@ def reference_logprobs_fn(model_config: models.ModelConfig, temperature: float, 
            int(perf.attention_chunk), bool(perf.prefix_sharing), int(perf.logprob_chunk), perf.lm_head, int(num_shards),
            int(chunks), perf.layer_loop)  # fmt: skip
     kernel = attention_kernel(perf)
-    layer_loop = "scan" if perf.layer_loop == "auto" else perf.layer_loop  # a perf not through resolve_perf
 
     def rows_logprobs(params: Any, rows: dict[str, jax.Array], group_size: int) -> jax.Array:
         batch = Batch(**rows, rewards=jnp.zeros((0, 0)), valid=jnp.zeros((0, 0), bool),
@@ -305,7 +304,7 @@ def reference_logprobs_fn(model_config: models.ModelConfig, temperature: float, 
         return compute_logprobs(model_config, params, batch, temperature, perf.logprob_chunk, remat="none",
                                 attention_kernel=kernel, group_size=group_size if perf.prefix_sharing else 0,
                                 pack_rows=num_shards, top_k=top_k, top_p=top_p, lm_head=perf.lm_head,
-                                layer_loop=layer_loop)[0]  # fmt: skip
+                                layer_loop=layer_loop(perf))[0]  # fmt: skip
 
     def fn(params: Any, batch: Batch) -> jax.Array:
         P, G = batch.rewards.shape
@@ -414,8 +413,7 @@ def _build_program(
         )
         return new_state, metrics
 
-    platform = jax.default_backend() if mesh is None else mesh.devices.flat[0].platform
-    options = train_compiler_options(platform)
+    options = train_compiler_options(platform_of(mesh))
     if mesh is None:
         step_fn = jax.jit(
             train_step, donate_argnums=0, static_argnames="packed_prompt_width", compiler_options=options

@@ -52,6 +52,7 @@ from jaxgrpo.example import Example
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.models import lora
 from jaxgrpo.models.attention import Kernel
+from jaxgrpo.perf import layer_loop
 from jaxgrpo.rollout.env import load_object
 from jaxgrpo.rollout.history import ChatFormat, Message, TurnHistory, to_rows
 from jaxgrpo.rollout.tools import MalformedCall, ToolCall, as_call, format_calls, parse_tool_calls
@@ -190,7 +191,7 @@ def nll(model_config: models.ModelConfig, params: Params, rows: Rows, perf: Perf
     logp, _ = compute_logprobs(model_config, params, rows, 1.0, perf.logprob_chunk, remat=perf.remat,
                                matmul_backward=perf.matmul_backward, attention_kernel=kernel,
                                lm_head=perf.lm_head,
-                               layer_loop="scan" if perf.layer_loop == "auto" else perf.layer_loop)  # fmt: skip
+                               layer_loop=layer_loop(perf))  # fmt: skip
     mask = rows.action_mask & rows.completion_mask
     n = jnp.sum(mask)
     return -jnp.sum(jnp.where(mask, logp, 0.0)) / jnp.maximum(n, 1), n
