@@ -381,9 +381,10 @@ def test_program_bytes_and_wide_buffers_of_the_hand_written_module():
 @needs_cuda
 @pytest.mark.slow
 def test_qwen_train_step_for_an_h100_has_no_float32_vocab_buffer(capsys):
-    """The Qwen2.5-0.5B config's train step (a small rollout: the vocabulary and the model are the config's) compiled
-    for an H100: the LM head is the fused Pallas one (Triton kernels), so no kernel writes a float32 ``[*, 151936]``
-    buffer (logits, probabilities or a transposed float32 copy of the head); the report's bytes are counted. XLA's dot
+    """The Qwen2.5-0.5B config's train step (a small rollout and 6 of the model's 24 layers: the vocabulary and the
+    layer shapes are the config's) compiled for an H100: the LM head is the fused Pallas one (Triton kernels), so no
+    kernel writes a float32 ``[*, 151936]`` buffer (logits, probabilities or a transposed float32 copy of the head);
+    the report's bytes are counted. XLA's dot
     merger is off for it (`train_step.GPU_TRAIN_COMPILER_OPTIONS`): no kernel concatenates projections to run their
     GEMMs as one (at this size XLA merged q|k|v and gate|up; at the config's, the two streams' activations). The
     layers run unrolled (`perf.layer_loop=auto` on GPUs): no kernel writes a bf16 buffer stacked over the layers."""
@@ -392,7 +393,7 @@ def test_qwen_train_step_for_an_h100_has_no_float32_vocab_buffer(capsys):
     if not aot.has_cudnn():  # as `python -m jaxgrpo.compile` does
         overrides.append("perf.attention=chunked")
     cfg = config_lib.load_config("qwen2.5-0.5b-instruct_gsm8k", overrides)
-    mcfg = aot.model_config(cfg)
+    mcfg = aot.model_config(cfg).replace(num_layers=6)  # unrolled layers compile per layer
     texts: dict[str, str] = {}
     step = aot.compile_train_step(cfg, mcfg, aot.gpu_devices("h100"), texts)
     text = texts["train"]
