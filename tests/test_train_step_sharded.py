@@ -19,7 +19,7 @@ from test_train_step import TEMP, make_batch_np, tiny_config, to_batch
 
 from jaxgrpo import models, sharding
 from jaxgrpo import train_step as ts
-from jaxgrpo.config import AlgoConfig, OptimConfig
+from jaxgrpo.config import AlgoConfig, OptimConfig, PerfConfig
 
 P, G = 16, 2
 CASES = {
@@ -41,15 +41,18 @@ CASES = {
 OPTIM = OptimConfig(learning_rate=1e-3, max_grad_norm=1.0, warmup_steps=1, schedule="cosine", weight_decay=0.01)
 
 
-def run_case(name: str, sharded: bool, num_processes: int = 1, process_id: int = 0) -> tuple[dict, dict]:
-    """Two train steps of case `name`; returns (metrics of both steps, final params) as host numpy."""
+def run_case(name: str, sharded: bool, num_processes: int = 1, process_id: int = 0, perf: PerfConfig | None = None
+             ) -> tuple[dict, dict]:  # fmt: skip
+    """Two train steps of case `name` (with `perf`, default the defaults); returns (metrics of both steps, final
+    params) as host numpy."""
     case = CASES[name]
     config = tiny_config()
     params = models.init_params(config, jax.random.key(0))
     algo = case["algo"]
     batch = to_batch(config, params, make_batch_np(11, P, G), kl=algo.kl_coef > 0, noise=0.1)
     mesh = sharding.make_mesh(*case["mesh"]) if sharded else None
-    init_fn, step_fn = ts.make_train_step(config, algo, OPTIM, mesh=mesh, temperature=TEMP, total_steps=10)
+    init_fn, step_fn = ts.make_train_step(config, algo, OPTIM, perf=perf, mesh=mesh, temperature=TEMP,
+                                          total_steps=10)  # fmt: skip
     state = init_fn(params, jax.random.key(1))
     if mesh is not None:
         per = P // num_processes  # this process's whole groups
@@ -103,6 +106,12 @@ def test_sharded_step_equals_single_device(name):
         m0, _ = single_device(name)
         rewards = make_batch_np(11, P, G)["rewards"]
         np.testing.assert_allclose(m0["degeneracy/masked_groups@0"], np.sum(rewards[:, 0] == rewards[:, 1]))
+
+
+def test_sharded_unrolled_layers_equal_the_single_device_scan():
+    """``perf.layer_loop=unrolled`` (the default on GPUs) on the data 4 x fsdp 2 mesh: the two steps of case a equal
+    the single-device steps of the layer scan."""
+    assert_same(run_case("a", sharded=True, perf=PerfConfig(layer_loop="unrolled")), single_device("a"))
 
 
 TWO_PROCESS_BODY = r"""
