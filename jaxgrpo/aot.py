@@ -37,7 +37,7 @@ from jaxgrpo import hlo, models, padding, sharding
 from jaxgrpo import train_step as ts
 from jaxgrpo.config import Config
 from jaxgrpo.errors import ConfigError
-from jaxgrpo.perf import attention_kernel, resolve_perf
+from jaxgrpo.perf import attention_kernel, on_gpu, resolve_perf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +143,7 @@ def gpu_devices(chip: str, count: int = 1) -> list[Any]:
 def compiler_options(devices: list[Any]) -> dict[str, Any] | None:
     """XLA options for compiling to ``devices``: for GPUs, Triton GEMM fusion off (its tiles are chosen by autotuning,
     which needs a GPU; GEMMs are then cuBLAS calls, as `gpu_devices` says)."""
-    return {"xla_gpu_enable_triton_gemm": False} if devices[0].platform in ("gpu", "cuda") else None
+    return {"xla_gpu_enable_triton_gemm": False} if on_gpu(devices[0].platform) else None
 
 
 def has_cudnn() -> bool:
@@ -331,7 +331,7 @@ def compile_rollout(cfg: Config, mcfg: models.ModelConfig, devices: list[Any], t
         at = caches.replace(decode=[KVCache(_slots(c.k, 2, w), _slots(c.v, 3, w)) for c in caches.decode])
         name = "decode" if w == widths[-1] else f"decode_w{w}"
         programs[name] = engine.decode_block.lower(mcfg, spec, weights, at, state, f32, f32)
-    gpu = devices[0].platform in ("gpu", "cuda")
+    gpu = on_gpu(devices[0].platform)
     for name, lowered in programs.items():
         thunks: str | None = None
         if gpu and name == "decode":  # and how the host launches its token step (`hlo.host_launches`)

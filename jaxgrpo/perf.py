@@ -13,6 +13,7 @@ from jax.sharding import Mesh
 from jaxgrpo import padding
 from jaxgrpo.config_sections import AlgoConfig, PerfConfig
 from jaxgrpo.models.attention import Kernel
+from jaxgrpo.models.layers import LayerLoop
 
 
 def attention_kernel(perf: PerfConfig) -> Kernel:
@@ -21,7 +22,12 @@ def attention_kernel(perf: PerfConfig) -> Kernel:
     return Kernel(perf.attention, perf.attention_chunk)
 
 
-def layer_loop(perf: PerfConfig) -> str:
+def on_gpu(platform: str) -> bool:
+    """Whether ``platform`` (a device's ``.platform``, or jax's backend name) is an NVIDIA GPU's."""
+    return platform in ("gpu", "cuda")
+
+
+def layer_loop(perf: PerfConfig) -> LayerLoop:
     """``perf.layer_loop`` as the models take it (`jaxgrpo.models.layers.LayerLoop`): a ``perf`` that did not go
     through `resolve_perf` (``"auto"``) runs the scan."""
     return "scan" if perf.layer_loop == "auto" else perf.layer_loop
@@ -44,7 +50,7 @@ def resolve_perf(
         notes.append("perf.prompt_packing=true does not apply: it packs the shared prompts of perf.prefix_sharing")
     if perf.matmul_backward == "auto":
         changes["matmul_backward"] = "explicit" if platform == "cpu" else "xla"
-    fused_ok = platform in ("gpu", "cuda") and compute_dtype in ("bfloat16", "float16")
+    fused_ok = on_gpu(platform) and compute_dtype in ("bfloat16", "float16")
     if perf.attention == "auto":
         changes["attention"] = "dense" if platform == "cpu" else "cudnn" if fused_ok else "chunked"
     elif perf.attention == "cudnn" and not fused_ok and platform != "any":
@@ -52,7 +58,7 @@ def resolve_perf(
         notes.append(f'perf.attention="cudnn" does not apply: it needs an NVIDIA GPU and model.dtype bfloat16 or '
                      f"float16 (here {platform}, {compute_dtype}); using the chunked attention")
     if perf.layer_loop == "auto":
-        changes["layer_loop"] = "unrolled" if platform in ("gpu", "cuda") and perf.remat != "full" else "scan"
+        changes["layer_loop"] = "unrolled" if on_gpu(platform) and perf.remat != "full" else "scan"
     return dataclasses.replace(perf, **changes), notes
 
 

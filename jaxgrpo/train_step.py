@@ -105,7 +105,15 @@ from jaxgrpo.config_sections import AlgoConfig, OptimConfig, PerfConfig
 from jaxgrpo.logprobs import compute_logprobs
 from jaxgrpo.minibatch import StepParts, first_minibatch_gradient, join_groups, split_groups
 from jaxgrpo.models import lora
-from jaxgrpo.perf import attention_kernel, layer_loop, packed_prompt_width, platform_of, resolve_perf, shape_ladders
+from jaxgrpo.perf import (
+    attention_kernel,
+    layer_loop,
+    on_gpu,
+    packed_prompt_width,
+    platform_of,
+    resolve_perf,
+    shape_ladders,
+)
 
 # The train step's public surface, wherever each part lives.
 __all__ = ["Batch", "TrainState", "abstract_state", "attention_kernel", "compute_logprobs", "global_batch",
@@ -203,7 +211,7 @@ GPU_TRAIN_COMPILER_OPTIONS = {"xla_gpu_dot_merger_threshold_mb": 0}
 
 def train_compiler_options(platform: str) -> dict[str, Any] | None:
     """XLA options the train step compiles with on ``platform`` (a device's ``.platform``)."""
-    return dict(GPU_TRAIN_COMPILER_OPTIONS) if platform in ("gpu", "cuda") else None
+    return dict(GPU_TRAIN_COMPILER_OPTIONS) if on_gpu(platform) else None
 
 
 _PROGRAMS_KEPT = 32  # least recently used programs beyond this are dropped (with their compiled executables)

@@ -58,8 +58,8 @@ MatmulBackward = Literal["auto", "explicit", "xla"]
 # layers; "unrolled" = each layer its own code (the scan fully unrolled): no stacked buffers to initialise, update and
 # slice, at a compile time that grows with the depth (`jaxgrpo.perf.resolve_perf` picks it on GPUs)
 LayerLoop = Literal["scan", "unrolled"]
-LAYER_LOOPS = ("scan", "unrolled")
 REMAT_POLICIES: tuple[str, ...] = RematPolicy.__args__
+LAYER_LOOPS: tuple[str, ...] = LayerLoop.__args__
 MATMUL_BACKWARDS: tuple[str, ...] = MatmulBackward.__args__
 _PROJ = "jaxgrpo_projection"  # the name of every dense projection's output, for the "projections" remat policy
 _NORM = "jaxgrpo_norm"  # the name of a layer's two RMSNorm outputs, for "projections+norms"
