@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 from test_engine import CASES, MORE_PROMPTS
-from test_sampling import tiny_model
+from test_sampling import TINY, tiny_model
 
-from jaxgrpo import sharding
+from jaxgrpo import models, sharding
 from jaxgrpo.rollout import SamplingParams, driver, engine
 
 COLLECTIVE = re.compile(r"\b(all-gather|all-reduce|collective-permute|all-to-all|reduce-scatter)\(")
@@ -70,25 +70,66 @@ def test_token_step_on_a_mesh_moves_no_cache_weight_or_row_state(tiny):
     assert found and set(found) == {("all-reduce", "reduce_sum")}, found
 
 
-def test_an_fsdp_mesh_splits_the_lm_head_over_the_vocabulary(tiny):
+# every width distinct (hidden 32, heads x head_dim 48, q|k|v 96, MLP units 80, vocabulary 72, each a multiple of the
+# FSDP size 4), so that a collective's shape says which array it moves
+DISTINCT = TINY.replace(vocab_size=72, intermediate_size=80, head_dim=12)
+
+
+def _fsdp_token_step(config, params, sp):
+    """data 2 x fsdp 4: the spec, the decode weights (learner-sharded params in) and the token step's collectives."""
+    mesh = sharding.make_mesh(2, 4, 1)
+    spec = engine.make_spec(config, sp, 8, 16, 8, mesh=mesh)
+    weights = engine.prepare_weights(config, sharding.shard_params(params, config, mesh), spec)
+    caches, state = engine.init(config, spec)
+    text = engine.decode_block.lower(config, spec, weights, caches, state, jnp.float32(0.8),
+                                     jnp.float32(0.8)).compile().as_text()  # fmt: skip
+    return spec, weights, [ln for ln in text.splitlines() if COLLECTIVE.search(ln)]
+
+
+def test_an_fsdp_mesh_splits_the_layers_products_over_the_fsdp_axis():
+    """data 2 x fsdp 4: the decode layers' weights lie split across the FSDP axis (q|k|v and the output projection
+    by output column, the MLP by hidden unit) and a token step moves only row-sized arrays: per layer, the data
+    shard's hidden states (and attention outputs) gathered over the FSDP axis, the column products all-to-all back to
+    the rows and the MLP's float32 partial outputs summed. No collective carries a weight or the MLP's hidden units
+    (the partitioner, on the learner's layout, all-reduced every row's [rows, 2F] partial gate|up products, or
+    gathered whole weights). The samples equal the one-device engine's (`test_engine_on_a_mesh_gives_the_one_device_
+    samples`, whose tiny model splits too)."""
+    c = DISTINCT
+    sp = SamplingParams(**CASES["plain"][0])
+    assert engine.make_spec(TINY, sp, 8, 16, 8, mesh=sharding.make_mesh(2, 4, 1)).layers_split
+    assert not engine.make_spec(c, sp, 8, 16, 8, mesh=sharding.make_mesh(8, 1, 1)).layers_split  # no FSDP axis
+    odd = c.replace(intermediate_size=78)  # 78 units do not split 4 ways
+    assert not engine.make_spec(odd, sp, 8, 16, 8, mesh=sharding.make_mesh(2, 4, 1)).layers_split
+    spec, weights, lines = _fsdp_token_step(c, models.init_params(c, jax.random.key(0)), sp)
+    layer = weights["layers"][0]
+    assert layer["gate_up"].shape == (32, 2, 80) and layer["gate_up"].sharding.spec == PartitionSpec(None, None, "fsdp")
+    assert layer["down"].sharding.spec == PartitionSpec("fsdp", None)
+    assert layer["qkv"].sharding.spec == layer["o"].sharding.spec == PartitionSpec(None, "fsdp")
+    half = spec.rows // 2
+    gathers = [ln for ln in lines if "all-gather(" in ln]
+    for d in (32, 48):  # the normed hidden states (q|k|v, MLP) and the attention output (output projection)
+        assert any(f"= f32[{half},1,{d}]" in ln for ln in gathers), gathers
+    assert sum("all-to-all(" in ln and "shard_map" in ln for ln in lines) >= 2 * c.num_layers, lines
+    weight_or_units = r"\[(32,96|48,32|32,160|32,2,80|80,32|96|160|2,80|80)\]|,(160|80)\]|,2,(20|80)\]"
+    assert not [ln.split(", metadata")[0] for ln in lines if re.search(weight_or_units, ln.split("(")[0])]
+    # no partial sums but the MLP's, which are reduce-scattered: the only all-reduce is the scalar row-step count
+    reduces = [ln for ln in lines if "all-reduce(" in ln]
+    assert reduces and all(re.search(r"= s32\[\] all-reduce\(", ln) for ln in reduces), reduces
+
+
+def test_an_fsdp_mesh_splits_the_lm_head_over_the_vocabulary():
     """data 2 x fsdp 4: the decode LM head lies split over the vocabulary across the FSDP axis (replicated over data);
     a token step gathers its data shard's hidden states over the FSDP axis, multiplies them by its vocabulary slice
     and moves the logits all-to-all into the draw's row split. No collective carries the head or a [rows, vocab]
     array whole (the partitioner all-reduced each data shard's partial logits over the FSDP axis). A data mesh keeps
     the head as placed. (The samples equal the one-device engine's: `test_engine_on_a_mesh_gives_the_one_device_
     samples`.)"""
-    config, params = tiny
+    config = DISTINCT
     sp = SamplingParams(**CASES["plain"][0])
     assert not engine.make_spec(config, sp, 8, 16, 8, mesh=sharding.make_mesh(8, 1, 1)).head_split
-    mesh = sharding.make_mesh(2, 4, 1)
-    spec = engine.make_spec(config, sp, 8, 16, 8, mesh=mesh)
-    weights = engine.prepare_weights(config, sharding.shard_params(params, config, mesh), spec)
+    spec, weights, lines = _fsdp_token_step(config, models.init_params(config, jax.random.key(0)), sp)
     assert spec.head_split and weights["lm_head"].sharding.spec == PartitionSpec(None, "fsdp")
-    caches, state = engine.init(config, spec)
-    text = engine.decode_block.lower(config, spec, weights, caches, state, jnp.float32(0.8),
-                                     jnp.float32(0.8)).compile().as_text()  # fmt: skip
     half, v, d = spec.rows // 2, config.vocab_size, config.hidden_size
-    lines = [ln for ln in text.splitlines() if COLLECTIVE.search(ln)]
     assert any(f"= f32[{half},{d}]" in ln and "all-gather(" in ln for ln in lines), lines
     assert any("all-to-all(" in ln and f"f32[1,1,{half // 4},{v // 4}]" in ln for ln in lines), lines
     assert not [ln for ln in lines if re.search(rf"\[({spec.rows}|{half}),{v}\]|\[{d},{v}\]", ln)]

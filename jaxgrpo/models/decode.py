@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -144,14 +144,39 @@ def _layer_weights(config: ModelConfig, stacked: Params, i: jax.Array) -> dict[s
     return w
 
 
-def _fused_layer(config: ModelConfig, w: Params, x_BTD: jax.Array, rope, attend) -> jax.Array:
+def project(w: Params, name: str, x_BTE: jax.Array) -> jax.Array:
+    """``x @ w[name]``: a fused layer's q|k|v (``"qkv"``) or output (``"o"``) product (`LayerOps`' default)."""
+    return jnp.einsum("bte,ed->btd", x_BTE, w[name])
+
+
+def swiglu(w: Params, h_BTD: jax.Array) -> jax.Array:
+    """The MLP on `decode_weights`' fused ``gate_up [D, 2F]``: ``(silu(h W_gate) * (h W_up)) W_down``, one gate|up
+    product (`LayerOps`' default)."""
+    gate, up = jnp.split(jnp.einsum("btd,df->btf", h_BTD, w["gate_up"]), 2, axis=-1)
+    return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w["down"])
+
+
+class LayerOps(NamedTuple):
+    """The weight products of `decode_weights`' fused layers, as a caller places them on a mesh (the rollout engine's
+    FSDP split, `jaxgrpo.rollout.engine.split_ops`): ``project(w, name, x)`` for q|k|v and the output projection,
+    ``mlp(w, normed x)`` for the MLP; the defaults compute them as written (`project`, `swiglu`)."""
+
+    project: Callable[[Params, str, jax.Array], jax.Array] = project
+    mlp: Callable[[Params, jax.Array], jax.Array] = swiglu
+
+
+AS_WRITTEN = LayerOps()
+
+
+def _fused_layer(config: ModelConfig, w: Params, x_BTD: jax.Array, rope, attend,
+                 ops: LayerOps = AS_WRITTEN) -> jax.Array:  # fmt: skip
     """`layers.decoder_layer`'s math on `decode_weights`' fused per-layer weights (one q|k|v and one gate|up
-    product)."""
+    product), its weight products as ``ops`` places them."""
     c, eps = config, config.rms_norm_eps
     B, T = x_BTD.shape[:2]
     N, K, H = c.num_heads, c.num_kv_heads, c.head_dim
     h = rms_norm(x_BTD, w["attn_norm"], eps)
-    qkv = jnp.einsum("btd,de->bte", h, w["qkv"])
+    qkv = ops.project(w, "qkv", h)
     q, k, v = jnp.split(qkv, [N * H, (N + K) * H], axis=-1)
     q, k, v = q.reshape(B, T, N, H), k.reshape(B, T, K, H), v.reshape(B, T, K, H)
     if c.qkv_bias:
@@ -160,10 +185,8 @@ def _fused_layer(config: ModelConfig, w: Params, x_BTD: jax.Array, rope, attend)
         q, k = rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)
     q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     a, _ = attend(q.reshape(B, T, K, c.heads_per_kv, H), k, v)
-    x_BTD = x_BTD + jnp.einsum("bte,ed->btd", a.reshape(B, T, N * H), w["o"])
-    gu = jnp.einsum("btd,df->btf", rms_norm(x_BTD, w["mlp_norm"], eps), w["gate_up"])
-    gate, up = jnp.split(gu, 2, axis=-1)
-    return x_BTD + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w["down"])
+    x_BTD = x_BTD + ops.project(w, "o", a.reshape(B, T, N * H))
+    return x_BTD + ops.mlp(w, rms_norm(x_BTD, w["mlp_norm"], eps))
 
 
 def attend_decode(q_BKRH: jax.Array, kp_PKSH: jax.Array, vp_PKHS: jax.Array, prefix_mask_PS: jax.Array,
@@ -217,6 +240,7 @@ def decode_step(
     cache: list[KVCache],
     slot: jax.Array,
     mask_BM: jax.Array,
+    ops: LayerOps = AS_WRITTEN,
 ) -> tuple[jax.Array, list[KVCache]]:
     """One token per row: row ``b`` (of ``B = S * G``, slot-major: row ``b`` reads prefix slot ``b // G``) feeds
     ``tokens_B[b]`` at RoPE position ``positions_B[b]``, writes its key/value at decode slot ``slot`` and attends to its
@@ -226,8 +250,9 @@ def decode_step(
     ``[B]``, a slot per row (an in-place scatter; a row whose slot is past the cache writes nothing: the engines'
     per-row linear caches, `jaxgrpo.rollout.engine` and `jaxgrpo.rollout.turn_engine`). Keys carry their RoPE
     position, so the order of the slots does not matter. Attention: `attend_decode`, or on an NVIDIA GPU its fused
-    Pallas kernel (`_attend`). Returns the final-normed hidden state ``[B, D]`` and the cache (donate it when
-    jitting)."""
+    Pallas kernel (`_attend`). ``ops``: the fused layers' weight products (`LayerOps`; the engine passes its FSDP
+    placement of them, `jaxgrpo.rollout.engine.split_ops`). Returns the final-normed hidden state ``[B, D]`` and the
+    cache (donate it when jitting)."""
     x = embed(config, weights, tokens_B[:, None])
     rope = rope_tables(config, positions_B[:, None])
     zero = jnp.zeros((), jnp.int32)
@@ -251,5 +276,5 @@ def decode_step(
         if "lora" in w:
             x, _ = decoder_layer(config, w, x, rope, attend, explicit=False)
         else:
-            x = _fused_layer(config, w, x, rope, attend)
+            x = _fused_layer(config, w, x, rope, attend, ops)
     return final_norm(config, weights, x[:, 0]), new_cache

@@ -13,10 +13,12 @@ Mesh (`Spec.sharding`, `make_spec(..., mesh=)`): axis 0 of every cache and per-r
 over the mesh's batch axes (`jaxgrpo.sharding.BATCH_AXES`), in contiguous blocks, so slot ``s`` and its G rows live
 on one device; the per-row writes are vmapped scatters (the row axis a batching dimension), each device draws its
 own rows (`jax.shard_map`), and on a data mesh a token step needs no collective but the scalar row-step count.
-Weights are read as the caller placed them, but for the LM head on a mesh with an FSDP axis (`Spec.head_split`):
-`prepare_weights` splits it over the vocabulary across that axis, and a token step gathers its data shard's hidden
-states over it and moves the logits all-to-all into the draw's row split. On a mesh over several processes the
-driver gathers ``done`` and the finished groups from every process once per block (`jaxgrpo.rollout.driver.host_array`).
+Weights are read as the caller placed them, but for two on a mesh with an FSDP axis: the LM head
+(`Spec.head_split`), which `prepare_weights` splits over the vocabulary across that axis (a token step gathers its
+data shard's hidden states over it and moves the logits all-to-all into the draw's row split), and the fused layers'
+weight products (`Spec.layers_split`), which it splits across that axis and runs as tensor parallelism does
+(`split_ops`). On a mesh over several processes the driver gathers ``done`` and the finished groups from every
+process once per block (`jaxgrpo.rollout.driver.host_array`).
 
 Window: the decode cache holds ``W`` slots, the block's `window` (the most steps of an unfinished row + the block,
 rounded up to `window_multiple`: 32, 128 on CPU, coarser past `MAX_WINDOWS` windows; at most ``Mc`` = ``M - 1``
@@ -51,7 +53,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgrpo import models
 from jaxgrpo.models.attention import DENSE, Kernel, KVCache
-from jaxgrpo.models.decode import DecodeWeights, decode_step, decode_weights
+from jaxgrpo.models.decode import AS_WRITTEN, DecodeWeights, LayerOps, decode_step, decode_weights
 from jaxgrpo.rollout.params import SamplingParams
 from jaxgrpo.sharding import BATCH_AXES
 from jaxgrpo.token_sampling import sample_from_logits
@@ -86,6 +88,8 @@ class Spec:
     attention: Kernel = DENSE  # the prefill's attention kernel (the run's `perf.attention`, resolved)
     # with an FSDP-split mesh: the LM head split over the vocabulary across the FSDP axis (`head_sharding`)
     head_split: bool = False
+    # and the fused layers' weight products split across that axis (`layer_shardings`, `split_ops`)
+    layers_split: bool = False
 
     @property
     def rows(self) -> int:
@@ -124,10 +128,14 @@ def make_spec(config: models.ModelConfig, sp: SamplingParams, slots: int, prompt
     if slots % row_shards(mesh):
         raise ValueError(f"{slots} slots do not split over the mesh's {row_shards(mesh)} batch shards")
     platform = platform or (mesh.devices.flat[0].platform if mesh is not None else None)
-    split = (sharding is not None and mesh.shape.get("fsdp", 1) > 1 and mesh.shape.get("tensor", 1) == 1
-             and config.vocab_size % mesh.shape["fsdp"] == 0)  # fmt: skip
+    fsdp = (sharding is not None and mesh.shape.get("fsdp", 1) > 1 and mesh.shape.get("tensor", 1) == 1)
+    split = fsdp and config.vocab_size % mesh.shape["fsdp"] == 0
+    widths = (config.hidden_size, (config.num_heads + 2 * config.num_kv_heads) * config.head_dim,
+              config.intermediate_size)  # the split products' output columns and the MLP's units
+    layers_split = fsdp and all(n % mesh.shape["fsdp"] == 0 for n in widths)
     return Spec(slots, sp.num_samples, sp.max_new_tokens, prompt_width, block, sp.greedy, top_k, use_top_p,
-                sp.eos_token_ids, window_multiple(platform, sp.max_new_tokens), sharding, attention, split)  # fmt: skip
+                sp.eos_token_ids, window_multiple(platform, sp.max_new_tokens), sharding, attention, split,
+                layers_split)  # fmt: skip
 
 
 def _batch_axes(mesh: Mesh | None) -> tuple[str, ...]:
@@ -279,6 +287,54 @@ def _logits(spec: Spec, weights: DecodeWeights, hidden_BD: jax.Array) -> jax.Arr
                          out_specs=PartitionSpec(rows, "fsdp"), check_vma=False)(hidden_BD, weights["lm_head"])
 
 
+def layer_shardings(spec: Spec) -> dict[str, NamedSharding] | None:
+    """The decode layers' weight placement when `Spec.layers_split` (`split_ops`): ``qkv [D, E]`` and ``o [N H, D]``
+    split over their output columns, ``gate_up`` as ``[D, 2, F]`` and ``down [F, D]`` over the hidden units ``F``
+    (each device holds the gate and up columns of the same units), all across the FSDP axis; else None (the weights
+    stay as the caller placed them and the partitioner places the products)."""
+    if not spec.layers_split:
+        return None
+    mesh = spec.sharding.mesh
+    cols, units = NamedSharding(mesh, PartitionSpec(None, "fsdp")), NamedSharding(mesh, PartitionSpec("fsdp", None))
+    return {"qkv": cols, "o": cols, "gate_up": NamedSharding(mesh, PartitionSpec(None, None, "fsdp")), "down": units}
+
+
+def split_ops(spec: Spec) -> LayerOps:
+    """A fused decode layer's weight products on weights placed by `layer_shardings`, as tensor parallelism runs them
+    (Shoeybi et al., "Megatron-LM", 2019) over the FSDP axis, the rows (split over every batch axis) gathered over
+    that axis first: q|k|v and the output projection each compute ``1 / fsdp`` of their output columns for the data
+    shard's rows and move them all-to-all back to the rows' devices; the MLP runs gate|up, ``silu(gate) * up`` and
+    the down product on ``1 / fsdp`` of its hidden units, and the partial outputs are summed in float32 and scattered
+    back to the rows. Every output column is one device's whole dot product but the MLP's (a sum of ``fsdp`` float32
+    partials). Per token step and layer each device moves ``[rows, D]``-sized arrays and reads ``1 / fsdp`` of the
+    layer's weights. (Left to the partitioner on the learner's layout, the pod config's decode all-reduced every row's
+    partial gate|up products, ``[rows, 2F]``, and ran ``silu(gate) * up`` on all of them on every device: 56 MiB per
+    layer and device.)"""
+    mesh, rows = spec.sharding.mesh, PartitionSpec(spec.sharding.spec[0])
+    place = layer_shardings(spec)
+    gather = lambda x: jax.lax.all_gather(x, "fsdp", axis=0, tiled=True)  # noqa: E731  the data shard's rows
+
+    def columns(x, w):
+        y = jnp.einsum("bte,ed->btd", gather(x), w)
+        return jax.lax.all_to_all(y, "fsdp", split_axis=0, concat_axis=2, tiled=True)
+
+    def units(h, gate_up, down):
+        gu = jnp.einsum("btd,dcf->btcf", gather(h), gate_up)
+        y = jnp.einsum("btf,fd->btd", jax.nn.silu(gu[:, :, 0]) * gu[:, :, 1], down, preferred_element_type=jnp.float32)
+        return jax.lax.psum_scatter(y, "fsdp", scatter_dimension=0, tiled=True).astype(h.dtype)
+
+    def split(fn, *specs):
+        return jax.shard_map(fn, mesh=mesh, in_specs=(rows, *specs), out_specs=rows, check_vma=False)
+
+    def project(w, name, x):
+        return split(columns, place[name].spec)(x, w[name])
+
+    def mlp(w, h):
+        return split(units, place["gate_up"].spec, place["down"].spec)(h, w["gate_up"], w["down"])
+
+    return LayerOps(project, mlp)
+
+
 @functools.partial(jax.jit, static_argnames=("config", "spec", "packed_width"), donate_argnames=("caches", "state"))
 def prefill(config, spec: Spec, packed_width: int, params, weights: DecodeWeights, caches: Caches,
             state: DecodeState, prompt_AxT, mask_AxT, slot_A, prompt_id_A, key, temperature, top_p):
@@ -319,7 +375,8 @@ def _decode_one(config, spec: Spec, weights, caches: Caches, st: DecodeState, te
     slot_B = jnp.where(active, st.step - 1, width)
     mask_BM = jnp.arange(width, dtype=jnp.int32)[None, :] < st.step[:, None]
     hidden, cache = decode_step(config, weights, st.last, st.length + st.step - 1, caches.prefix,
-                                caches.prefix_mask, caches.decode, slot_B, mask_BM)  # fmt: skip
+                                caches.prefix_mask, caches.decode, slot_B, mask_BM,
+                                split_ops(spec) if spec.layers_split else AS_WRITTEN)  # fmt: skip
     keys = jax.vmap(jax.random.fold_in)(st.row_key, st.step.astype(jnp.uint32))
     tok, logp, ent = _sample(spec, keys, _logits(spec, weights, hidden), temperature, top_p)
     col = jnp.where(active, st.step, M)  # out of range for finished rows: the write is dropped
@@ -386,6 +443,11 @@ def prepare_weights(config: models.ModelConfig, params: Any, spec: Spec | None =
     head = None if spec is None else head_sharding(spec)
     if head is not None:
         weights["lm_head"] = jax.lax.with_sharding_constraint(weights["lm_head"], head)
+    place = None if spec is None else layer_shardings(spec)
+    if place is not None:  # the fused layers (LoRA's unmerged ones keep the partitioner's placement)
+        for w in (w for w in weights["layers"] if "gate_up" in w):
+            w["gate_up"] = w["gate_up"].reshape(config.hidden_size, 2, config.intermediate_size)
+            w.update({k: jax.lax.with_sharding_constraint(w[k], sh) for k, sh in place.items()})
     return weights
 
 
