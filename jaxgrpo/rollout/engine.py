@@ -437,8 +437,8 @@ def resize(decode: list[KVCache], width: int) -> list[KVCache]:
 
 def prepare_weights(config: models.ModelConfig, params: Any, spec: Spec | None = None) -> DecodeWeights:
     """`models.decode.decode_weights`, called outside jit: one small program per layer, shared by every layer (as
-    one jitted program over all layers XLA:CPU took minutes to compile it for a 30-layer model); the LM head placed
-    as ``spec`` decodes with it (`head_sharding`)."""
+    one jitted program over all layers XLA:CPU took minutes to compile it for a 30-layer model); the LM head and the
+    fused layers' weights placed as ``spec`` decodes with them (`head_sharding`, `layer_shardings`)."""
     weights = decode_weights(config, params)
     head = None if spec is None else head_sharding(spec)
     if head is not None:
