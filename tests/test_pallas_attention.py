@@ -47,15 +47,18 @@ def test_more_than_one_token_per_row_is_refused():
         pa.decode_attend_shared_prefix(jnp.concatenate([q, q], axis=1), kp, vp, prefix_mask, k, v, mask)
 
 
-@pytest.mark.parametrize("dtype, atol", [(jnp.float32, 2e-6), (jnp.bfloat16, 2e-2)])
-def test_fused_decode_kernel_equals_the_xla_path(dtype, atol):
+@pytest.mark.parametrize("dtype, atol, block_k", [(jnp.float32, 2e-6, 16), (jnp.bfloat16, 2e-2, 16),
+                                                  (jnp.float32, 2e-6, 32)])  # fmt: skip
+def test_fused_decode_kernel_equals_the_xla_path(dtype, atol, block_k):
     """`pallas_attention.decode_attend` (one kernel, both key sets, one online softmax; run by the Pallas interpreter)
     against `attention.attend_shared_prefix`: 7 query heads per kv head (padded to 16 inside the kernel), ragged
-    prompts, rows at different decode slots and one row with no decode key yet (prompt only)."""
+    prompts, rows at different decode slots and one row with no decode key yet (prompt only); the two key sets read
+    16 keys at a time, and (``block_k`` 32) the 32-slot prompt in one block beside the 16-slot own cache in one."""
+    assert pa.key_blocks(Tp, M, block_k) == ((16, 16) if block_k == 16 else (32, 16))
     q, kp, vp, prefix_mask, k, v, mask = _inputs(dtype)
     q = jnp.tile(q, (1, 1, 1, 4, 1))[:, :, :, :7]  # R = 7
     mask = mask.at[4].set(False)
     ref = attention.attend_shared_prefix(q, kp, vp, prefix_mask, k, v, mask)
-    got = pa.decode_attend(q[:, 0], kp, vp, prefix_mask, k, v, mask[:, 0], interpret=True, block_k=16)
+    got = pa.decode_attend(q[:, 0], kp, vp, prefix_mask, k, v, mask[:, 0], interpret=True, block_k=block_k)
     assert got.shape == ref[:, 0].shape and got.dtype == ref.dtype
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref[:, 0], np.float32), atol=atol)

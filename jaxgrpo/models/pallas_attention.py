@@ -113,17 +113,18 @@ _NEG = -1e30
 
 
 def _fused_kernel(q_ref, kp_ref, vp_ref, pm_ref, ko_ref, vo_ref, om_ref, o_ref, *, group: int, heads: int,
-                  block_k: int, scale: float):  # fmt: skip
+                  blocks: tuple[int, int], scale: float):  # fmt: skip
     """Program (row b, kv head k): the row's ``heads`` queries against its prompt's keys (``kp [S, K, Tp, H]``,
     ``vp [S, K, H, Tp]``, masked by ``pm [S, Tp]``) and its own (``ko [B, K, W, H]``, ``vo [B, K, H, W]``, masked by
-    ``om [B, W]``), one online softmax over both (flash attention's running max and sum), ``o [B, K, R, H]``."""
+    ``om [B, W]``), one online softmax over both (flash attention's running max and sum), ``o [B, K, R, H]``; keys
+    read ``blocks`` = (prompt, own) at a time."""
     b, k = pl.program_id(0), pl.program_id(1)
     p = b // group
     rows = (jnp.arange(_BLOCK_H) < heads)[:, None]
     q = plgpu.load(q_ref.at[b, k, pl.ds(0, _BLOCK_H), :], mask=rows, other=0.0)
 
-    def part(k_ref, v_ref, mask_ref, n, carry):  # the key set of batch entry n of [*, K, S, H] (one indexer per load)
-        def body(i, carry):
+    def part(k_ref, v_ref, mask_ref, n, block_k, carry):  # the key set of batch entry n of [*, K, S, H]
+        def body(i, carry):  # (one indexer per load)
             acc, m, den = carry
             sl = pl.ds(i * block_k, block_k)
             s = plgpu.dot(q, k_ref[n, k, sl, :], trans_b=True).astype(jnp.float32) * scale
@@ -140,17 +141,23 @@ def _fused_kernel(q_ref, kp_ref, vp_ref, pm_ref, ko_ref, vo_ref, om_ref, o_ref, 
     head = q_ref.shape[-1]
     carry = (jnp.zeros((_BLOCK_H, head), jnp.float32), jnp.full((_BLOCK_H,), _NEG, jnp.float32),
              jnp.zeros((_BLOCK_H,), jnp.float32))  # fmt: skip
-    carry = part(kp_ref, vp_ref, pm_ref, p, carry)
-    acc, _, den = part(ko_ref, vo_ref, om_ref, b, carry)
+    carry = part(kp_ref, vp_ref, pm_ref, p, blocks[0], carry)
+    acc, _, den = part(ko_ref, vo_ref, om_ref, b, blocks[1], carry)
     out = jnp.where(den[:, None] > 0, acc / jnp.where(den > 0, den, 1.0)[:, None], 0.0)
     plgpu.store(o_ref.at[b, k, pl.ds(0, _BLOCK_H), :], out.astype(o_ref.dtype), mask=rows)
 
 
+def key_blocks(prefix_slots: int, decode_slots: int, block_k: int = 128) -> tuple[int, int]:
+    """The keys `decode_attend` reads per iteration of its prompt part and of its own part: ``gcd(block_k, slots)``
+    each, so that every block is whole (a window of 480 decode slots is read 32 at a time, a 384-slot prompt 128)."""
+    return math.gcd(block_k, prefix_slots), math.gcd(block_k, decode_slots)
+
+
 def decode_attend_fits(heads: int, prefix_slots: int, decode_slots: int, block_k: int = 128) -> bool:
-    """Whether `decode_attend` takes these shapes: at most `_BLOCK_H` query heads per kv head, and key blocks of
-    ``gcd(block_k, prefix_slots, decode_slots)`` keys, a power of two of at least 16 (Triton's smallest dot)."""
-    g = math.gcd(block_k, prefix_slots, decode_slots)
-    return heads <= _BLOCK_H and g >= 16 and g & (g - 1) == 0
+    """Whether `decode_attend` takes these shapes: at most `_BLOCK_H` query heads per kv head, and key blocks
+    (`key_blocks`) that are powers of two of at least 16 (Triton's smallest dot)."""
+    blocks = key_blocks(prefix_slots, decode_slots, block_k)
+    return heads <= _BLOCK_H and all(g >= 16 and g & (g - 1) == 0 for g in blocks)
 
 
 def decode_attend(q_BKRH: jax.Array, kp_PKSH: jax.Array, vp_PKHS: jax.Array, prefix_mask_PS: jax.Array,
@@ -161,15 +168,16 @@ def decode_attend(q_BKRH: jax.Array, kp_PKSH: jax.Array, vp_PKHS: jax.Array, pre
     and then its own decode keys, reading the caches in their stored layouts (values ``[.., H, S]``) and writing the
     output ``[B, K, R, H]`` in the layout the output projection reads: no score tensor, no partial outputs to merge,
     no copy of a cache or of the queries. The ``R`` query heads of a kv head are padded to `_BLOCK_H` by masked loads.
-    Keys are read ``gcd(block_k, Tp, M)`` per iteration (`decode_attend_fits`). A query with no visible key gets 0."""
+    Keys are read ``gcd(block_k, Tp)`` per iteration of the prompt part and ``gcd(block_k, M)`` of the own part
+    (`key_blocks`, `decode_attend_fits`). A query with no visible key gets 0."""
     B, K, R, H = q_BKRH.shape
     P, _, Tp, _ = kp_PKSH.shape
     M = ko_BKMH.shape[2]
     if not decode_attend_fits(R, Tp, M, block_k):
-        raise ValueError(f"the fused decode kernel needs key counts ({Tp}, {M}) with a common power-of-two "
-                         f"divisor >= 16 and at most {_BLOCK_H} query heads per kv head (got {R}); use the XLA path")
-    block_k = math.gcd(block_k, Tp, M)
-    kernel = functools.partial(_fused_kernel, group=B // P, heads=R, block_k=block_k, scale=H**-0.5)
+        raise ValueError(f"the fused decode kernel needs key counts ({Tp}, {M}) each with a power-of-two divisor "
+                         f">= 16 and at most {_BLOCK_H} query heads per kv head (got {R}); use the XLA path")
+    kernel = functools.partial(_fused_kernel, group=B // P, heads=R, blocks=key_blocks(Tp, M, block_k),
+                               scale=H**-0.5)  # fmt: skip
     dt = q_BKRH.dtype
     return pl.pallas_call(kernel, grid=(B, K), out_shape=jax.ShapeDtypeStruct((B, K, R, H), dt), interpret=interpret,
                           compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
