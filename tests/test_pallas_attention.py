@@ -62,3 +62,16 @@ def test_fused_decode_kernel_equals_the_xla_path(dtype, atol, block_k):
     got = pa.decode_attend(q[:, 0], kp, vp, prefix_mask, k, v, mask[:, 0], interpret=True, block_k=block_k)
     assert got.shape == ref[:, 0].shape and got.dtype == ref.dtype
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref[:, 0], np.float32), atol=atol)
+
+
+def test_key_blocks_and_the_shapes_the_fused_kernel_takes():
+    """Each key set in whole blocks of its own (a 384-slot prompt 128 keys at a time beside a 480-slot window's 32);
+    a key count with no power-of-two divisor >= 16, or more than 16 query heads per kv head, goes to the XLA path
+    (`models.decode._attend`), and the kernel refuses it with one line."""
+    assert pa.key_blocks(384, 480) == (128, 32) and pa.key_blocks(384, 512) == (128, 128)
+    assert pa.decode_attend_fits(7, 384, 480)
+    assert not pa.decode_attend_fits(7, 384, 24) and not pa.decode_attend_fits(7, 40, 32)
+    assert not pa.decode_attend_fits(17, 384, 480)
+    q, kp, vp, prefix_mask, k, v, mask = _inputs(jnp.float32)
+    with pytest.raises(ValueError, match=r"key counts \(32, 8\) each with a power-of-two divisor >= 16"):
+        pa.decode_attend(q[:, 0], kp, vp, prefix_mask, k[:, :, :8], v[:, :, :, :8], mask[:, 0, :8], interpret=True)
