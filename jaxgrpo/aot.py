@@ -386,11 +386,13 @@ def dump_hlo(directory: str, texts: dict[str, str]) -> None:
 
 
 def rollout_config(cfg: Config) -> Config:
-    """The config the rollout's programs compile for: with ``mesh.rollout = R``, a data mesh of R devices (the
-    weights replicated, `async_rollout.device_groups`); otherwise the config itself."""
+    """The config the rollout's programs compile for: with ``mesh.rollout = R``, an ``R / F × F`` data × fsdp mesh
+    (``F = mesh.rollout_fsdp``: the weights split over F, `async_rollout.device_groups`); otherwise the config
+    itself."""
     if not cfg.mesh.rollout:
         return cfg
-    mesh = dataclasses.replace(cfg.mesh, data=cfg.mesh.rollout, fsdp=1, tensor=1)
+    f = cfg.mesh.rollout_fsdp
+    mesh = dataclasses.replace(cfg.mesh, data=cfg.mesh.rollout // f, fsdp=f, tensor=1)
     return dataclasses.replace(cfg, mesh=mesh)
 
 

@@ -14,7 +14,9 @@ arXiv:2505.24298), made exact in the step; the importance ratio of the step is a
 (the behaviour policy), as in the synchronous trainer, and ``algo.sampler_correction`` bounds it where set.
 
 **Device groups.** ``mesh.rollout = R`` gives the last R devices to the rollout (the engine on one device; the sampler
-over an ``R``-device data mesh otherwise) and the others to the learner's ``mesh.data × fsdp × tensor``; 0 keeps
+over an ``R / F × F`` data × fsdp mesh otherwise, ``F = mesh.rollout_fsdp``: each rollout device holds 1/F of the
+weights, split by the learner's rules, `jaxgrpo.sharding.RULES`, and the engine splits its decode layers and LM head
+over that axis, `jaxgrpo.rollout.engine`) and the others to the learner's ``mesh.data × fsdp × tensor``; 0 keeps
 both on the same devices. After each update the learner publishes its weights in the compute dtype, copied onto the
 rollout devices (`jax.device_put`; a copy also when colocated, since the train step donates its state); with LoRA
 the frozen base once, then only the adapters. On several processes (hosts) each host samples its block of every
@@ -72,13 +74,15 @@ class Producer:
         """The learner's weights after ``version`` updates (master params; cast and copied here). With LoRA only
         the adapters travel: the frozen base is copied to the rollout once, and the sampler's weights (adapters
         merged, or beside the base, `models.compute_params`) are made from the two where the rollout reads them."""
+        mcfg = self.tr.model_config
         if models.lora.has_adapters(params):
             base, adapters = models.lora.split(params)
             if self.base is None:  # its values never change: one copy for the whole run
-                self.base = self.place(base)
-            copy = models.compute_params(self.tr.model_config, models.lora.join(self.base, self.place(adapters)))
+                self.base = self.place(base, mcfg)
+            adapters = self.place(adapters, mcfg, models.lora.ADAPTERS_PATH)
+            copy = models.compute_params(mcfg, models.lora.join(self.base, adapters))
         else:
-            copy = self.place(models.compute_params(self.tr.model_config, params))
+            copy = self.place(models.compute_params(mcfg, params), mcfg)
         with self.cond:
             self.versions[int(version)] = copy
             self.cond.notify_all()
@@ -149,10 +153,11 @@ class Producer:
 
 def device_groups(cfg: Any) -> tuple[Any, Any, Any]:
     """(learner mesh, rollout mesh, place) for a config: the learner's ``mesh.data × fsdp × tensor`` mesh (None on
-    one device) over the first devices, the rollout's (None: the engine on one device; else an ``R``-device data
-    mesh) over the last ``mesh.rollout = R``, and ``place(params)``, a copy of compute-dtype params where the rollout
-    reads them. Without ``mesh.rollout`` the rollout shares the learner's mesh and devices. On several processes
-    see `process_groups`."""
+    one device) over the first devices, the rollout's (None: the engine on one device; else an ``R / F × F`` data ×
+    fsdp mesh, ``F = mesh.rollout_fsdp``) over the last ``mesh.rollout = R``, and ``place(params, model_config,
+    prefix=())``, a copy of compute-dtype params where the rollout reads them, split over the rollout's fsdp axis by
+    the rules (``prefix``: where ``params`` sits in the whole params tree, `sharding.part_shardings`). Without
+    ``mesh.rollout`` the rollout shares the learner's mesh and devices. On several processes see `process_groups`."""
     from jaxgrpo import sharding
     from jaxgrpo.errors import ConfigError
 
@@ -160,7 +165,7 @@ def device_groups(cfg: Any) -> tuple[Any, Any, Any]:
     size, r = m.data * m.fsdp * m.tensor, m.rollout
     if (r or cfg.rollout.max_staleness) and jax.process_count() > 1:  # (jax.distributed set up by the caller)
         return process_groups(cfg)
-    copy = lambda p: jax.tree.map(lambda x: jnp.array(x, copy=True), p)  # noqa: E731 (the step donates its state)
+    copy = lambda p, *_: jax.tree.map(lambda x: jnp.array(x, copy=True), p)  # noqa: E731 (the step donates its state)
     if not r:
         mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor) if size > 1 else None
         return mesh, mesh, copy
@@ -169,20 +174,28 @@ def device_groups(cfg: Any) -> tuple[Any, Any, Any]:
                           f"{len(devices)} available; lower mesh.rollout or the learner's mesh")
     learner = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=devices[:size]) if size > 1 else None
     if r == 1:  # (a put onto other devices is a copy)
-        return learner, None, lambda p: jax.device_put(p, devices[-1])
-    rollout = sharding.make_mesh(r, 1, 1, devices=devices[-r:])  # batch axes only: the weights replicated
-    return learner, rollout, lambda p: jax.device_put(p, sharding.replicated(rollout))
+        return learner, None, lambda p, *_: jax.device_put(p, devices[-1])
+    rollout = sharding.make_mesh(r // m.rollout_fsdp, m.rollout_fsdp, 1, devices=devices[-r:])
+
+    def place(params: Params, model_config: Any, prefix: tuple[str, ...] = ()) -> Params:
+        return jax.device_put(params, sharding.part_shardings(params, model_config, rollout, prefix))
+
+    return learner, rollout, place
 
 
 def process_groups(cfg: Any) -> tuple[Any, Any, Any]:
     """The device groups of an asynchronous run on several JAX processes (hosts). ``mesh.rollout = R`` takes the
     last R / n local devices of each of the n processes: each host samples its share of every step's prompts on a
-    data mesh of its own (`sample_across_processes`), so the rollout thread never launches a program that spans
-    processes (two threads launching cross-process programs in an order that differs between hosts can wait on
-    each other forever); the learner's mesh spans the other devices of every host. ``place`` gathers the learner's
-    compute-dtype weights to every learner device (a collective of the learner's mesh, run by the learner thread
-    in its program order) and copies this host's replica onto its rollout devices. ``mesh.rollout = 0`` with
-    ``max_staleness > 0`` is refused: the two threads would launch cross-process programs on the same devices."""
+    data × fsdp mesh of its own (``R / n / F × F``, ``F = mesh.rollout_fsdp``; `sample_across_processes`), so the
+    rollout thread never launches a program that spans processes (two threads launching cross-process programs in an
+    order that differs between hosts can wait on each other forever); the learner's mesh spans the other devices of
+    every host. ``place`` spreads the learner's compute-dtype weights so that each host's learner devices hold a whole
+    copy between them, split over them by the rules (a collective of the learner's devices, run by the learner thread
+    in its program order: a learner device holds ``1 / (its host's learner devices)`` of the weights, never the
+    whole), and copies this host's copy onto its rollout devices, split over their fsdp axis. ``mesh.rollout = 0``
+    with ``max_staleness > 0`` is refused: the two threads would launch cross-process programs on the same devices."""
+    from jax.sharding import Mesh, NamedSharding
+
     from jaxgrpo import config as config_lib
     from jaxgrpo import sharding
     from jaxgrpo.errors import ConfigError
@@ -201,17 +214,29 @@ def process_groups(cfg: Any) -> tuple[Any, Any, Any]:
         raise ConfigError(f"mesh.rollout={r} + the learner's mesh.data × fsdp × tensor = {size} devices on {n} "
                           f"processes of {len(local)} devices: the learner takes {len(local) - per} devices of each "
                           f"host, so set mesh.data × fsdp × tensor = {n * (len(local) - per)}")
+    if per % m.rollout_fsdp:
+        raise ConfigError(f"mesh.rollout_fsdp={m.rollout_fsdp} must divide each host's {per} rollout devices "
+                          f"(mesh.rollout / {n} processes); set it to a divisor of {per}")
     by_process = [sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id) for p in range(n)]
     learner_devices = [d for devs in by_process for d in devs[: size // n]]
     mine = sorted(local, key=lambda d: d.id)[-per:]
     learner = sharding.make_mesh(m.data, m.fsdp, m.tensor, devices=learner_devices)
-    rollout = sharding.make_mesh(per, 1, 1, devices=mine)  # this host's own; one device is a mesh too
-    gather = jax.jit(lambda p: p, out_shardings=sharding.replicated(learner))
+    rollout = sharding.make_mesh(per // m.rollout_fsdp, m.rollout_fsdp, 1, devices=mine)  # this host's own
+    # the learner's devices as n hosts x their own devices: the weights whole on each host, split within it
+    hosts = Mesh(np.asarray(learner_devices, dtype=object).reshape(n, size // n, 1), sharding.MESH_AXES)
+    my_learner = Mesh(hosts.devices[jax.process_index()][None], sharding.MESH_AXES)
+    spreads: dict[Any, Any] = {}  # (prefix, tree structure) -> its jitted spread, compiled once
 
-    def place(params: Params) -> Params:
-        whole = gather(params)  # every learner device holds the whole compute-dtype weights
-        local_copy = jax.tree.map(lambda x: x.addressable_data(0), whole)
-        return jax.device_put(local_copy, sharding.replicated(rollout))
+    def place(params: Params, model_config: Any, prefix: tuple[str, ...] = ()) -> Params:
+        within = sharding.part_shardings(params, model_config, hosts, prefix)
+        key = (prefix, jax.tree.structure(params))
+        if key not in spreads:
+            spreads[key] = jax.jit(lambda p: p, out_shardings=within)
+        spread = spreads[key](params)
+        local_copy = jax.tree.map(  # this host's whole copy, as an array of its own devices
+            lambda x, s: jax.make_array_from_single_device_arrays(
+                x.shape, NamedSharding(my_learner, s.spec), [a.data for a in x.addressable_shards]), spread, within)
+        return jax.device_put(local_copy, sharding.part_shardings(params, model_config, rollout, prefix))
 
     return learner, rollout, place
 

@@ -71,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
             plus = f" + mesh.rollout {split}" if split else ""
             raise ConfigError(f"mesh data x fsdp x tensor = {size}{plus} but {topology} has {len(devices)} devices; "
                               "set mesh.* to match")
-        # with mesh.rollout the learner compiles on the first devices and the rollout on the others, over a data mesh
-        # of its own with the weights replicated (`async_rollout.device_groups`); on n hosts each host samples 1/n of
-        # the prompts on 1/n of those devices: the same per-chip figures
+        # with mesh.rollout the learner compiles on the first devices and the rollout on the others, over a data x
+        # fsdp mesh of its own, the weights split over mesh.rollout_fsdp (`async_rollout.device_groups`); on n hosts
+        # each host samples 1/n of the prompts on 1/n of those devices: the same per-chip figures
         learner_devices, rollout_devices = (devices[:size], devices[size:]) if split else (devices, devices)
         rcfg = aot.rollout_config(cfg)
         longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                               f"context ({mcfg.max_position_embeddings}); lower one of them")  # fmt: skip
         hbm = f"{chip.hbm_bytes / aot.GiB:.2f} GiB" if chip else "unknown"
         own = f", the rollout on {split} chips of its own (mesh.rollout)" if split else ""
+        own += f", its weights split {m.rollout_fsdp} ways (mesh.rollout_fsdp)" if split and m.rollout_fsdp > 1 else ""
         print(f"{len(devices)} x {chip_name} ({hbm} per chip), mesh data={m.data} fsdp={m.fsdp} tensor={m.tensor}"
               f"{own}, {mcfg.num_layers}-layer model, {cfg.model.param_dtype} masters / {cfg.model.dtype} compute")
         resident = aot.resident_bytes(cfg, mcfg, learner_devices)

@@ -454,6 +454,11 @@ def validate(cfg: Config) -> None:
             f"groups on every batch shard): {_divisible_fix(r.prompts_per_step, parts, a.grad_accum_steps)}"
         )
     _at_least(cfg, 0, "rollout.max_staleness", "mesh.rollout")
+    _at_least(cfg, 1, "mesh.rollout_fsdp")
+    if cfg.mesh.rollout_fsdp > 1 and (not cfg.mesh.rollout or cfg.mesh.rollout % cfg.mesh.rollout_fsdp):
+        raise ConfigError(f"mesh.rollout_fsdp={cfg.mesh.rollout_fsdp} splits the weights over the rollout's own "
+                          f"devices, so mesh.rollout ({cfg.mesh.rollout}) must be a multiple of it; set mesh.rollout "
+                          "to such a multiple, or mesh.rollout_fsdp=1 (on the learner's devices, mesh.fsdp splits)")
     if cfg.mesh.rollout > 1 and r.turn_engine and (d.environment is not None or d.tools):
         raise ConfigError(f"mesh.rollout={cfg.mesh.rollout} with rollout.turn_engine=true: the multi-turn engine "
                           "samples on one device; set mesh.rollout=1 or rollout.turn_engine=false (the simple loop)")

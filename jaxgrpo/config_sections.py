@@ -238,6 +238,9 @@ class MeshConfig:
     # devices of their own for the rollout (the last N; the learner's data*fsdp*tensor takes the others); 0 = the
     # learner's devices. With N > 0 the rollout runs in its own thread (jaxgrpo.async_rollout)
     rollout: int = 0
+    # with mesh.rollout = N: the rollout's devices as an N / F data x F fsdp mesh, each holding 1/F of the weights
+    # (for a model whose sampler does not fit one device); 1 = the weights whole on each rollout device
+    rollout_fsdp: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -97,6 +97,20 @@ def param_shardings(config: Any, mesh: Mesh) -> Any:
     )
 
 
+def part_shardings(tree: Any, config: Any, mesh: Mesh, prefix: Sequence[str] = ()) -> Any:
+    """`param_shardings` for a part of the params tree: ``tree``'s leaves sit at ``prefix`` + their own paths in the
+    whole tree of `config` (e.g. LoRA's adapters, `models.lora.split`, at ``("layers", "lora")``)."""
+    whole = param_shardings(config, mesh)
+
+    def find(path: tuple, _: Any) -> NamedSharding:
+        node = whole
+        for key in (*prefix, *(getattr(k, "key", getattr(k, "idx", None)) for k in path)):
+            node = node[key]
+        return node
+
+    return jax.tree_util.tree_map_with_path(find, tree)
+
+
 def shard_params(params: Any, config: Any, mesh: Mesh) -> Any:
     """Place `params` on `mesh` by the rules (a jitted reshard: works for host and device arrays)."""
     shardings = param_shardings(config, mesh)

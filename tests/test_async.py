@@ -122,6 +122,9 @@ def test_config_errors_are_one_line():
         (["rollout.max_staleness=1", "mesh.distributed=true"], "set mesh.rollout to a multiple of the process count"),
         (["mesh.rollout=2", "mesh.distributed=true", "rollout.schedule=adaptive"],
          "rollout.schedule=adaptive with asynchronous rollouts runs on one host so far"),
+        (["mesh.rollout_fsdp=0"], "mesh.rollout_fsdp"),
+        (["mesh.rollout=3", "mesh.rollout_fsdp=2"], r"mesh.rollout \(3\) must be a multiple of it"),
+        (["mesh.rollout_fsdp=2"], r"mesh.rollout \(0\) must be a multiple of it"),
     ]:
         with pytest.raises(config_lib.ConfigError, match=msg.replace("×", ".").replace("+", r"\+")):
             cfg = small_config(*over)
@@ -134,10 +137,35 @@ def test_several_processes_need_rollout_devices_on_every_host(monkeypatch):
     monkeypatch.setattr(async_rollout.jax, "process_count", lambda: 2)
     for over, msg in [(["rollout.max_staleness=1"], "set mesh.rollout to a multiple of 2 .each host samples"),
                       (["mesh.rollout=3"], "set mesh.rollout to a multiple of 2"),
-                      (["mesh.rollout=2", "rollout.schedule=adaptive"], "rollout.schedule=adaptive with asynchronous")]:
+                      (["mesh.rollout=2", "rollout.schedule=adaptive"], "rollout.schedule=adaptive with asynchronous"),
+                      (["mesh.data=2", "mesh.rollout=2", "mesh.rollout_fsdp=2"],
+                       "mesh.rollout_fsdp=2 must divide each host's 1 rollout devices")]:
         with pytest.raises(config_lib.ConfigError, match=msg) as info:
             async_rollout.device_groups(small_config(*over))
         assert "\n" not in str(info.value)
+
+def test_rollout_fsdp_places_a_copy_split_over_the_rollout_devices():
+    """``mesh.rollout_fsdp = 2`` on 4 rollout devices: a 2 × 2 data × fsdp mesh, and the published copy (a LoRA run's
+    base and adapters, each placed where it sits in the params tree) holds half of every dimension of the hidden size
+    on each device and every other dimension whole; the values are the learner's."""
+    import jax
+
+    from jaxgrpo import aot, models
+
+    cfg = small_config("mesh.data=4", "mesh.rollout=4", "mesh.rollout_fsdp=2", "lora.rank=4", "lora.alpha=8")
+    learner, rollout, place = async_rollout.device_groups(cfg)
+    assert dict(rollout.shape) == {"data": 2, "fsdp": 2, "tensor": 1}
+    assert not set(learner.devices.flat) & set(rollout.devices.flat)
+    mcfg = aot.model_config(cfg)
+    base, adapters = models.lora.split(models.init_params(mcfg, jax.random.key(0)))
+    D = mcfg.hidden_size
+    assert D not in (mcfg.intermediate_size, mcfg.vocab_size, mcfg.head_dim, mcfg.num_layers, 4)
+    for tree, placed in [(base, place(base, mcfg)), (adapters, place(adapters, mcfg, models.lora.ADAPTERS_PATH))]:
+        for x, y in zip(jax.tree.leaves(tree), jax.tree.leaves(placed)):
+            assert set(y.sharding.device_set) == set(rollout.devices.flat)
+            assert y.addressable_shards[0].data.shape == tuple(d // 2 if d == D else d for d in x.shape)
+            np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+
 
 @pytest.mark.slow
 def test_four_learner_and_four_rollout_devices_equal_the_synchronous_mesh_run(tmp_path):
@@ -152,6 +180,10 @@ def test_four_learner_and_four_rollout_devices_equal_the_synchronous_mesh_run(tm
     # the driver's counters: 8 prompts through 4 slots of 4 rows need two rounds of decode blocks, so more decode
     # steps than the synchronous run's one batch
     assert all(a["rollout/decode_steps"] > b["rollout/decode_steps"] for a, b in zip(split, sync))
+    # the rollout's weights split in two (mesh.rollout_fsdp: a 2 x 2 mesh; the engine decodes with its layers split)
+    halves = trainer.run(small_config("train.steps=2", "mesh.data=4", "mesh.rollout=4", "mesh.rollout_fsdp=2",
+                                      "rollout.slots=4"), tmp_path / "halves")  # fmt: skip
+    assert_same_run(halves, sync, rtol=1e-4)
 
 
 @pytest.mark.slow

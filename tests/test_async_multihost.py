@@ -1,7 +1,8 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
 """Asynchronous rollouts on two JAX processes (`async_rollout.process_groups`, two CPU processes of 4 fake devices
 each): the learner's fsdp mesh spans 2 + 2 devices of the two hosts, each host samples its half of every step on its
-2 other devices and the halves travel through the coordinator's key-value store. The runs are checked against one
+2 other devices (the weights whole on each, or split over the two, ``mesh.rollout_fsdp = 2``) and the halves travel
+through the coordinator's key-value store. The runs are checked against one
 process: ``max_staleness = 0`` against the synchronous run step for step; k = 1 by the versions each step sampled
 with (the lag itself is checked against the published weights on one process, `test_async.py`), with a checkpoint
 saved while the rollout thread samples ahead."""
@@ -23,13 +24,27 @@ from test_async_multihost import SPLIT_ARGS
 from jaxgrpo import host
 got = host.exchange("jaxgrpo/test/big", bytes([pid]) * (5 << 20))  # in three parts of the key-value store
 sizes = [len(b) for b in got] + [b[-1] for b in got]
-for k in (0, 1):  # checkpoint.every=2: a save at step 2 while the rollout thread samples step 3
-    cfg = config_lib.load_config("default", [*SMALL, *SPLIT_ARGS, f"rollout.max_staleness={k}"])
+for k in (0, 1):  # checkpoint.every=2: a save at step 2 while the rollout thread samples step 3; k = 0 with each
+    # host's copy of the weights split over its 2 rollout devices (mesh.rollout_fsdp), k = 1 whole on each
+    split = ["mesh.rollout_fsdp=2"] if k == 0 else []
+    cfg = config_lib.load_config("default", [*SMALL, *SPLIT_ARGS, *split, f"rollout.max_staleness={k}"])
     trainer.run(cfg, os.path.join(os.path.dirname(out), f"k{k}"))
 from jaxgrpo import async_rollout
 learner, rollout, _ = async_rollout.device_groups(cfg)  # the learner spans both hosts; each host samples on its own
 assert {d.process_index for d in learner.devices.flat} == {0, 1} and learner.devices.size == 4
 assert {d.process_index for d in rollout.devices.flat} == {pid} and rollout.devices.size == 2
+cfg = config_lib.load_config("default", [*SMALL, *SPLIT_ARGS, "mesh.rollout_fsdp=2"])
+_, rollout, place = async_rollout.device_groups(cfg)
+assert dict(rollout.shape) == {"data": 1, "fsdp": 2, "tensor": 1}
+from jaxgrpo import aot, models, sharding
+mcfg = aot.model_config(cfg)
+params = sharding.shard_params(models.init_params(mcfg, jax.random.key(0)), mcfg, learner)
+placed = place(params, mcfg)  # this host's copy, the hidden size split over its 2 rollout devices
+for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(placed)):
+    assert set(y.sharding.device_set) == set(rollout.devices.flat)
+    assert y.addressable_shards[0].data.shape == tuple(d // 2 if d == mcfg.hidden_size else d for d in x.shape)
+    assert np.array_equal(np.asarray(y), np.asarray(jax.jit(lambda a: a, out_shardings=sharding.replicated(learner))(
+        x).addressable_data(0)))
 assert next(async_rollout._EXCHANGES) == 6, "each of the 2 runs' 3 steps swapped its halves once"
 if pid == 0:
     np.savez(out, sizes=np.asarray(sizes))

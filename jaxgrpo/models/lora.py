@@ -95,6 +95,9 @@ def add_adapters(config: ModelConfig, base: Params, key: jax.Array) -> Params:
     return join(base, init_adapters(config, shapes, key))
 
 
+ADAPTERS_PATH = ("layers", "lora")  # where `split`'s adapters sit in the whole params tree
+
+
 def split(params: Params) -> tuple[Params, Params]:
     """``(base, adapters)``: the tree without ``layers.lora``, and ``layers.lora`` itself."""
     layers = dict(params["layers"])
