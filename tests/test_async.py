@@ -41,9 +41,9 @@ def test_lora_sends_the_frozen_base_once_then_only_the_adapters(tmp_path, monkey
     def groups(cfg):
         learner, rollout, place = real_groups(cfg)
 
-        def counted(tree):
+        def counted(tree, *where):
             sent.append(sum(x.size * x.dtype.itemsize for x in jax_leaves(tree)))
-            return place(tree)
+            return place(tree, *where)
 
         return learner, rollout, counted
 
