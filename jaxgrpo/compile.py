@@ -75,6 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         # fsdp mesh of its own, the weights split over mesh.rollout_fsdp (`async_rollout.device_groups`); on n hosts
         # each host samples 1/n of the prompts on 1/n of those devices: the same per-chip figures
         learner_devices, rollout_devices = (devices[:size], devices[size:]) if split else (devices, devices)
+        hosts = len({d.process_index for d in devices})
+        if split and hosts > 1 and (split % hosts or split // hosts % m.rollout_fsdp):
+            raise ConfigError(f"{topology} has {hosts} hosts and each samples on mesh.rollout / {hosts} devices of its "
+                              f"own: set mesh.rollout ({split}) to a multiple of {hosts} and mesh.rollout_fsdp "
+                              f"({m.rollout_fsdp}) to a divisor of mesh.rollout / {hosts}")
         rcfg = aot.rollout_config(cfg)
         longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
         if longest > mcfg.max_position_embeddings:

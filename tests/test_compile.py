@@ -162,7 +162,8 @@ def test_sharded_over_local_devices(capsys):
 def test_rollout_on_chips_of_its_own(capsys):
     """mesh.rollout=4 of 8 local devices: the train step compiles on the first 4 (the same figures as without a
     rollout beside it), the rollout engine on the last 4 over a data mesh, each chip holding the whole bfloat16 decode
-    weights (the parameter count × 2 bytes, a tied LM head laid out once more) and no optimizer state beside them."""
+    weights (the parameter count × 2 bytes, a tied LM head laid out once more) and no optimizer state beside them; with
+    ``mesh.rollout_fsdp = 2`` half of them."""
     base = ["mesh.fsdp=4", "rollout.prompts_per_step=8", "rollout.max_new_tokens=4", "model.dtype=bfloat16"]
     assert compile_cli.main([*base, "mesh.rollout=4"]) == 0
     split = capsys.readouterr().out
@@ -181,6 +182,12 @@ def test_rollout_on_chips_of_its_own(capsys):
     parts = sum(float(row(split, name).split()[-2]) for name in ("rollout weights (compute)",
                                                                  "decode KV caches and state", "decode temporaries"))
     assert decode == pytest.approx(parts, abs=0.02), "the rollout's chips: its weights, caches and temporaries only"
+    # mesh.rollout_fsdp=2: the 4 rollout chips as 2 x 2, each holding half of every decode weight (the tiny model's
+    # sizes all split in two)
+    assert compile_cli.main([*base, "mesh.rollout=4", "mesh.rollout_fsdp=2"]) == 0
+    halves = capsys.readouterr().out
+    assert "its weights split 2 ways (mesh.rollout_fsdp)" in halves
+    assert row(halves, "rollout weights (compute)").endswith(aot.human((models.count_params(mcfg) * 2 + head) / 2))
     assert compile_cli.main([*base, "mesh.rollout=8"]) == 2
     assert "the mesh needs 12 devices but 8 are local" in capsys.readouterr().err
 
@@ -192,6 +199,18 @@ def test_tpu_topology_compiles_train_step_and_rollout(capsys):
     assert compile_cli.main(["--topology", "v5e:2x2", "mesh.fsdp=4", *small, "model.dtype=bfloat16"]) == 0
     out = capsys.readouterr().out
     assert "4 x v5e" in out and "prefill total" in out and "decode total" in out and out.strip().endswith("fits")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs libtpu (pip install jaxgrpo[tpu])")
+def test_rollout_split_must_fit_each_host_of_the_slice(capsys, monkeypatch):
+    """v5p:2x4x4 is 8 hosts of 4 chips: mesh.rollout=16 gives each host 2 rollout chips of its own, so their weights
+    split at most 2 ways; 4 is refused in one line before anything compiles."""
+    monkeypatch.setattr(aot, "compile_train_step", lambda *a: pytest.fail("compiled although the split is refused"))
+    pod = ["--config", "llama3.1-8b_gsm8k_pod", "mesh.data=1", "mesh.fsdp=16", "mesh.rollout=16"]
+    assert compile_cli.main([*pod, "mesh.rollout_fsdp=4"]) == 2
+    err = capsys.readouterr().err
+    assert "v5p:2x4x4 has 8 hosts" in err and "mesh.rollout_fsdp (4) to a divisor of mesh.rollout / 8" in err
+    assert err.count("\n") == 1
 
 
 def test_lora_state_holds_optimizer_moments_for_the_adapters_only():
