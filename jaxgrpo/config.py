@@ -504,11 +504,11 @@ def parse_cli(argv: Sequence[str]) -> tuple[str, str | None, list[str]]:
 
 
 def async_hosts_refusal(cfg: Config) -> str | None:
-    """Why an asynchronous run cannot run on several processes (hosts), or None: a multi-turn run trains on one
-    device of one host (`multiturn_step.check_config`), and the adaptive schedule samples the whole step on each host
+    """Why an asynchronous run cannot run on several processes (hosts), or None: a multi-turn run trains in one
+    process (`multiturn_step.check_config`), and the adaptive schedule samples the whole step on each host
     (`async_rollout.process_groups` shares rounds of G-sample groups only)."""
     if cfg.data.environment is not None or cfg.data.tools:
-        return ("multi-turn runs (data.environment / data.tools) train on one device of one host, asynchronous or "
+        return ("multi-turn runs (data.environment / data.tools) train in one process (one host), asynchronous or "
                 "not: run one process with mesh.distributed=false")
     if "adaptive" not in cfg.rollout.schedule:
         return None

@@ -26,8 +26,13 @@ Asynchronous rollouts (``rollout.max_staleness``, ``mesh.rollout``: `jaxgrpo.asy
 turns and their rewards) in the rollout thread (`rollout`, with the lagged weights), 3 and 4 in the learner
 (`train_step`).
 
-Not supported with multi-turn (one-line errors at startup, `check_config`): a learner mesh (``mesh.data`` /
-``fsdp`` / ``tensor``; ``mesh.rollout`` > 1 only for the simple loop's sampler), dynamic sampling
+On a learner mesh (``mesh.data`` / ``fsdp`` / ``tensor``, one process) the batch is split by groups over its batch
+axes as in a single-turn step and the simple loop samples over the mesh; the multi-turn engine samples on one device
+(``mesh.rollout=1``).
+
+Not supported with multi-turn (one-line errors at startup, `check_config`): several processes
+(``mesh.distributed``: every host would run every trajectory's tools), the multi-turn engine on several devices
+(a learner mesh without ``mesh.rollout=1``, or ``mesh.rollout`` > 1), dynamic sampling
 (``degenerate_groups=resample``), ``algo.overlong_buffer``, in-training evaluation (``train.eval_every``; run
 ``python -m jaxgrpo.eval`` on a checkpoint instead, which runs the turns) and ``data.template=plain``.
 """
@@ -47,7 +52,7 @@ import numpy as np
 from jaxgrpo import diversity, models, padding, sampling
 from jaxgrpo import step_batch as step_batch_lib
 from jaxgrpo import train_step as ts
-from jaxgrpo.batch import Batch, multiturn_batch
+from jaxgrpo.batch import Batch, global_batch, multiturn_batch
 from jaxgrpo.config_sections import Config
 from jaxgrpo.errors import ConfigError, RewardError
 from jaxgrpo.example import Example
@@ -75,9 +80,13 @@ def reward_functions(cfg: Config) -> list[tuple[str, float]]:
 def check_config(cfg: Config) -> None:
     """One-line `ConfigError` for a setting the multi-turn step does not support (see the module docstring)."""
     m, a = cfg.mesh, cfg.algo
-    if m.data * m.fsdp * m.tensor > 1 or m.distributed:
-        raise ConfigError("multi-turn rollouts (data.environment / data.tools) run on one device for now; set "
-                          "mesh.data=mesh.fsdp=mesh.tensor=1 and mesh.distributed=false")  # fmt: skip
+    if m.distributed:
+        raise ConfigError("multi-turn rollouts (data.environment / data.tools) run in one process for now (every "
+                          "host would run every trajectory's tools); set mesh.distributed=false")  # fmt: skip
+    if m.data * m.fsdp * m.tensor > 1 and not m.rollout and cfg.rollout.turn_engine:
+        raise ConfigError("rollout.turn_engine=true samples on one device, but the learner's mesh would be its "
+                          "devices; set rollout.turn_engine=false (the simple loop samples over the mesh) or "
+                          "mesh.rollout=1 (the engine on a device of its own)")  # fmt: skip
     if a.degenerate_groups == "resample":
         raise ConfigError("algo.degenerate_groups=resample is not supported with multi-turn rollouts "
                           "(data.environment / data.tools); use keep or mask")  # fmt: skip
@@ -129,9 +138,11 @@ class MultiTurn:
     generate: Callable[..., sampling.Completions] | None = None
 
     def __init__(self, cfg: Config, tokenizer: Any, model_config: models.ModelConfig,
-                 eos_token_ids: Sequence[int], examples: Sequence[Example], attention: Kernel = DENSE):  # fmt: skip
+                 eos_token_ids: Sequence[int], examples: Sequence[Example], attention: Kernel = DENSE,
+                 mesh: Any = None):  # fmt: skip
         d, r = cfg.data, cfg.rollout
         self.cfg, self.tokenizer, self.eos_token_ids = cfg, tokenizer, tuple(eos_token_ids)
+        self.mesh = mesh  # the learner's: the batch is split over its batch axes (None: one device)
         self.attention = attention  # the prefills' kernel (the run's resolved perf.attention)
         self.toolbox = toolbox(cfg)
         self.env_weight = d.rewards.get(ENV_REWARD)
@@ -141,7 +152,7 @@ class MultiTurn:
         self.check_context(model_config, examples)
         P, limit = r.prompts_per_step, model_config.max_position_embeddings
         self.loop_shapes = MT.LoopShapes.for_run(P * r.group_size, self.prompt_width, self.settings, limit)
-        self.train_shapes = step_batch_lib.StepShapes.for_prompts(self.prompt_lengths, P, P, cfg.algo, cfg.perf, None,
+        self.train_shapes = step_batch_lib.StepShapes.for_prompts(self.prompt_lengths, P, P, cfg.algo, cfg.perf, mesh,
                                                                   self.settings.budget)  # fmt: skip
         self.runner = ToolRunner(workers=max(1, d.reward_workers), timeout=r.tool_timeout)
         self.rollout_stats: dict[str, float] = {}
@@ -230,6 +241,8 @@ class MultiTurn:
         batch = multiturn_batch(out, scored.rewards, scored.valid, width, completion, pad_id)
         if self.cfg.algo.overlong_filter:  # a trajectory stopped by a limit, not by an answer, leaves the loss
             batch = batch.replace(truncated=jnp.asarray([h.truncated for h in out.histories], bool))
+        if self.mesh is not None:  # split by groups over the learner's batch axes (one process)
+            batch = global_batch(batch, self.mesh)
         return batch, lengths
 
     def packed_width(self, lengths: Sequence[int], width: int, perf: Any) -> int:
@@ -238,9 +251,9 @@ class MultiTurn:
         a step whose prompts are longer than the run's estimate."""
         ladder = self.train_shapes.ladders["train"]
         try:
-            return ts.packed_prompt_width(lengths, width, self.cfg.algo, perf, None, ladder=ladder)
+            return ts.packed_prompt_width(lengths, width, self.cfg.algo, perf, self.mesh, ladder=ladder)
         except ValueError:  # a row wider than the ladder's cap
-            return ts.packed_prompt_width(lengths, width, self.cfg.algo, perf, None)
+            return ts.packed_prompt_width(lengths, width, self.cfg.algo, perf, self.mesh)
 
     def close(self) -> None:
         self.runner.close()
@@ -269,7 +282,7 @@ def rollout(trainer: Any, step: int) -> tuple[Scored, dict[str, float]]:
     key = jax.random.fold_in(jax.random.fold_in(trainer.key, step), 0)
     examples = [trainer.examples[i] for i in trainer.iterator.next_batch()]
     scored = mt.sample(trainer.model_config, trainer.sampler_params(), examples, key, trainer.scorer,
-                       mesh=trainer.rollout_mesh)  # a mesh only for mesh.rollout > 1 (the learner runs on one device)
+                       mesh=trainer.rollout_mesh)  # the learner's mesh, or mesh.rollout's devices when > 1
     return scored, {**step_metrics(scored, trainer.cfg.rollout.group_size), **mt.rollout_stats}
 
 

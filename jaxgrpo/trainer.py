@@ -126,7 +126,7 @@ class Trainer:
                                      workers=cfg.data.reward_workers, timeout=cfg.data.reward_timeout,
                                      batch_size=cfg.rollout.group_size) if self.reward_fns else None
         self.multiturn = (mt_step.MultiTurn(cfg, self.tokenizer, self.model_config, self.eos_token_ids, examples,
-                                            self.prefill_attention)
+                                            self.prefill_attention, self.mesh)
                           if mt_step.enabled(cfg) else None)  # fmt: skip
 
         if self.mesh is not None:

@@ -7,7 +7,7 @@ config and its uninterrupted 3-step run on the multi-turn engine, the synchronou
 
 * ``max_staleness = 0`` with the rollout on a device of its own (``mesh.rollout=1``, the multi-turn engine) is the
   synchronous run, step for step, and ends with the same parameters; and with the simple loop sampling over four
-  rollout devices (``mesh.rollout=4``; the learner of a multi-turn run takes no mesh, so 1 + 4 devices) it is the
+  rollout devices (``mesh.rollout=4``, beside a 1-device learner: 1 + 4 devices) it is the
   synchronous run that samples with the same sampler on one device;
 * k = 1: every step's trajectories are sampled with exactly the weights of version max(s − 1, 0), as published by
   the learner (never older than one update, and not a newer one);
@@ -67,8 +67,8 @@ def test_staleness_zero_on_a_device_of_its_own_is_the_synchronous_multiturn_run(
 def test_the_simple_loop_on_four_rollout_devices_is_the_synchronous_run(smollm2_gguf, tmp_path, monkeypatch):
     """k = 0 with the simple turn loop sampling over a 4-device rollout group (``mesh.rollout=4``: the last four of
     the 8 fake devices, the learner on the first), against the synchronous run whose loop samples with the same
-    sampler (`sampling.generate` on a mesh) on one device: the same run, step for step. (The learner of a
-    multi-turn run takes no mesh, so the 4 + 4 split of single-turn runs is 1 + 4 here.)"""
+    sampler (`sampling.generate` on a mesh) on one device: the same run, step for step. (A 1-device learner
+    beside the 4 rollout devices: 1 + 4.)"""
     one = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
     monkeypatch.setattr(multiturn_step.MultiTurn, "generate", staticmethod(functools.partial(sampling.generate,
                                                                                              mesh=one)))  # fmt: skip
@@ -247,7 +247,7 @@ def test_an_environment_reward_that_raises_in_the_rollout_thread_stops_at_its_st
 
 def test_what_remains_refused_is_one_line(smollm2_gguf):
     for over, msg in [(["mesh.rollout=2", "rollout.turn_engine=true"], "the multi-turn engine samples on one device"),
-                      (["rollout.max_staleness=1", "mesh.distributed=true"], "train on one device of one host")]:
+                      (["rollout.max_staleness=1", "mesh.distributed=true"], "train in one process")]:
         with pytest.raises(config_lib.ConfigError, match=msg) as info:
             small(smollm2_gguf, *over)
         assert "\n" not in str(info.value)
@@ -258,6 +258,6 @@ def test_several_processes_are_refused_even_without_mesh_distributed(smollm2_ggu
     cfg = small(smollm2_gguf, "rollout.max_staleness=1")
     assert async_rollout.device_groups(cfg)[2] is not None  # one process: accepted
     monkeypatch.setattr(async_rollout.jax, "process_count", lambda: 2)
-    with pytest.raises(config_lib.ConfigError, match="multi-turn runs .* train on one device of one host") as info:
+    with pytest.raises(config_lib.ConfigError, match="multi-turn runs .* train in one process") as info:
         async_rollout.device_groups(cfg)
     assert "\n" not in str(info.value)

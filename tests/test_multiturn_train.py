@@ -365,8 +365,53 @@ def test_the_readme_environment_trains_on_its_own_reward(modules, smollm2_gguf, 
     assert seen and set(seen) == {Kernel("chunked", 8)}, seen
 
 
+@pytest.mark.slow
+def test_a_learner_mesh_trains_the_one_device_run(smollm2_gguf, tmp_path, monkeypatch):
+    """The learner on a 4 x 2 data x fsdp mesh of the 8 devices (the simple turn loop sampling over it, the batch split
+    by groups over its 8 batch shards) against the same run on one device whose loop samples with the same sampler
+    (`sampling.generate` on a one-device mesh): the same metrics, step for step, and the same final weights."""
+    import functools
+
+    from jaxgrpo import eval as eval_lib
+    from jaxgrpo import multiturn_step, sampling, sharding
+
+    over = ["train.steps=2", "rollout.prompts_per_step=8", "algo.estimator=sign"]
+    one = sharding.make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    monkeypatch.setattr(multiturn_step.MultiTurn, "generate",
+                        staticmethod(functools.partial(sampling.generate, mesh=one)))  # fmt: skip
+    want = trainer.run(small(smollm2_gguf, *over), tmp_path / "one")
+    monkeypatch.setattr(multiturn_step.MultiTurn, "generate", None)
+    shardings, real_update = [], trainer.Trainer.update
+
+    def update(self, step, batch, packed):
+        shardings.append(batch.tokens.sharding)
+        return real_update(self, step, batch, packed)
+
+    meshes, real_generate = [], sampling.generate
+
+    def generate(*args, mesh=None, **kw):  # each turn's sampler call: the mesh it samples on
+        meshes.append(mesh)
+        return real_generate(*args, mesh=mesh, **kw)
+
+    monkeypatch.setattr(trainer.Trainer, "update", update)
+    monkeypatch.setattr(sampling, "generate", generate)
+    got = trainer.run(small(smollm2_gguf, *over, "mesh.data=4", "mesh.fsdp=2"), tmp_path / "mesh")
+    assert len(meshes) >= 2 and all(dict(m.shape) == {"data": 4, "fsdp": 2, "tensor": 1} for m in meshes)
+    assert len(got) == len(want) == 2
+    for s, (g, w) in enumerate(zip(got, want)):
+        assert set(g) == set(w)
+        assert_same_metrics(g, w, f"step {s + 1}")
+    assert len(shardings) == 2 and all(len(sh.device_set) == 8 and sh.spec[0] == ("data", "fsdp") for sh in shardings)
+    cfg = small(smollm2_gguf, *over)
+    a = eval_lib.load_policy_for_eval(cfg, tmp_path / "one", 2).params
+    b = eval_lib.load_policy_for_eval(cfg, tmp_path / "mesh", 2).params
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("extra, match", [
-    (["mesh.data=2", "rollout.prompts_per_step=2"], "run on one device"),
+    (["mesh.distributed=true"], "run in one process for now"),
+    (["mesh.data=2", ENGINE], "rollout.turn_engine=true samples on one device"),
     (["algo.degenerate_groups=resample"], "degenerate_groups=resample is not supported"),
     (["train.eval_every=1"], "python -m jaxgrpo.eval"),
     (["algo.overlong_buffer=4"], "overlong_buffer=null"),
