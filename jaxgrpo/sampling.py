@@ -79,6 +79,7 @@ def generate(
     prompt_buckets: Sequence[int] | None = None,
     packed_ladder: tuple[int, int] | None = None,
     attention: Kernel = DENSE,
+    key_ids: Sequence[int] | None = None,
 ) -> Completions:
     """Sample ``num_samples`` completions of up to ``max_new_tokens`` tokens for each prompt.
 
@@ -94,6 +95,8 @@ def generate(
       `padding.ladder_bucket` from ``floor`` to ``cap`` (one program for nearly every step of a run), not 4 buckets
       per octave.
       attention: the prefill's attention kernel (`models.attention.Kernel`: a run's resolved ``perf.attention``).
+      key_ids: optional, one per prompt: prompt ``i`` draws with the keys of prompt ``key_ids[i]`` instead of ``i``
+      (a caller sampling rows of a larger batch, each with its own id in it, draws what the whole batch would).
 
     Returns:
       ``Completions`` with ``[len(prompts) * num_samples, M]`` arrays in prompt-major order (see the class).
@@ -114,5 +117,5 @@ def generate(
     sp = SamplingParams(max_new_tokens, num_samples, temperature, top_p, top_k, eos_token_ids)
     _validate(config, prompts, sp, prompt_buckets)
     groups, _ = driver.run(config, params, prompts, sp, key, prompt_buckets=prompt_buckets, packed_ladder=packed_ladder,
-                           mesh=mesh, attention=attention)  # fmt: skip
+                           mesh=mesh, attention=attention, key_ids=key_ids)  # fmt: skip
     return jax.tree.map(jnp.asarray, driver.completions(groups, range(len(prompts))))

@@ -355,6 +355,14 @@ def test_a_share_driven_with_its_prompt_offset_samples_the_whole_batchs_rows(tin
         np.testing.assert_allclose(got.logprobs, whole.logprobs[rows], atol=1e-5)
     unshifted = driver.completions(driver.run(config, params, PROMPTS[1:3], sp, key)[0], range(2))
     assert not np.array_equal(unshifted.tokens, whole.tokens[g:]), "the offset must change the rows' keys"
+    # key_ids: any prompts of the batch, each with its own id (the multi-turn loop's live rows), through generate
+    picked = [2, 0]
+    got = sampling.generate(config, params, [PROMPTS[i] for i in picked], mesh=share_mesh, **SHARDED_KW, key=key,
+                            key_ids=picked)  # fmt: skip
+    for j, i in enumerate(picked):
+        np.testing.assert_array_equal(got.tokens[j * g:(j + 1) * g], whole.tokens[i * g:(i + 1) * g])
+    with pytest.raises(ValueError, match="key_ids .1 ids. must give each of the 2 prompts an id"):
+        driver.run(config, params, PROMPTS[:2], sp, key, key_ids=[0])
 
 
 TWO_PROCESS_BODY = r"""

@@ -125,11 +125,16 @@ class SlowEnv(CalcEnv):
 BLOCKS = [0]
 
 
-def run(params, settings, key=0, engine_loop=True, block=4, env=CalcEnv, timeout=0.2, attention=None):
-    CalcEnv.count = 0
+def run(params, settings, key=0, engine_loop=True, block=4, env=CalcEnv, timeout=0.2, attention=None,
+        share=slice(0, 3), row_offset=None):
+    """A rollout of 2 trajectories for each of 3 examples, or of the examples ``share`` of them (the rows drawing
+    what they would in the whole: ``row_offset``, by default the share's first row; the environments numbered as in
+    the whole)."""
+    CalcEnv.count = 2 * share.start
     tok, runner = FakeTokenizer(), ToolRunner(workers=2, timeout=timeout)
-    examples = [{"prompt": f"what is {i}?"} for i in range(3)]
-    kw = dict(group_size=2, settings=settings, eos_token_ids=EOS, key=jax.random.key(key))
+    examples = [{"prompt": f"what is {i}?"} for i in range(3)][share]
+    kw = dict(group_size=2, settings=settings, eos_token_ids=EOS, key=jax.random.key(key),
+              row_offset=2 * share.start if row_offset is None else row_offset)
     try:
         if engine_loop:
             att = {} if attention is None else dict(attention=attention)
@@ -162,6 +167,25 @@ def test_the_prefills_take_the_runs_attention_kernel(params, engine_loop, monkey
     assert sum(h.tool_calls for h in dense.histories) > 0  # several turns, so several prefills
     assert [h.tokens for h in chunked.histories] == [h.tokens for h in dense.histories]
     assert [h.action for h in chunked.histories] == [h.action for h in dense.histories]
+
+
+@pytest.mark.parametrize("engine_loop", [True, False], ids=["turn_engine", "simple_loop"])
+def test_a_rollout_split_in_shares_draws_the_whole_rollouts_trajectories(params, engine_loop):
+    """Sampled (temperature 1): the first example's trajectories and the other two's, each share run alone with its
+    ``row_offset`` (as hosts split a step's rollout), are the whole rollout's, token for token; the simple loop's
+    rows draw with their own ids whichever rows are still running (`sampling.generate`'s ``key_ids``)."""
+    settings = MT.TurnSettings(max_turns=3, max_new_tokens=6, max_total_tokens=300, temperature=1.0)
+    whole, _ = run(params, settings, key=3, engine_loop=engine_loop)
+    parts = [run(params, settings, key=3, engine_loop=engine_loop, share=s)[0] for s in (slice(0, 1), slice(1, 3))]
+    hs = whole.histories
+    assert len({h.turns for h in hs}) > 1 and sum(h.tool_calls for h in hs) > 0  # rows leave at different turns
+    assert [p for part in parts for p in part.prompt_ids] == whole.prompt_ids
+    assert [a for part in parts for a in part.answers] == whole.answers
+    for i, (g, w) in enumerate(zip([h for part in parts for h in part.histories], hs, strict=True)):
+        assert (g.tokens, g.action, g.turns) == (w.tokens, w.action, w.turns), f"trajectory {i}"
+        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=2e-5)
+    unshifted, _ = run(params, settings, key=3, engine_loop=engine_loop, share=slice(1, 3), row_offset=0)
+    assert [h.tokens for h in unshifted.histories] != [h.tokens for h in hs[2:]], "without the offset: other keys"
 
 
 def test_record_equals_teacher_forced_forward(params):

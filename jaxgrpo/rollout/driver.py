@@ -83,9 +83,10 @@ class _Run:
     """Host state of one driver run (slots -> prompts, pending queue, harvested groups)."""
 
     def __init__(self, config, params, prompts, sp: SamplingParams, key, slots, block, width, packed_ladder=None,
-                 first_rows=0, mesh=None, prompt_offset=0, attention=DENSE):  # fmt: skip
+                 first_rows=0, mesh=None, prompt_offset=0, attention=DENSE, key_ids=None):  # fmt: skip
         self.config, self.params, self.prompts, self.sp, self.key = config, params, list(prompts), sp, key
         self.packed_ladder, self.first_rows, self.prompt_offset = packed_ladder, first_rows, prompt_offset
+        self.key_ids = None if key_ids is None else np.asarray(key_ids, np.int64)
         self.spec = engine.make_spec(config, sp, slots, width, block, mesh=mesh, attention=attention)
         self.weights = engine.prepare_weights(config, params, self.spec)
         self.caches, self.state = engine.init(config, self.spec)
@@ -118,7 +119,7 @@ class _Run:
         slot_ids = np.full(a, self.spec.slots, np.int32)
         slot_ids[: len(ids)] = free[: len(ids)]
         pid = np.zeros(a, np.int32)
-        pid[: len(ids)] = np.asarray(ids) + self.prompt_offset
+        pid[: len(ids)] = np.asarray(ids) + self.prompt_offset if self.key_ids is None else self.key_ids[ids]
         t0 = time.perf_counter()
         self.caches, self.state = engine.prefill(self.config, self.spec, packed, self.params, self.weights,
                                                  self.caches, self.state, tok, mask, slot_ids, pid, self.key,
@@ -181,6 +182,7 @@ def run(
     mesh: Mesh | None = None,
     prompt_offset: int = 0,
     attention: Kernel = DENSE,
+    key_ids: Sequence[int] | None = None,
 ) -> tuple[dict[int, Group], RunStats]:
     """Sample ``sp.num_samples`` completions for each prompt with ``slots`` group slots (None: one per prompt, padded
     to a power of two: static mode). ``params``: compute-dtype params (`models.compute_params`). Returns the
@@ -200,8 +202,10 @@ def run(
     `engine.row_shards`, the extra ones empty); ``params`` are used as placed (`jaxgrpo.sharding.shard_params`).
     ``prompt_offset``: the prompts' place in a larger list: prompt ``i`` draws with the keys of prompt
     ``prompt_offset + i`` (a share of a batch sampled on several hosts draws what the whole batch would); the
-    returned groups are numbered from 0 all the same. ``attention``: the prefill's attention kernel (a run's
-    resolved ``perf.attention``, `models.attention.Kernel`)."""
+    returned groups are numbered from 0 all the same. ``key_ids``: instead, prompt ``i`` draws with the keys of prompt
+    ``key_ids[i]`` (one id per prompt of ``prompts``, no ``more``: e.g. the multi-turn loop's live rows, each with
+    its own id in the whole rollout). ``attention``: the prefill's attention kernel (a run's resolved
+    ``perf.attention``, `models.attention.Kernel`)."""
     sp.check(config.vocab_size, config.max_position_embeddings, prompts)
     if block < 1 or (slots is not None and slots < 1):
         raise ValueError(f"decode block ({block}) and slots ({slots}) must be >= 1")
@@ -210,8 +214,11 @@ def run(
     width = padding.prompt_bucket(max([len(p) for p in prompts] + [prompt_width or 1]), prompt_buckets)
     if prompt_offset < 0:
         raise ValueError(f"prompt_offset ({prompt_offset}) must be >= 0")
+    if key_ids is not None and (len(key_ids) != len(prompts) or more is not None or min(key_ids) < 0):
+        raise ValueError(f"key_ids ({len(key_ids)} ids) must give each of the {len(prompts)} prompts an id >= 0, "
+                         "and there can be no more prompts")
     r = _Run(config, params, prompts, sp, key, slots, int(block), width, packed_ladder, first_rows, mesh,
-             prompt_offset, attention)
+             prompt_offset, attention, key_ids)
     r.admit(list(range(slots)), more)
     while True:
         freed, stop = r.harvest(host_array(r.state.done), on_group)

@@ -15,9 +15,14 @@ Per trajectory (G per example, each with its own environment instance, `jaxgrpo.
    prompt or the model's ``max_position_embeddings`` (``truncated``).
 
 This is the simple loop (the whole batch waits for each turn's slowest row, and each turn re-encodes its
-contexts): ``rollout.engine=static``. The multi-turn engine (`jaxgrpo.rollout.turn_driver`, the default) runs the same
-turns with per-row caches: a row waiting on its tools leaves the decode batch and comes back with its cache. Both
+contexts; ``rollout.turn_engine=false``, the default). The multi-turn engine (`jaxgrpo.rollout.turn_driver`) runs the
+same turns with per-row caches: a row waiting on its tools leaves the decode batch and comes back with its cache. Both
 apply the same turn rules (`Trajectories`) and return the same `MultiTurnRollout` with its `TurnHistory` record.
+
+Randomness: trajectory ``b`` (of the ``P * G``, prompt-major; ``row_offset + b`` in a larger rollout split over
+hosts) draws turn ``t``'s tokens with the keys of row ``b`` under the ``t``-th key split from ``key``
+(`sampling.generate`'s ``key_ids``), so its tokens depend neither on which other trajectories are still running nor
+on how a rollout is split over hosts.
 
 The trainer runs the simple loop's turns with `fixed_generate` (one device): the engine at the run's `LoopShapes`
 whatever the number of rows still running and the length of their contexts, so a run compiles a bounded set of
@@ -179,9 +184,11 @@ def rollout(
     key: jax.Array,
     system_prompt: str | None = None,
     generate: Callable[..., sampling.Completions] = sampling.generate,
+    row_offset: int = 0,
 ) -> MultiTurnRollout:
     """Runs G trajectories per example to the end (see the module docstring). ``generate``: the sampler, with
-    `sampling.generate`'s signature (a test may script the policy). ``toolbox=None``: no tools (one answer turn)."""
+    `sampling.generate`'s signature (a test may script the policy). ``toolbox=None``: no tools (one answer turn).
+    ``row_offset``: the first trajectory's row in a larger rollout (this host's share of one split over hosts)."""
     t = Trajectories.start(tokenizer, toolbox, examples, group_size, system_prompt)
     hist = t.hist
     limit = int(model_config.max_position_embeddings)
@@ -192,7 +199,7 @@ def rollout(
         key, sub = jax.random.split(key)
         out = generate(model_config, params, [hist[i].context() for i in live], max_new_tokens=settings.max_new_tokens,
                        temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
-                       eos_token_ids=tuple(eos_token_ids), key=sub)  # fmt: skip
+                       eos_token_ids=tuple(eos_token_ids), key=sub, key_ids=[row_offset + i for i in live])  # fmt: skip
         toks, lps, lens = np.asarray(out.tokens), np.asarray(out.logprobs), np.asarray(out.lengths)
         pending = []
         for r, i in enumerate(live):
@@ -244,21 +251,24 @@ def fixed_generate(shapes: LoopShapes, block: int = driver.DEFAULT_BLOCK, attent
                    ) -> Callable[..., Completions]:  # fmt: skip
     """A `sampling.generate` stand-in (one sample per prompt, one device) for `rollout`'s turns that runs the engine
     at ``shapes`` whatever the number of live rows or the length of their contexts, and returns host arrays (no
-    transfer program per row count). The same keys as `sampling.generate` (live row ``r`` of a turn draws token ``i``
-    with ``fold_in(fold_in(key, r), i)``), so the same trajectories; a turn with more rows or a longer context than
-    ``shapes`` (an evaluation's batch, a prompt longer than the run's estimate) runs wider, at a new program.
+    transfer program per row count). The same keys as `sampling.generate` (live row ``r`` of a turn draws token
+    ``i`` with ``fold_in(fold_in(key, key_ids[r]), i)``), so the same trajectories; a turn with more rows or a longer
+    context than ``shapes`` (an evaluation's batch, a prompt longer than the run's estimate) runs wider, at a new
+    program.
     ``attention``: the prefill's attention kernel (a run's resolved ``perf.attention``)."""
 
     def generate(config: Any, params: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                 eos_token_ids: Sequence[int] = (), key: jax.Array, **kw: Any) -> Completions:  # fmt: skip
+                 eos_token_ids: Sequence[int] = (), key: jax.Array, key_ids: Sequence[int] | None = None,
+                 **kw: Any) -> Completions:  # fmt: skip
         sp = SamplingParams(max_new_tokens, 1, temperature, top_p, top_k, tuple(eos_token_ids))
         n = len(prompts)
         slots = max(shapes.slots, padding.batch_bucket(n))
         width = max(shapes.prompt_width, padding.prompt_bucket(max(len(p) for p in prompts)))
         # every slot's row prefilled (the missing ones padding), packed on the run's one ladder
         groups, _ = driver.run(config, params, prompts, sp, key, slots=slots, block=block, prompt_width=width,
-                               packed_ladder=(0, slots * width), first_rows=slots, attention=attention)  # fmt: skip
+                               packed_ladder=(0, slots * width), first_rows=slots, attention=attention,
+                               key_ids=key_ids)  # fmt: skip
         return driver.completions(groups, range(n))
 
     return generate

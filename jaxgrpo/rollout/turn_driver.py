@@ -15,7 +15,8 @@ budget and truncation rules (`multiturn.Trajectories`, shared by both), the same
   ready (it waits only when no row is left to decode), appends the tool messages' template tokens to their rows'
   buffers and puts the rows back (`turn_engine.resume`).
 
-A row's tokens do not depend on the schedule: its token ``n`` is drawn with ``fold_in(fold_in(key, row), n)`` and
+A row's tokens do not depend on the schedule: its token ``n`` is drawn with ``fold_in(fold_in(key, row), n)`` (``row``
+counted in the whole rollout when it is split over hosts: ``row_offset``) and
 computed from its own cache alone, so a slow tool delays its row, never changes a trajectory, and a resumed training
 run redraws the same trajectories. What a tool's duration does change is when its row returns, and so
 ``rollout/decode_steps`` and ``rollout/row_utilization`` (timings, like ``decode_tokens_per_s``). Taking each
@@ -97,7 +98,7 @@ class _Run:
 
     def __init__(self, config: models.ModelConfig, params: Any, t: Trajectories, settings: TurnSettings,
                  eos: tuple[int, ...], key: jax.Array, group_size: int, block: int, prompt_width: int,
-                 attention: Kernel):  # fmt: skip
+                 attention: Kernel, row_offset: int = 0):  # fmt: skip
         self.config, self.t, self.settings, self.eos = config, t, settings, eos
         self.limit = int(config.max_position_embeddings)
         prefixes, firsts, W = _layout(t.hist, group_size, settings.budget)
@@ -119,7 +120,7 @@ class _Run:
         base = np.repeat([len(p) for p in prefixes], group_size).astype(np.int32)
         live = np.array([not t.no_room(b, settings, self.limit) for b in range(B)])
         limits = np.full(B, min(settings.max_new_tokens, settings.budget), np.int32)
-        self.state = TE.init_state(self.spec, key, self.seq, self.known, base, limits, live)
+        self.state = TE.init_state(self.spec, key, self.seq, self.known, base, limits, live, row_offset)
         self.active = live.copy()
         self.temp = jnp.float32(settings.temperature if not greedy else 1.0)
         self.top_p = jnp.float32(settings.top_p)
@@ -189,17 +190,19 @@ def rollout(
     block: int = DEFAULT_BLOCK,
     prompt_width: int = 0,
     attention: Kernel = DENSE,
+    row_offset: int = 0,
 ) -> tuple[MultiTurnRollout, TurnStats]:
     """G trajectories per example on the engine (module docstring); `multiturn.rollout`'s arguments (``params``:
     compute-dtype params, `models.compute_params`), ``block``, decode steps per block, and ``prompt_width``, the least
     prefix-cache width (a run's longest prompt: one decode program for the run, not one per prompt bucket met), and
-    ``attention``, the prefix prefill's attention kernel (a run's resolved ``perf.attention``). Returns the rollout
-    and the engine's stats."""
+    ``attention``, the prefix prefill's attention kernel (a run's resolved ``perf.attention``), and ``row_offset``,
+    the first trajectory's row in a larger rollout (this host's share of one split over hosts: its rows draw what
+    they would in the whole). Returns the rollout and the engine's stats."""
     if block < 1:
         raise ValueError(f"decode block ({block}) must be >= 1")
     t = Trajectories.start(tokenizer, toolbox, examples, group_size, system_prompt)
     eos = tuple(int(e) for e in eos_token_ids)
-    run = _Run(model_config, params, t, settings, eos, key, group_size, block, prompt_width, attention)
+    run = _Run(model_config, params, t, settings, eos, key, group_size, block, prompt_width, attention, row_offset)
     # one thread per batch of calls in flight, so batches run side by side (each call on the runner's workers, which
     # bound how many run at once): one thread would queue a block's calls behind every earlier block's
     pool = concurrent.futures.ThreadPoolExecutor(_BATCH_THREADS, thread_name_prefix="jaxgrpo-tools")

@@ -95,11 +95,13 @@ class TurnCaches:
 
 
 def init_state(spec: TurnSpec, key: jax.Array, seq: np.ndarray, known: np.ndarray, base: np.ndarray,
-               limit: np.ndarray, active: np.ndarray) -> TurnState:  # fmt: skip
+               limit: np.ndarray, active: np.ndarray, row_offset: int = 0) -> TurnState:  # fmt: skip
     """The rows' first state: ``seq [B, W]`` each row's first known tokens (``known`` of them), ``base`` its prefix
-    length, ``limit`` its first turn's token limit, ``active`` whether it decodes at all."""
+    length, ``limit`` its first turn's token limit, ``active`` whether it decodes at all. Row ``b`` draws with the
+    keys of row ``row_offset + b`` (a share of a rollout split over hosts draws what the whole would)."""
     B = spec.rows
-    row_key = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(B, dtype=jnp.uint32))
+    ids = jnp.arange(row_offset, row_offset + B, dtype=jnp.uint32)
+    row_key = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, ids)
     i32 = lambda x: jnp.array(x, jnp.int32)  # noqa: E731  (a copy: the host keeps writing its own buffers)
     return TurnState(i32(seq), jnp.zeros(seq.shape, jnp.float32), jnp.zeros(B, jnp.int32), i32(known),
                      jnp.asarray(active, bool), jnp.zeros(B, jnp.int32), i32(limit), jnp.zeros(B, jnp.int32),
