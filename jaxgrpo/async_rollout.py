@@ -108,7 +108,8 @@ class Producer:
             try:
                 tr.sampler_params_override = params
                 roll, extra = tr.rollout(step)
-                extra = {**extra, **(tr.scorer.take_stats() if tr.scorer is not None else {})}
+                # (the rollout's own reward/* figures win: on several hosts, the hosts' shares summed)
+                extra = {**(tr.scorer.take_stats() if tr.scorer is not None else {}), **extra}
                 sched = tr.scheduler.state() if tr.scheduler is not None else None
                 item: tuple | BaseException = (roll, extra, tr.iterator.state(), sched, v, t1 - t0)
             except BaseException as e:  # handed to the learner, which raises it at this step
@@ -166,6 +167,10 @@ def device_groups(cfg: Any) -> tuple[Any, Any, Any]:
     if (r or cfg.rollout.max_staleness) and jax.process_count() > 1:  # (jax.distributed set up by the caller)
         return process_groups(cfg)
     copy = lambda p, *_: jax.tree.map(lambda x: jnp.array(x, copy=True), p)  # noqa: E731 (the step donates its state)
+    if jax.process_count() > 1 and not r and (cfg.data.environment is not None or cfg.data.tools):
+        raise ConfigError(f"multi-turn rollouts on {jax.process_count()} processes need rollout devices on every host "
+                          "(each host runs its share of the trajectories and their tools): set mesh.rollout to a "
+                          "multiple of the process count")  # fmt: skip
     if not r:
         mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor) if size > 1 else None
         return mesh, mesh, copy
@@ -214,6 +219,9 @@ def process_groups(cfg: Any) -> tuple[Any, Any, Any]:
         raise ConfigError(f"mesh.rollout={r} + the learner's mesh.data × fsdp × tensor = {size} devices on {n} "
                           f"processes of {len(local)} devices: the learner takes {len(local) - per} devices of each "
                           f"host, so set mesh.data × fsdp × tensor = {n * (len(local) - per)}")
+    if per > 1 and cfg.rollout.turn_engine and (cfg.data.environment is not None or cfg.data.tools):
+        raise ConfigError(f"rollout.turn_engine=true samples on one device of each host, but mesh.rollout={r} gives "
+                          f"each of the {n} hosts {per}; set mesh.rollout={n} or rollout.turn_engine=false")
     if per % m.rollout_fsdp:
         raise ConfigError(f"mesh.rollout_fsdp={m.rollout_fsdp} must divide each host's {per} rollout devices "
                           f"(mesh.rollout / {n} processes); set it to a divisor of {per}")
@@ -250,17 +258,37 @@ def sample_across_processes(tr: Any, prompt_ids: list[list[int]], key: jax.Array
     returns the whole round's host-side `sampling.Completions`, the same on every host, as a synchronous step's
     sampler gives (``num_samples`` rows per prompt, default G). A host whose share failed still takes part in the
     swap, so every host raises at the same round."""
-    from jaxgrpo import host, sampling
+    from jaxgrpo import sampling
     from jaxgrpo.rollout import driver
 
-    n, me = jax.process_count(), jax.process_index()
-    shares = np.array_split(np.arange(len(prompt_ids)), n)
-    mine = shares[me]
+    mine = host_share(len(prompt_ids))
+
+    def sample() -> bytes:
+        if not len(mine):
+            return b""
+        groups, _ = tr.drive([prompt_ids[i] for i in mine], key, num_samples, share=jax.process_count(),
+                             prompt_offset=int(mine[0]))  # fmt: skip
+        return _pack(driver.completions(groups, range(len(mine))))
+
+    got = [_unpack(b) for b in swap(tr, sample) if b]
+    return sampling.Completions(**{f: np.concatenate([c[f] for c in got]) for f in _FIELDS})
+
+
+def host_share(count: int) -> np.ndarray:
+    """This process's contiguous block of ``count`` prompts (`numpy.array_split` over the processes)."""
+    return np.array_split(np.arange(count), jax.process_count())[jax.process_index()]
+
+
+def swap(tr: Any, make: Any) -> list[bytes]:
+    """Every process's ``make()`` (its share of a round, as bytes), in process order, through the coordinator's
+    key-value store (`jaxgrpo.host.exchange`: no device, no program across processes). A host whose ``make`` failed
+    still takes part in the swap, so every host raises at the same round (this host its own exception, the others
+    one line naming the process that failed)."""
+    from jaxgrpo import host
+
     payload, failure = b"", None
     try:
-        if len(mine):
-            groups, _ = tr.drive([prompt_ids[i] for i in mine], key, num_samples, share=n, prompt_offset=int(mine[0]))
-            payload = _pack(driver.completions(groups, range(len(mine))))
+        payload = make()
     except Exception as e:  # (the others must not wait for this host's share forever)
         failure, payload = e, b"!" + f"{type(e).__name__}: {e}".encode()
     i = next(_EXCHANGES)  # the same sequence on every process: each makes the same calls in the same order
@@ -273,8 +301,7 @@ def sample_across_processes(tr: Any, prompt_ids: list[list[int]], key: jax.Array
     bad = [(p, b[1:].decode()) for p, b in enumerate(parts) if b.startswith(b"!")]
     if bad:
         raise RuntimeError(f"the rollout of process {bad[0][0]} failed: {bad[0][1]}")
-    got = [_unpack(b) for b in parts if b]
-    return sampling.Completions(**{f: np.concatenate([c[f] for c in got]) for f in _FIELDS})
+    return parts
 
 
 _EXCHANGES = itertools.count()  # rounds swapped between processes, over every run of this process

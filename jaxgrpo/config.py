@@ -459,7 +459,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"mesh.rollout_fsdp={cfg.mesh.rollout_fsdp} splits the weights over the rollout's own "
                           f"devices, so mesh.rollout ({cfg.mesh.rollout}) must be a multiple of it; set mesh.rollout "
                           "to such a multiple, or mesh.rollout_fsdp=1 (on the learner's devices, mesh.fsdp splits)")
-    if cfg.mesh.rollout > 1 and r.turn_engine and (d.environment is not None or d.tools):
+    if cfg.mesh.rollout > 1 and not cfg.mesh.distributed and r.turn_engine and (d.environment is not None or d.tools):
         raise ConfigError(f"mesh.rollout={cfg.mesh.rollout} with rollout.turn_engine=true: the multi-turn engine "
                           "samples on one device; set mesh.rollout=1 or rollout.turn_engine=false (the simple loop)")
     if (r.max_staleness or cfg.mesh.rollout) and cfg.mesh.distributed and (why := async_hosts_refusal(cfg)):
@@ -504,12 +504,8 @@ def parse_cli(argv: Sequence[str]) -> tuple[str, str | None, list[str]]:
 
 
 def async_hosts_refusal(cfg: Config) -> str | None:
-    """Why an asynchronous run cannot run on several processes (hosts), or None: a multi-turn run trains in one
-    process (`multiturn_step.check_config`), and the adaptive schedule samples the whole step on each host
-    (`async_rollout.process_groups` shares rounds of G-sample groups only)."""
-    if cfg.data.environment is not None or cfg.data.tools:
-        return ("multi-turn runs (data.environment / data.tools) train in one process (one host), asynchronous or "
-                "not: run one process with mesh.distributed=false")
+    """Why an asynchronous run cannot run on several processes (hosts), or None: the adaptive schedule samples the
+    whole step on each host (`async_rollout.process_groups` shares rounds of G-sample groups only)."""
     if "adaptive" not in cfg.rollout.schedule:
         return None
     return (f"rollout.schedule={cfg.rollout.schedule} with asynchronous rollouts runs on one host so far: set "

@@ -26,13 +26,17 @@ Asynchronous rollouts (``rollout.max_staleness``, ``mesh.rollout``: `jaxgrpo.asy
 turns and their rewards) in the rollout thread (`rollout`, with the lagged weights), 3 and 4 in the learner
 (`train_step`).
 
-On a learner mesh (``mesh.data`` / ``fsdp`` / ``tensor``, one process) the batch is split by groups over its batch
-axes as in a single-turn step and the simple loop samples over the mesh; the multi-turn engine samples on one device
-(``mesh.rollout=1``).
+On a learner mesh (``mesh.data`` / ``fsdp`` / ``tensor``) the batch is split by groups over its batch axes as in a
+single-turn step and the simple loop samples over the mesh; the multi-turn engine samples on one device
+(``mesh.rollout=1``). On several processes (hosts) each host runs a contiguous block of the step's prompts, their
+trajectories, tools and rewards, on rollout devices of its own (``mesh.rollout``, a multiple of the process count;
+one per host for the multi-turn engine), with the trajectories' own keys (``row_offset``: the rows those of one
+process), and the hosts swap the scored trajectories through the coordinator's key-value store
+(`sample_across_processes`): no tool runs twice.
 
-Not supported with multi-turn (one-line errors at startup, `check_config`): several processes
-(``mesh.distributed``: every host would run every trajectory's tools), the multi-turn engine on several devices
-(a learner mesh without ``mesh.rollout=1``, or ``mesh.rollout`` > 1), dynamic sampling
+Not supported with multi-turn (one-line errors at startup, `check_config`): several processes without rollout
+devices of their own (every host would run every trajectory's tools), the multi-turn engine on several devices of
+one process (a learner mesh without ``mesh.rollout=1``, or ``mesh.rollout`` > 1), dynamic sampling
 (``degenerate_groups=resample``), ``algo.overlong_buffer``, in-training evaluation (``train.eval_every``; run
 ``python -m jaxgrpo.eval`` on a checkpoint instead, which runs the turns) and ``data.template=plain``.
 """
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import pickle
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -56,6 +61,7 @@ from jaxgrpo.batch import Batch, global_batch, multiturn_batch
 from jaxgrpo.config_sections import Config
 from jaxgrpo.errors import ConfigError, RewardError
 from jaxgrpo.example import Example
+from jaxgrpo.groups import process_share
 from jaxgrpo.models.attention import DENSE, Kernel
 from jaxgrpo.rewards import Scorer
 from jaxgrpo.rollout import history, turn_driver
@@ -80,9 +86,10 @@ def reward_functions(cfg: Config) -> list[tuple[str, float]]:
 def check_config(cfg: Config) -> None:
     """One-line `ConfigError` for a setting the multi-turn step does not support (see the module docstring)."""
     m, a = cfg.mesh, cfg.algo
-    if m.distributed:
-        raise ConfigError("multi-turn rollouts (data.environment / data.tools) run in one process for now (every "
-                          "host would run every trajectory's tools); set mesh.distributed=false")  # fmt: skip
+    if m.distributed and not m.rollout:
+        raise ConfigError("multi-turn rollouts (data.environment / data.tools) on several hosts need rollout devices "
+                          "on every host (each host runs its share of the trajectories and their tools): set "
+                          "mesh.rollout to a multiple of the process count")  # fmt: skip
     if m.data * m.fsdp * m.tensor > 1 and not m.rollout and cfg.rollout.turn_engine:
         raise ConfigError("rollout.turn_engine=true samples on one device, but the learner's mesh would be its "
                           "devices; set rollout.turn_engine=false (the simple loop samples over the mesh) or "
@@ -180,14 +187,15 @@ class MultiTurn:
                 "rollout.max_new_tokens")  # fmt: skip
 
     def sample(self, model_config: models.ModelConfig, params: Any, examples: Sequence[Example], key: jax.Array,
-               scorer: Scorer | None, mesh: Any = None) -> Scored:  # fmt: skip
+               scorer: Scorer | None, mesh: Any = None, row_offset: int = 0) -> Scored:  # fmt: skip
         """G trajectories per example, scored (rewards as in the module docstring). ``mesh``: the simple loop's
         sampler runs over its batch axes (`sampling.generate` on the mesh; an asynchronous run's ``mesh.rollout``
-        devices), ``params`` placed on it."""
+        devices), ``params`` placed on it. ``row_offset``: the first trajectory's row in the step's whole rollout
+        (a host's share of one split over hosts draws what the whole would)."""
         r = self.cfg.rollout
         g = r.group_size
         kw = dict(group_size=g, settings=self.settings, eos_token_ids=self.eos_token_ids, key=key,
-                  system_prompt=self.cfg.data.system_prompt)  # fmt: skip
+                  system_prompt=self.cfg.data.system_prompt, row_offset=row_offset)  # fmt: skip
         if self.generate is None and r.turn_engine:
             out, stats = turn_driver.rollout(model_config, params, self.tokenizer, self.toolbox, self.runner,
                                              examples, block=r.decode_block, prompt_width=self.prompt_width,
@@ -241,8 +249,8 @@ class MultiTurn:
         batch = multiturn_batch(out, scored.rewards, scored.valid, width, completion, pad_id)
         if self.cfg.algo.overlong_filter:  # a trajectory stopped by a limit, not by an answer, leaves the loss
             batch = batch.replace(truncated=jnp.asarray([h.truncated for h in out.histories], bool))
-        if self.mesh is not None:  # split by groups over the learner's batch axes (one process)
-            batch = global_batch(batch, self.mesh)
+        if self.mesh is not None:  # split by groups over the learner's batch axes (this process's groups)
+            batch = global_batch(process_share(batch, len(lengths)), self.mesh)
         return batch, lengths
 
     def packed_width(self, lengths: Sequence[int], width: int, perf: Any) -> int:
@@ -281,9 +289,50 @@ def rollout(trainer: Any, step: int) -> tuple[Scored, dict[str, float]]:
     mt: MultiTurn = trainer.multiturn
     key = jax.random.fold_in(jax.random.fold_in(trainer.key, step), 0)
     examples = [trainer.examples[i] for i in trainer.iterator.next_batch()]
-    scored = mt.sample(trainer.model_config, trainer.sampler_params(), examples, key, trainer.scorer,
-                       mesh=trainer.rollout_mesh)  # the learner's mesh, or mesh.rollout's devices when > 1
-    return scored, {**step_metrics(scored, trainer.cfg.rollout.group_size), **mt.rollout_stats}
+    if jax.process_count() > 1:
+        scored, stats = sample_across_processes(trainer, examples, key)
+    else:
+        scored = mt.sample(trainer.model_config, trainer.sampler_params(), examples, key, trainer.scorer,
+                           mesh=trainer.rollout_mesh)  # the learner's mesh, or mesh.rollout's devices when > 1
+        stats = mt.rollout_stats
+    return scored, {**step_metrics(scored, trainer.cfg.rollout.group_size), **stats}
+
+
+def sample_across_processes(trainer: Any, examples: list[Example], key: jax.Array
+                            ) -> tuple[Scored, dict[str, float]]:  # fmt: skip
+    """One step's rollout on several processes: this host runs its block of ``examples`` (`async_rollout.host_share`)
+    on its rollout devices, their tools in its tool workers and their rewards in its reward workers, its rows drawing
+    with their ids in the whole rollout (``row_offset``); the hosts swap the scored trajectories (`async_rollout.swap`)
+    and every host returns the whole step's `Scored`, the same on every host. The environments stay where their tools
+    ran (``episodes`` is empty). Metrics: the engine's are the mean over the hosts; ``reward/timeouts`` and
+    ``time/reward_s`` the sum and the longest of the hosts', ``reward/invalid_frac`` over all rows."""
+    from jaxgrpo import async_rollout
+
+    mt: MultiTurn = trainer.multiturn
+    g = trainer.cfg.rollout.group_size
+    mine = async_rollout.host_share(len(examples))
+
+    def sample() -> bytes:
+        if not len(mine):
+            return b""
+        sc = mt.sample(trainer.model_config, trainer.sampler_params(), [examples[i] for i in mine], key,
+                       trainer.scorer, mesh=trainer.rollout_mesh, row_offset=int(mine[0]) * g)  # fmt: skip
+        o = sc.rollout
+        return pickle.dumps(dict(prompt_ids=o.prompt_ids, histories=o.histories, messages=o.messages,
+                                 answers=o.answers, rewards=sc.rewards, valid=sc.valid, engine=mt.rollout_stats,
+                                 reward=trainer.scorer.take_stats() if trainer.scorer is not None else {}))  # fmt: skip
+
+    parts = [pickle.loads(b) for b in async_rollout.swap(trainer, sample) if b]  # (the job's own processes)
+    cat = lambda f: [x for p in parts for x in p[f]]  # noqa: E731
+    out = MT.MultiTurnRollout(cat("prompt_ids"), cat("histories"), [], cat("messages"), cat("answers"))
+    rewards, valid = (np.concatenate([p[f] for p in parts]) for f in ("rewards", "valid"))
+    stats = {k: float(np.mean([p["engine"][k] for p in parts])) for k in parts[0]["engine"]}
+    if parts[0]["reward"]:
+        rw, rows = [p["reward"] for p in parts], [p["rewards"].size for p in parts]
+        stats.update({"reward/timeouts": sum(r["reward/timeouts"] for r in rw),
+                      "time/reward_s": max(r["time/reward_s"] for r in rw),
+                      "reward/invalid_frac": float(np.average([r["reward/invalid_frac"] for r in rw], weights=rows))})
+    return Scored(out, list(examples), rewards, valid), stats
 
 
 def train_step(trainer: Any, step: int) -> dict[str, float]:

@@ -247,7 +247,7 @@ def test_an_environment_reward_that_raises_in_the_rollout_thread_stops_at_its_st
 
 def test_what_remains_refused_is_one_line(smollm2_gguf):
     for over, msg in [(["mesh.rollout=2", "rollout.turn_engine=true"], "the multi-turn engine samples on one device"),
-                      (["rollout.max_staleness=1", "mesh.distributed=true"], "train in one process")]:
+                      (["rollout.max_staleness=1", "mesh.distributed=true"], "need rollout devices on every host")]:
         with pytest.raises(config_lib.ConfigError, match=msg) as info:
             small(smollm2_gguf, *over)
         assert "\n" not in str(info.value)
@@ -258,6 +258,10 @@ def test_several_processes_are_refused_even_without_mesh_distributed(smollm2_ggu
     cfg = small(smollm2_gguf, "rollout.max_staleness=1")
     assert async_rollout.device_groups(cfg)[2] is not None  # one process: accepted
     monkeypatch.setattr(async_rollout.jax, "process_count", lambda: 2)
-    with pytest.raises(config_lib.ConfigError, match="multi-turn runs .* train in one process") as info:
-        async_rollout.device_groups(cfg)
-    assert "\n" not in str(info.value)
+    engine = ["rollout.turn_engine=true", "mesh.fsdp=2", "mesh.rollout=4", "mesh.distributed=true"]
+    for over, msg in [(["rollout.max_staleness=1"], "an asynchronous run on 2 processes needs rollout devices"),
+                      ([], "multi-turn rollouts on 2 processes need rollout devices on every host"),
+                      (engine, "rollout.turn_engine=true samples on one device of each host, but mesh.rollout=4")]:
+        with pytest.raises(config_lib.ConfigError, match=msg) as info:
+            async_rollout.device_groups(small(smollm2_gguf, *over))
+        assert "\n" not in str(info.value)

@@ -410,7 +410,7 @@ def test_a_learner_mesh_trains_the_one_device_run(smollm2_gguf, tmp_path, monkey
 
 
 @pytest.mark.parametrize("extra, match", [
-    (["mesh.distributed=true"], "run in one process for now"),
+    (["mesh.distributed=true"], "on several hosts need rollout devices on every host"),
     (["mesh.data=2", ENGINE], "rollout.turn_engine=true samples on one device"),
     (["algo.degenerate_groups=resample"], "degenerate_groups=resample is not supported"),
     (["train.eval_every=1"], "python -m jaxgrpo.eval"),

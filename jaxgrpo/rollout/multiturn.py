@@ -69,8 +69,9 @@ class TurnSettings:
 
 @dataclasses.dataclass
 class MultiTurnRollout:
-    """``B = P * G`` trajectories, prompt-major: their histories (after the group's shared prompt), episodes,
-    conversations (messages, for logs) and answers (the text of the last policy turn, for reward functions)."""
+    """``B = P * G`` trajectories, prompt-major: their histories (after the group's shared prompt), episodes (empty
+    once a rollout sampled on several hosts is gathered: they stay where their tools ran), conversations (messages,
+    for logs) and answers (the text of the last policy turn, for reward functions)."""
 
     prompt_ids: list[list[int]]  # [P] the group's shared prompt
     histories: list[TurnHistory]  # [B]
