@@ -16,11 +16,25 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_multiturn_train import ENGINE, calculating_policy, small, tok  # noqa: F401 (a fixture)
+from test_multiturn_train import ENGINE, calculating_policy, small
 
 from jaxgrpo import metrics_log, multiturn_step, trainer
 
 BASE = ["train.steps=2", "checkpoint.every=0"]
+
+
+def fingerprinted(step_metrics):
+    """`multiturn_step.step_metrics` plus ``test/tokens``, a fingerprint of every trajectory's tokens in order (the
+    tiny random model's other metrics hardly depend on which tokens it drew)."""
+
+    def metrics(scored, group_size):
+        tokens = [t for h in scored.rollout.histories for t in h.tokens]
+        return {**step_metrics(scored, group_size), "test/tokens": float(np.dot(np.arange(1, len(tokens) + 1) % 997,
+                                                                                 tokens))}  # fmt: skip
+
+    return metrics
+
+
 ENGINE_ARGS = [ENGINE, "rollout.prompts_per_step=6", "mesh.distributed=true"]  # 12 trajectories a step
 LOOP_ARGS = ["rollout.prompts_per_step=4", "rollout.max_staleness=1"]  # 8 trajectories a step
 
@@ -30,8 +44,9 @@ from jaxgrpo import multiturn_step, trainer
 from jaxgrpo.build import load_tokenizer, resolve_model_path
 from jaxgrpo.rollout import tools
 from test_multiturn_train import calculating_policy, small
-from test_multiturn_multihost import BASE, ENGINE_ARGS, LOOP_ARGS
+from test_multiturn_multihost import BASE, ENGINE_ARGS, LOOP_ARGS, fingerprinted
 gguf, runs = resolve_model_path("smollm2"), pathlib.Path(out).parent
+multiturn_step.step_metrics = fingerprinted(multiturn_step.step_metrics)
 calls, real_run = [], tools.ToolRunner.run
 
 def run(self, batch, toolsets):  # the tool calls this host runs
@@ -62,12 +77,18 @@ def assert_same_run(got: list[dict], want: list[dict]) -> None:
 
 
 @pytest.mark.slow
-def test_two_hosts_run_the_one_process_multiturn_run(smollm2_gguf, tok, tmp_path, monkeypatch):
+def test_two_hosts_run_the_one_process_multiturn_run(smollm2_gguf, tmp_path, monkeypatch):
     from multihost import run_two_processes
 
+    from jaxgrpo.build import load_tokenizer
+
     run_two_processes(BODY, tmp_path)
+    monkeypatch.setattr(multiturn_step, "step_metrics", fingerprinted(multiturn_step.step_metrics))
     trainer.run(small(smollm2_gguf, *BASE, *ENGINE_ARGS[:2]), tmp_path / "engine1")
-    assert_same_run(metrics_log.read_metrics(tmp_path / "engine"), metrics_log.read_metrics(tmp_path / "engine1"))
+    got, want = metrics_log.read_metrics(tmp_path / "engine"), metrics_log.read_metrics(tmp_path / "engine1")
+    assert_same_run(got, want)
+    assert got[0]["test/tokens"] != got[1]["test/tokens"]
+    tok = load_tokenizer(str(smollm2_gguf))
     monkeypatch.setattr(multiturn_step.MultiTurn, "generate", staticmethod(calculating_policy(tok, 0)))
     trainer.run(small(smollm2_gguf, *BASE, *LOOP_ARGS, "mesh.rollout=1"), tmp_path / "loop1")
     got, want = metrics_log.read_metrics(tmp_path / "loop"), metrics_log.read_metrics(tmp_path / "loop1")
