@@ -25,8 +25,9 @@ round on rollout devices of its own and the hosts swap rows through the coordina
 
 **Multi-turn** runs (``data.environment`` / ``data.tools``): ``trainer.rollout`` is the multi-turn rollout
 (`jaxgrpo.multiturn_step.rollout`), so the thread runs the turns, their tool calls (in the tool workers) and the
-rewards with the lagged weights; the multi-turn engine uses one device (``mesh.rollout`` ≤ 1), the simple turn loop
-samples over the ``mesh.rollout`` devices.
+rewards with the lagged weights; the multi-turn engine uses one device (``mesh.rollout`` ≤ 1, or one per host), the
+simple turn loop samples over the ``mesh.rollout`` devices; on several hosts each runs its block of the trajectories
+(`jaxgrpo.multiturn_step.sample_across_processes`).
 
 **Resume.** A checkpoint holds the prompt iterator's position (and the schedule's history) as of the last *trained*
 step, so the rollouts sampled ahead are dropped and drawn again after a resume: no prompt is lost or duplicated. The
