@@ -34,11 +34,14 @@ one per host for the multi-turn engine), with the trajectories' own keys (``row_
 process), and the hosts swap the scored trajectories through the coordinator's key-value store
 (`sample_across_processes`): no tool runs twice.
 
+Dynamic sampling (``algo.degenerate_groups=resample``) runs in rounds of P prompts, each a whole multi-turn rollout,
+until P informative groups are held or ``algo.resample_max_rounds`` rounds are spent (`rollout`).
+
 Not supported with multi-turn (one-line errors at startup, `check_config`): several processes without rollout
 devices of their own (every host would run every trajectory's tools), the multi-turn engine on several devices of
-one process (a learner mesh without ``mesh.rollout=1``, or ``mesh.rollout`` > 1), dynamic sampling
-(``degenerate_groups=resample``), ``algo.overlong_buffer``, in-training evaluation (``train.eval_every``; run
-``python -m jaxgrpo.eval`` on a checkpoint instead, which runs the turns) and ``data.template=plain``.
+one process (a learner mesh without ``mesh.rollout=1``, or ``mesh.rollout`` > 1), ``algo.overlong_buffer``,
+in-training evaluation (``train.eval_every``; run ``python -m jaxgrpo.eval`` on a checkpoint instead, which runs the
+turns) and ``data.template=plain``.
 """
 
 from __future__ import annotations
@@ -54,14 +57,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgrpo import diversity, models, padding, sampling
+from jaxgrpo import degeneracy, diversity, models, padding, sampling
 from jaxgrpo import step_batch as step_batch_lib
 from jaxgrpo import train_step as ts
 from jaxgrpo.batch import Batch, global_batch, multiturn_batch
 from jaxgrpo.config_sections import Config
 from jaxgrpo.errors import ConfigError, RewardError
 from jaxgrpo.example import Example
-from jaxgrpo.groups import process_share
+from jaxgrpo.groups import process_share, resample_metrics
 from jaxgrpo.models.attention import DENSE, Kernel
 from jaxgrpo.rewards import Scorer
 from jaxgrpo.rollout import history, turn_driver
@@ -94,9 +97,6 @@ def check_config(cfg: Config) -> None:
         raise ConfigError("rollout.turn_engine=true samples on one device, but the learner's mesh would be its "
                           "devices; set rollout.turn_engine=false (the simple loop samples over the mesh) or "
                           "mesh.rollout=1 (the engine on a device of its own)")  # fmt: skip
-    if a.degenerate_groups == "resample":
-        raise ConfigError("algo.degenerate_groups=resample is not supported with multi-turn rollouts "
-                          "(data.environment / data.tools); use keep or mask")  # fmt: skip
     if a.overlong_buffer is not None:
         raise ConfigError("algo.overlong_buffer is not supported with multi-turn rollouts (a trajectory's length "
                           "mixes policy and tool tokens); set algo.overlong_buffer=null")  # fmt: skip
@@ -285,17 +285,58 @@ def rollout(trainer: Any, step: int) -> tuple[Scored, dict[str, float]]:
     """Step ``step``'s rollout: P prompts from the trainer's iterator, G trajectories each with the key
     ``fold_in(fold_in(key(seed), step), 0)`` and the weights `trainer.sampler_params` gives (in an asynchronous run,
     the version the rollout thread was handed: `jaxgrpo.async_rollout`), scored; and its metrics (`step_metrics`, the
-    engine's ``rollout/*``). The rollout thread of an asynchronous run calls this through `Trainer.rollout`."""
-    mt: MultiTurn = trainer.multiturn
+    engine's ``rollout/*``). With ``algo.degenerate_groups=resample``, rounds of P more prompts (round r with
+    ``fold_in(key, r)``) until P informative groups are held or ``algo.resample_max_rounds`` rounds are spent; the P
+    groups trained are the informative ones in the order drawn, a shortfall filled with degenerate ones (which the
+    step masks), and ``tokens/sampled`` counts the policy tokens of every round (``resample/*`` as single-turn
+    runs'). The rollout thread of an asynchronous run calls this through `Trainer.rollout`."""
     key = jax.random.fold_in(jax.random.fold_in(trainer.key, step), 0)
+    a, g = trainer.cfg.algo, trainer.cfg.rollout.group_size
+    scored, stats = sample_round(trainer, key)
+    if a.degenerate_groups != "resample":
+        return scored, {**step_metrics(scored, g), **stats}
+    # DAPO's dynamic sampling in rounds of P prompts (Yu et al. 2025, arXiv:2503.14476; `jaxgrpo.dynamic_sampling`):
+    # round r draws with fold_in(key, r); a shortfall after the last round is filled with degenerate groups (masked)
+    pool, rounds, informative, degenerate = [scored], [stats], [], []
+    want = len(scored.examples)
+    while True:
+        deg = np.asarray(degeneracy.degenerate_mask(pool[-1].rewards, pool[-1].valid, atol=a.degenerate_atol,
+                                                    rtol=a.degenerate_rtol))  # fmt: skip
+        informative += [(len(pool) - 1, p) for p in np.flatnonzero(~deg)]
+        degenerate += [(len(pool) - 1, p) for p in np.flatnonzero(deg)]
+        if len(informative) >= want or len(pool) >= a.resample_max_rounds:
+            break
+        scored, stats = sample_round(trainer, jax.random.fold_in(key, len(pool)))
+        pool.append(scored)
+        rounds.append(stats)
+    kept = merge(pool, (informative + degenerate)[:want], g)
+    tokens = float(sum(sum(h.action) for s in pool for h in s.rollout.histories))
+    mean = {k: float(np.mean([s[k] for s in rounds])) for k in rounds[0]}  # the engine's figures per round
+    return kept, {**step_metrics(kept, g), **mean, **resample_metrics(len(pool), want * len(pool), want,
+                                                                        len(informative), len(degenerate), tokens)}
+
+
+def sample_round(trainer: Any, key: jax.Array) -> tuple[Scored, dict[str, float]]:
+    """P prompts from the trainer's iterator, G trajectories each, scored; and the sampler's metrics."""
+    mt: MultiTurn = trainer.multiturn
     examples = [trainer.examples[i] for i in trainer.iterator.next_batch()]
     if jax.process_count() > 1:
-        scored, stats = sample_across_processes(trainer, examples, key)
-    else:
-        scored = mt.sample(trainer.model_config, trainer.sampler_params(), examples, key, trainer.scorer,
-                           mesh=trainer.rollout_mesh)  # the learner's mesh, or mesh.rollout's devices when > 1
-        stats = mt.rollout_stats
-    return scored, {**step_metrics(scored, trainer.cfg.rollout.group_size), **stats}
+        return sample_across_processes(trainer, examples, key)
+    scored = mt.sample(trainer.model_config, trainer.sampler_params(), examples, key, trainer.scorer,
+                       mesh=trainer.rollout_mesh)  # the learner's mesh, or mesh.rollout's devices when > 1
+    return scored, mt.rollout_stats
+
+
+def merge(pool: list[Scored], picks: list[tuple[int, int]], group_size: int) -> Scored:
+    """Whole groups ``(round, prompt)`` of several rounds, in that order, as one `Scored` (the trajectories'
+    episodes kept where every round has them)."""
+    rows = [(r, p * group_size + j) for r, p in picks for j in range(group_size)]
+    each = lambda field: [getattr(pool[r].rollout, field)[i] for r, i in rows]  # noqa: E731
+    episodes = each("episodes") if all(s.rollout.episodes for s in pool) else []
+    out = MT.MultiTurnRollout([pool[r].rollout.prompt_ids[p] for r, p in picks], each("histories"), episodes,
+                              each("messages"), each("answers"))  # fmt: skip
+    return Scored(out, [pool[r].examples[p] for r, p in picks], np.stack([pool[r].rewards[p] for r, p in picks]),
+                  np.stack([pool[r].valid[p] for r, p in picks]))
 
 
 def sample_across_processes(trainer: Any, examples: list[Example], key: jax.Array

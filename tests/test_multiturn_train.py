@@ -365,6 +365,58 @@ def test_the_readme_environment_trains_on_its_own_reward(modules, smollm2_gguf, 
     assert seen and set(seen) == {Kernel("chunked", 8)}, seen
 
 
+def answering_by_row(tok):
+    """A scripted policy that answers at once: trajectory ``r`` (its row in the round, `sampling.generate`'s
+    ``key_ids``) is right iff it is its group's first (``r`` even, G = 2) and the question's first number is even. So
+    a group of an even first number is informative (one right, one wrong), of an odd one all wrong (degenerate)."""
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+
+    def generate(config, params, prompts, *, max_new_tokens, eos_token_ids, key, key_ids, **kw):
+        rows = []
+        for ctx, r in zip(prompts, key_ids, strict=True):
+            a, b = map(int, re.search(r"What is (\d+) \+ (\d+)\?", tok.decode(ctx)).groups())
+            wrong = not (a % 2 == 0 and r % 2 == 0)
+            rows.append(tok(f"The answer is {a + b + wrong}.", add_special_tokens=False)["input_ids"] + [eos])
+        return completions(rows, max_new_tokens)
+
+    return generate
+
+
+def test_dynamic_sampling_trains_the_informative_groups_of_its_rounds(smollm2_gguf, tok, tmp_path, monkeypatch):
+    """``degenerate_groups=resample`` with multi-turn: rounds of P = 2 prompts until 2 informative groups are held (at
+    most 4 rounds); each step trains the informative groups of its rounds, in the order drawn (a shortfall filled
+    with degenerate ones), and ``tokens/sampled`` counts the policy tokens of every round."""
+    monkeypatch.setattr(multiturn_step.MultiTurn, "generate", staticmethod(answering_by_row(tok)))
+    rounds, trained, real_sample, real_update = [], [], multiturn_step.MultiTurn.sample, trainer.Trainer.update
+
+    def sample(self, *args, **kw):
+        scored = real_sample(self, *args, **kw)
+        rounds.append(scored)
+        return scored
+
+    def update(self, step, batch, packed):
+        trained.append(np.asarray(batch.rewards))
+        return real_update(self, step, batch, packed)
+
+    monkeypatch.setattr(multiturn_step.MultiTurn, "sample", sample)
+    monkeypatch.setattr(trainer.Trainer, "update", update)
+    out = trainer.run(small(smollm2_gguf, "train.steps=4", "algo.degenerate_groups=resample",
+                            "data.rewards={gsm8k_lenient: 1.0}", "checkpoint.every=0"), tmp_path / "run")  # fmt: skip
+    assert len(out) == len(trained) == 4 and len(rounds) == sum(m["resample/rounds"] for m in out)
+    mixed = lambda r: r.max(-1) > r.min(-1)  # noqa: E731
+    first = 0
+    for m, batch in zip(out, trained):
+        step_rounds = rounds[first : first + int(m["resample/rounds"])]
+        first += int(m["resample/rounds"])
+        informative = [s.rewards[p] for s in step_rounds for p in np.flatnonzero(mixed(s.rewards))]
+        want = (informative + [s.rewards[p] for s in step_rounds for p in np.flatnonzero(~mixed(s.rewards))])[:2]
+        np.testing.assert_array_equal(batch, np.stack(want))  # the informative groups first, in the order drawn
+        assert m["resample/informative_frac"] == min(len(informative), 2) / 2
+        assert len(informative) >= 2 or m["resample/rounds"] == 4  # stopped at 2 informative groups, or at 4 rounds
+        assert m["tokens/sampled"] == sum(sum(h.action) for s in step_rounds for h in s.rollout.histories)
+    assert any(m["resample/rounds"] > 1 for m in out) and all(m["resample/informative_frac"] > 0 for m in out)
+
+
 @pytest.mark.slow
 def test_a_learner_mesh_trains_the_one_device_run(smollm2_gguf, tmp_path, monkeypatch):
     """The learner on a 4 x 2 data x fsdp mesh of the 8 devices (the simple turn loop sampling over it, the batch split
@@ -412,7 +464,6 @@ def test_a_learner_mesh_trains_the_one_device_run(smollm2_gguf, tmp_path, monkey
 @pytest.mark.parametrize("extra, match", [
     (["mesh.distributed=true"], "on several hosts need rollout devices on every host"),
     (["mesh.data=2", ENGINE], "rollout.turn_engine=true samples on one device"),
-    (["algo.degenerate_groups=resample"], "degenerate_groups=resample is not supported"),
     (["train.eval_every=1"], "python -m jaxgrpo.eval"),
     (["algo.overlong_buffer=4"], "overlong_buffer=null"),
 ])  # fmt: skip
