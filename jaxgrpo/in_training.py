@@ -43,14 +43,30 @@ def retain_examples(tr: Any, rs: Any) -> list[data_lib.Example]:
 def evaluate_held_out(tr: Any, step: int) -> dict[str, float]:
     """The trainer's ``train.eval_every`` evaluation (``tr`` a `jaxgrpo.trainer.Trainer`): pass@1 / pass@G and
     measured vs i.i.d. degeneracy at G on `train.eval_examples` held-out prompts (`held_out_examples`), sampled
-    like the rollouts; written to <run_dir>/eval/step<N>/ too."""
+    like the rollouts (a multi-turn run's through its turns, `jaxgrpo.multiturn_step.evaluate`: ``eval/multiturn/*``
+    adds their turns and tool calls); written to <run_dir>/eval/step<N>/ too."""
     r = tr.cfg.rollout
+    key = jax.random.fold_in(jax.random.fold_in(tr.key, step), 1)
+    if tr.multiturn is not None:
+        from jaxgrpo import multiturn_step  # (it imports jaxgrpo.eval)
+
+        result = multiturn_step.evaluate(
+            tr.cfg, tr.model_config, tr.state.params, tr.tokenizer, held_out_examples(tr),
+            eval_lib.correctness_reward(tr.cfg, None), num_samples=r.group_size, group_sizes=[r.group_size], key=key,
+            summarize=eval_lib.summarize, attention=tr.prefill_attention, mesh=tr.mesh)  # fmt: skip
+        return _report(tr, step, result) | {f"eval/multiturn/{k.split('/', 1)[-1]}": v
+                                            for k, v in result["multiturn"].items()}  # fmt: skip
     result = eval_lib.evaluate(
         tr.model_config, tr.state.params, tr.tokenizer, held_out_examples(tr),
         eval_lib.correctness_reward(tr.cfg, None), num_samples=r.group_size, group_sizes=[r.group_size],
-        key=jax.random.fold_in(jax.random.fold_in(tr.key, step), 1), max_new_tokens=r.max_new_tokens,
+        key=key, max_new_tokens=r.max_new_tokens,
         temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, eos_token_ids=tr.eos_token_ids,
         data_config=tr.cfg.data, mesh=tr.mesh, attention=tr.prefill_attention)
+    return _report(tr, step, result)
+
+
+def _report(tr: Any, step: int, result: dict[str, Any]) -> dict[str, float]:
+    """The evaluation's report written to <run_dir>/eval/step<N>/ and its ``eval/*`` metrics."""
     eval_lib.write_report(result, tr.run_dir / "eval" / f"step{step}")
     (deg,) = result["degeneracy"]
     out = {f"eval/pass@{k}": v for k, v in result["pass@k"].items()}

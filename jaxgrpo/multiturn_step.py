@@ -40,8 +40,9 @@ until P informative groups are held or ``algo.resample_max_rounds`` rounds are s
 Not supported with multi-turn (one-line errors at startup, `check_config`): several processes without rollout
 devices of their own (every host would run every trajectory's tools), the multi-turn engine on several devices of
 one process (a learner mesh without ``mesh.rollout=1``, or ``mesh.rollout`` > 1), ``algo.overlong_buffer``,
-in-training evaluation (``train.eval_every``; run ``python -m jaxgrpo.eval`` on a checkpoint instead, which runs the
-turns) and ``data.template=plain``.
+in-training evaluation on several hosts (``train.eval_every``; run ``python -m jaxgrpo.eval`` on a checkpoint
+instead, which runs the turns) and ``data.template=plain``. On one host, ``train.eval_every`` evaluates the held-out
+split through the turns (`evaluate`, `jaxgrpo.in_training.evaluate_held_out`).
 """
 
 from __future__ import annotations
@@ -100,9 +101,10 @@ def check_config(cfg: Config) -> None:
     if a.overlong_buffer is not None:
         raise ConfigError("algo.overlong_buffer is not supported with multi-turn rollouts (a trajectory's length "
                           "mixes policy and tool tokens); set algo.overlong_buffer=null")  # fmt: skip
-    if cfg.train.eval_every:
-        raise ConfigError("train.eval_every with multi-turn rollouts is not supported; set train.eval_every=0 and "
-                          "evaluate a checkpoint with python -m jaxgrpo.eval --run-dir DIR (it runs the turns)")
+    if cfg.train.eval_every and m.distributed:
+        raise ConfigError("train.eval_every with multi-turn rollouts runs in one process (each host would run every "
+                          "evaluation trajectory's tools); set train.eval_every=0 and evaluate a checkpoint with "
+                          "python -m jaxgrpo.eval --run-dir DIR (it runs the turns)")  # fmt: skip
     if cfg.data.template != "chat":
         raise ConfigError("multi-turn rollouts need the chat template (tools and tool replies are chat messages); "
                           "set data.template=chat")  # fmt: skip
@@ -395,6 +397,8 @@ def train_step(trainer: Any, step: int) -> dict[str, float]:
     metrics.update(extra)
     metrics["time/sample_s"], metrics["time/train_s"] = t1 - t0, t2 - t1
     metrics["throughput/tokens_per_s"] = metrics["tokens/sampled"] / max(t2 - t0, 1e-9)
+    if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0:
+        metrics.update(trainer.evaluate(step + 1))
     if trainer.retain_sets and cfg.train.retain_every and (step + 1) % cfg.train.retain_every == 0:
         metrics.update(trainer.retain(step + 1))
     g = cfg.rollout.group_size
@@ -407,12 +411,13 @@ def train_step(trainer: Any, step: int) -> dict[str, float]:
 def evaluate(cfg: Config, model_config: models.ModelConfig, params: Any, tokenizer: Any, examples: Sequence[Example],
              reward: str, *, num_samples: int, group_sizes: Sequence[int], key: jax.Array, prompts_per_batch: int = 32,
              success_threshold: float = 0.5, summarize: Callable[..., dict[str, Any]],
-             attention: Kernel = DENSE) -> dict[str, Any]:  # fmt: skip
+             attention: Kernel = DENSE, mesh: Any = None) -> dict[str, Any]:  # fmt: skip
     """`jaxgrpo.eval.evaluate` for a multi-turn config: ``num_samples`` trajectories per example through the turn
     loop, each scored by ``reward`` alone (a reward function of its final answer, or ``environment``: its
     environment's ``get_reward()``); success = reward >= ``success_threshold``. Returns ``summarize``'s
     (`jaxgrpo.eval.summarize`, passed in: eval imports this module) pass@k and degeneracy, ``mean_reward``, the
-    `history.metrics` of all trajectories and a few samples. ``attention``: the prefills' kernel."""
+    `history.metrics` of all trajectories and a few samples. ``attention``: the prefills' kernel. ``mesh``: the
+    simple loop samples over it (a training run's learner mesh, ``params`` placed on it)."""
     from jaxgrpo import build
 
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, rewards={reward: 1.0}),
@@ -424,7 +429,7 @@ def evaluate(cfg: Config, model_config: models.ModelConfig, params: Any, tokeniz
     try:
         for b, start in enumerate(range(0, len(examples), prompts_per_batch)):
             batch = list(examples[start : start + prompts_per_batch])
-            scored = mt.sample(model_config, params, batch, jax.random.fold_in(key, b), scorer)
+            scored = mt.sample(model_config, params, batch, jax.random.fold_in(key, b), scorer, mesh=mesh)
             rewards.append(scored.rewards)
             hists += scored.rollout.histories
             for p, ex in enumerate(batch[: max(0, 4 - len(samples))]):

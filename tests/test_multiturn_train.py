@@ -417,6 +417,24 @@ def test_dynamic_sampling_trains_the_informative_groups_of_its_rounds(smollm2_gg
     assert any(m["resample/rounds"] > 1 for m in out) and all(m["resample/informative_frac"] > 0 for m in out)
 
 
+@pytest.mark.parametrize("offset, rate", [(0, 1.0), (1, 0.0)])
+def test_the_in_training_evaluation_runs_the_turns(smollm2_gguf, tok, tmp_path, monkeypatch, offset, rate):
+    """``train.eval_every`` on a multi-turn run: the held-out prompts run through the turns (the scripted policy calls
+    the calculator once, then answers right or wrong by ``offset``), scored by the correctness reward; the ``eval/*``
+    metrics and the report under eval/step<N>/ say so."""
+    import json
+
+    monkeypatch.setattr(multiturn_step.MultiTurn, "generate", staticmethod(calculating_policy(tok, offset)))
+    out = trainer.run(small(smollm2_gguf, "train.steps=2", "train.eval_every=2", "train.eval_examples=3",
+                            "checkpoint.every=0"), tmp_path / "run")  # fmt: skip
+    assert "eval/pass@1" not in out[0]
+    m = out[1]
+    assert m["eval/pass@1"] == m["eval/pass@2"] == rate and m["eval/mean_reward"] == rate
+    assert m["eval/multiturn/tool_calls"] == 1.0 and m["eval/multiturn/turns"] == 2.0
+    report = json.loads((tmp_path / "run" / "eval" / "step2" / "eval.json").read_text())
+    assert report["num_prompts"] == 3 and report["multiturn"]["multiturn/tool_calls"] == 1.0
+
+
 @pytest.mark.slow
 def test_a_learner_mesh_trains_the_one_device_run(smollm2_gguf, tmp_path, monkeypatch):
     """The learner on a 4 x 2 data x fsdp mesh of the 8 devices (the simple turn loop sampling over it, the batch split
@@ -464,7 +482,7 @@ def test_a_learner_mesh_trains_the_one_device_run(smollm2_gguf, tmp_path, monkey
 @pytest.mark.parametrize("extra, match", [
     (["mesh.distributed=true"], "on several hosts need rollout devices on every host"),
     (["mesh.data=2", ENGINE], "rollout.turn_engine=true samples on one device"),
-    (["train.eval_every=1"], "python -m jaxgrpo.eval"),
+    (["train.eval_every=1", "mesh.distributed=true", "mesh.rollout=2"], "python -m jaxgrpo.eval"),
     (["algo.overlong_buffer=4"], "overlong_buffer=null"),
 ])  # fmt: skip
 def test_unsupported_settings_are_one_line_errors(smollm2_gguf, tmp_path, extra, match):
