@@ -299,9 +299,13 @@ def _validate_objective(cfg: Config) -> None:
              ">= 0 or null (= algo.clip_high)")
     _require(a.dual_clip is None or a.objective in ("ppo", "clip_cov"), "algo.dual_clip", a.dual_clip,
              f"null with algo.objective={a.objective} (dual-clip caps the clipped PPO loss only)")
-    m = cfg.rollout.max_new_tokens
+    r = cfg.rollout
+    m, limit = r.max_new_tokens, f"rollout.max_new_tokens={r.max_new_tokens}"
+    if cfg.data.environment is not None or cfg.data.tools:  # multi-turn: the token budget after the prompt
+        m = r.max_total_tokens if r.max_total_tokens is not None else r.max_turns * r.max_new_tokens
+        limit = f"the token budget (rollout.max_total_tokens, else max_turns × max_new_tokens) = {m}"
     _require(a.overlong_buffer is None or 1 <= a.overlong_buffer <= m, "algo.overlong_buffer", a.overlong_buffer,
-             f"in [1, rollout.max_new_tokens={m}] (tokens of the soft punishment interval) or null (off)")
+             f"in [1, {limit}] (tokens of the soft punishment interval) or null (off)")
 
 
 def _divisible_fix(prompts: int, parts: int, accum: int) -> str:

@@ -39,8 +39,8 @@ until P informative groups are held or ``algo.resample_max_rounds`` rounds are s
 
 Not supported with multi-turn (one-line errors at startup, `check_config`): several processes without rollout
 devices of their own (every host would run every trajectory's tools), the multi-turn engine on several devices of
-one process (a learner mesh without ``mesh.rollout=1``, or ``mesh.rollout`` > 1), ``algo.overlong_buffer``,
-in-training evaluation on several hosts (``train.eval_every``; run ``python -m jaxgrpo.eval`` on a checkpoint
+one process (a learner mesh without ``mesh.rollout=1``, or ``mesh.rollout`` > 1), in-training evaluation on several
+hosts (``train.eval_every``; run ``python -m jaxgrpo.eval`` on a checkpoint
 instead, which runs the turns) and ``data.template=plain``. On one host, ``train.eval_every`` evaluates the held-out
 split through the turns (`evaluate`, `jaxgrpo.in_training.evaluate_held_out`).
 """
@@ -58,7 +58,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgrpo import degeneracy, diversity, models, padding, sampling
+from jaxgrpo import degeneracy, diversity, models, objectives, padding, sampling
 from jaxgrpo import step_batch as step_batch_lib
 from jaxgrpo import train_step as ts
 from jaxgrpo.batch import Batch, global_batch, multiturn_batch
@@ -89,7 +89,7 @@ def reward_functions(cfg: Config) -> list[tuple[str, float]]:
 
 def check_config(cfg: Config) -> None:
     """One-line `ConfigError` for a setting the multi-turn step does not support (see the module docstring)."""
-    m, a = cfg.mesh, cfg.algo
+    m = cfg.mesh
     if m.distributed and not m.rollout:
         raise ConfigError("multi-turn rollouts (data.environment / data.tools) on several hosts need rollout devices "
                           "on every host (each host runs its share of the trajectories and their tools): set "
@@ -98,9 +98,6 @@ def check_config(cfg: Config) -> None:
         raise ConfigError("rollout.turn_engine=true samples on one device, but the learner's mesh would be its "
                           "devices; set rollout.turn_engine=false (the simple loop samples over the mesh) or "
                           "mesh.rollout=1 (the engine on a device of its own)")  # fmt: skip
-    if a.overlong_buffer is not None:
-        raise ConfigError("algo.overlong_buffer is not supported with multi-turn rollouts (a trajectory's length "
-                          "mixes policy and tool tokens); set algo.overlong_buffer=null")  # fmt: skip
     if cfg.train.eval_every and m.distributed:
         raise ConfigError("train.eval_every with multi-turn rollouts runs in one process (each host would run every "
                           "evaluation trajectory's tools); set train.eval_every=0 and evaluate a checkpoint with "
@@ -221,6 +218,10 @@ class MultiTurn:
             env = np.array([self._env_reward(ep, i, rows[i]) for i, ep in enumerate(out.episodes)])
             valid = valid & np.isfinite(env)
             rewards = np.where(valid, rewards + self.env_weight * np.nan_to_num(env), 0.0).astype(np.float32)
+        if self.cfg.algo.overlong_buffer is not None:  # DAPO's soft punishment of the tokens the token budget counts
+            pen = objectives.overlong_penalty(trajectory_lengths(out.histories), self.settings.budget,
+                                              self.cfg.algo.overlong_buffer)  # fmt: skip
+            rewards = np.where(valid, rewards + pen, 0.0).astype(np.float32)
         return Scored(out, list(examples), rewards.reshape(-1, g), valid.reshape(-1, g))
 
     def _env_reward(self, episode: Any, i: int, example: Example) -> float:
@@ -267,6 +268,12 @@ class MultiTurn:
 
     def close(self) -> None:
         self.runner.close()
+
+
+def trajectory_lengths(histories: Sequence[Any]) -> np.ndarray:
+    """Each trajectory's tokens after its prompt (policy, template and tool tokens): what ``max_total_tokens``, the
+    token budget, counts, and so what DAPO's overlong shaping measures on a multi-turn run."""
+    return np.array([len(h.tokens) for h in histories])
 
 
 def step_metrics(scored: Scored, group_size: int) -> dict[str, float]:
@@ -395,6 +402,10 @@ def train_step(trainer: Any, step: int) -> dict[str, float]:
     if trainer.producer is not None:
         trainer.producer.mark("learner", step, t1, t2)
     metrics.update(extra)
+    hs, a = scored.rollout.histories, cfg.algo
+    metrics.update(objectives.overlong_metrics(trajectory_lengths(hs), np.array([h.truncated for h in hs]),
+                                               scored.valid, mt.settings.budget, a.overlong_filter,
+                                               a.overlong_buffer))  # fmt: skip
     metrics["time/sample_s"], metrics["time/train_s"] = t1 - t0, t2 - t1
     metrics["throughput/tokens_per_s"] = metrics["tokens/sampled"] / max(t2 - t0, 1e-9)
     if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0:
@@ -421,7 +432,8 @@ def evaluate(cfg: Config, model_config: models.ModelConfig, params: Any, tokeniz
     from jaxgrpo import build
 
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, rewards={reward: 1.0}),
-                              rollout=dataclasses.replace(cfg.rollout, group_size=num_samples))  # fmt: skip
+                              rollout=dataclasses.replace(cfg.rollout, group_size=num_samples),
+                              algo=dataclasses.replace(cfg.algo, overlong_buffer=None))  # success: the reward alone
     mt = MultiTurn(cfg, tokenizer, model_config, build.eos_ids(model_config, tokenizer), examples, attention)
     scorer = Scorer(reward_functions(cfg)) if reward != ENV_REWARD else None
     params = models.compute_params(model_config, params)

@@ -309,8 +309,8 @@ def _no_model(monkeypatch):
                               r"set rollout.prompts_per_step=6"),
     (["data.num_examples=6", "algo.grad_accum_steps=4"], r"set rollout.prompts_per_step=4 \(a multiple of 4"),
     (["data.source=gsm8k", "data.path=/nonexistent/gsm8k", "data.rewards={gsm8k: 1.0}"], "/nonexistent/gsm8k"),
-    (["data.tools=[jaxgrpo.rollout.tools:calculator]", "algo.overlong_buffer=1"],
-     "overlong_buffer is not supported with multi-turn"),
+    (["data.tools=[jaxgrpo.rollout.tools:calculator]", "data.template=plain"],
+     "multi-turn rollouts need the chat template"),
     (["data.tools=[json:dumps]"], "tool dumps has no usable JSON schema"),
 ])
 def test_data_checks_run_before_the_model_and_leave_no_run_dir(tmp_path, monkeypatch, extra, match):

@@ -417,6 +417,29 @@ def test_dynamic_sampling_trains_the_informative_groups_of_its_rounds(smollm2_gg
     assert any(m["resample/rounds"] > 1 for m in out) and all(m["resample/informative_frac"] > 0 for m in out)
 
 
+def test_overlong_shaping_punishes_the_tokens_the_budget_counts(smollm2_gguf, tok, tmp_path, monkeypatch):
+    """``algo.overlong_buffer`` on a multi-turn run: DAPO's soft punishment of each trajectory's tokens after its
+    prompt against the token budget (here max_turns × max_new_tokens = 64, the whole of it the buffer, so the
+    punishment is -length / 64), added to the rule reward; the evaluation scores the reward alone."""
+    monkeypatch.setattr(multiturn_step.MultiTurn, "generate", staticmethod(calculating_policy(tok, 0)))
+    seen, real_sample = [], multiturn_step.MultiTurn.sample
+
+    def sample(self, *args, **kw):
+        seen.append(real_sample(self, *args, **kw))
+        return seen[-1]
+
+    monkeypatch.setattr(multiturn_step.MultiTurn, "sample", sample)
+    (m,) = trainer.run(small(smollm2_gguf, "train.steps=1", "algo.overlong_buffer=64", "train.eval_every=1",
+                             "train.eval_examples=2", "data.rewards={gsm8k_lenient: 1.0}", "checkpoint.every=0"),
+                       tmp_path / "run")  # fmt: skip
+    rollout, evaluation = seen  # the step's, then the held-out evaluation's
+    lengths = np.array([len(h.tokens) for h in rollout.rollout.histories], np.float32)
+    assert all(h.tool_calls == 1 for h in rollout.rollout.histories) and lengths.min() > 20  # call, reply, answer
+    np.testing.assert_allclose(rollout.rewards.ravel(), 1.0 - lengths / 64, rtol=1e-6)
+    np.testing.assert_allclose(m["overlong/penalty_mean"], -lengths.mean() / 64, rtol=1e-5)
+    assert (evaluation.rewards == 1.0).all() and m["eval/mean_reward"] == 1.0
+
+
 @pytest.mark.parametrize("offset, rate", [(0, 1.0), (1, 0.0)])
 def test_the_in_training_evaluation_runs_the_turns(smollm2_gguf, tok, tmp_path, monkeypatch, offset, rate):
     """``train.eval_every`` on a multi-turn run: the held-out prompts run through the turns (the scripted policy calls
@@ -483,7 +506,7 @@ def test_a_learner_mesh_trains_the_one_device_run(smollm2_gguf, tmp_path, monkey
     (["mesh.distributed=true"], "on several hosts need rollout devices on every host"),
     (["mesh.data=2", ENGINE], "rollout.turn_engine=true samples on one device"),
     (["train.eval_every=1", "mesh.distributed=true", "mesh.rollout=2"], "python -m jaxgrpo.eval"),
-    (["algo.overlong_buffer=4"], "overlong_buffer=null"),
+    (["algo.overlong_buffer=65"], r"overlong_buffer must be in \[1, the token budget .* = 64\]"),
 ])  # fmt: skip
 def test_unsupported_settings_are_one_line_errors(smollm2_gguf, tmp_path, extra, match):
     with pytest.raises(config_lib.ConfigError, match=match) as info:
