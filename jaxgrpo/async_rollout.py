@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import sys
 import threading
 import time
@@ -283,15 +284,15 @@ def host_share(count: int) -> np.ndarray:
 def swap(tr: Any, make: Any) -> list[bytes]:
     """Every process's ``make()`` (its share of a round, as bytes), in process order, through the coordinator's
     key-value store (`jaxgrpo.host.exchange`: no device, no program across processes). A host whose ``make`` failed
-    still takes part in the swap, so every host raises at the same round (this host its own exception, the others
-    one line naming the process that failed)."""
+    still takes part in the swap, so every host raises at the same round: this host its own exception, the others
+    one line naming the process that failed (`raise_failed`)."""
     from jaxgrpo import host
 
     payload, failure = b"", None
     try:
         payload = make()
     except Exception as e:  # (the others must not wait for this host's share forever)
-        failure, payload = e, b"!" + f"{type(e).__name__}: {e}".encode()
+        failure, payload = e, failure_part(e)
     i = next(_EXCHANGES)  # the same sequence on every process: each makes the same calls in the same order
     stopping = lambda: tr.producer is not None and tr.producer.stopping  # noqa: E731 (a stopping run: see `exchange`)
     parts = host.exchange(f"jaxgrpo/rollout/{i}", payload, should_stop=stopping)
@@ -299,10 +300,28 @@ def swap(tr: Any, make: Any) -> list[bytes]:
         host.delete_exchanged(f"jaxgrpo/rollout/{i - 2}")
     if failure is not None:
         raise failure
-    bad = [(p, b[1:].decode()) for p, b in enumerate(parts) if b.startswith(b"!")]
-    if bad:
-        raise RuntimeError(f"the rollout of process {bad[0][0]} failed: {bad[0][1]}")
+    raise_failed(parts)
     return parts
+
+
+def failure_part(e: Exception) -> bytes:
+    """What a host whose share failed sends in its place: ``b"!"`` and the failure as JSON (`raise_failed`)."""
+    return b"!" + json.dumps({"type": type(e).__name__, "text": str(e), "message": getattr(e, "message", None),
+                              "advice": getattr(e, "advice", None)}).encode()  # fmt: skip
+
+
+def raise_failed(parts: list[bytes]) -> None:
+    """Raises for the first process whose share failed (its part `failure_part`): a `RewardError` as
+    a `RewardError` (every host then handles it alike: the trainer checkpoints the last completed step, a collective
+    every host must join), anything else as a `RuntimeError` naming the process."""
+    from jaxgrpo.errors import RewardError
+
+    for p, b in enumerate(parts):
+        if b.startswith(b"!"):
+            e = json.loads(b[1:].decode())
+            if e["type"] == "RewardError":
+                raise RewardError(f"process {p}: {e['message']}", e["advice"])
+            raise RuntimeError(f"the rollout of process {p} failed: {e['type']}: {e['text']}")
 
 
 _EXCHANGES = itertools.count()  # rounds swapped between processes, over every run of this process

@@ -198,3 +198,27 @@ def test_the_default_demo_learns_one_step_off_policy(tmp_path):
     reward = np.array([r["reward/mean"] for r in recs])
     assert len(recs) == cfg.train.steps and all(r["async/staleness_max"] == min(r["step"] - 1, 1) for r in recs)
     assert reward[:5].mean() < 0.1 and reward[-20:].mean() >= 0.9
+
+
+def test_a_failed_share_raises_alike_on_every_host():
+    """`async_rollout.swap`'s parts from the other hosts: a share whose reward failed raises a `RewardError` here too
+    (every host then checkpoints, a collective), any other failure a `RuntimeError` naming the process; on one
+    process the failing share raises its own exception."""
+    from jaxgrpo.errors import RewardError
+
+    failed = async_rollout.failure_part
+    with pytest.raises(RewardError, match="process 1: reward fn failed: fix it") as info:
+        async_rollout.raise_failed([b"rows", failed(RewardError("reward fn failed", "fix it"))])
+    assert info.value.advice == "fix it"
+    with pytest.raises(RuntimeError, match="the rollout of process 0 failed: ValueError: boom"):
+        async_rollout.raise_failed([failed(ValueError("boom")), b"rows"])
+    async_rollout.raise_failed([b"rows", b""])  # nothing failed
+
+    class Trainer:
+        producer = None
+
+    def make():
+        raise KeyError("mine")
+
+    with pytest.raises(KeyError, match="mine"):
+        async_rollout.swap(Trainer(), make)
