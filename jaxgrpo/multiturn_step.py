@@ -37,12 +37,15 @@ process), and the hosts swap the scored trajectories through the coordinator's k
 Dynamic sampling (``algo.degenerate_groups=resample``) runs in rounds of P prompts, each a whole multi-turn rollout,
 until P informative groups are held or ``algo.resample_max_rounds`` rounds are spent (`rollout`).
 
+On one host, ``train.eval_every`` evaluates the held-out split through the turns (`evaluate`,
+`jaxgrpo.in_training.evaluate_held_out`), and ``algo.overlong_buffer`` punishes the tokens after the prompt against
+the token budget (`trajectory_lengths`).
+
 Not supported with multi-turn (one-line errors at startup, `check_config`): several processes without rollout
 devices of their own (every host would run every trajectory's tools), the multi-turn engine on several devices of
 one process (a learner mesh without ``mesh.rollout=1``, or ``mesh.rollout`` > 1), in-training evaluation on several
-hosts (``train.eval_every``; run ``python -m jaxgrpo.eval`` on a checkpoint
-instead, which runs the turns) and ``data.template=plain``. On one host, ``train.eval_every`` evaluates the held-out
-split through the turns (`evaluate`, `jaxgrpo.in_training.evaluate_held_out`).
+hosts (``train.eval_every``; run ``python -m jaxgrpo.eval`` on a checkpoint instead, which runs the turns) and
+``data.template=plain``.
 """
 
 from __future__ import annotations
