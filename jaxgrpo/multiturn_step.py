@@ -35,7 +35,8 @@ process), and the hosts swap the scored trajectories through the coordinator's k
 (`sample_across_processes`): no tool runs twice.
 
 Dynamic sampling (``algo.degenerate_groups=resample``) runs in rounds of P prompts, each a whole multi-turn rollout,
-until P informative groups are held or ``algo.resample_max_rounds`` rounds are spent (`rollout`).
+until P informative groups are held or ``algo.resample_max_rounds`` rounds are spent (`rollout`); the skip schedule
+(``rollout.schedule=skip``) picks each round's prompts (`jaxgrpo.scheduled.draw`) and records every round's groups.
 
 On one host, ``train.eval_every`` evaluates the held-out split through the turns (`evaluate`,
 `jaxgrpo.in_training.evaluate_held_out`), and ``algo.overlong_buffer`` punishes the tokens after the prompt against
@@ -61,7 +62,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgrpo import degeneracy, diversity, models, objectives, padding, sampling
+from jaxgrpo import degeneracy, diversity, models, objectives, padding, sampling, scheduled
 from jaxgrpo import step_batch as step_batch_lib
 from jaxgrpo import train_step as ts
 from jaxgrpo.batch import Batch, global_batch, multiturn_batch
@@ -101,6 +102,9 @@ def check_config(cfg: Config) -> None:
         raise ConfigError("rollout.turn_engine=true samples on one device, but the learner's mesh would be its "
                           "devices; set rollout.turn_engine=false (the simple loop samples over the mesh) or "
                           "mesh.rollout=1 (the engine on a device of its own)")  # fmt: skip
+    if "adaptive" in cfg.rollout.schedule:
+        raise ConfigError(f"rollout.schedule={cfg.rollout.schedule} with multi-turn rollouts: per-prompt group sizes "
+                          "are not supported there; use rollout.schedule=skip or none")  # fmt: skip
     if cfg.train.eval_every and m.distributed:
         raise ConfigError("train.eval_every with multi-turn rollouts runs in one process (each host would run every "
                           "evaluation trajectory's tools); set train.eval_every=0 and evaluate a checkpoint with "
@@ -303,35 +307,45 @@ def rollout(trainer: Any, step: int) -> tuple[Scored, dict[str, float]]:
     step masks), and ``tokens/sampled`` counts the policy tokens of every round (``resample/*`` as single-turn
     runs'). The rollout thread of an asynchronous run calls this through `Trainer.rollout`."""
     key = jax.random.fold_in(jax.random.fold_in(trainer.key, step), 0)
-    a, g = trainer.cfg.algo, trainer.cfg.rollout.group_size
-    scored, stats = sample_round(trainer, key)
-    if a.degenerate_groups != "resample":
-        return scored, {**step_metrics(scored, g), **stats}
+    a, g, sch = trainer.cfg.algo, trainer.cfg.rollout.group_size, trainer.scheduler
+    want = trainer.cfg.rollout.prompts_per_step
     # DAPO's dynamic sampling in rounds of P prompts (Yu et al. 2025, arXiv:2503.14476; `jaxgrpo.dynamic_sampling`):
     # round r draws with fold_in(key, r); a shortfall after the last round is filled with degenerate groups (masked)
-    pool, rounds, informative, degenerate = [scored], [stats], [], []
-    want = len(scored.examples)
+    max_rounds = a.resample_max_rounds if a.degenerate_groups == "resample" else 1
+    pool, rounds, drawn, informative, degenerate, skipped = [], [], [], [], [], [0]
     while True:
-        deg = np.asarray(degeneracy.degenerate_mask(pool[-1].rewards, pool[-1].valid, atol=a.degenerate_atol,
+        r = len(pool)  # the skip schedule's draws (`scheduled.draw`), else the iterator's next P
+        indices = scheduled.draw(trainer, step, r, skipped) if sch is not None else trainer.iterator.next_batch()
+        scored, stats = sample_round(trainer, indices, key if r == 0 else jax.random.fold_in(key, r))
+        deg = np.asarray(degeneracy.degenerate_mask(scored.rewards, scored.valid, atol=a.degenerate_atol,
                                                     rtol=a.degenerate_rtol))  # fmt: skip
-        informative += [(len(pool) - 1, p) for p in np.flatnonzero(~deg)]
-        degenerate += [(len(pool) - 1, p) for p in np.flatnonzero(deg)]
-        if len(informative) >= want or len(pool) >= a.resample_max_rounds:
-            break
-        scored, stats = sample_round(trainer, jax.random.fold_in(key, len(pool)))
         pool.append(scored)
         rounds.append(stats)
-    kept = merge(pool, (informative + degenerate)[:want], g)
+        drawn.append((indices, deg))
+        informative += [(r, p) for p in np.flatnonzero(~deg)]
+        degenerate += [(r, p) for p in np.flatnonzero(deg)]
+        if len(informative) >= want or len(pool) >= max_rounds:
+            break
+    kept = pool[0] if len(pool) == 1 else merge(pool, (informative + degenerate)[:want], g)
     tokens = float(sum(sum(h.action) for s in pool for h in s.rollout.histories))
-    mean = {k: float(np.mean([s[k] for s in rounds])) for k in rounds[0]}  # the engine's figures per round
-    return kept, {**step_metrics(kept, g), **mean, **resample_metrics(len(pool), want * len(pool), want,
-                                                                        len(informative), len(degenerate), tokens)}
+    out = {**step_metrics(kept, g), "tokens/sampled": tokens}
+    out.update({k: float(np.mean([s[k] for s in rounds])) for k in rounds[0]})  # the engine's figures per round
+    if a.degenerate_groups == "resample":
+        out.update(resample_metrics(len(pool), want * len(pool), want, len(informative), len(degenerate), tokens))
+    if sch is not None:  # every round scored: now the history (a step that fails leaves it as it was)
+        counts = {"predicted": 0.0, "hits": 0.0}
+        for (indices, deg), s in zip(drawn, pool):
+            for k, v in sch.record(indices, s.rewards, s.valid, deg).items():
+                counts[k] += v
+        sizes = [g] * sum(len(i) for i, _ in drawn)
+        out.update(scheduled.schedule_metrics(sch, skipped[0], len(informative), tokens, sizes, counts))
+    return kept, out
 
 
-def sample_round(trainer: Any, key: jax.Array) -> tuple[Scored, dict[str, float]]:
-    """P prompts from the trainer's iterator, G trajectories each, scored; and the sampler's metrics."""
+def sample_round(trainer: Any, indices: Sequence[int], key: jax.Array) -> tuple[Scored, dict[str, float]]:
+    """The prompts ``indices`` of the trainer's examples, G trajectories each, scored; and the sampler's metrics."""
     mt: MultiTurn = trainer.multiturn
-    examples = [trainer.examples[i] for i in trainer.iterator.next_batch()]
+    examples = [trainer.examples[i] for i in indices]
     if jax.process_count() > 1:
         return sample_across_processes(trainer, examples, key)
     scored = mt.sample(trainer.model_config, trainer.sampler_params(), examples, key, trainer.scorer,

@@ -417,6 +417,21 @@ def test_dynamic_sampling_trains_the_informative_groups_of_its_rounds(smollm2_gg
     assert any(m["resample/rounds"] > 1 for m in out) and all(m["resample/informative_frac"] > 0 for m in out)
 
 
+def test_the_skip_schedule_spends_the_second_pass_on_informative_prompts(smollm2_gguf, tok, tmp_path, monkeypatch):
+    """``rollout.schedule=skip`` on a multi-turn run over 8 prompts, two passes of 4 steps (P = 2): in the first pass
+    every prompt is drawn once; in the second the prompts whose group was degenerate (odd first number:
+    `answering_by_row`) are skipped with probability 0.99 (``schedule_explore=0.01``), so the second pass trains more
+    informative groups than the first, and the history the skip rule reads is the multi-turn groups'."""
+    monkeypatch.setattr(multiturn_step.MultiTurn, "generate", staticmethod(answering_by_row(tok)))
+    out = trainer.run(small(smollm2_gguf, "train.steps=8", "data.num_examples=8", "rollout.schedule=skip",
+                            "rollout.schedule_explore=0.01", "data.rewards={gsm8k_lenient: 1.0}",
+                            "checkpoint.every=0"), tmp_path / "run")  # fmt: skip
+    first, second = (sum(m["schedule/informative_groups"] for m in out[s]) for s in (slice(0, 4), slice(4, 8)))
+    assert all(m["schedule/skipped"] == 0 for m in out[:4]) and sum(m["schedule/skipped"] for m in out[4:]) > 0
+    assert second > first and out[-1]["schedule/skipped_total"] == sum(m["schedule/skipped"] for m in out)
+    assert [m["groups/informative"] for m in out] == [m["schedule/informative_groups"] for m in out]
+
+
 def test_overlong_shaping_punishes_the_tokens_the_budget_counts(smollm2_gguf, tok, tmp_path, monkeypatch):
     """``algo.overlong_buffer`` on a multi-turn run: DAPO's soft punishment of each trajectory's tokens after its
     prompt against the token budget (here max_turns × max_new_tokens = 64, the whole of it the buffer, so the
@@ -506,6 +521,7 @@ def test_a_learner_mesh_trains_the_one_device_run(smollm2_gguf, tmp_path, monkey
     (["mesh.distributed=true"], "on several hosts need rollout devices on every host"),
     (["mesh.data=2", ENGINE], "rollout.turn_engine=true samples on one device"),
     (["train.eval_every=1", "mesh.distributed=true", "mesh.rollout=2"], "python -m jaxgrpo.eval"),
+    (["rollout.schedule=adaptive"], "per-prompt group sizes are not supported there; use rollout.schedule=skip"),
     (["algo.overlong_buffer=65"], r"overlong_buffer must be in \[1, the token budget .* = 64\]"),
 ])  # fmt: skip
 def test_unsupported_settings_are_one_line_errors(smollm2_gguf, tmp_path, extra, match):
