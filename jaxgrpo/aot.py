@@ -174,10 +174,12 @@ def abstract_batch(cfg: Config, mesh: Mesh, prompt_width: int) -> ts.Batch:
     rows = lambda *shape: NamedSharding(mesh, PartitionSpec(sharding.BATCH_AXES, *[None] * (len(shape) - 1)))  # noqa: E731
     sds = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rows(*shape))  # noqa: E731
     ref = sds((B, Tc), jnp.float32) if cfg.algo.kl_coef > 0 else None
+    turns = cfg.data.environment is not None or bool(cfg.data.tools)  # multi-turn: the policy's tokens are marked
     return ts.Batch(tokens=sds((B, prompt_width + Tc), jnp.int32), prompt_mask=sds((B, prompt_width), bool),
                     completion_mask=sds((B, Tc), bool), rewards=sds((P, G), jnp.float32), valid=sds((P, G), bool),
                     old_logprobs=sds((B, Tc), jnp.float32), ref_logprobs=ref,
-                    truncated=sds((B,), bool) if cfg.algo.overlong_filter else None)  # fmt: skip
+                    truncated=sds((B,), bool) if cfg.algo.overlong_filter else None,
+                    action_mask=sds((B, Tc), bool) if turns else None)  # fmt: skip
 
 
 def _learner(cfg: Config, mcfg: models.ModelConfig, devices: list[Any]) -> tuple[Mesh, int, Any]:
@@ -383,6 +385,35 @@ def dump_hlo(directory: str, texts: dict[str, str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, text in texts.items():
         (out / f"{name}.hlo.txt").write_text(text)
+
+
+def multiturn_configs(cfg: Config, mcfg: models.ModelConfig) -> tuple[Config, Config, str] | None:
+    """For a multi-turn config (``data.environment`` / ``data.tools``; else None): ``(train, rollout, note)``, configs
+    whose single-turn shapes are the multi-turn run's, as `jaxgrpo.multiturn_step.MultiTurn` sizes them from the
+    data (the tokenizer is read, the environment instantiated once, no weights): the train step's prompt width is the
+    longest prompt rendered with the tools' description and its completion width the token budget's bucket (policy,
+    template and tool tokens); the rollout is the simple loop's engine for one turn (its `multiturn.LoopShapes`: every
+    trajectory a row of its own, contexts up to the prompt and the budget, ``rollout.max_new_tokens`` new tokens).
+    ``note``: one line saying so (the multi-turn engine's own programs, ``rollout.turn_engine``, are not compiled)."""
+    from jaxgrpo import build, multiturn_step
+    from jaxgrpo import data as data_lib
+
+    if not multiturn_step.enabled(cfg):
+        return None
+    tokenizer = build.load_tokenizer(cfg.model.tokenizer or cfg.model.name_or_path, cfg.model.revision)
+    mt = multiturn_step.MultiTurn(cfg, tokenizer, mcfg, build.eos_ids(mcfg, tokenizer),
+                                  data_lib.load_dataset(cfg.data, cfg.seed))  # fmt: skip
+    mt.close()
+    r, d = cfg.rollout, cfg.data
+    prompt, completion, loop = mt.train_shapes.prompt_width, padding.prompt_bucket(mt.settings.budget), mt.loop_shapes
+    put = dataclasses.replace
+    train = put(cfg, rollout=put(r, max_new_tokens=completion), data=put(d, max_prompt_tokens=prompt))
+    rollout = put(cfg, rollout=put(r, prompts_per_step=loop.slots, group_size=1, slots=0),
+                  data=put(d, max_prompt_tokens=loop.prompt_width))
+    note = (f"multi-turn: the train step at the prompt rendered with the tools ({prompt} tokens) and the token "
+            f"budget's completion width ({completion}); the rollout as the simple loop runs a turn ({loop.slots} rows, "
+            f"contexts up to {loop.prompt_width} tokens, {r.max_new_tokens} new)")
+    return train, rollout, note + ("; the multi-turn engine's own programs are not compiled" if r.turn_engine else "")
 
 
 def rollout_config(cfg: Config) -> Config:

@@ -80,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"{topology} has {hosts} hosts and each samples on mesh.rollout / {hosts} devices of its "
                               f"own: set mesh.rollout ({split}) to a multiple of {hosts} and mesh.rollout_fsdp "
                               f"({m.rollout_fsdp}) to a divisor of mesh.rollout / {hosts}")
-        rcfg = aot.rollout_config(cfg)
+        tcfg, rcfg, turns = cfg, aot.rollout_config(cfg), aot.multiturn_configs(cfg, mcfg)
+        if turns is not None:  # the shapes the multi-turn run takes
+            tcfg, rcfg = turns[0], aot.rollout_config(turns[1])
         longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
         if longest > mcfg.max_position_embeddings:
             raise ConfigError(f"data.max_prompt_tokens + rollout.max_new_tokens = {longest} exceeds the model's "
@@ -90,9 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         own += f", its weights split {m.rollout_fsdp} ways (mesh.rollout_fsdp)" if split and m.rollout_fsdp > 1 else ""
         print(f"{len(devices)} x {chip_name} ({hbm} per chip), mesh data={m.data} fsdp={m.fsdp} tensor={m.tensor}"
               f"{own}, {mcfg.num_layers}-layer model, {cfg.model.param_dtype} masters / {cfg.model.dtype} compute")
+        if turns is not None:
+            print(turns[2])
         resident = aot.resident_bytes(cfg, mcfg, learner_devices)
         kept = 0.0 if split else sum(resident.values())
-        caches = aot.rollout_cache_bytes(mcfg, cfg) / len(rollout_devices)
+        caches = aot.rollout_cache_bytes(mcfg, rcfg) / len(rollout_devices)
         if not aot.fits(kept + caches, chip):  # no sharding can fit it: refuse before compiling anything
             beside = f", beside {kept / aot.GiB:.2f} GiB of weights and optimizer state" if not split else ""
             print(f"rollout DOES NOT FIT: its KV caches alone need {caches / aot.GiB:.2f} GiB per chip spread over "
@@ -100,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                   "lower rollout.prompts_per_step, group_size or max_new_tokens, or use more chips")
             return 1
         texts: dict[str, str] = {}
-        step = aot.compile_train_step(cfg, mcfg, learner_devices, texts)
+        step = aot.compile_train_step(tcfg, mcfg, learner_devices, texts)
         program = "KL reference pass"
-        reference = aot.compile_reference(cfg, mcfg, learner_devices)
+        reference = aot.compile_reference(tcfg, mcfg, learner_devices)
         program = "rollout"
         rollout = aot.compile_rollout(rcfg, mcfg, rollout_devices, texts)
     except ConfigError as e:

@@ -6,6 +6,7 @@ refused before compiling); the model architecture found without loading weights,
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 
@@ -190,6 +191,34 @@ def test_rollout_on_chips_of_its_own(capsys):
     assert row(halves, "rollout weights (compute)").endswith(aot.human((models.count_params(mcfg) * 2 + head) / 2))
     assert compile_cli.main([*base, "mesh.rollout=8"]) == 2
     assert "the mesh needs 12 devices but 8 are local" in capsys.readouterr().err
+
+def test_a_multiturn_config_compiles_at_the_shapes_its_run_takes(smollm2_gguf, capsys):
+    """A multi-turn config (the calculator environment; P = G = 2, turns of 32 tokens): the train step compiles at the
+    token budget's completion width (max_turns x max_new_tokens, here 2 x 32 and then 4 x 32) and the rollout as the
+    simple loop runs a turn, each trajectory a row of its own (P x G = 4 rows, contexts up to the prompt and the
+    budget); single-turn, the same model's step takes the 32-token completions alone."""
+    base = ["model.name_or_path=tiny", f"model.tokenizer={smollm2_gguf}", "model.hidden_size=32",
+            "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
+            "model.max_position_embeddings=1024", "data.source=words", "data.difficulty=1",
+            "data.max_prompt_tokens=128", "rollout.prompts_per_step=2", "rollout.group_size=2",
+            "rollout.max_new_tokens=32", "data.rewards={gsm8k_lenient: 1.0}"]  # fmt: skip
+    env = ["data.environment=jaxgrpo.rollout.arithmetic_env:CalculatorEnv"]
+    def total(out: str) -> float:  # the train step's total in MiB
+        value, unit = next(x for x in out.splitlines() if "train step total" in x).split()[-2:]
+        return float(value) * (1024 if unit == "GiB" else 1)
+
+    note = r"the token budget's completion width \((\d+)\); the rollout as the simple loop runs a turn \((\d+) rows, " \
+           r"contexts up to (\d+) tokens, 32 new\)"  # fmt: skip
+    outs = []
+    for turns in (2, 4):
+        assert compile_cli.main([*base, *env, f"rollout.max_turns={turns}"]) == 0
+        outs.append(capsys.readouterr().out)
+        completion, rows, context = map(int, re.search(note, outs[-1]).groups())
+        assert (completion, rows) == (32 * turns, 4) and context >= 32 * turns + 32
+    assert compile_cli.main(base) == 0
+    single = capsys.readouterr().out
+    assert "multi-turn" not in single and total(single) < total(outs[0]) < total(outs[1])
+
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs libtpu (pip install jaxgrpo[tpu])")
 def test_tpu_topology_compiles_train_step_and_rollout(capsys):
