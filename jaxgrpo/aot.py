@@ -69,8 +69,7 @@ def model_config(cfg: Config) -> models.ModelConfig:
     name = m.name_or_path
     lora = build.lora_spec(cfg)
     if name == "tiny":
-        tokenizer = build.load_tokenizer(m.tokenizer or "builtin:arithmetic")
-        return build.tiny_model_config(cfg, tokenizer).replace(lora=lora)
+        return build.tiny_model_config(cfg, build.policy_tokenizer(cfg)).replace(lora=lora)
     base = pathlib.Path(name).name.lower()
     preset = next((p for p in sorted(models.PRESETS, key=len, reverse=True) if base.startswith(p)), None)
     if not pathlib.Path(name).exists() and name != "smollm2" and preset is not None:
@@ -400,7 +399,7 @@ def multiturn_configs(cfg: Config, mcfg: models.ModelConfig) -> tuple[Config, Co
 
     if not multiturn_step.enabled(cfg):
         return None
-    tokenizer = build.load_tokenizer(cfg.model.tokenizer or cfg.model.name_or_path, cfg.model.revision)
+    tokenizer = build.policy_tokenizer(cfg)
     mt = multiturn_step.MultiTurn(cfg, tokenizer, mcfg, build.eos_ids(mcfg, tokenizer),
                                   data_lib.load_dataset(cfg.data, cfg.seed))  # fmt: skip
     mt.close()

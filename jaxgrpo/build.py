@@ -130,13 +130,24 @@ def build_policy(cfg: Config, key: jax.Array) -> tuple[models.ModelConfig, Param
     """(model config, initial params, tokenizer) for the configured model; `key` initialises a ``tiny`` model."""
     m = cfg.model
     if m.name_or_path == "tiny":
-        tokenizer = load_tokenizer(m.tokenizer or "builtin:arithmetic")
+        tokenizer = policy_tokenizer(cfg)
         mcfg = tiny_model_config(cfg, tokenizer)
         return mcfg, models.init_params(mcfg, key), tokenizer
     path = resolve_model_path(m.name_or_path, m.revision)
     mcfg, params = models.load_pretrained(path, dtype=m.dtype, param_dtype=m.param_dtype)
     tokenizer = load_tokenizer(m.tokenizer or path)
     return mcfg, params, tokenizer
+
+
+def policy_tokenizer(cfg: Config) -> Tokenizer:
+    """The tokenizer `build_policy` gives, without the weights: ``model.tokenizer``; else the tiny model's built-in
+    one, a Hub id's tokenizer files alone, or the files `resolve_model_path` names (e.g. the packaged SmolLM2 GGUF)."""
+    m = cfg.model
+    if m.tokenizer or m.name_or_path == "tiny":
+        return load_tokenizer(m.tokenizer or "builtin:arithmetic")
+    if is_hub_id(m.name_or_path):
+        return load_tokenizer(m.name_or_path, m.revision)
+    return load_tokenizer(resolve_model_path(m.name_or_path, m.revision))
 
 
 def eos_ids(mcfg: models.ModelConfig, tokenizer: Tokenizer) -> tuple[int, ...]:

@@ -128,3 +128,15 @@ def test_revision_without_hub_id_is_refused(smollm2_gguf):
 def test_neither_path_nor_hub_id_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="neither 'tiny', 'smollm2', a Hugging Face Hub id"):
         build.resolve_model_path(str(tmp_path / "missing" / "dir"))
+
+
+def test_the_policy_tokenizer_is_read_without_the_weights(hf_home, smollm2_gguf, monkeypatch):
+    """`build.policy_tokenizer` (the compile CLI's, for multi-turn shapes): a Hub id's tokenizer from its snapshot
+    without a download of weights, and the packaged "smollm2" alias's from its GGUF, as `build_policy` gives them."""
+    monkeypatch.setattr(build, "download_from_hub", lambda *a, weights=True: pytest.fail("weights") if weights else
+                        str(hf_home / "hub" / "models--tiny-org--tiny-llama" / "snapshots" / MAIN))  # fmt: skip
+    tok = build.policy_tokenizer(load_config(None, ["model.name_or_path=tiny-org/tiny-llama"]))
+    assert tok("1+2")["input_ids"] == arithmetic_tokenizer()("1+2")["input_ids"]
+    want = build.load_tokenizer(str(smollm2_gguf))
+    got = build.policy_tokenizer(load_config(None, ["model.name_or_path=smollm2"]))
+    assert got("What is 3 + 4?")["input_ids"] == want("What is 3 + 4?")["input_ids"] and got.vocab_size == 49152
