@@ -386,35 +386,6 @@ def dump_hlo(directory: str, texts: dict[str, str]) -> None:
         (out / f"{name}.hlo.txt").write_text(text)
 
 
-def multiturn_configs(cfg: Config, mcfg: models.ModelConfig) -> tuple[Config, Config, str] | None:
-    """For a multi-turn config (``data.environment`` / ``data.tools``; else None): ``(train, rollout, note)``, configs
-    whose single-turn shapes are the multi-turn run's, as `jaxgrpo.multiturn_step.MultiTurn` sizes them from the
-    data (the tokenizer is read, the environment instantiated once, no weights): the train step's prompt width is the
-    longest prompt rendered with the tools' description and its completion width the token budget's bucket (policy,
-    template and tool tokens); the rollout is the simple loop's engine for one turn (its `multiturn.LoopShapes`: every
-    trajectory a row of its own, contexts up to the prompt and the budget, ``rollout.max_new_tokens`` new tokens).
-    ``note``: one line saying so (the multi-turn engine's own programs, ``rollout.turn_engine``, are not compiled)."""
-    from jaxgrpo import build, multiturn_step
-    from jaxgrpo import data as data_lib
-
-    if not multiturn_step.enabled(cfg):
-        return None
-    tokenizer = build.policy_tokenizer(cfg)
-    mt = multiturn_step.MultiTurn(cfg, tokenizer, mcfg, build.eos_ids(mcfg, tokenizer),
-                                  data_lib.load_dataset(cfg.data, cfg.seed))  # fmt: skip
-    mt.close()
-    r, d = cfg.rollout, cfg.data
-    prompt, completion, loop = mt.train_shapes.prompt_width, padding.prompt_bucket(mt.settings.budget), mt.loop_shapes
-    put = dataclasses.replace
-    train = put(cfg, rollout=put(r, max_new_tokens=completion), data=put(d, max_prompt_tokens=prompt))
-    rollout = put(cfg, rollout=put(r, prompts_per_step=loop.slots, group_size=1, slots=0),
-                  data=put(d, max_prompt_tokens=loop.prompt_width))
-    note = (f"multi-turn: the train step at the prompt rendered with the tools ({prompt} tokens) and the token "
-            f"budget's completion width ({completion}); the rollout as the simple loop runs a turn ({loop.slots} rows, "
-            f"contexts up to {loop.prompt_width} tokens, {r.max_new_tokens} new)")
-    return train, rollout, note + ("; the multi-turn engine's own programs are not compiled" if r.turn_engine else "")
-
-
 def rollout_config(cfg: Config) -> Config:
     """The config the rollout's programs compile for: with ``mesh.rollout = R``, an ``R / F × F`` data × fsdp mesh
     (``F = mesh.rollout_fsdp``: the weights split over F, `async_rollout.device_groups`); otherwise the config

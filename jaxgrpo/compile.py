@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_lib.load_config(args.config, args.overrides)
         # after validation: a bad key fails before JAX starts
-        from jaxgrpo import aot, train_report
+        from jaxgrpo import aot, aot_multiturn, train_report
         from jaxgrpo import decode_report as dr
 
         m = cfg.mesh
@@ -80,9 +80,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"{topology} has {hosts} hosts and each samples on mesh.rollout / {hosts} devices of its "
                               f"own: set mesh.rollout ({split}) to a multiple of {hosts} and mesh.rollout_fsdp "
                               f"({m.rollout_fsdp}) to a divisor of mesh.rollout / {hosts}")
-        tcfg, rcfg, turns = cfg, aot.rollout_config(cfg), aot.multiturn_configs(cfg, mcfg)
+        tcfg, rcfg, turns = cfg, aot.rollout_config(cfg), aot_multiturn.shapes(cfg, mcfg, devices[0].platform)
         if turns is not None:  # the shapes the multi-turn run takes
-            tcfg, rcfg = turns[0], aot.rollout_config(turns[1])
+            tcfg, rcfg = turns.train, aot.rollout_config(turns.loop)
         longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
         if longest > mcfg.max_position_embeddings:
             raise ConfigError(f"data.max_prompt_tokens + rollout.max_new_tokens = {longest} exceeds the model's "
@@ -93,14 +93,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(devices)} x {chip_name} ({hbm} per chip), mesh data={m.data} fsdp={m.fsdp} tensor={m.tensor}"
               f"{own}, {mcfg.num_layers}-layer model, {cfg.model.param_dtype} masters / {cfg.model.dtype} compute")
         if turns is not None:
-            print(turns[2])
+            print(turns.note)
         resident = aot.resident_bytes(cfg, mcfg, learner_devices)
         kept = 0.0 if split else sum(resident.values())
-        caches = aot.rollout_cache_bytes(mcfg, rcfg) / len(rollout_devices)
+        on = rollout_devices if turns is None or turns.turn_spec is None else rollout_devices[:1]  # (the engine: one)
+        caches = (turns and turns.cache_bytes(mcfg) or aot.rollout_cache_bytes(mcfg, rcfg)) / len(on)
         if not aot.fits(kept + caches, chip):  # no sharding can fit it: refuse before compiling anything
             beside = f", beside {kept / aot.GiB:.2f} GiB of weights and optimizer state" if not split else ""
             print(f"rollout DOES NOT FIT: its KV caches alone need {caches / aot.GiB:.2f} GiB per chip spread over "
-                  f"all {len(rollout_devices)} of its chips{beside} (a bound from the shapes, nothing compiled); "
+                  f"all {len(on)} of its chips{beside} (a bound from the shapes, nothing compiled); "
                   "lower rollout.prompts_per_step, group_size or max_new_tokens, or use more chips")
             return 1
         texts: dict[str, str] = {}
@@ -108,7 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         program = "KL reference pass"
         reference = aot.compile_reference(tcfg, mcfg, learner_devices)
         program = "rollout"
-        rollout = aot.compile_rollout(rcfg, mcfg, rollout_devices, texts)
+        if turns is not None and turns.turn_spec is not None:
+            rollout = aot_multiturn.compile_turn_engine(mcfg, turns.turn_spec, rollout_devices[-1])
+        else:
+            rollout = aot.compile_rollout(rcfg, mcfg, rollout_devices, texts)
     except ConfigError as e:
         return cli_error(str(e))
     except Exception as e:  # XLA refuses to compile a program that cannot fit the chip: report it as "does not fit"

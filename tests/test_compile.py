@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from jaxgrpo import aot, models, sharding
+from jaxgrpo import aot, models, padding, sharding
 from jaxgrpo import compile as compile_cli
 from jaxgrpo import config as config_lib
 from jaxgrpo import train_step as ts
@@ -192,11 +192,13 @@ def test_rollout_on_chips_of_its_own(capsys):
     assert compile_cli.main([*base, "mesh.rollout=8"]) == 2
     assert "the mesh needs 12 devices but 8 are local" in capsys.readouterr().err
 
+@pytest.mark.slow
 def test_a_multiturn_config_compiles_at_the_shapes_its_run_takes(smollm2_gguf, capsys):
     """A multi-turn config (the calculator environment; P = G = 2, turns of 32 tokens): the train step compiles at the
     token budget's completion width (max_turns x max_new_tokens, here 2 x 32 and then 4 x 32) and the rollout as the
     simple loop runs a turn, each trajectory a row of its own (P x G = 4 rows, contexts up to the prompt and the
-    budget); single-turn, the same model's step takes the 32-token completions alone."""
+    budget); single-turn, the same model's step takes the 32-token completions alone; with the multi-turn engine,
+    its own programs."""
     base = ["model.name_or_path=tiny", f"model.tokenizer={smollm2_gguf}", "model.hidden_size=32",
             "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1",
             "model.max_position_embeddings=1024", "data.source=words", "data.difficulty=1",
@@ -218,6 +220,16 @@ def test_a_multiturn_config_compiles_at_the_shapes_its_run_takes(smollm2_gguf, c
     assert compile_cli.main(base) == 0
     single = capsys.readouterr().out
     assert "multi-turn" not in single and total(single) < total(outs[0]) < total(outs[1])
+    # the multi-turn engine: its own programs, P x G = 4 rows each caching the budget (2 x 32) and its first token in
+    # 128 slots (a multiple of 128), and the 2 groups' prefixes
+    assert compile_cli.main([*base, *env, "rollout.turn_engine=true", "rollout.max_turns=2"]) == 0
+    engine = capsys.readouterr().out
+    assert "the rollout as the multi-turn engine runs it (4 rows of 128 cache slots, prefixes of" in engine
+    prefix = int(re.search(r"prefixes of (\d+)\)", engine).group(1))
+    assert prefix == padding.prompt_bucket(int(re.search(r"rendered with the tools \((\d+) tokens", engine).group(1)))
+    kv = 2 * 1 * 1 * 16 * 4  # k and v, 1 layer, 1 kv head of 16, float32
+    caches = float(next(x for x in engine.splitlines() if "decode KV caches and state" in x).split()[-2])
+    assert caches >= kv * (4 * 128 + 2 * prefix) / 2**20 and engine.strip().endswith("fits")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="needs libtpu (pip install jaxgrpo[tpu])")
