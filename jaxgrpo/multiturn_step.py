@@ -36,7 +36,8 @@ process), and the hosts swap the scored trajectories through the coordinator's k
 
 Dynamic sampling (``algo.degenerate_groups=resample``) runs in rounds of P prompts, each a whole multi-turn rollout,
 until P informative groups are held or ``algo.resample_max_rounds`` rounds are spent (`rollout`); the skip schedule
-(``rollout.schedule=skip``) picks each round's prompts (`jaxgrpo.scheduled.draw`) and records every round's groups.
+(``rollout.schedule=skip``) picks each round's prompts (`jaxgrpo.scheduled.draw_round`) and records every round's
+groups.
 
 On one host, ``train.eval_every`` evaluates the held-out split through the turns (`evaluate`,
 `jaxgrpo.in_training.evaluate_held_out`), and ``algo.overlong_buffer`` punishes the tokens after the prompt against
@@ -314,8 +315,8 @@ def rollout(trainer: Any, step: int) -> tuple[Scored, dict[str, float]]:
     max_rounds = a.resample_max_rounds if a.degenerate_groups == "resample" else 1
     pool, rounds, drawn, informative, degenerate, skipped = [], [], [], [], [], [0]
     while True:
-        r = len(pool)  # the skip schedule's draws (`scheduled.draw`), else the iterator's next P
-        indices = scheduled.draw(trainer, step, r, skipped) if sch is not None else trainer.iterator.next_batch()
+        r = len(pool)  # the skip schedule's draws (`scheduled.draw_round`), else the iterator's next P
+        indices = scheduled.draw_round(trainer, step, r, skipped) if sch is not None else trainer.iterator.next_batch()
         scored, stats = sample_round(trainer, indices, key if r == 0 else jax.random.fold_in(key, r))
         deg = np.asarray(degeneracy.degenerate_mask(scored.rewards, scored.valid, atol=a.degenerate_atol,
                                                     rtol=a.degenerate_rtol))  # fmt: skip

@@ -47,7 +47,7 @@ def rollout(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, floa
     skipped, sizes_all, stats = [0], [], {}
     while True:
         r_i = len(pool)
-        kept = draw(tr, step, r_i, skipped)
+        kept = draw_round(tr, step, r_i, skipped)
         sizes = sch.group_sizes(kept)
         round_key = key if r_i == 0 else jax.random.fold_in(key, r_i)
         tr.rollout_stats = {}
@@ -75,7 +75,7 @@ def rollout(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, floa
     return out, {**extra, **stats}
 
 
-def draw(tr: Any, step: int, r: int, skipped: list[int]) -> list[int]:
+def draw_round(tr: Any, step: int, r: int, skipped: list[int]) -> list[int]:
     """Round ``r``'s P prompts as the schedule keeps them (the skip rule's draws, ``default_rng([seed, step, r])``);
     the prompts it skipped are added to ``skipped[0]``."""
     want = tr.cfg.rollout.prompts_per_step
@@ -130,8 +130,8 @@ def stream(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, float
     groups are done or ``algo.resample_max_rounds`` rounds were admitted; groups still in flight are dropped,
     unobserved (the history records the completed groups only)."""
     skipped = [0]
-    done, rounds, stats = stream_groups(tr, key, lambda r: draw(tr, step, r, skipped), tr.cfg.algo.resample_max_rounds,
-                                        tr.cfg.rollout.prompts_per_step)  # fmt: skip
+    done, rounds, stats = stream_groups(tr, key, lambda r: draw_round(tr, step, r, skipped),
+                                        tr.cfg.algo.resample_max_rounds, tr.cfg.rollout.prompts_per_step)  # fmt: skip
     return _streamed(tr, done, [tr.cfg.rollout.group_size] * len(done), rounds, stats.admitted, stats.dropped_tokens,
                      skipped[0], stats)  # fmt: skip
 
@@ -177,7 +177,7 @@ def stream_sized(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str,
     skipped = [0]
 
     def draw() -> list[list[int]]:
-        kept = draw(tr, step, len(rounds), skipped)
+        kept = draw_round(tr, step, len(rounds), skipped)
         sizes = sch.group_sizes(kept)
         subs = [(len(rounds), j) for j, g in enumerate(sizes) for _ in range(int(g) // unit)]
         rounds.append((kept, sizes))
