@@ -166,10 +166,15 @@ def device_groups(cfg: Any) -> tuple[Any, Any, Any]:
 
     m, devices = cfg.mesh, jax.devices()
     size, r = m.data * m.fsdp * m.tensor, m.rollout
+    turns = cfg.data.environment is not None or bool(cfg.data.tools)
+    if jax.process_count() > 1 and turns and cfg.train.eval_every:  # (`multiturn_step.check_config`, at run time)
+        raise ConfigError(f"train.eval_every with multi-turn rollouts runs in one process, not {jax.process_count()} "
+                          "(each would run every evaluation trajectory's tools); set train.eval_every=0 and evaluate a "
+                          "checkpoint with python -m jaxgrpo.eval --run-dir DIR (it runs the turns)")  # fmt: skip
     if (r or cfg.rollout.max_staleness) and jax.process_count() > 1:  # (jax.distributed set up by the caller)
         return process_groups(cfg)
     copy = lambda p, *_: jax.tree.map(lambda x: jnp.array(x, copy=True), p)  # noqa: E731 (the step donates its state)
-    if jax.process_count() > 1 and not r and (cfg.data.environment is not None or cfg.data.tools):
+    if jax.process_count() > 1 and not r and turns:
         raise ConfigError(f"multi-turn rollouts on {jax.process_count()} processes need rollout devices on every host "
                           "(each host runs its share of the trajectories and their tools): set mesh.rollout to a "
                           "multiple of the process count")  # fmt: skip
