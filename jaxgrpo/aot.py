@@ -173,7 +173,9 @@ def abstract_batch(cfg: Config, mesh: Mesh, prompt_width: int) -> ts.Batch:
     rows = lambda *shape: NamedSharding(mesh, PartitionSpec(sharding.BATCH_AXES, *[None] * (len(shape) - 1)))  # noqa: E731
     sds = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rows(*shape))  # noqa: E731
     ref = sds((B, Tc), jnp.float32) if cfg.algo.kl_coef > 0 else None
-    turns = cfg.data.environment is not None or bool(cfg.data.tools)  # multi-turn: the policy's tokens are marked
+    from jaxgrpo import multiturn_step
+
+    turns = multiturn_step.enabled(cfg)  # multi-turn: the policy's tokens are marked
     return ts.Batch(tokens=sds((B, prompt_width + Tc), jnp.int32), prompt_mask=sds((B, prompt_width), bool),
                     completion_mask=sds((B, Tc), bool), rewards=sds((P, G), jnp.float32), valid=sds((P, G), bool),
                     old_logprobs=sds((B, Tc), jnp.float32), ref_logprobs=ref,
@@ -402,8 +404,7 @@ def rollout_cache_bytes(mcfg: models.ModelConfig, cfg: Config) -> float:
     cache (`models.prefill`: keys and values of every prompt's ``Tp`` slots, one copy per prompt) and the decode cache
     (at least ``M - 1`` slots per row, `jaxgrpo.rollout.engine`). Spread evenly over the chips, they are a lower bound
     of what any sharding of the rollout needs per chip."""
-    c, r = mcfg, cfg.rollout
-    kv = 2 * c.num_layers * c.num_kv_heads * c.head_dim * jnp.dtype(c.dtype).itemsize  # bytes per cached token
+    r, kv = cfg.rollout, mcfg.kv_bytes_per_token
     slots_per_prompt = padding.prompt_bucket(cfg.data.max_prompt_tokens) + r.group_size * max(r.max_new_tokens - 1, 1)
     return float(kv * r.prompts_per_step * slots_per_prompt)
 

@@ -38,14 +38,11 @@ class Shapes:
     turn_spec: Any
     note: str
 
-    def cache_bytes(self, mcfg: models.ModelConfig) -> float | None:
-        """The multi-turn engine's KV caches in bytes (its prefix caches and its rows' linear caches), from the
-        shapes; None for the simple loop (`aot.rollout_cache_bytes` of ``loop``)."""
+    def cache_bytes(self, mcfg: models.ModelConfig) -> float:
+        """The multi-turn engine's KV caches in bytes (its prefix caches and its rows' linear caches), from
+        ``turn_spec`` (the simple loop's are `aot.rollout_cache_bytes` of ``loop``)."""
         s = self.turn_spec
-        if s is None:
-            return None
-        kv = 2 * mcfg.num_layers * mcfg.num_kv_heads * mcfg.head_dim * jnp.dtype(mcfg.dtype).itemsize
-        return float(kv * (s.groups * s.prompt_width + s.rows * s.width))
+        return float(mcfg.kv_bytes_per_token * (s.groups * s.prompt_width + s.rows * s.width))
 
 
 def shapes(cfg: Config, mcfg: models.ModelConfig, platform: str) -> Shapes | None:

@@ -96,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
             print(turns.note)
         resident = aot.resident_bytes(cfg, mcfg, learner_devices)
         kept = 0.0 if split else sum(resident.values())
-        on = rollout_devices if turns is None or turns.turn_spec is None else rollout_devices[:1]  # (the engine: one)
-        caches = (turns and turns.cache_bytes(mcfg) or aot.rollout_cache_bytes(mcfg, rcfg)) / len(on)
+        engine = turns is not None and turns.turn_spec is not None  # the multi-turn engine, on one device
+        on = rollout_devices[:1] if engine else rollout_devices
+        caches = (turns.cache_bytes(mcfg) if engine else aot.rollout_cache_bytes(mcfg, rcfg)) / len(on)
         if not aot.fits(kept + caches, chip):  # no sharding can fit it: refuse before compiling anything
             beside = f", beside {kept / aot.GiB:.2f} GiB of weights and optimizer state" if not split else ""
             print(f"rollout DOES NOT FIT: its KV caches alone need {caches / aot.GiB:.2f} GiB per chip spread over "
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         program = "KL reference pass"
         reference = aot.compile_reference(tcfg, mcfg, learner_devices)
         program = "rollout"
-        if turns is not None and turns.turn_spec is not None:
+        if engine:
             rollout = aot_multiturn.compile_turn_engine(mcfg, turns.turn_spec, rollout_devices[-1])
         else:
             rollout = aot.compile_rollout(rcfg, mcfg, rollout_devices, texts)

@@ -30,7 +30,7 @@ def decode_ideal_bytes(cfg: Config, mcfg: models.ModelConfig, weight_share: floa
     rows = r.prompts_per_step * r.group_size
     if not c.tie_word_embeddings:
         weights -= (c.vocab_size - rows) * c.hidden_size * item
-    kv = 2 * c.num_layers * c.num_kv_heads * c.head_dim * item  # bytes per cached token
+    kv = c.kv_bytes_per_token
     prefix = kv * r.prompts_per_step * padding.prompt_bucket(cfg.data.max_prompt_tokens)
     own = kv * rows * r.max_new_tokens / 2
     out = dict(weights=float(weights) * weight_share, prefix_kv=prefix / row_shards, decode_kv=own / row_shards)

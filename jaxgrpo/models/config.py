@@ -146,6 +146,14 @@ class ModelConfig:
         """R: query heads per key/value head (GQA)."""
         return self.num_heads // self.num_kv_heads
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one cached token takes in the KV caches: a key and a value per layer and kv head, in the compute
+        dtype."""
+        import jax.numpy as jnp
+
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * jnp.dtype(self.dtype).itemsize
+
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
