@@ -161,12 +161,12 @@ def device_groups(cfg: Any) -> tuple[Any, Any, Any]:
     prefix=())``, a copy of compute-dtype params where the rollout reads them, split over the rollout's fsdp axis by
     the rules (``prefix``: where ``params`` sits in the whole params tree, `sharding.part_shardings`). Without
     ``mesh.rollout`` the rollout shares the learner's mesh and devices. On several processes see `process_groups`."""
-    from jaxgrpo import multiturn_step, sharding
+    from jaxgrpo import sharding
     from jaxgrpo.errors import ConfigError
 
     m, devices = cfg.mesh, jax.devices()
     size, r = m.data * m.fsdp * m.tensor, m.rollout
-    turns = multiturn_step.enabled(cfg)
+    turns = cfg.data.environment is not None or bool(cfg.data.tools)
     if jax.process_count() > 1 and turns and cfg.train.eval_every:  # (`multiturn_step.check_config`, at run time)
         raise ConfigError(f"train.eval_every with multi-turn rollouts runs in one process, not {jax.process_count()} "
                           "(each would run every evaluation trajectory's tools); set train.eval_every=0 and evaluate a "
@@ -209,7 +209,7 @@ def process_groups(cfg: Any) -> tuple[Any, Any, Any]:
     from jax.sharding import Mesh, NamedSharding
 
     from jaxgrpo import config as config_lib
-    from jaxgrpo import multiturn_step, sharding
+    from jaxgrpo import sharding
     from jaxgrpo.errors import ConfigError
 
     m, n = cfg.mesh, jax.process_count()
@@ -226,7 +226,7 @@ def process_groups(cfg: Any) -> tuple[Any, Any, Any]:
         raise ConfigError(f"mesh.rollout={r} + the learner's mesh.data × fsdp × tensor = {size} devices on {n} "
                           f"processes of {len(local)} devices: the learner takes {len(local) - per} devices of each "
                           f"host, so set mesh.data × fsdp × tensor = {n * (len(local) - per)}")
-    if per > 1 and cfg.rollout.turn_engine and multiturn_step.enabled(cfg):
+    if per > 1 and cfg.rollout.turn_engine and (cfg.data.environment is not None or cfg.data.tools):
         raise ConfigError(f"rollout.turn_engine=true samples on one device of each host, but mesh.rollout={r} gives "
                           f"each of the {n} hosts {per}; set mesh.rollout={n} or rollout.turn_engine=false")
     if per % m.rollout_fsdp:
