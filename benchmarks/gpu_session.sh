@@ -95,7 +95,7 @@ part_train() {
 }
 part_recompile() {
   rm -rf "$OUT/recompile"
-  timeout 120 "$PY" -m jaxgrpo.train --run-dir "$OUT/recompile" "train.steps=$STEPS" log.progress=false \
+  timeout 120 "$PY" -m jaxgrpo.train --run-dir "$OUT/recompile" "train.steps=$STEPS" log.progress=false log.tensorboard=false \
     > "$OUT/recompile.log" 2>&1
   echo "recompile: exit $?"
   "$PY" - "$OUT/recompile/metrics.jsonl" << 'EOF'

@@ -129,7 +129,10 @@ def run_trl(steps: int, continuous_batching: bool = False) -> dict:
         tokenizer.pad_token = tokenizer.eos_token
     assert not getattr(model, "is_quantized", False) and next(model.parameters()).dtype == torch.float32
     by_prompt = {p: e for p, e in zip(prompts, examples)}
-    ds = datasets.Dataset.from_list([{"prompt": p} for p in prompts])
+    # a given fingerprint: hashing the table with dill fails on some pyarrow builds (PicklingError on pyarrow's
+    # MonthDayNano type, seen with CPython 3.12), and the benchmark has no use for datasets' cache
+    ds = datasets.Dataset(datasets.table.InMemoryTable.from_pylist([{"prompt": p} for p in prompts]),
+                          fingerprint="vs_trl_prompts")
     lengths = []
 
     def gsm8k_reward(prompts, completions, completion_ids=None, **kw):
@@ -201,18 +204,27 @@ def run_jaxgrpo(steps: int, prefix_sharing: bool) -> dict:
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = trainer_lib.Trainer(cfg, run_dir)
         trainer.eos_token_ids = ()  # no early stop: every sample is exactly TC tokens, as TRL with min_new_tokens
-        real_step = trainer.step_fn
         last = {}
 
-        def timed_step(state, batch, **kw):
-            t = time.perf_counter()
-            state, metrics = real_step(state, batch, **kw)
-            metrics = jax.block_until_ready(metrics)
-            timings["update"].append(time.perf_counter() - t)
-            last["batch"], last["kw"] = batch, kw
-            return state, metrics
+        class TimedStep:
+            """The trainer's step function, timed; every other attribute (``jitted``, ``lower``, the placed schedule
+            numbers the background precompile reads) is the wrapped one's."""
 
-        trainer.step_fn = timed_step
+            def __init__(self, inner):
+                self.inner = inner
+
+            def __getattr__(self, name):
+                return getattr(self.inner, name)
+
+            def __call__(self, state, batch, **kw):
+                t = time.perf_counter()
+                state, metrics = self.inner(state, batch, **kw)
+                metrics = jax.block_until_ready(metrics)
+                timings["update"].append(time.perf_counter() - t)
+                last["batch"], last["kw"] = batch, kw
+                return state, metrics
+
+        trainer.step_fn = TimedStep(trainer.step_fn)
         step_s, sample_s, train_s, lens, compile_s = [], [], [], [], []
         for s in range(steps):
             t, n0 = time.perf_counter(), len(compiles)

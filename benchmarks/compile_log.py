@@ -1,0 +1,40 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""Which programs a training run compiles, on which thread and in which step: ``python -m jaxgrpo.train``'s
+arguments, run in this process with ``jax_log_compiles`` on and a log line at every step's start and end, each line
+stamped with its thread (the background precompile thread's compilations are expected after step 1; the main thread's
+are the ones ``time/compiles`` counts). On CPU ``jaxgrpo.train`` re-executes itself for its malloc tunables: run
+this with ``JAXGRPO_MALLOC=default`` there.
+
+    python benchmarks/compile_log.py --run-dir DIR train.steps=4 ... 2> compiles.log
+    grep -E "STEP|Compiling" compiles.log
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+logging.basicConfig(format="%(relativeCreated)8.0f ms %(threadName)s %(message)s", level=logging.WARNING)
+
+import pathlib  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # this checkout's jaxgrpo, installed or not
+import jax  # noqa: E402
+
+from jaxgrpo import train, trainer  # noqa: E402
+
+jax.config.update("jax_log_compiles", True)
+_step = trainer.Trainer.step
+
+
+def _logged_step(self: trainer.Trainer, s: int) -> dict:
+    logging.warning("STEP %d begin", s)
+    metrics = _step(self, s)
+    logging.warning("STEP %d end: time/compiles %s", s, metrics.get("time/compiles"))
+    return metrics
+
+
+trainer.Trainer.step = _logged_step
+if __name__ == "__main__":
+    sys.argv[0] = "jaxgrpo.train"
+    sys.exit(train.main())
