@@ -1,12 +1,12 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""Which programs a training run compiles, on which thread and in which step: ``python -m jaxgrpo.train``'s
-arguments, run in this process with ``jax_log_compiles`` on and a log line at every step's start and end, each line
-stamped with its thread (the background precompile thread's compilations are expected after step 1; the main thread's
-are the ones ``time/compiles`` counts). On CPU ``jaxgrpo.train`` re-executes itself for its malloc tunables: run
-this with ``JAXGRPO_MALLOC=default`` there.
+"""Which programs a training run compiles, on which thread and in which step, and why: ``python -m jaxgrpo.train``'s
+arguments, run in this process with ``jax_log_compiles`` and ``jax_explain_cache_misses`` on and a log line at every
+step's start and end, each line stamped with its thread (the background precompile thread's compilations are
+expected after step 1; the main thread's are the ones ``time/compiles`` counts). On CPU ``jaxgrpo.train``
+re-executes itself for its malloc tunables: run this with ``JAXGRPO_MALLOC=default`` there.
 
     python benchmarks/compile_log.py --run-dir DIR train.steps=4 ... 2> compiles.log
-    grep -E "STEP|Compiling" compiles.log
+    grep -E "STEP|Compiling|CACHE MISS" compiles.log
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import jax  # noqa: E402
 from jaxgrpo import train, trainer  # noqa: E402
 
 jax.config.update("jax_log_compiles", True)
+jax.config.update("jax_explain_cache_misses", True)  # why jit missed its cache: a new shape, placement, ...
 _step = trainer.Trainer.step
 
 

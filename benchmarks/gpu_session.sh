@@ -12,7 +12,8 @@
 #   train.json/.log       the train step at the Qwen2.5-0.5B shape (cuDNN attention, fused LM head): MFU, and one
 #                         step profiled per kernel; then as before the dot merger went off and the layers unrolled
 #   recompile/            `python -m jaxgrpo.train` on the embedded default for 6 steps: time/compiles after step 1
-#                         must be 0 under this jax; recompile.log names each compilation's program, thread and step
+#                         must be 0 under this jax; recompile.log names each compilation's program, thread and
+#                         step, and why jit missed its cache
 #   vs_trl.json/.log      the GRPO step against TRL (`benchmarks/vs_trl.py --gpu`, BENCHMARKS §9's work: 16 prompts x 8
 #                         x 128 tokens), TRL's transformers-continuous-batching arm included. Needs what the machine
 #                         lacks (trl, datasets, the model's shape): `python benchmarks/gpu_carry.py` here, then carry
@@ -99,7 +100,7 @@ part_recompile() {
   timeout 120 "$PY" benchmarks/compile_log.py --run-dir "$OUT/recompile" "train.steps=$STEPS" log.progress=false \
     log.tensorboard=false > "$OUT/recompile.log" 2>&1
   echo "recompile: exit $?"
-  grep -E "STEP|Compiling" "$OUT/recompile.log" | cut -c1-240 | awk '/STEP 0 end/{p=1} p' | head -40
+  grep -E "STEP|Compiling|CACHE MISS|^  " "$OUT/recompile.log" | cut -c1-240 | awk '/STEP 0 end/{p=1} p' | head -60
   "$PY" - "$OUT/recompile/metrics.jsonl" << 'EOF'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
