@@ -8,6 +8,8 @@
 #   env.txt               device, driver, versions, commit
 #   decode.json/.log      decode at 256 rows against the HBM roofline, then one decode run profiled per kernel
 #                         (benchmarks/kernel_profile.py; XLA's CUDA graphs kept while profiling)
+#   head_tiles.json/.log  the fused LM head's tilings side by side at the train step's shape (benchmarks/head_tiles.py):
+#                         which `fused_head.Blocks` the train step should use (issue 33)
 #   decode_nograph.*      the same decode with XLA's command buffers (CUDA graphs) off: what the graphs are worth
 #   train.json/.log       the train step at the Qwen2.5-0.5B shape (cuDNN attention, fused LM head): MFU, and one
 #                         step profiled per kernel; then as before the dot merger went off and the layers unrolled
@@ -17,14 +19,15 @@
 #   vs_trl.json/.log      the GRPO step against TRL (`benchmarks/vs_trl.py --gpu`, BENCHMARKS §9's work: 16 prompts x 8
 #                         x 128 tokens), TRL's transformers-continuous-batching arm included. Needs what the machine
 #                         lacks (trl, datasets, the model's shape): `python benchmarks/gpu_carry.py` here, then carry
-#                         runs/gpu_carry; this part unpacks it into runs/gpu_carry/x and puts its packages on PYTHONPATH
-# Usage: bash benchmarks/gpu_session.sh [parts...]   (default: env recompile trl decode train nograph)
+#                         runs/gpu_carry; this part unpacks it under $TMPDIR and puts its packages on PYTHONPATH
+# Usage: bash benchmarks/gpu_session.sh [parts...]   (default: env recompile head train decode nograph trl)
 # The device time of a session (15 min with the machine's start) does not hold every part: the default order puts
-# first what an issue's "done when" waits on (recompile: issue 34; trl: issue 30), then the diagnoses. The parts'
-# time limits add up to more than one call's 600 s, so: first call
-#   run(carry=["runs/gpu_carry"], command="OUT=$OUT bash benchmarks/gpu_session.sh env recompile trl decode",
-#       timeout_s=600)
-# then, if the session's device time allows, `bash benchmarks/gpu_session.sh train nograph`.
+# first what an open issue waits on (recompile: issue 34; head and train: issue 33's MFU; decode: issue 30), then the
+# diagnoses, then the step against TRL (measured with both TRL arms at 6a35145, BENCHMARKS §9). The parts' time
+# limits add up to more than one call's 600 s, so: first call
+#   run(command="OUT=$OUT bash benchmarks/gpu_session.sh env recompile head train decode", timeout_s=600)
+# then, if the session's device time allows, `bash benchmarks/gpu_session.sh nograph trl` with
+# carry=["runs/gpu_carry"] (39 MiB beside a ~21 MiB checkout: the call's limit is 64 MiB).
 # QUICK=1 shrinks every shape (a check of the script itself on any machine, CPU included).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +36,7 @@ OUT="${OUT:-$PWD/gpu_out}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python}"
 PARTS=("$@")
-[ ${#PARTS[@]} -eq 0 ] && PARTS=(env recompile trl decode train nograph)
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(env recompile head train decode nograph trl)
 CHIP=h100
 if command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   CHIP=h200
@@ -60,12 +63,13 @@ flax.__version__); print(jax.devices())"
 part_trl() {
   CARRY=runs/gpu_carry
   if [ -f "$CARRY/carry.tar.xz" ]; then
-    rm -rf "$CARRY/x"
+    X="${TMPDIR:-/tmp}/jaxgrpo_gpu_carry"  # unpacked outside the checkout: 267 MB there would not travel next time
+    rm -rf "$X"
     "$PY" -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter='data')" \
-      "$CARRY/carry.tar.xz" "$CARRY/x"
-    TRL_ARGS=(--model "$CARRY/x/smollm2-135m" --random-init --data-dir "$CARRY/x/gsm8k")
+      "$CARRY/carry.tar.xz" "$X"
+    TRL_ARGS=(--model "$X/smollm2-135m" --random-init --data-dir "$X/gsm8k")
     TRL_PATH="${PYTHONPATH:-}"  # the carried packages only where the machine lacks them (they are for CPython 3.12)
-    "$PY" -c "import trl, datasets" 2> /dev/null || TRL_PATH="$PWD/$CARRY/x/site${PYTHONPATH:+:$PYTHONPATH}"
+    "$PY" -c "import trl, datasets" 2> /dev/null || TRL_PATH="$X/site${PYTHONPATH:+:$PYTHONPATH}"
     SHAPE=(--prompts 16 --group 8 --tokens 128 --steps 4 --only jaxgrpo trl trl_cb)  # no-prefix arm: time
     [ "${QUICK:-0}" = 1 ] && SHAPE=(--prompts 2 --group 2 --tokens 8 --steps 2)
     GPU_FLAG=()
@@ -86,6 +90,12 @@ part_nograph() {
   XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" timeout 90 "$PY" benchmarks/gpu.py --parts decode \
     --chip "$CHIP" "${SMALL[@]}" --out "$OUT/decode_nograph.json" > "$OUT/decode_nograph.log" 2>&1
   echo "nograph: exit $?"; grep -E "decode step" "$OUT/decode_nograph.log"
+}
+part_head() {
+  HEAD=()
+  [ "${QUICK:-0}" = 1 ] && HEAD=(--tokens 64 --hidden 32 --vocab 256 --tiles 16,128,32,4,2 32,64,16,4,3 --repeats 1)
+  timeout 150 "$PY" benchmarks/head_tiles.py "${HEAD[@]}" --out "$OUT/head_tiles.json" > "$OUT/head_tiles.log" 2>&1
+  echo "head: exit $?"; grep -E "forward" "$OUT/head_tiles.log"
 }
 part_train() {
   ATT=(--attention cudnn --lm-head fused --before)
@@ -113,6 +123,6 @@ for part in "${PARTS[@]}"; do
   if declare -F "part_$part" > /dev/null; then
     "part_$part"
   else
-    echo "unknown part $part (parts: env recompile trl decode train nograph)"; exit 2
+    echo "unknown part $part (parts: env recompile trl head decode train nograph)"; exit 2
   fi
 done

@@ -213,3 +213,28 @@ def test_policy_gradient_through_the_fused_head(monkeypatch):
         # (1.3e-6 seen on a -9e-4 entry of a leaf whose largest is 0.35; 1e-6 flaked under load)
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * max(float(jnp.abs(b).max()), 0.1))
     assert all(bool(jnp.isfinite(v).all()) for v in jax.tree.leaves(metrics))
+
+
+
+
+def test_head_tiles_benchmark_times_every_tiling_and_they_agree(tmp_path, capsys):
+    """benchmarks/head_tiles.py (the GPU session's tiling A/B) at a tiny shape in the Pallas interpreter: one row per
+    tiling plus the XLA head, their log-probs equal to the first tiling's up to float32 summation order (the XLA head
+    is an independent implementation), the JSON written; a tile of fewer than five numbers is refused in one line."""
+    import benchmark_module
+
+    head_tiles = benchmark_module.load("head_tiles")
+    out = head_tiles.main(["--tokens", "40", "--hidden", "32", "--vocab", "200", "--tiles", "16,128,32,4,2",
+                           "32,64,16,4,3", "--repeats", "1", "--out", str(tmp_path / "h.json")])  # fmt: skip
+    rows = out["results"]
+    assert list(rows) == ["fused bm=16 bv=128 bk=32 warps=4 stages=2", "fused bm=32 bv=64 bk=16 warps=4 stages=3",
+                          "xla chunked"]  # fmt: skip
+    for r in rows.values():
+        assert r["forward_s"] > 0 and r["forward_backward_s"] > 0
+        assert r["max_abs_diff_logp"] < 1e-4
+    assert rows["fused bm=16 bv=128 bk=32 warps=4 stages=2"]["max_abs_diff_logp"] == 0.0
+    assert (tmp_path / "h.json").exists()
+    for bad in ("64,128", "64,128,64,4,x", "0,128,64,4,2"):
+        with pytest.raises(SystemExit):
+            head_tiles.main(["--tiles", bad])
+        assert "is not bm,bv,bk,num_warps,num_stages" in capsys.readouterr().err
