@@ -166,7 +166,7 @@ def device_groups(cfg: Any) -> tuple[Any, Any, Any]:
 
     m, devices = cfg.mesh, jax.devices()
     size, r = m.data * m.fsdp * m.tensor, m.rollout
-    turns = cfg.data.environment is not None or bool(cfg.data.tools)
+    turns = cfg.data.multiturn
     if jax.process_count() > 1 and turns and cfg.train.eval_every:  # (`multiturn_step.check_config`, at run time)
         raise ConfigError(f"train.eval_every with multi-turn rollouts runs in one process, not {jax.process_count()} "
                           "(each would run every evaluation trajectory's tools); set train.eval_every=0 and evaluate a "
@@ -226,7 +226,7 @@ def process_groups(cfg: Any) -> tuple[Any, Any, Any]:
         raise ConfigError(f"mesh.rollout={r} + the learner's mesh.data × fsdp × tensor = {size} devices on {n} "
                           f"processes of {len(local)} devices: the learner takes {len(local) - per} devices of each "
                           f"host, so set mesh.data × fsdp × tensor = {n * (len(local) - per)}")
-    if per > 1 and cfg.rollout.turn_engine and (cfg.data.environment is not None or cfg.data.tools):
+    if per > 1 and cfg.rollout.turn_engine and cfg.data.multiturn:
         raise ConfigError(f"rollout.turn_engine=true samples on one device of each host, but mesh.rollout={r} gives "
                           f"each of the {n} hosts {per}; set mesh.rollout={n} or rollout.turn_engine=false")
     if per % m.rollout_fsdp:

@@ -301,7 +301,7 @@ def _validate_objective(cfg: Config) -> None:
              f"null with algo.objective={a.objective} (dual-clip caps the clipped PPO loss only)")
     r = cfg.rollout
     m, limit = r.max_new_tokens, f"rollout.max_new_tokens={r.max_new_tokens}"
-    if cfg.data.environment is not None or cfg.data.tools:  # multi-turn: the token budget after the prompt
+    if cfg.data.multiturn:  # multi-turn: the token budget after the prompt
         m = r.max_total_tokens if r.max_total_tokens is not None else r.max_turns * r.max_new_tokens
         limit = f"the token budget (rollout.max_total_tokens, else max_turns × max_new_tokens) = {m}"
     _require(a.overlong_buffer is None or 1 <= a.overlong_buffer <= m, "algo.overlong_buffer", a.overlong_buffer,
@@ -463,7 +463,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"mesh.rollout_fsdp={cfg.mesh.rollout_fsdp} splits the weights over the rollout's own "
                           f"devices, so mesh.rollout ({cfg.mesh.rollout}) must be a multiple of it; set mesh.rollout "
                           "to such a multiple, or mesh.rollout_fsdp=1 (on the learner's devices, mesh.fsdp splits)")
-    if cfg.mesh.rollout > 1 and not cfg.mesh.distributed and r.turn_engine and (d.environment is not None or d.tools):
+    if cfg.mesh.rollout > 1 and not cfg.mesh.distributed and r.turn_engine and d.multiturn:
         raise ConfigError(f"mesh.rollout={cfg.mesh.rollout} with rollout.turn_engine=true: the multi-turn engine "
                           "samples on one device; set mesh.rollout=1 or rollout.turn_engine=false (the simple loop)")
     if (r.max_staleness or cfg.mesh.rollout) and cfg.mesh.distributed and (why := async_hosts_refusal(cfg)):

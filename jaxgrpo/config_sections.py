@@ -79,6 +79,11 @@ class DataConfig:
     environment: str | None = None
     tools: list[str] = dataclasses.field(default_factory=list)
 
+    @property
+    def multiturn(self) -> bool:
+        """Whether rollouts are multi-turn: ``environment`` or ``tools`` set (`jaxgrpo.multiturn_step`)."""
+        return self.environment is not None or bool(self.tools)
+
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:

@@ -84,7 +84,7 @@ ENV_REWARD = "environment"  # the data.rewards name of the environment's own get
 
 def enabled(cfg: Config) -> bool:
     """Whether the run's rollouts are multi-turn (``data.environment`` or ``data.tools`` set)."""
-    return bool(cfg.data.environment or cfg.data.tools)
+    return cfg.data.multiturn
 
 
 def reward_functions(cfg: Config) -> list[tuple[str, float]]:

@@ -415,3 +415,12 @@ def test_mixed_precision_and_sampler_correction_keys():
         C.load_config("default", ["algo.sampler_correction=tis"])
     with pytest.raises(C.ConfigError, match="model.param_dtype"):
         C.load_config("default", ["model.param_dtype=float16"])
+
+
+def test_data_multiturn_is_environment_or_tools():
+    """`DataConfig.multiturn`, the one test every module asks (multi-turn rollouts): environment or tools set."""
+    DataConfig = config_sections.DataConfig
+    assert not DataConfig().multiturn
+    assert DataConfig(environment="pkg.mod:Env").multiturn
+    assert DataConfig(tools=["pkg.mod:fn"]).multiturn
+    assert C.from_dict({"data": {"tools": ["pkg.mod:fn"]}}).data.multiturn
