@@ -123,6 +123,6 @@ for part in "${PARTS[@]}"; do
   if declare -F "part_$part" > /dev/null; then
     "part_$part"
   else
-    echo "unknown part $part (parts: env recompile trl head decode train nograph)"; exit 2
+    echo "unknown part $part (parts: env recompile head train decode nograph trl)"; exit 2
   fi
 done
