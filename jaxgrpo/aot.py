@@ -173,9 +173,7 @@ def abstract_batch(cfg: Config, mesh: Mesh, prompt_width: int) -> ts.Batch:
     rows = lambda *shape: NamedSharding(mesh, PartitionSpec(sharding.BATCH_AXES, *[None] * (len(shape) - 1)))  # noqa: E731
     sds = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=rows(*shape))  # noqa: E731
     ref = sds((B, Tc), jnp.float32) if cfg.algo.kl_coef > 0 else None
-    from jaxgrpo import multiturn_step
-
-    turns = multiturn_step.enabled(cfg)  # multi-turn: the policy's tokens are marked
+    turns = cfg.data.multiturn  # multi-turn: the policy's tokens are marked
     return ts.Batch(tokens=sds((B, prompt_width + Tc), jnp.int32), prompt_mask=sds((B, prompt_width), bool),
                     completion_mask=sds((B, Tc), bool), rewards=sds((P, G), jnp.float32), valid=sds((P, G), bool),
                     old_logprobs=sds((B, Tc), jnp.float32), ref_logprobs=ref,

@@ -53,7 +53,7 @@ def shapes(cfg: Config, mcfg: models.ModelConfig, platform: str) -> Shapes | Non
     from jaxgrpo.rollout import engine
     from jaxgrpo.rollout import turn_engine as TE
 
-    if not multiturn_step.enabled(cfg):
+    if not cfg.data.multiturn:
         return None
     tokenizer = build.policy_tokenizer(cfg)
     eos = build.eos_ids(mcfg, tokenizer)

@@ -404,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         r = cfg.rollout
         from jaxgrpo import multiturn_step  # imports this module
 
-        multiturn = multiturn_step.enabled(cfg)
+        multiturn = cfg.data.multiturn
         if multiturn:  # data.environment / data.tools: trajectories through the turn loop
             result = multiturn_step.evaluate(
                 cfg, policy.model_config, policy.params, policy.tokenizer, examples, reward, num_samples=n,

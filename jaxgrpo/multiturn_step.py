@@ -82,11 +82,6 @@ from jaxgrpo.rollout.tools import ToolRunner
 ENV_REWARD = "environment"  # the data.rewards name of the environment's own get_reward()
 
 
-def enabled(cfg: Config) -> bool:
-    """Whether the run's rollouts are multi-turn (``data.environment`` or ``data.tools`` set)."""
-    return cfg.data.multiturn
-
-
 def reward_functions(cfg: Config) -> list[tuple[str, float]]:
     """``data.rewards`` less the environment's own reward: what a `jaxgrpo.rewards.Scorer` runs."""
     return [(name, w) for name, w in cfg.data.rewards.items() if name != ENV_REWARD]

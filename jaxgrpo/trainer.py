@@ -68,7 +68,7 @@ class Trainer:
             raise config_lib.ConfigError(
                 f"rollout.temperature={cfg.rollout.temperature}: training needs sampled rollouts (> 0); greedy "
                 "decoding makes every group's G completions identical, hence every group degenerate")
-        if mt_step.enabled(cfg):  # data.environment / data.tools: the multi-turn step (its own module)
+        if cfg.data.multiturn:  # data.environment / data.tools: the multi-turn step (its own module)
             mt_step.check_config(cfg)
         self.cfg = cfg
         self.run_dir = run_dir_lib.check_path(run_dir)
@@ -127,7 +127,7 @@ class Trainer:
                                      batch_size=cfg.rollout.group_size) if self.reward_fns else None
         self.multiturn = (mt_step.MultiTurn(cfg, self.tokenizer, self.model_config, self.eos_token_ids, examples,
                                             self.prefill_attention, self.mesh)
-                          if mt_step.enabled(cfg) else None)  # fmt: skip
+                          if cfg.data.multiturn else None)  # fmt: skip
 
         if self.mesh is not None:
             params = sharding_lib.shard_params(params, self.model_config, self.mesh)
