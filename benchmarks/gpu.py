@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))  # the rollout maker of train_step.
 
 from train_step import random_rollout  # noqa: E402  (benchmarks/train_step.py)
 
-from jaxgrpo import aot, models, padding, sampling  # noqa: E402
+from jaxgrpo import aot, fused_head, models, padding, sampling  # noqa: E402
 from jaxgrpo import config as config_lib  # noqa: E402
 from jaxgrpo import train_step as ts  # noqa: E402
 from jaxgrpo.config import AlgoConfig, PerfConfig  # noqa: E402
@@ -244,6 +244,21 @@ def _profiled(fn, args: argparse.Namespace, name: str, steps: int, top: int = 60
     return dict(rep, kernels=dict(list(rep["kernels"].items())[:top]), steps=steps)
 
 
+def _set_head_blocks(path: pathlib.Path) -> dict:
+    """Set `fused_head.DEFAULT_BLOCKS` to the fused tiling of ``path`` (`benchmarks/head_tiles.py`'s JSON) with the
+    least forward + backward time; the default stays where the file is missing or holds no fused tiling."""
+    rows = json.loads(path.read_text())["results"] if path.exists() else {}
+    timed = [r for r in rows.values() if r.get("blocks")]
+    if not timed:
+        _log(f"--head-tiles: no fused tiling in {path}; the head keeps {fused_head.DEFAULT_BLOCKS}")
+        return fused_head.DEFAULT_BLOCKS._asdict()
+    best = min(timed, key=lambda r: r["forward_backward_s"])
+    fused_head.DEFAULT_BLOCKS = fused_head.Blocks(**best["blocks"])
+    _log(f"--head-tiles: the fused head uses {fused_head.DEFAULT_BLOCKS} ({best['forward_backward_s'] * 1e3:.2f} ms "
+         f"forward + backward in {path.name})")
+    return best["blocks"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", nargs="+", default=["check", "train", "decode"],
@@ -253,6 +268,8 @@ def main() -> None:
     ap.add_argument("--lm-head", nargs="+", default=["auto"], choices=["auto", "xla", "fused"])
     ap.add_argument("--before", action="store_true",
                     help="train: also run the first configuration with XLA's dot merger on and the layers in a scan")
+    ap.add_argument("--head-tiles", default="", help="train: a benchmarks/head_tiles.py JSON; the fused head uses its "
+                    "fastest tiling (forward + backward) in place of fused_head.DEFAULT_BLOCKS")
     ap.add_argument("--prompt-len", type=int, default=384)
     ap.add_argument("--completion-len", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3)
@@ -277,6 +294,8 @@ def main() -> None:
                            "grad_accum": cfg.algo.grad_accum_steps}}  # fmt: skip
     if "check" in args.parts:
         res["check"] = part_check()
+    if args.head_tiles:
+        res["head_blocks"] = _set_head_blocks(pathlib.Path(args.head_tiles))
     if "train" in args.parts:
         res["train"] = part_train(cfg, args, chip)
     if "decode" in args.parts:

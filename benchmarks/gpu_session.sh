@@ -11,8 +11,8 @@
 #   head_tiles.json/.log  the fused LM head's tilings side by side at the train step's shape (benchmarks/head_tiles.py):
 #                         which `fused_head.Blocks` the train step should use (issue 33)
 #   decode_nograph.*      the same decode with XLA's command buffers (CUDA graphs) off: what the graphs are worth
-#   train.json/.log       the train step at the Qwen2.5-0.5B shape (cuDNN attention, fused LM head): MFU, and one
-#                         step profiled per kernel; then as before the dot merger went off and the layers unrolled
+#   train.json/.log       the train step at the Qwen2.5-0.5B shape (cuDNN attention, fused LM head in the fastest
+#                         tiling the head part measured, if it ran first): MFU, and one step profiled per kernel
 #   recompile/            `python -m jaxgrpo.train` on the embedded default for 6 steps: time/compiles after step 1
 #                         must be 0 under this jax; recompile.log names each compilation's program, thread and
 #                         step, and why jit missed its cache
@@ -25,8 +25,8 @@
 # first what an open issue waits on (recompile: issue 34; head and train: issue 33's MFU; decode: issue 30), then the
 # diagnoses, then the step against TRL (measured with both TRL arms at 6a35145, BENCHMARKS §9). The parts' time
 # limits add up to more than one call's 600 s, so: first call
-#   run(command="OUT=$OUT bash benchmarks/gpu_session.sh env recompile head train decode", timeout_s=600)
-# then, if the session's device time allows, `bash benchmarks/gpu_session.sh nograph trl` with
+#   run(command="OUT=$OUT bash benchmarks/gpu_session.sh env recompile head train", timeout_s=600)
+# then, if the session's device time allows, `decode`, and `bash benchmarks/gpu_session.sh nograph trl` with
 # carry=["runs/gpu_carry"] (39 MiB beside a ~21 MiB checkout: the call's limit is 64 MiB).
 # QUICK=1 shrinks every shape (a check of the script itself on any machine, CPU included).
 set -uo pipefail
@@ -98,8 +98,8 @@ part_head() {
   echo "head: exit $?"; grep -E "forward" "$OUT/head_tiles.log"
 }
 part_train() {
-  ATT=(--attention cudnn --lm-head fused --before)
-  [ "${QUICK:-0}" = 1 ] && ATT=(--attention chunked --lm-head auto)
+  ATT=(--attention cudnn --lm-head fused --head-tiles "$OUT/head_tiles.json")  # head's fastest tiling, if run
+  [ "${QUICK:-0}" = 1 ] && ATT=(--attention chunked --lm-head auto --head-tiles "$OUT/head_tiles.json")
   timeout 200 "$PY" benchmarks/gpu.py --parts train profile "${ATT[@]}" --chip "$CHIP" "${SMALL[@]}" \
     --out "$OUT/train.json" > "$OUT/train.log" 2>&1
   echo "train: exit $?"; grep -E "s/step|device busy" "$OUT/train.log"

@@ -80,13 +80,16 @@ def main(argv: list[str] | None = None) -> dict:
     def arms():
         for b in tiles:
             name = f"fused bm={b.bm} bv={b.bv} bk={b.bk} warps={b.num_warps} stages={b.num_stages}"
-            yield name, lambda h, t, w, b=b: fused_head.fused_logprobs(h, t, w, blocks=b)[0]
-        yield "xla chunked", lambda h, t, w: logprobs_lib._xla_head(
+            yield name, b, lambda h, t, w, b=b: fused_head.fused_logprobs(h, t, w, blocks=b)[0]
+        yield "xla chunked", None, lambda h, t, w: logprobs_lib._xla_head(
             h[None], t[None], w, temperature=1.0, chunk=0, pack_rows=1, trunc=(0, None),
             tied=True, dtype=jnp.bfloat16)[0][0]  # fmt: skip
 
-    rows, ref = {}, None
-    for name, f in arms():
+    out = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "command": " ".join(sys.argv),
+           "shape": {"tokens": N, "hidden": D, "vocab": V}, "results": {}}  # fmt: skip
+    rows, ref = out["results"], None
+    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    for name, blocks, f in arms():
         fwd = jax.jit(f)
         both = jax.jit(jax.grad(lambda h, w, f=f: jnp.vdot(g, f(h, t, w)), argnums=(0, 1)))
         logp = jax.block_until_ready(fwd(h, t, w))  # one execution at a time: the Pallas interpreter calls back
@@ -95,15 +98,13 @@ def main(argv: list[str] | None = None) -> dict:
         first_b, both_s = _timed(both, (h, w), args.repeats)
         rows[name] = {"forward_s": fwd_s, "forward_backward_s": both_s, "first_call_s": [first_f, first_b],
                       "forward_tflops": flops / fwd_s / 1e12, "forward_backward_tflops": 4 * flops / both_s / 1e12,
-                      "max_abs_diff_logp": float(jnp.max(jnp.abs(logp - ref)))}  # fmt: skip
+                      "max_abs_diff_logp": float(jnp.max(jnp.abs(logp - ref))),
+                      "blocks": blocks._asdict() if blocks else None}  # fmt: skip
         r = rows[name]
         print(f"{name:48s} forward {fwd_s * 1e3:8.2f} ms ({r['forward_tflops']:6.1f} TFLOP/s)  fwd+bwd "
               f"{both_s * 1e3:8.2f} ms ({r['forward_backward_tflops']:6.1f})  |dlogp| {r['max_abs_diff_logp']:.1e}",
               flush=True)  # fmt: skip
-    out = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "command": " ".join(sys.argv),
-           "shape": {"tokens": N, "hidden": D, "vocab": V}, "results": rows}  # fmt: skip
-    pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    pathlib.Path(args.out).write_text(json.dumps(out, indent=1))
+        pathlib.Path(args.out).write_text(json.dumps(out, indent=1))  # after every arm: a time limit keeps the rest
     return out
 
 

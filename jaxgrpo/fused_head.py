@@ -52,6 +52,11 @@ class Blocks(NamedTuple):
     rows_per_chunk: int = 0
 
 
+DEFAULT_BLOCKS = Blocks()
+"""The tiling `fused_logprobs` uses when given none (its ``bv``/``bk`` fitted to the head's shape). A module value so a
+benchmark can set the fastest tiling measured on a device (``benchmarks/gpu.py --head-tiles``)."""
+
+
 def _divisor(n: int, sizes: tuple[int, ...]) -> int:
     """The largest of ``sizes`` dividing ``n`` (no padding copy), else the smallest (``n`` is padded)."""
     return next((s for s in sizes if n % s == 0), sizes[-1])
@@ -232,8 +237,8 @@ def fused_logprobs(h_ND: jax.Array, targets_N: jax.Array, w: jax.Array, *, tempe
     ``h_ND``: the final-normed hidden states in the compute dtype; ``w``: the head as stored, ``[V, D]`` with
     ``vocab_major`` (a tied embedding) or ``[D, V]``, in any dtype (cast to ``h``'s inside; its gradient is in
     ``w``'s dtype). Differentiable in ``h`` and ``w`` (module docstring); the entropy carries no gradient.
-    ``blocks``: the kernels' tiling (default: `Blocks` with ``bv``/``bk`` the largest of 128/64/32/16 dividing
-    ``V``/``D``; other sizes are padded)."""
+    ``blocks``: the kernels' tiling (default: `DEFAULT_BLOCKS`, its ``bv``/``bk`` where they divide ``V``/``D``, else
+    the largest of 128/64/32/16 that does; other sizes are padded)."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if h_ND.ndim != 2 or targets_N.shape != h_ND.shape[:1] or w.ndim != 2:
@@ -242,7 +247,8 @@ def fused_logprobs(h_ND: jax.Array, targets_N: jax.Array, w: jax.Array, *, tempe
     if hidden != h_ND.shape[1]:
         raise ValueError(f"head {w.shape} (vocab_major={vocab_major}) does not match hidden size {h_ND.shape[1]}")
     if blocks is None:
-        blocks = Blocks(bv=_divisor(vocab, (128, 64, 32, 16)), bk=_divisor(hidden, (64, 32, 16)))
+        b = DEFAULT_BLOCKS
+        blocks = b._replace(bv=_divisor(vocab, (b.bv, 128, 64, 32, 16)), bk=_divisor(hidden, (b.bk, 64, 32, 16)))
     static = _Static(1.0 / float(temperature), vocab_major, blocks, vocab, hidden, jnp.dtype(w.dtype).name)
     n = h_ND.shape[0]
     pad, pad_d = -n % blocks.bm, -hidden % blocks.bk
