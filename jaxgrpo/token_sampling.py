@@ -38,6 +38,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+# at import, not where it runs: its Pallas TPU import registers a jax config state that jit's tracing keys carry
+# (jax 0.11: `pallas_fuser_disable_nested_fuse`); registered in the middle of a run's first step, it changed every key
+# traced before it and the second step retraced and recompiled them (issue 34)
+from jaxgrpo import block_sums
+
 # Nucleus sampling without top-k first looks for the nucleus among this many most likely tokens (exact when their
 # mass reaches top_p; otherwise the exact fallback runs): on CPU 256 (a full sort of a large vocabulary is slow on
 # XLA:CPU), on accelerators 16 (XLA:GPU's sort-free top-k kernel takes k <= 16).
@@ -318,8 +323,6 @@ def _draw_vocabulary(logits: jax.Array, temperature: jax.Array | float, u: jax.A
 
     branches = dict(cpu=xla(_block_sums_two_pass), default=xla(_block_sums_one_pass))
     if tpu_kernel and keep is None:
-        from jaxgrpo import block_sums  # (Pallas: imported where it may run)
-
         if block_sums.supported(n, v):
             branches["tpu"] = lambda x: _to_row_max(*block_sums.block_sums(x, t))
     top, mass, moment = jax.lax.platform_dependent(logits, **branches)
