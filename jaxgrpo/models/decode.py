@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgrpo import padding
-from jaxgrpo.models import attention
+from jaxgrpo.models import attention, pallas_attention  # at import, not in a step (token_sampling: block_sums)
 from jaxgrpo.models.attention import _NEG, KVCache
 from jaxgrpo.models.config import ModelConfig
 from jaxgrpo.models.layers import (
@@ -222,8 +222,6 @@ def _attend(*args: jax.Array) -> jax.Array:
     """`attend_decode` on CPU and TPU; on an NVIDIA GPU the same math as one Pallas kernel per layer
     (`pallas_attention.decode_attend`: no score tensor in HBM, no padded or regrouped queries) where it takes the
     shapes (`pallas_attention.decode_attend_fits`)."""
-    from jaxgrpo.models import pallas_attention
-
     q, kp, ko = args[0], args[1], args[4]
     if not pallas_attention.decode_attend_fits(q.shape[2], kp.shape[2], ko.shape[2]):
         return attend_decode(*args)
