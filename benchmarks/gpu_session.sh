@@ -12,7 +12,8 @@
 #                         which `fused_head.Blocks` the train step should use (issue 33)
 #   decode_nograph.*      the same decode with XLA's command buffers (CUDA graphs) off: what the graphs are worth
 #   train.json/.log       the train step at the Qwen2.5-0.5B shape (cuDNN attention, fused LM head in the fastest
-#                         tiling the head part measured, if it ran first): MFU, and one step profiled per kernel
+#                         tiling the head part measured, if it ran first; remat projections and none): MFU, and one
+#                         step of each profiled per kernel
 #   recompile/            `python -m jaxgrpo.train` on the embedded default for 6 steps: time/compiles after step 1
 #                         must be 0 under this jax; recompile.log names each compilation's program, thread and
 #                         step, and why jit missed its cache
@@ -98,7 +99,8 @@ part_head() {
   echo "head: exit $?"; grep -E "forward" "$OUT/head_tiles.log"
 }
 part_train() {
-  ATT=(--attention cudnn --lm-head fused --head-tiles "$OUT/head_tiles.json")  # head's fastest tiling, if run
+  # the head in its fastest tiling (if the head part ran), with and without remat (issue 33's 40%: 37.2% and 39.7%)
+  ATT=(--attention cudnn --lm-head fused --head-tiles "$OUT/head_tiles.json" --remat projections none)
   [ "${QUICK:-0}" = 1 ] && ATT=(--attention chunked --lm-head auto --head-tiles "$OUT/head_tiles.json")
   timeout 200 "$PY" benchmarks/gpu.py --parts train profile "${ATT[@]}" --chip "$CHIP" "${SMALL[@]}" \
     --out "$OUT/train.json" > "$OUT/train.log" 2>&1

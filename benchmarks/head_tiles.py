@@ -2,12 +2,15 @@
 """The fused LM head's tilings side by side (issue 33): `jaxgrpo.fused_head.fused_logprobs` forward and forward +
 backward at one train-step shape, for each ``--tiles`` entry, beside the chunked XLA head, in one run.
 
-Why: on an H200 the Qwen2.5-0.5B train step's largest kernel is the head's forward (4 calls of 33 ms for ~43k token
-rows each, about twice the time of its GEMM FLOPs at peak; BENCHMARKS §9), then its ``dz`` kernel (20 x 4.6 ms).
-The forward runs one program per ``bm`` token rows over the whole vocabulary, so ``bm`` sets how often the head is
-read per row and the Hopper MMA tile each program issues; compiled for an H100 without one (ptxas -v), ``bm`` 64 with
-4 warps uses 167 registers a thread, 128 with 8 warps 171, 256 with 8 warps 255, all without spills. Which is fastest
-is a GPU measurement; this script makes it one call.
+Why: on an H200 the Qwen2.5-0.5B train step's largest kernels are the head's forward and its ``dz`` kernel
+(BENCHMARKS §9). The forward runs one program per ``bm`` token rows over the whole vocabulary, so ``bm`` sets how
+often the head is read per row and the Hopper MMA tile each program issues; ``dz`` one program per ``[bm, bv]`` tile.
+The first round on an H200 (six tilings) made ``bm`` 128, 8 warps, 3 stages the default (`fused_head.DEFAULT_BLOCKS`,
+forward + backward 1.07x the old ``bm`` 64, 4 warps, 2 stages). The default list is the second round: the default
+first, then deeper pipelines, larger ``bk``/``bv`` and the old default as the anchor. Compiled for an H100 without one
+(``ptxas -v``), none of them spills: forward 168-174 registers a thread (``bm`` 64 with ``bv`` 256: 241; ``bm`` 256:
+255), ``dz`` 96-105. Left out because the forward spills there: ``bm`` 128 with ``bv`` 256 (3 or 4 stages) and ``bm``
+256 with 4 stages. A ``bv`` that does not divide the vocabulary (256 for Qwen2.5's 151,936) pads the head.
 
 Each tiling's log-probs are checked against the first's (``max_abs_diff_logp``: the tiles change only the order of
 float32 sums). Times are medians of ``--repeats`` calls after a compiling one, with `jax.block_until_ready`.
@@ -37,8 +40,8 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 from jaxgrpo import fused_head  # noqa: E402
 from jaxgrpo import logprobs as logprobs_lib  # noqa: E402
 
-DEFAULT_TILES = ("64,128,64,4,2", "64,128,64,4,3", "128,128,64,8,2", "128,128,64,8,3", "128,64,64,4,3",
-                 "256,128,64,8,3")  # fmt: skip
+DEFAULT_TILES = ("128,128,64,8,3", "128,128,64,8,4", "128,128,128,8,3", "128,128,32,8,4", "64,256,64,8,3",
+                 "64,128,64,4,4", "256,128,64,8,3", "64,128,64,4,2")  # fmt: skip
 
 
 def _timed(fn: Callable, args: tuple, repeats: int) -> tuple[float, float]:
