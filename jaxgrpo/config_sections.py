@@ -175,8 +175,8 @@ class PerfConfig:
 
     prefix_sharing: bool = True  # train step encodes each group's prompt once for its G completions
     prompt_packing: bool = True  # with prefix sharing, the train step runs the prompts packed end to end (no padding)
-    # backward keeps: none = everything, projections = dense outputs, projections+norms = those and the layers' RMSNorm
-    # outputs, full = nothing
+    # backward keeps: none = everything, projections = dense outputs (and cuDNN attention's forward outputs),
+    # projections+norms = those and the layers' RMSNorm outputs, full = nothing
     remat: RematPolicy = "projections"
     logprob_chunk: int = 0  # LM-head sequence chunk in the train step; 0 = automatic
     # the hand-written matmul backward (faster on XLA:CPU only); auto = explicit on CPU, XLA's own elsewhere

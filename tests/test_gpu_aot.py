@@ -398,6 +398,9 @@ def test_qwen_train_step_for_an_h100_has_no_float32_vocab_buffer(capsys):
     step = aot.compile_train_step(cfg, mcfg, aot.gpu_devices("h100"), texts)
     text = texts["train"]
     assert "__gpu$xla.gpu.triton" in text  # the fused head's kernels
+    if aot.has_cudnn():  # remat "projections" keeps cuDNN attention's forward: one forward call per backward call
+        calls = {k: text.count(f'custom_call_target="__cudnn$fmhaScaleBiasSoftmax{k}"') for k in ("", "Backward")}
+        assert calls[""] == calls["Backward"] > 0, calls
     assert hlo.wide_buffers(text, "f32", mcfg.vocab_size) == []
     report = hlo.program_bytes(text)
     assert step["hbm_bytes"] == report.bytes_per_iteration > step["weights"]

@@ -19,17 +19,19 @@ from test_train_step import assert_trees_close, tiny_config
 
 from jaxgrpo import config as config_lib
 from jaxgrpo import models
+from jaxgrpo.models.attention import DENSE, Kernel
 from jaxgrpo.models.transformer import hidden_states
 
 
-def layer_residuals(config: models.ModelConfig, params, remat: str) -> list[str]:
-    """The shapes of the residuals the layer scan saves for the backward (``bf16[L, ...]`` entries)."""
+def layer_residuals(config: models.ModelConfig, params, remat: str, kernel: Kernel = DENSE) -> list[str]:
+    """The shapes of the residuals the layer scan saves for the backward (``bf16[L, ...]``/``f32[L, ...]`` entries;
+    traced only, so cuDNN's attention needs no GPU)."""
     tokens = jnp.ones((2, 8), jnp.int32)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        jax.ad_checkpoint.print_saved_residuals(
-            lambda p: hidden_states(config, p, tokens, remat=remat).astype(jnp.float32).sum(), params)
-    return sorted(re.findall(r"^(bf16\[[0-9,]+\]) output of scan", out.getvalue(), re.M))
+        jax.ad_checkpoint.print_saved_residuals(lambda p: hidden_states(
+            config, p, tokens, remat=remat, attention_kernel=kernel).astype(jnp.float32).sum(), params)  # fmt: skip
+    return sorted(re.findall(r"^((?:bf16|f32)\[[0-9,]+\]) output of scan", out.getvalue(), re.M))
 
 
 def test_projections_and_norms_keep_two_norm_outputs_more_per_layer():
@@ -44,6 +46,23 @@ def test_projections_and_norms_keep_two_norm_outputs_more_per_layer():
     norm = f"bf16[{L},{B},{T},{D}]"
     assert sorted(proj + [norm, norm]) == both, (proj, both)
     assert layer_residuals(config, params, "full") == [norm]  # the residual stream into each layer only
+
+
+def test_projections_keep_the_cudnn_attention_forward():
+    """With cuDNN's fused attention, ``projections`` (and ``projections+norms``) also keep that kernel's forward
+    outputs, its ``[L, B, T, N, H]`` output and float32 ``[L, B, N, T]`` softmax statistics, so the backward does not
+    run the flash forward a second time (on an H200 it was 4 x 48 extra forward calls of ~0.27 ms in a 1.17-s step of
+    the Qwen2.5-0.5B shape, BENCHMARKS §9); ``full`` keeps only each layer's input."""
+    config = dataclasses.replace(tiny_config(), dtype="bfloat16")
+    params = models.init_params(config, jax.random.key(0))
+    L, B, T, N, H = config.num_layers, 2, 8, config.num_heads, config.head_dim
+    cudnn = Kernel(kind="cudnn")
+    proj = layer_residuals(config, params, "projections")
+    attention = [f"bf16[{L},{B},{T},{N},{H}]", f"f32[{L},{B},{N},{T}]"]
+    assert layer_residuals(config, params, "projections", cudnn) == sorted(proj + attention)
+    norm = f"bf16[{L},{B},{T},{config.hidden_size}]"
+    assert layer_residuals(config, params, "projections+norms", cudnn) == sorted(proj + attention + [norm, norm])
+    assert layer_residuals(config, params, "full", cudnn) == [norm]
 
 
 @pytest.mark.slow
