@@ -48,11 +48,15 @@ def test_projections_and_norms_keep_two_norm_outputs_more_per_layer():
     assert layer_residuals(config, params, "full") == [norm]  # the residual stream into each layer only
 
 
-def test_projections_keep_the_cudnn_attention_forward():
+def test_projections_keep_the_cudnn_attention_forward(monkeypatch):
     """With cuDNN's fused attention, ``projections`` (and ``projections+norms``) also keep that kernel's forward
     outputs, its ``[L, B, T, N, H]`` output and float32 ``[L, B, N, T]`` softmax statistics, so the backward does not
     run the flash forward a second time (on an H200 it was 4 x 48 extra forward calls of ~0.27 ms in a 1.17-s step of
-    the Qwen2.5-0.5B shape, BENCHMARKS §9); ``full`` keeps only each layer's input."""
+    the Qwen2.5-0.5B shape, BENCHMARKS §9); ``full`` keeps only each layer's input. Traced only: jax's check for an
+    installed cuDNN library is answered with a version (9.10), since nothing is compiled or run."""
+    from jax._src.cudnn import fused_attention_stablehlo
+
+    monkeypatch.setattr(fused_attention_stablehlo, "check_cudnn_version", lambda: 91000)
     config = dataclasses.replace(tiny_config(), dtype="bfloat16")
     params = models.init_params(config, jax.random.key(0))
     L, B, T, N, H = config.num_layers, 2, 8, config.num_heads, config.head_dim
