@@ -270,12 +270,12 @@ def _policy(remat: RematPolicy) -> Any:
 
 # the primitive whose outputs are cuDNN's fused attention forward's: the output and softmax statistics its backward
 # reads (`jax.nn.dot_product_attention(implementation="cudnn")`'s forward rule binds it)
-_FUSED_ATTENTION_FORWARD = frozenset({"dot_product_attention_fwd_wrapper"})
+_FUSED_ATTENTION_FORWARD = "dot_product_attention_fwd_wrapper"
 
 
 def _save_fused_attention(prim: Any, *_: Any, **__: Any) -> bool:
     """Keep cuDNN's fused attention forward's outputs, so the backward does not run the flash forward again."""
-    return prim.name in _FUSED_ATTENTION_FORWARD
+    return prim.name == _FUSED_ATTENTION_FORWARD
 
 
 def run_layers(
