@@ -10,7 +10,10 @@ after the method of ``shared/gpu-aot/hlo_bytes.py``:
     an asynchronous ``copy-start`` reads its source and writes its destination, its ``copy-done`` nothing;
   * bytes written = the output's size; a cuBLAS custom call's ``s8`` workspace is not counted; an in-place
     dynamic-update-slice or scatter (a top-level one, or a fusion whose root is one; XLA updates its operand's buffer
-    in place and inserts an explicit copy where it cannot) writes its updates only;
+    in place and inserts an explicit copy where it cannot) writes its updates only; a Pallas kernel's output aliased
+    to an operand (``output_to_operand_aliasing``) is updated in place by the kernel's own stores, which the HLO does
+    not show: not counted (the decode layer kernel's are a key and a value a row, `models.pallas_attention`), while
+    a cuBLAS call's aliased output (its fused residual add, ``C`` read and ``D`` written whole) is;
   * bytes read = each operand's size, except a fusion parameter used only through slice/dynamic-slice/gather ops (the
     slices are read) and the buffer a dynamic-update-slice or scatter updates in place (not read);
   * a nested ``while`` counts ``trip count x`` its body (``known_trip_count`` of its backend config, or its condition's
@@ -38,6 +41,8 @@ _ON_CHIP = re.compile(r"S\([1-9]\d*\)")
 _FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id", "replica-id"}
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(ROOT )?%([\w.\-]+) = (.+?) ([a-z][a-z0-9\-]*)\((.*)$")
+# the custom calls of hand-written (Pallas) kernels: Triton on GPUs, Mosaic on TPUs
+_KERNEL_CALLS = ("__gpu$xla.gpu.triton", "tpu_custom_call")
 RESHAPES = ("copy", "transpose", "pad", "concatenate")  # kernels that move a buffer without computing on it
 
 
@@ -189,6 +194,10 @@ def _kernel(comps: dict[str, list[Instr]], ins: Instr, shapes: dict[str, str]) -
             write = array_bytes(ins.shape.split("s8[")[0])
         target = re.search(r'custom_call_target="([^"]+)"', ins.line)
         kind = "custom-call:" + (target.group(1) if target else "?")
+        aliased = re.search(r"output_to_operand_aliasing=\{(.*?)\}, ", ins.line)
+        if aliased and target and target.group(1) in _KERNEL_CALLS:  # a Pallas kernel's in-place outputs
+            outs = {int(i or 0) for i in re.findall(r"\{(\d*)\}: \(", aliased.group(1))}
+            write = sum(b for i, b in enumerate(_hbm_arrays(ins.shape)) if i not in outs)
     if ins.op == "fusion":
         fused = _called(ins, "calls")[0]
         reads, update = _fusion_reads(comps[fused])

@@ -47,31 +47,60 @@ def test_more_than_one_token_per_row_is_refused():
         pa.decode_attend_shared_prefix(jnp.concatenate([q, q], axis=1), kp, vp, prefix_mask, k, v, mask)
 
 
-@pytest.mark.parametrize("dtype, atol, block_k", [(jnp.float32, 2e-6, 16), (jnp.bfloat16, 2e-2, 16),
-                                                  (jnp.float32, 2e-6, 32)])  # fmt: skip
-def test_fused_decode_kernel_equals_the_xla_path(dtype, atol, block_k):
-    """`pallas_attention.decode_attend` (one kernel, both key sets, one online softmax; run by the Pallas interpreter)
-    against `attention.attend_shared_prefix`: 7 query heads per kv head (padded to 16 inside the kernel), ragged
-    prompts, rows at different decode slots and one row with no decode key yet (prompt only); the two key sets read
-    16 keys at a time, and (``block_k`` 32) the 32-slot prompt in one block beside the 16-slot own cache in one."""
+def _layer_inputs(dtype, rotate: bool):
+    """A layer's decode step: 7 query heads per kv head, head size 32 (two 16-wide halves), ragged prompts, rows at
+    different slots of a 16-slot window: one at its last slot, one at slot 0 (the new key its only own key), one
+    whose slot is past the window (a finished row: no write, prompt only) and one with stale values in its cache
+    beyond its slot (masked out)."""
+    rng = np.random.default_rng(1)
+    f = lambda *shape: jnp.asarray(rng.normal(size=shape), dtype)  # noqa: E731
+    B, R7, H2 = P * G, 7, 32
+    qkv = f(B, K, R7 + 2, H2)  # per kv head: 7 queries, the new key, the new value
+    kp, vp, ko, vo = f(P, K, Tp, H2), f(P, K, H2, Tp), f(B, K, M, H2), f(B, K, H2, M)
+    prefix_mask = jnp.asarray(np.arange(Tp)[None] >= Tp - np.array([1, Tp])[:, None])
+    slot = jnp.asarray([0, 3, 15, 7, M, 10], jnp.int32)
+    mask = jnp.asarray(np.arange(M)[None] <= np.asarray(slot)[:, None]).at[4].set(False)
+    angle = rng.uniform(0, 100, (B, H2 // 2))
+    cos, sin = (jnp.asarray(np.cos(angle), jnp.float32), jnp.asarray(np.sin(angle), jnp.float32)) if rotate else (
+        jnp.ones((B, H2 // 2)), jnp.zeros((B, H2 // 2)))  # fmt: skip
+    return qkv, cos, sin, kp, vp, prefix_mask, ko, vo, mask, slot
+
+
+@pytest.mark.parametrize("dtype, atol, block_k, rotate", [
+    (jnp.float32, 2e-6, 16, True), (jnp.bfloat16, 2e-2, 16, True), (jnp.float32, 2e-6, 32, True),
+    (jnp.float32, 2e-6, 16, False)])  # fmt: skip
+def test_fused_decode_layer_kernel_equals_the_xla_path(dtype, atol, block_k, rotate):
+    """`pallas_attention.decode_layer` (RoPE, the cache writes and one online softmax over both key sets in one
+    kernel; run by the Pallas interpreter) against `models.decode.write_attend` (`layers.apply_rope`, scatters,
+    `attend_decode`): the outputs within ``atol``, the updated caches equal (the same rounding of the rotated key;
+    a finished row's cache untouched). The two key sets are read 16 keys at a time, and (``block_k`` 32) the 32-slot
+    prompt in one block beside the 16-slot own cache in one; ``rotate`` False: identity tables (a LoRA layer's step,
+    whose keys arrive rotated) change nothing."""
+    from jaxgrpo.models import decode
+
     assert pa.key_blocks(Tp, M, block_k) == ((16, 16) if block_k == 16 else (32, 16))
-    q, kp, vp, prefix_mask, k, v, mask = _inputs(dtype)
-    q = jnp.tile(q, (1, 1, 1, 4, 1))[:, :, :, :7]  # R = 7
-    mask = mask.at[4].set(False)
-    ref = attention.attend_shared_prefix(q, kp, vp, prefix_mask, k, v, mask)
-    got = pa.decode_attend(q[:, 0], kp, vp, prefix_mask, k, v, mask[:, 0], interpret=True, block_k=block_k)
-    assert got.shape == ref[:, 0].shape and got.dtype == ref.dtype
-    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref[:, 0], np.float32), atol=atol)
+    args = _layer_inputs(dtype, rotate)
+    ref = decode.write_attend(*args)
+    got = pa.decode_layer(*args, interpret=True, block_k=block_k)
+    assert [(x.shape, x.dtype) for x in got] == [(x.shape, x.dtype) for x in ref]
+    np.testing.assert_allclose(np.asarray(got[0], np.float32), np.asarray(ref[0], np.float32), atol=atol)
+    for g, r in zip(got[1:], ref[1:]):
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32), atol=1e-6 if rotate else 0)
+    np.testing.assert_array_equal(np.asarray(got[1][4]), np.asarray(args[6][4]))  # slot past the window: no write
+    np.testing.assert_array_equal(np.asarray(got[2][1, :, :, 3]), np.asarray(args[0][1, :, 8]))  # the value at slot 3
+    if not rotate:  # no rotation: the new key is written as it came
+        np.testing.assert_array_equal(np.asarray(got[1][1, :, 3]), np.asarray(args[0][1, :, 7]))
 
 
 def test_key_blocks_and_the_shapes_the_fused_kernel_takes():
     """Each key set in whole blocks of its own (a 384-slot prompt 128 keys at a time beside a 480-slot window's 32);
-    a key count with no power-of-two divisor >= 16, or more than 16 query heads per kv head, goes to the XLA path
-    (`models.decode._attend`), and the kernel refuses it with one line."""
+    a key count with no power-of-two divisor >= 16, a half head under 16 or more than 16 query heads per kv head goes
+    to the XLA path (`models.decode._write_attend`), and the kernel refuses it with one line."""
     assert pa.key_blocks(384, 480) == (128, 32) and pa.key_blocks(384, 512) == (128, 128)
-    assert pa.decode_attend_fits(7, 384, 480)
-    assert not pa.decode_attend_fits(7, 384, 24) and not pa.decode_attend_fits(7, 40, 32)
-    assert not pa.decode_attend_fits(17, 384, 480)
-    q, kp, vp, prefix_mask, k, v, mask = _inputs(jnp.float32)
-    with pytest.raises(ValueError, match=r"key counts \(32, 8\) each with a power-of-two divisor >= 16"):
-        pa.decode_attend(q[:, 0], kp, vp, prefix_mask, k[:, :, :8], v[:, :, :, :8], mask[:, 0, :8], interpret=True)
+    assert pa.decode_layer_fits(7, 64, 384, 480)
+    assert not pa.decode_layer_fits(7, 64, 384, 24) and not pa.decode_layer_fits(7, 64, 40, 32)
+    assert not pa.decode_layer_fits(17, 64, 384, 480) and not pa.decode_layer_fits(7, 16, 384, 480)
+    args = list(_layer_inputs(jnp.float32, True))
+    args[6], args[7], args[8] = args[6][:, :, :8], args[7][..., :8], args[8][:, :8]
+    with pytest.raises(ValueError, match=r"key counts \(32, 8\) and a half head \(16\) each with a power-of-two"):
+        pa.decode_layer(*args, interpret=True)

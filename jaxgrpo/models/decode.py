@@ -114,8 +114,9 @@ DecodeWeights = dict[str, Any]
 
 def decode_weights(config: ModelConfig, params: Params) -> DecodeWeights:
     """The parameters re-laid out for `decode_step`, in the compute dtype, once per rollout: ``layers`` a list of L
-    per-layer dicts with ``qkv [D, (N + 2K) H]`` and ``gate_up [D, 2F]`` concatenated, ``o [N H, D]``, ``down``, the
-    norms and biases; plus ``embed``, ``final_norm`` and ``lm_head [D, V]``. With unmerged LoRA adapters (a
+    per-layer dicts with ``qkv [D, K (R + 2) H]`` (per kv head its R query heads, key and value: `_by_kv_head`), its
+    bias ``qkv_bias`` (qkv-bias models) and ``gate_up [D, 2F]`` concatenated, ``o [N H, D]``, ``down``, the norms;
+    plus ``embed``, ``final_norm`` and ``lm_head [D, V]``. With unmerged LoRA adapters (a
     low-precision compute dtype, `models.compute_params`) the per-layer dicts keep the original projections and their
     adapters instead (`layers.decoder_layer` runs them).
 
@@ -137,11 +138,21 @@ def _layer_weights(config: ModelConfig, stacked: Params, i: jax.Array) -> dict[s
     lp = jax.tree.map(lambda x: x[i], stacked)
     if "lora" in lp:
         return {k: (v if k == "lora" else jax.tree.map(cast, v)) for k, v in lp.items()}
-    w = {k: cast(lp[k]) for k in lp if k not in ("q", "k", "v", "o", "gate", "up")}
-    w["qkv"] = jnp.concatenate([cast(lp[k]).reshape(config.hidden_size, -1) for k in "qkv"], axis=1)
+    w = {k: cast(lp[k]) for k in lp if k not in ("q", "k", "v", "o", "gate", "up", "q_bias", "k_bias", "v_bias")}
+    w["qkv"] = _by_kv_head(config, *(cast(lp[k]) for k in "qkv")).reshape(config.hidden_size, -1)
+    if config.qkv_bias:  # one bias over the q|k|v product: XLA:GPU adds it in the GEMM's epilogue
+        w["qkv_bias"] = _by_kv_head(config, *(cast(lp[f"{k}_bias"]) for k in "qkv")).reshape(-1)
     w["gate_up"] = jnp.concatenate([cast(lp["gate"]), cast(lp["up"])], axis=1)
     w["o"] = cast(lp["o"]).reshape(-1, config.hidden_size)
     return w
+
+
+def _by_kv_head(config: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """``q [.., N, H]``, ``k``/``v [.., K, H]`` -> ``[.., K, R + 2, H]``: per kv head its ``R`` query heads, its key
+    head and its value head (the order of `decode_weights`' fused q|k|v columns)."""
+    K, R, H = config.num_kv_heads, config.heads_per_kv, config.head_dim
+    lead = q.shape[:-2]
+    return jnp.concatenate([q.reshape(*lead, K, R, H), k[..., None, :], v[..., None, :]], axis=-2)
 
 
 def project(w: Params, name: str, x_BTE: jax.Array) -> jax.Array:
@@ -168,24 +179,23 @@ class LayerOps(NamedTuple):
 AS_WRITTEN = LayerOps()
 
 
-def _fused_layer(config: ModelConfig, w: Params, x_BTD: jax.Array, rope, attend,
-                 ops: LayerOps = AS_WRITTEN) -> jax.Array:  # fmt: skip
+def _fused_layer(config: ModelConfig, w: Params, x_BTD: jax.Array, attend, ops: LayerOps = AS_WRITTEN) -> jax.Array:
     """`layers.decoder_layer`'s math on `decode_weights`' fused per-layer weights (one q|k|v and one gate|up
-    product), its weight products as ``ops`` places them."""
+    product), its weight products as ``ops`` places them; ``attend(qkv)`` takes the q|k|v product ``[B, T, K, R + 2,
+    H]`` (per kv head its queries, key and value) before RoPE and applies it (`write_attend`)."""
     c, eps = config, config.rms_norm_eps
     B, T = x_BTD.shape[:2]
-    N, K, H = c.num_heads, c.num_kv_heads, c.head_dim
+    K, R, H = c.num_kv_heads, c.heads_per_kv, c.head_dim
     h = rms_norm(x_BTD, w["attn_norm"], eps)
     qkv = ops.project(w, "qkv", h)
-    q, k, v = jnp.split(qkv, [N * H, (N + K) * H], axis=-1)
-    q, k, v = q.reshape(B, T, N, H), k.reshape(B, T, K, H), v.reshape(B, T, K, H)
     if c.qkv_bias:
-        q, k, v = q + w["q_bias"].astype(q.dtype), k + w["k_bias"].astype(q.dtype), v + w["v_bias"].astype(q.dtype)
+        qkv = qkv + w["qkv_bias"].astype(qkv.dtype)
+    qkv = qkv.reshape(B, T, K, R + 2, H)
     if c.qk_norm:
-        q, k = rms_norm(q, w["q_norm"], eps), rms_norm(k, w["k_norm"], eps)
-    q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-    a, _ = attend(q.reshape(B, T, K, c.heads_per_kv, H), k, v)
-    x_BTD = x_BTD + ops.project(w, "o", a.reshape(B, T, N * H))
+        q, k = rms_norm(qkv[..., :R, :], w["q_norm"], eps), rms_norm(qkv[..., R:R + 1, :], w["k_norm"], eps)
+        qkv = jnp.concatenate([q, k, qkv[..., R + 1:, :]], axis=-2)
+    a = attend(qkv)
+    x_BTD = x_BTD + ops.project(w, "o", a.reshape(B, T, K * R * H))
     return x_BTD + ops.mlp(w, rms_norm(x_BTD, w["mlp_norm"], eps))
 
 
@@ -218,14 +228,41 @@ def attend_decode(q_BKRH: jax.Array, kp_PKSH: jax.Array, vp_PKHS: jax.Array, pre
     return out_p.transpose(0, 2, 1, 3, 4).reshape(B, K, R, H) + out_o
 
 
-def _attend(*args: jax.Array) -> jax.Array:
-    """`attend_decode` on CPU and TPU; on an NVIDIA GPU the same math as one Pallas kernel per layer
-    (`pallas_attention.decode_attend`: no score tensor in HBM, no padded or regrouped queries) where it takes the
-    shapes (`pallas_attention.decode_attend_fits`)."""
-    q, kp, ko = args[0], args[1], args[4]
-    if not pallas_attention.decode_attend_fits(q.shape[2], kp.shape[2], ko.shape[2]):
-        return attend_decode(*args)
-    return jax.lax.platform_dependent(*args, cuda=pallas_attention.decode_attend, default=attend_decode)
+def write_attend(qkv_BKXH: jax.Array, cos_Bh: jax.Array, sin_Bh: jax.Array, kp_PKSH: jax.Array, vp_PKHS: jax.Array,
+                 prefix_mask_PS: jax.Array, ck_BKMH: jax.Array, cv_BKHM: jax.Array, mask_BM: jax.Array,
+                 slot: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
+    """A decode layer's attention step with XLA, from its q|k|v product ``[B, K, R + 2, H]`` (per kv head its ``R``
+    queries, its new key and value; `decode_weights`' layout): RoPE (`layers.apply_rope`, tables ``[B, H/2]``) on
+    the queries and the key; the key and value written into the decode cache at decode slot ``slot`` (a scalar: one
+    slot for every row, an in-place `lax.dynamic_update_slice`; ``[B]``: a slot per row, an in-place scatter vmapped
+    over the rows, whose axis a mesh then splits locally; a slot past the cache writes nothing); then `attend_decode`
+    over the prompt's keys and the row's visible slots ``mask_BM``. Returns the output ``[B, K, R, H]`` and the two
+    caches. The reference of `pallas_attention.decode_layer`, its one-kernel form on NVIDIA GPUs (`_write_attend`)."""
+    rope = cos_Bh[:, None], sin_Bh[:, None]
+    B, K, X, H = qkv_BKXH.shape
+    R = X - 2
+    q = apply_rope(qkv_BKXH[:, :, :R].reshape(B, 1, K * R, H), *rope).reshape(B, K, R, H)
+    k, v = apply_rope(qkv_BKXH[:, None, :, R], *rope)[:, 0], qkv_BKXH[:, :, R + 1]
+    if jnp.ndim(slot):
+        ck = jax.vmap(lambda c, u, s: c.at[:, s].set(u, mode="drop"))(ck_BKMH, k.astype(ck_BKMH.dtype), slot)
+        cv = jax.vmap(lambda c, u, s: c.at[:, :, s].set(u, mode="drop"))(cv_BKHM, v.astype(cv_BKHM.dtype), slot)
+    else:
+        zero = jnp.zeros((), jnp.int32)
+        ck = jax.lax.dynamic_update_slice(ck_BKMH, k[:, :, None].astype(ck_BKMH.dtype), (zero, zero, slot, zero))
+        cv = jax.lax.dynamic_update_slice(cv_BKHM, v[..., None].astype(cv_BKHM.dtype), (zero, zero, zero, slot))
+    dt = q.dtype
+    a = attend_decode(q, kp_PKSH.astype(dt), vp_PKHS.astype(dt), prefix_mask_PS, ck.astype(dt), cv.astype(dt), mask_BM)
+    return a, ck, cv
+
+
+def _write_attend(*args: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`write_attend` on CPU and TPU; on an NVIDIA GPU the same step as one Pallas kernel per layer
+    (`pallas_attention.decode_layer`: RoPE, the cache writes and attention in one launch, no score tensor in HBM, no
+    padded or regrouped queries) where it takes the shapes (`pallas_attention.decode_layer_fits`)."""
+    qkv, kp, ck = args[0], args[3], args[6]
+    if not pallas_attention.decode_layer_fits(qkv.shape[2] - 2, qkv.shape[3], kp.shape[2], ck.shape[2]):
+        return write_attend(*args)
+    return jax.lax.platform_dependent(*args, cuda=pallas_attention.decode_layer, default=write_attend)
 
 
 def decode_step(
@@ -244,35 +281,32 @@ def decode_step(
     ``tokens_B[b]`` at RoPE position ``positions_B[b]``, writes its key/value at decode slot ``slot`` and attends to its
     prompt's prefix (``prefix`` per layer ``k [S, K, Tp, H]``, ``v [S, K, H, Tp]``, masked by ``prefix_mask [S, Tp]``)
     and to its decode slots where ``mask_BM`` (which must include ``slot``; ``cache`` per layer ``k [B, K, M, H]``,
-    ``v [B, K, H, M]``). ``slot``: a scalar, one slot for every row (an in-place `lax.dynamic_update_slice`), or
-    ``[B]``, a slot per row (an in-place scatter; a row whose slot is past the cache writes nothing: the engines'
-    per-row linear caches, `jaxgrpo.rollout.engine` and `jaxgrpo.rollout.turn_engine`). Keys carry their RoPE
-    position, so the order of the slots does not matter. Attention: `attend_decode`, or on an NVIDIA GPU its fused
-    Pallas kernel (`_attend`). ``ops``: the fused layers' weight products (`LayerOps`; the engine passes its FSDP
+    ``v [B, K, H, M]``). ``slot``: a scalar, one slot for every row, or ``[B]``, a slot per row (a row whose slot is
+    past the cache writes nothing: the engines' per-row linear caches, `jaxgrpo.rollout.engine` and
+    `jaxgrpo.rollout.turn_engine`). Keys carry their RoPE position, so the order of the slots does not matter. Each
+    layer's RoPE, cache write and attention: `write_attend`, or on an NVIDIA GPU one fused Pallas kernel
+    (`_write_attend`). ``ops``: the fused layers' weight products (`LayerOps`; the engine passes its FSDP
     placement of them, `jaxgrpo.rollout.engine.split_ops`). Returns the final-normed hidden state ``[B, D]`` and the
     cache (donate it when jitting)."""
     x = embed(config, weights, tokens_B[:, None])
     rope = rope_tables(config, positions_B[:, None])
-    zero = jnp.zeros((), jnp.int32)
+    tables = rope[0][:, 0], rope[1][:, 0]
+    # a LoRA layer (`layers.decoder_layer`) applies RoPE before it attends: its step rotates by the identity (exact)
+    applied = jnp.ones_like(tables[0]), jnp.zeros_like(tables[1])
     new_cache = []
     for w, (kp, vp), (ck, cv) in zip(weights["layers"], prefix, cache):
+        lora = "lora" in w
 
-        def attend(q, k, v, ck=ck, cv=cv, kp=kp, vp=vp):
-            if jnp.ndim(slot):  # a slot per row (a scatter; a slot past the cache drops that row's write), vmapped
-                # over the rows: their axis is the scatter's batching dimension, which a mesh splits locally
-                ck = jax.vmap(lambda c, u, s: c.at[:, s].set(u, mode="drop"))(ck, k[:, 0].astype(ck.dtype), slot)
-                cv = jax.vmap(lambda c, u, s: c.at[:, :, s].set(u, mode="drop"))(cv, v[:, 0].astype(cv.dtype), slot)
-            else:
-                kt, vt = k.transpose(0, 2, 1, 3).astype(ck.dtype), v.transpose(0, 2, 3, 1).astype(cv.dtype)
-                ck = jax.lax.dynamic_update_slice(ck, kt, (zero, zero, slot, zero))
-                cv = jax.lax.dynamic_update_slice(cv, vt, (zero, zero, zero, slot))
+        def attend(qkv, ck=ck, cv=cv, kp=kp, vp=vp, tables=applied if lora else tables):
+            a, ck, cv = _write_attend(qkv[:, 0], *tables, kp, vp, prefix_mask, ck, cv, mask_BM, slot)
             new_cache.append(KVCache(ck, cv))
-            a = _attend(q[:, 0], kp.astype(q.dtype), vp.astype(q.dtype), prefix_mask, ck.astype(q.dtype),
-                        cv.astype(q.dtype), mask_BM)  # fmt: skip
-            return a[:, None], None
+            return a[:, None]
 
-        if "lora" in w:
-            x, _ = decoder_layer(config, w, x, rope, attend, explicit=False)
+        def rotated(q_BTKRH, k, v, attend=attend):  # a LoRA layer's rotated q, k, v as the fused layers' product
+            return attend(_by_kv_head(config, q_BTKRH.reshape(*k.shape[:2], -1, k.shape[-1]), k, v)), None
+
+        if lora:
+            x, _ = decoder_layer(config, w, x, rope, rotated, explicit=False)
         else:
-            x = _fused_layer(config, w, x, rope, attend, ops)
+            x = _fused_layer(config, w, x, attend, ops)
     return final_norm(config, weights, x[:, 0]), new_cache

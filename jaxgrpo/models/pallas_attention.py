@@ -107,80 +107,129 @@ def decode_attend_shared_prefix(
     return a[:, None].astype(dt)
 
 
-# ------------------------------------------------------------------- one kernel: both key sets, any masks, no merge
+# ----------------------------------------------- one kernel a layer: RoPE, the cache write, both key sets, no merge
 _BLOCK_H = 16  # query heads per program, padded (the loads are masked): Triton's dot takes at least 16 rows
 _NEG = -1e30
 
 
-def _fused_kernel(q_ref, kp_ref, vp_ref, pm_ref, ko_ref, vo_ref, om_ref, o_ref, *, group: int, heads: int,
-                  blocks: tuple[int, int], scale: float):  # fmt: skip
-    """Program (row b, kv head k): the row's ``heads`` queries against its prompt's keys (``kp [S, K, Tp, H]``,
-    ``vp [S, K, H, Tp]``, masked by ``pm [S, Tp]``) and its own (``ko [B, K, W, H]``, ``vo [B, K, H, W]``, masked by
-    ``om [B, W]``), one online softmax over both (flash attention's running max and sum), ``o [B, K, R, H]``; keys
-    read ``blocks`` = (prompt, own) at a time."""
+def _rotate(x1, x2, cos, sin, dtype):
+    """`layers.apply_rope`'s float32 rotate-half on the two halves of the head axis, rounded to ``dtype``."""
+    x1, x2 = x1.astype(jnp.float32), x2.astype(jnp.float32)
+    return (x1 * cos - x2 * sin).astype(dtype), (x2 * cos + x1 * sin).astype(dtype)
+
+
+def _layer_kernel(qkv_ref, cos_ref, sin_ref, kp_ref, vp_ref, pm_ref, ko_in, vo_in, om_ref, slot_ref, o_ref, ko_ref,
+                  vo_ref, *, group: int, heads: int, blocks: tuple[int, int], scale: float):  # fmt: skip
+    """Program (row b, kv head k), reading the row's q|k|v ``[B, K, R + 2, H]`` of that kv head: RoPE on its
+    ``heads`` (R) queries and on its new key (tables ``cos``/``sin [B, H/2]``); the new key and value written at
+    decode slot ``slot [B]`` of the caches ``ko [B, K, W, H]`` / ``vo [B, K, H, W]`` (aliased in place; a slot past
+    the cache writes nothing); then one online softmax (flash attention's running max and sum) over the prompt's keys
+    (``kp [S, K, Tp, H]``, ``vp [S, K, H, Tp]``, masked by ``pm [S, Tp]``), the row's cached keys (masked by
+    ``om [B, W]``, the slot being written excluded: this program's own store is not read back) and the new key from
+    registers (visible where ``om`` has its slot), ``o [B, K, R, H]``. The head axis is handled as its two RoPE
+    halves: each score is the sum of two half-width dots."""
+    del ko_in, vo_in  # the same buffers as ko_ref, vo_ref (input_output_aliases)
     b, k = pl.program_id(0), pl.program_id(1)
     p = b // group
+    head = qkv_ref.shape[-1]
+    half, width = head // 2, ko_ref.shape[2]
+    lo, hi = pl.ds(0, half), pl.ds(half, half)
+    dt = qkv_ref.dtype
     rows = (jnp.arange(_BLOCK_H) < heads)[:, None]
-    q = plgpu.load(q_ref.at[b, k, pl.ds(0, _BLOCK_H), :], mask=rows, other=0.0)
+    cos, sin = cos_ref[b, :], sin_ref[b, :]
+    q1, q2 = _rotate(plgpu.load(qkv_ref.at[b, k, pl.ds(0, _BLOCK_H), lo], mask=rows, other=0.0),
+                     plgpu.load(qkv_ref.at[b, k, pl.ds(0, _BLOCK_H), hi], mask=rows, other=0.0), cos[None, :],
+                     sin[None, :], dt)  # fmt: skip
+    k1, k2 = _rotate(qkv_ref[b, k, heads, lo], qkv_ref[b, k, heads, hi], cos, sin, dt)
+    vn = qkv_ref[b, k, heads + 1, :].astype(vo_ref.dtype)
+    slot = slot_ref[b]
+    writes = slot < width
+    at = jnp.minimum(slot, width - 1)
+    plgpu.store(ko_ref.at[b, k, at, lo], k1.astype(ko_ref.dtype), mask=jnp.full((half,), writes))
+    plgpu.store(ko_ref.at[b, k, at, hi], k2.astype(ko_ref.dtype), mask=jnp.full((half,), writes))
+    plgpu.store(vo_ref.at[b, k, :, at], vn, mask=jnp.full((head,), writes))
 
-    def part(k_ref, v_ref, mask_ref, n, block_k, carry):  # the key set of batch entry n of [*, K, S, H]
+    def part(k_ref, v_ref, mask_ref, n, block_k, skip, carry):  # the key set of batch entry n of [*, K, S, H]
         def body(i, carry):  # (one indexer per load)
             acc, m, den = carry
             sl = pl.ds(i * block_k, block_k)
-            s = plgpu.dot(q, k_ref[n, k, sl, :], trans_b=True).astype(jnp.float32) * scale
-            valid = mask_ref[n, sl][None, :]
+            s = (plgpu.dot(q1, k_ref[n, k, sl, lo].astype(dt), trans_b=True).astype(jnp.float32)
+                 + plgpu.dot(q2, k_ref[n, k, sl, hi].astype(dt), trans_b=True).astype(jnp.float32)) * scale
+            valid = (mask_ref[n, sl] & (i * block_k + jnp.arange(block_k) != skip))[None, :]
             s = jnp.where(valid, s, _NEG)
             m_next = jnp.maximum(m, jnp.max(s, axis=-1))
             e = jnp.where(valid, jnp.exp(s - m_next[:, None]), 0.0)
             c = jnp.exp(m - m_next)
-            pv = plgpu.dot(e.astype(v_ref.dtype), v_ref[n, k, :, sl], trans_b=True).astype(jnp.float32)
+            pv = plgpu.dot(e.astype(dt), v_ref[n, k, :, sl].astype(dt), trans_b=True).astype(jnp.float32)
             return acc * c[:, None] + pv, m_next, den * c + jnp.sum(e, axis=-1)
 
         return jax.lax.fori_loop(0, k_ref.shape[2] // block_k, body, carry)
 
-    head = q_ref.shape[-1]
     carry = (jnp.zeros((_BLOCK_H, head), jnp.float32), jnp.full((_BLOCK_H,), _NEG, jnp.float32),
              jnp.zeros((_BLOCK_H,), jnp.float32))  # fmt: skip
-    carry = part(kp_ref, vp_ref, pm_ref, p, blocks[0], carry)
-    acc, _, den = part(ko_ref, vo_ref, om_ref, b, blocks[1], carry)
+    carry = part(kp_ref, vp_ref, pm_ref, p, blocks[0], -1, carry)
+    acc, m, den = part(ko_ref, vo_ref, om_ref, b, blocks[1], slot, carry)
+    # the new key, as the cache holds it: scored in float32 like the dots, its weight rounded like theirs
+    k1, k2 = (x.astype(ko_ref.dtype).astype(dt).astype(jnp.float32) for x in (k1, k2))
+    s = (jnp.sum(q1.astype(jnp.float32) * k1[None, :], axis=-1)
+         + jnp.sum(q2.astype(jnp.float32) * k2[None, :], axis=-1)) * scale
+    seen = writes & om_ref[b, at]
+    s = jnp.where(seen, s, _NEG)
+    m_next = jnp.maximum(m, s)
+    e = jnp.where(seen, jnp.exp(s - m_next), 0.0)
+    c = jnp.exp(m - m_next)
+    pv = e.astype(dt).astype(jnp.float32)[:, None] * vn.astype(dt).astype(jnp.float32)[None, :]
+    acc, den = acc * c[:, None] + pv, den * c + e
     out = jnp.where(den[:, None] > 0, acc / jnp.where(den > 0, den, 1.0)[:, None], 0.0)
     plgpu.store(o_ref.at[b, k, pl.ds(0, _BLOCK_H), :], out.astype(o_ref.dtype), mask=rows)
 
 
 def key_blocks(prefix_slots: int, decode_slots: int, block_k: int = 128) -> tuple[int, int]:
-    """The keys `decode_attend` reads per iteration of its prompt part and of its own part: ``gcd(block_k, slots)``
+    """The keys `decode_layer` reads per iteration of its prompt part and of its own part: ``gcd(block_k, slots)``
     each, so that every block is whole (a window of 480 decode slots is read 32 at a time, a 384-slot prompt 128)."""
     return math.gcd(block_k, prefix_slots), math.gcd(block_k, decode_slots)
 
 
-def decode_attend_fits(heads: int, prefix_slots: int, decode_slots: int, block_k: int = 128) -> bool:
-    """Whether `decode_attend` takes these shapes: at most `_BLOCK_H` query heads per kv head, and key blocks
-    (`key_blocks`) that are powers of two of at least 16 (Triton's smallest dot)."""
-    blocks = key_blocks(prefix_slots, decode_slots, block_k)
-    return heads <= _BLOCK_H and all(g >= 16 and g & (g - 1) == 0 for g in blocks)
+def decode_layer_fits(heads: int, head_dim: int, prefix_slots: int, decode_slots: int, block_k: int = 128) -> bool:
+    """Whether `decode_layer` takes these shapes: at most `_BLOCK_H` query heads per kv head, a half head (each score
+    is two half-width dots) and key blocks (`key_blocks`) that are powers of two of at least 16 (Triton's smallest
+    dot)."""
+    sizes = (*key_blocks(prefix_slots, decode_slots, block_k), head_dim // 2)
+    return heads <= _BLOCK_H and head_dim % 2 == 0 and all(g >= 16 and g & (g - 1) == 0 for g in sizes)
 
 
-def decode_attend(q_BKRH: jax.Array, kp_PKSH: jax.Array, vp_PKHS: jax.Array, prefix_mask_PS: jax.Array,
-                  ko_BKMH: jax.Array, vo_BKHM: jax.Array, mask_BM: jax.Array, *, interpret: bool = False,
-                  block_k: int = 128) -> jax.Array:  # fmt: skip
-    """`models.decode.attend_decode` (one query per row, its prompt's keys and its own, one softmax over both) as ONE
-    Pallas GPU kernel per layer: a program per (row, kv head) runs an online softmax over its prompt's cached keys
-    and then its own decode keys, reading the caches in their stored layouts (values ``[.., H, S]``) and writing the
-    output ``[B, K, R, H]`` in the layout the output projection reads: no score tensor, no partial outputs to merge,
-    no copy of a cache or of the queries. The ``R`` query heads of a kv head are padded to `_BLOCK_H` by masked loads.
-    Keys are read ``gcd(block_k, Tp)`` per iteration of the prompt part and ``gcd(block_k, M)`` of the own part
-    (`key_blocks`, `decode_attend_fits`). A query with no visible key gets 0."""
-    B, K, R, H = q_BKRH.shape
+def decode_layer(qkv_BKXH: jax.Array, cos_Bh: jax.Array, sin_Bh: jax.Array, kp_PKSH: jax.Array, vp_PKHS: jax.Array,
+                 prefix_mask_PS: jax.Array, ko_BKMH: jax.Array, vo_BKHM: jax.Array, mask_BM: jax.Array,
+                 slot_B: jax.Array, *, interpret: bool = False,
+                 block_k: int = 128) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
+    """A decode layer's attention step as ONE Pallas GPU kernel: what `models.decode.write_attend` computes with
+    XLA (RoPE on the queries and the new key, the new key and value written into the decode cache at each row's slot,
+    `models.decode.attend_decode` over the prompt's keys and the row's own), in one launch per layer instead of four
+    (the queries' RoPE, the two cache scatters, attention) and with no copy of the q|k|v product: it is read where
+    its GEMM wrote it, ``[B, K, R + 2, H]`` (per kv head its ``R`` queries, key and value: `decode_weights`' column
+    order). A program per (row, kv head); the caches are updated in place (``input_output_aliases``: donate them)
+    and read in their stored layouts (values ``[.., H, S]``); no score tensor. The ``R`` query heads of a kv head are
+    padded to `_BLOCK_H` by masked loads. Keys are read ``gcd(block_k, Tp)`` per iteration of the prompt part and
+    ``gcd(block_k, M)`` of the own part (`key_blocks`, `decode_layer_fits`). RoPE tables ``[B, H/2]`` (ones and
+    zeros: no rotation, exactly); ``slot [B]`` (``>= M``: no write). Returns ``(o [B, K, R, H], k cache, v cache)``.
+    A query with no visible key gets 0."""
+    B, K, X, H = qkv_BKXH.shape
+    R = X - 2
     P, _, Tp, _ = kp_PKSH.shape
     M = ko_BKMH.shape[2]
-    if not decode_attend_fits(R, Tp, M, block_k):
-        raise ValueError(f"the fused decode kernel needs key counts ({Tp}, {M}) each with a power-of-two divisor "
-                         f">= 16 and at most {_BLOCK_H} query heads per kv head (got {R}); use the XLA path")
-    kernel = functools.partial(_fused_kernel, group=B // P, heads=R, blocks=key_blocks(Tp, M, block_k),
+    if not decode_layer_fits(R, H, Tp, M, block_k):
+        raise ValueError(f"the fused decode kernel needs key counts ({Tp}, {M}) and a half head ({H // 2}) each with a "
+                         f"power-of-two divisor >= 16 and at most {_BLOCK_H} query heads per kv head (got {R}); use "
+                         "the XLA path")  # fmt: skip
+    kernel = functools.partial(_layer_kernel, group=B // P, heads=R, blocks=key_blocks(Tp, M, block_k),
                                scale=H**-0.5)  # fmt: skip
-    dt = q_BKRH.dtype
-    return pl.pallas_call(kernel, grid=(B, K), out_shape=jax.ShapeDtypeStruct((B, K, R, H), dt), interpret=interpret,
+    dt = qkv_BKXH.dtype
+    out_shape = (jax.ShapeDtypeStruct((B, K, R, H), dt), jax.ShapeDtypeStruct(ko_BKMH.shape, ko_BKMH.dtype),
+                 jax.ShapeDtypeStruct(vo_BKHM.shape, vo_BKHM.dtype))  # fmt: skip
+    return pl.pallas_call(kernel, grid=(B, K), out_shape=out_shape, interpret=interpret,
+                          input_output_aliases={6: 1, 7: 2},
                           compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
-                          name="decode_attend")(q_BKRH, kp_PKSH.astype(dt), vp_PKHS.astype(dt),
-                                                prefix_mask_PS.astype(bool), ko_BKMH.astype(dt), vo_BKHM.astype(dt),
-                                                mask_BM.astype(bool))  # fmt: skip
+                          name="decode_layer")(qkv_BKXH, cos_Bh.astype(jnp.float32), sin_Bh.astype(jnp.float32),
+                                               kp_PKSH.astype(dt), vp_PKHS.astype(dt), prefix_mask_PS.astype(bool),
+                                               ko_BKMH, vo_BKHM, mask_BM.astype(bool),
+                                               jnp.broadcast_to(slot_B, (B,)).astype(jnp.int32))  # fmt: skip
