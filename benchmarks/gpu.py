@@ -198,6 +198,31 @@ def _stepper(step_fn, state: ts.TrainState, batch: ts.Batch, width: int) -> tupl
     return one, held
 
 
+def _check_decode_layer(mcfg: models.ModelConfig, P: int, G: int, width: int, slots: int) -> dict:
+    """The fused decode-layer kernel (`pallas_attention.decode_layer`, Triton) against its XLA reference
+    (`models.decode.write_attend`) on this GPU, bf16, at the decode's shape: random q|k|v, prompts of ragged lengths,
+    rows at random slots of a ``slots``-wide window (every 7th row finished: its slot past the window)."""
+    from jaxgrpo.models import decode, pallas_attention
+
+    rng = np.random.default_rng(1)
+    B, K, R, H = P * G, mcfg.num_kv_heads, mcfg.heads_per_kv, mcfg.head_dim
+    f = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.bfloat16)  # noqa: E731
+    lengths = rng.integers(1, width + 1, size=P)
+    slot = np.where(np.arange(B) % 7 == 6, slots, rng.integers(0, slots, size=B))
+    angle = rng.uniform(0, 500, (B, H // 2))
+    args = (f(B, K, R + 2, H), jnp.asarray(np.cos(angle), jnp.float32), jnp.asarray(np.sin(angle), jnp.float32),
+            f(P, K, width, H), f(P, K, H, width), jnp.asarray(np.arange(width)[None] >= width - lengths[:, None]),
+            f(B, K, slots, H), f(B, K, H, slots), jnp.asarray(np.arange(slots)[None] <= slot[:, None]),
+            jnp.asarray(slot, jnp.int32))  # fmt: skip
+    ref = jax.device_get(jax.jit(decode.write_attend)(*args))
+    got = jax.device_get(jax.jit(pallas_attention.decode_layer)(*args))
+    out = {"out_max_abs_diff": float(np.max(np.abs(np.float32(got[0]) - np.float32(ref[0])))),
+           "caches_equal": bool(all(np.array_equal(g, r) for g, r in zip(got[1:], ref[1:])))}  # fmt: skip
+    _log(f"check decode_layer kernel vs XLA: |dout| max {out['out_max_abs_diff']:.2e}, caches equal "
+         f"{out['caches_equal']}")  # fmt: skip
+    return out
+
+
 def part_decode(args: argparse.Namespace, chip: aot.Chip) -> dict:
     mcfg = models.get_preset("qwen2.5-0.5b", dtype="bfloat16").replace(num_layers=LAYERS[0])
     params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), models.init_params(mcfg, jax.random.key(0)))
@@ -222,7 +247,8 @@ def part_decode(args: argparse.Namespace, chip: aot.Chip) -> dict:
     kv_bytes = 2 * mcfg.num_layers * mean_slots * mcfg.num_kv_heads * mcfg.head_dim * 2
     weight_bytes = models.count_params(mcfg) * 2
     roofline_s = (weight_bytes + kv_bytes) / chip.hbm_bandwidth
-    out = {"rows": P * G, "prompt_width": width, "new_tokens": [n1, n2],
+    check = _check_decode_layer(mcfg, P, G, width, 32 * -(-n2 // 32)) if jax.default_backend() == "gpu" else None
+    out = {"layer_check": check, "rows": P * G, "prompt_width": width, "new_tokens": [n1, n2],
            "median_s": {str(k): v for k, v in times.items()},
            "decode_step_s": step_s, "decode_tokens_per_s": P * G / step_s, "weight_bytes": weight_bytes,
            "kv_bytes_mean": kv_bytes, "roofline_step_s": roofline_s, "roofline_fraction": roofline_s / step_s,

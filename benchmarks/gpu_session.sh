@@ -85,7 +85,7 @@ part_trl() {
 part_decode() {
   timeout 150 "$PY" benchmarks/gpu.py --parts decode profile --chip "$CHIP" "${SMALL[@]}" --out "$OUT/decode.json" \
     > "$OUT/decode.log" 2>&1
-  echo "decode: exit $?"; grep -E "decode step|device busy" "$OUT/decode.log"
+  echo "decode: exit $?"; grep -E "decode step|device busy|check decode_layer" "$OUT/decode.log"
 }
 part_nograph() {
   XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" timeout 90 "$PY" benchmarks/gpu.py --parts decode \
