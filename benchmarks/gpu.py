@@ -46,10 +46,11 @@ sys.path.insert(0, str(REPO / "benchmarks"))  # the rollout maker of train_step.
 
 from train_step import random_rollout  # noqa: E402  (benchmarks/train_step.py)
 
-from jaxgrpo import aot, fused_head, models, padding, sampling  # noqa: E402
+from jaxgrpo import aot, models, padding, sampling  # noqa: E402
 from jaxgrpo import config as config_lib  # noqa: E402
-from jaxgrpo import train_step as ts  # noqa: E402
 from jaxgrpo.config import AlgoConfig, PerfConfig  # noqa: E402
+from jaxgrpo.learner import fused_head  # noqa: E402
+from jaxgrpo.learner import train_step as ts  # noqa: E402
 
 LAYERS = [24]  # the preset's depth; --layers overrides it (a quick run of the script itself on any backend)
 CONFIG = REPO / "jaxgrpo" / "configs" / "qwen2.5-0.5b-instruct_gsm8k.yaml"
@@ -102,7 +103,7 @@ def _rel_l2(tree, ref) -> float:
 
 def _check_lm_head(mcfg: models.ModelConfig, params, batch: ts.Batch) -> dict:
     """The fused Pallas LM head (Triton) against the chunked XLA head on the GPU: log-probs, loss and gradients."""
-    from jaxgrpo.logprobs import compute_logprobs
+    from jaxgrpo.learner.logprobs import compute_logprobs
 
     res = {}
     for head in ("xla", "fused"):

@@ -1,6 +1,6 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""The fused LM head's tilings side by side (issue 33): `jaxgrpo.fused_head.fused_logprobs` forward and forward +
-backward at one train-step shape, for each ``--tiles`` entry, beside the chunked XLA head, in one run.
+"""The fused LM head's tilings side by side (issue 33): `jaxgrpo.learner.fused_head.fused_logprobs` forward and forward
++ backward at one train-step shape, for each ``--tiles`` entry, beside the chunked XLA head, in one run.
 
 Why: on an H200 the Qwen2.5-0.5B train step's largest kernels are the head's forward and its ``dz`` kernel
 (BENCHMARKS §9). The forward runs one program per ``bm`` token rows over the whole vocabulary, so ``bm`` sets how
@@ -37,8 +37,8 @@ import jax.numpy as jnp
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-from jaxgrpo import fused_head  # noqa: E402
-from jaxgrpo import logprobs as logprobs_lib  # noqa: E402
+from jaxgrpo.learner import fused_head  # noqa: E402
+from jaxgrpo.learner import logprobs as logprobs_lib  # noqa: E402
 
 DEFAULT_TILES = ("128,128,64,8,3", "128,128,64,8,4", "128,128,128,8,3", "128,128,32,8,4", "64,256,64,8,3",
                  "64,128,64,4,4", "256,128,64,8,3", "64,128,64,4,2")  # fmt: skip

@@ -34,8 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgrpo import models, sampling
-from jaxgrpo import train_step as ts
 from jaxgrpo.config import AlgoConfig, OptimConfig
+from jaxgrpo.learner import train_step as ts
 from jaxgrpo.models import lora
 from jaxgrpo.models.presets import get_preset
 

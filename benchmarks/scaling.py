@@ -5,9 +5,9 @@ long run that asserts no recompilation and flat memory.
 Grid mode (default): for each (model, G, completion length) — models ``tiny`` (2 layers, hidden 64, vocab 512) and
 ``135m`` (the SmolLM2-135M config, random weights) — one subprocess builds ``--prompts`` random prompts of
 ``--prompt-len`` tokens × G completions of exactly L tokens and runs the jitted train step
-(`jaxgrpo.train_step.make_train_step`, ``perf.prefix_sharing`` per ``--prefix-sharing``, ``perf.remat`` per ``--remat``)
-on them, ``--steps`` times. The completions are uniform random tokens with random old log-probs by default (the
-train step's cost does not depend on token values); ``--sample`` draws them with `jaxgrpo.sampling.generate` (no
+(`jaxgrpo.learner.train_step.make_train_step`, ``perf.prefix_sharing`` per ``--prefix-sharing``, ``perf.remat`` per
+``--remat``) on them, ``--steps`` times. The completions are uniform random tokens with random old log-probs by default
+(the train step's cost does not depend on token values); ``--sample`` draws them with `jaxgrpo.sampling.generate` (no
 stop token) instead and reports the sampling time too. Reported per cell: median seconds of the train step (first
 call = compile, excluded), and peak memory: the process's peak RSS (``ru_maxrss``, CPU; includes the parameters,
 AdamW state and the Python/XLA runtime) and, where the device reports it, ``peak_bytes_in_use`` (GPU/TPU). One
@@ -88,8 +88,8 @@ def run_cell(
     import numpy as np
 
     from jaxgrpo import models, sampling
-    from jaxgrpo import train_step as ts
     from jaxgrpo.config import AlgoConfig, OptimConfig, PerfConfig
+    from jaxgrpo.learner import train_step as ts
 
     cfg = model_config(model)
     params = models.init_params(cfg, jax.random.key(0))

@@ -1,5 +1,5 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""Train-step throughput: ``jaxgrpo.train_step`` vs the same model, loss and optimizer in PyTorch, in one run.
+"""Train-step throughput: ``jaxgrpo.learner.train_step`` vs the same model, loss and optimizer in PyTorch, in one run.
 
 Workload: a Llama-architecture model with the SmolLM2-135M config (``jaxgrpo.models.presets``: vocab 49152, hidden
 576, MLP 1536, 9 heads / 3 kv heads, tied embeddings; ``--layers`` overrides the depth, default all 30) and random
@@ -48,8 +48,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgrpo import models
-from jaxgrpo import train_step as ts
 from jaxgrpo.config import AlgoConfig, OptimConfig
+from jaxgrpo.learner import train_step as ts
 from jaxgrpo.models.presets import get_preset
 
 CLIP_LOW, CLIP_HIGH, LR, MAX_NORM, EPS_ADV = 0.2, 0.28, 1e-6, 1.0, 1e-6
@@ -57,7 +57,8 @@ CLIP_LOW, CLIP_HIGH, LR, MAX_NORM, EPS_ADV = 0.2, 0.28, 1e-6, 1.0, 1e-6
 
 def random_rollout(P: int, G: int, Tp: int, Tc: int, vocab: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """A rollout of random tokens: prompts left-padded to ``Tp`` and completions right-padded to ``Tc`` (lengths
-    uniform from half to full), binary rewards, every sample valid (the fields of `jaxgrpo.train_step.Batch`)."""
+    uniform from half to full), binary rewards, every sample valid (the fields of
+    `jaxgrpo.learner.train_step.Batch`)."""
     B = P * G
     plen = rng.integers(Tp // 2, Tp + 1, size=P).repeat(G)
     clen = rng.integers(Tc // 2, Tc + 1, size=B)

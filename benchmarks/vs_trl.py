@@ -177,8 +177,8 @@ def run_jaxgrpo(steps: int, prefix_sharing: bool) -> dict:
     import jax.numpy as jnp
 
     from jaxgrpo import config as config_lib
-    from jaxgrpo import train_step as ts
     from jaxgrpo import trainer as trainer_lib
+    from jaxgrpo.learner import train_step as ts
 
     # perf.prefix_sharing (algo.prefix_sharing in older versions, so this script can measure them too)
     switch = next((f"{section}.prefix_sharing" for section in ("perf", "algo") if "prefix_sharing" in

@@ -1,9 +1,9 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
 """Will a config fit its hardware? Ahead-of-time compilation of the train step for a device topology, on this host.
 
-The train step (`jaxgrpo.train_step.make_train_step`, every perf switch as `jaxgrpo.perf.resolve_perf` applies it to
-the target platform) is lowered on abstract weights (`train_step.abstract_state`: shapes, dtypes and shardings, no
-checkpoint needed) and a worst-case batch (every prompt ``data.max_prompt_tokens`` long, every completion
+The train step (`jaxgrpo.learner.train_step.make_train_step`, every perf switch as `jaxgrpo.learner.perf.resolve_perf`
+applies it to the target platform) is lowered on abstract weights (`train_step.abstract_state`: shapes, dtypes and
+shardings, no checkpoint needed) and a worst-case batch (every prompt ``data.max_prompt_tokens`` long, every completion
 ``rollout.max_new_tokens``), then compiled by XLA for the target: a TPU slice through libtpu's compile-only devices
 (``jax.experimental.topologies.get_topology_desc``, as MaxText's ``train_compile.py`` does; ``pip install
 jaxgrpo[tpu]`` brings libtpu), or the local backend. XLA's `memory_analysis` then gives per-chip bytes exactly as the
@@ -34,10 +34,10 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgrpo import hlo, models, padding, sharding
-from jaxgrpo import train_step as ts
 from jaxgrpo.config import Config
 from jaxgrpo.errors import ConfigError
-from jaxgrpo.perf import attention_kernel, on_gpu, resolve_perf
+from jaxgrpo.learner import train_step as ts
+from jaxgrpo.learner.perf import attention_kernel, on_gpu, resolve_perf
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxgrpo import models, padding, sharding
 from jaxgrpo.config_sections import Config
-from jaxgrpo.perf import attention_kernel, resolve_perf
+from jaxgrpo.learner.perf import attention_kernel, resolve_perf
 
 
 @dataclasses.dataclass(frozen=True)

@@ -448,7 +448,7 @@ def validate(cfg: Config) -> None:
     _require(t.max_sampled_tokens is None or t.max_sampled_tokens >= 1, "train.max_sampled_tokens",
              t.max_sampled_tokens, ">= 1 or null (no token budget)")
     # The train step splits the P groups into num_minibatches × grad_accum_steps parts of whole groups on each of
-    # the data × fsdp batch shards (jaxgrpo.train_step), so P must be a multiple of their product.
+    # the data × fsdp batch shards (jaxgrpo.learner.train_step), so P must be a multiple of their product.
     parts = a.num_minibatches * a.grad_accum_steps * cfg.mesh.data * cfg.mesh.fsdp
     if r.prompts_per_step % parts:
         raise ConfigError(

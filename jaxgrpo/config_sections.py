@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from jaxgrpo.advantages import Estimator
 from jaxgrpo.degeneracy import DegenerateMode
-from jaxgrpo.logprobs import LMHead
+from jaxgrpo.learner.logprobs import LMHead
 from jaxgrpo.losses import Aggregation, KLEstimator, Objective, RatioLevel, SamplerCorrection
 from jaxgrpo.models.attention import AttentionKind
 from jaxgrpo.models.config import LORA_TARGETS, LoraTarget
@@ -23,7 +23,7 @@ from jaxgrpo.rewards import OnRewardError
 from jaxgrpo.rollout.params import EngineMode
 from jaxgrpo.scheduler import RolloutSchedule
 
-# Choices of modules that import this one (jaxgrpo.data: sources, templates; jaxgrpo.optim: schedules) or of none.
+# Choices of modules that import this one (jaxgrpo.data: sources, templates; learner.optim: schedules) or of none.
 ModelDtype = Literal["float32", "bfloat16"]
 DataSource = Literal["synthetic", "gsm8k", "words", "hf"]
 PromptTemplate = Literal["chat", "plain"]
@@ -171,7 +171,7 @@ class PerfConfig:
     """How the step is computed, not what: each switch keeps the loss and gradients (up to float rounding).
 
     A switch that cannot apply to a run (e.g. projection reuse with several optimizer updates per rollout) is turned
-    off for it, and the run says so once at startup (`jaxgrpo.perf.resolve_perf`)."""
+    off for it, and the run says so once at startup (`jaxgrpo.learner.perf.resolve_perf`)."""
 
     prefix_sharing: bool = True  # train step encodes each group's prompt once for its G completions
     prompt_packing: bool = True  # with prefix sharing, the train step runs the prompts packed end to end (no padding)
@@ -188,8 +188,8 @@ class PerfConfig:
     # the trainer sizes each step's batch to what was sampled: completion width on a ladder up to
     # rollout.max_new_tokens, masked degenerate groups dropped (row count on a ladder too; jaxgrpo.step_batch)
     trim_batch: bool = True
-    # the train step's LM head: xla = chunked float32 logits; fused = jaxgrpo.fused_head's Pallas kernels (no float32
-    # [tokens, V] array); auto = fused on an NVIDIA GPU with no top-k/top-p and one batch shard, xla elsewhere
+    # the train step's LM head: xla = chunked float32 logits; fused = jaxgrpo.learner.fused_head's Pallas kernels (no
+    # float32 [tokens, V] array); auto = fused on an NVIDIA GPU with no top-k/top-p and one batch shard, xla elsewhere
     lm_head: LMHead = "auto"
     # after the first step, a background thread compiles every other shape the run's step path can take (train-step
     # ladder rungs, decode windows: jaxgrpo.precompile); auto = background on accelerators, off on CPU

@@ -119,8 +119,8 @@ def summarize(successes: np.ndarray, group_sizes: Sequence[int], ks: Sequence[in
 
 def prefill_attention(cfg: Config, model_config: models.ModelConfig) -> Kernel:
     """The sampler's prefill attention kernel for ``cfg`` on this host's backend: its ``perf.attention`` resolved as a
-    training run resolves it (`jaxgrpo.perf.resolve_perf`)."""
-    from jaxgrpo.perf import attention_kernel, resolve_perf
+    training run resolves it (`jaxgrpo.learner.perf.resolve_perf`)."""
+    from jaxgrpo.learner.perf import attention_kernel, resolve_perf
 
     perf, _ = resolve_perf(cfg.algo, cfg.perf, num_shards=1, platform=jax.default_backend(),
                            compute_dtype=model_config.dtype)  # fmt: skip

@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxgrpo import data as data_lib
 from jaxgrpo import degeneracy, sampling
-from jaxgrpo.batch import Batch, left_pad_prompts
+from jaxgrpo.learner.batch import Batch, left_pad_prompts
 
 
 @dataclasses.dataclass

@@ -44,7 +44,7 @@ import numpy as np
 
 from jaxgrpo import models, padding
 from jaxgrpo import precompile as pc
-from jaxgrpo.batch import Batch
+from jaxgrpo.learner.batch import Batch
 
 Job = tuple[str, Callable[[], Any]]
 

@@ -12,9 +12,9 @@ One RL step, with the same prompts, keys, checkpoint and resume as a single-turn
 2. rewards: ``sum_i w_i fn_i(answer, example)`` over the ``data.rewards`` functions, where ``answer`` is the text of
    the trajectory's last policy turn (its answer; "" when a limit stopped it), plus, with the reserved name
    ``environment`` in ``data.rewards``, ``w * env.get_reward()`` of the trajectory's environment instance;
-3. the batch (`jaxgrpo.batch.multiturn_batch`): each group's shared prompt, then the completion region (policy turns
-   and the template/tool tokens between them); ``action_mask`` = the policy's tokens, so tool and environment tokens
-   are attended but carry no loss, no KL and no count in the aggregation (`Batch.action_mask`);
+3. the batch (`jaxgrpo.learner.batch.multiturn_batch`): each group's shared prompt, then the completion region (policy
+   turns and the template/tool tokens between them); ``action_mask`` = the policy's tokens, so tool and environment
+   tokens are attended but carry no loss, no KL and no count in the aggregation (`Batch.action_mask`);
 4. the ordinary jitted train step.
 
 A tool that hangs, raises or returns something unprintable is answered to the model as an error and counted
@@ -65,12 +65,12 @@ import numpy as np
 
 from jaxgrpo import degeneracy, diversity, models, objectives, padding, sampling, scheduled
 from jaxgrpo import step_batch as step_batch_lib
-from jaxgrpo import train_step as ts
-from jaxgrpo.batch import Batch, global_batch, multiturn_batch
 from jaxgrpo.config_sections import Config
 from jaxgrpo.errors import ConfigError, RewardError
 from jaxgrpo.example import Example
 from jaxgrpo.groups import process_share, resample_metrics
+from jaxgrpo.learner import train_step as ts
+from jaxgrpo.learner.batch import Batch, global_batch, multiturn_batch
 from jaxgrpo.models.attention import DENSE, Kernel
 from jaxgrpo.rewards import Scorer
 from jaxgrpo.rollout import history, turn_driver

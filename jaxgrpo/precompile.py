@@ -53,7 +53,7 @@ import numpy as np
 
 from jaxgrpo import models, padding
 from jaxgrpo import step_batch as step_batch_lib
-from jaxgrpo.batch import Batch
+from jaxgrpo.learner.batch import Batch
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 CACHE_HIT_EVENT = "/jax/compilation_cache/compile_time_saved_sec"  # a program read from the persistent cache
@@ -210,8 +210,8 @@ def packed_rungs(shapes: step_batch_lib.StepShapes, prompt_lengths: list[int], g
 def place_batch(tr: Any, groups: int, width: int) -> Batch:
     """A zero batch of ``groups`` groups and completion width ``width`` made and placed as `StepShapes.batch` makes
     and places a step's (``jnp.asarray`` of a host array compiles a transfer program per shape and dtype)."""
-    from jaxgrpo.batch import global_batch
     from jaxgrpo.groups import Rollout, make_batch, process_share
+    from jaxgrpo.learner.batch import global_batch
     from jaxgrpo.rollout.record import Completions
 
     G = tr.cfg.rollout.group_size

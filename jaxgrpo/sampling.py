@@ -91,7 +91,7 @@ def generate(
       key: a PRNG key.  mesh: optional mesh; the rollout batch is split over its ``BATCH_AXES``.
       prompt_buckets: optional static prompt lengths; default 16, 20, 24, 28, 32, 40, ... (see
       ``jaxgrpo.padding.prompt_bucket``).
-      packed_ladder: the caller's run's ``(floor, cap)`` (`jaxgrpo.perf.shape_ladders`): the packed width climbs
+      packed_ladder: the caller's run's ``(floor, cap)`` (`jaxgrpo.learner.perf.shape_ladders`): the packed width climbs
       `padding.ladder_bucket` from ``floor`` to ``cap`` (one program for nearly every step of a run), not 4 buckets
       per octave.
       attention: the prefill's attention kernel (`models.attention.Kernel`: a run's resolved ``perf.attention``).

@@ -14,8 +14,8 @@ A run fixes the prompt width (the data's longest prompt, rounded up) and the pac
   denominator; dropping such a group before the step leaves the loss and gradient unchanged *provided* no other group
   reads it: not with ``grpo``'s ``scale="batch"`` (its batch std counts every group) nor with Clip-Cov (its random
   token draw has the batch's shape); `row_blocker` says why not. Group ``p`` of a rollout is trained in part
-  ``p mod S`` (``S = num_minibatches × grad_accum_steps``, `jaxgrpo.minibatch`), and each part must keep its groups
-  so that every optimizer update sees the same ones: `kept_groups` keeps, for every part, its informative groups
+  ``p mod S`` (``S = num_minibatches × grad_accum_steps``, `jaxgrpo.learner.minibatch`), and each part must keep its
+  groups so that every optimizer update sees the same ones: `kept_groups` keeps, for every part, its informative groups
   and fills up to ``m`` with the part's own degenerate groups (still masked by the step), ``m`` the
   `padding.ladder_bucket` of the fullest part's informative count on rungs ``u_r · 2^k`` up to ``P / S``, ``u_r`` a
   quarter of ``P / S`` rounded up to a multiple of the batch shards ``data × fsdp``. The batch has ``P' = S · m``
@@ -39,10 +39,10 @@ from jax.sharding import Mesh
 
 from jaxgrpo import advantages as advantages_lib
 from jaxgrpo import degeneracy, padding
-from jaxgrpo.batch import Batch, global_batch
 from jaxgrpo.config_sections import AlgoConfig, PerfConfig
 from jaxgrpo.groups import Rollout, make_batch, merge_groups, process_share
-from jaxgrpo.perf import packed_prompt_width, shape_ladders
+from jaxgrpo.learner.batch import Batch, global_batch
+from jaxgrpo.learner.perf import packed_prompt_width, shape_ladders
 
 COMPLETION_UNIT = 16  # completion widths are multiples of this (or the cap)
 COMPLETION_RUNGS = 8  # the lowest completion rung is about max_new_tokens / this
@@ -100,7 +100,7 @@ def step_algo(algo: AlgoConfig, max_new_tokens: int) -> AlgoConfig:
 
 
 def estimator_kwargs(algo: AlgoConfig) -> dict[str, Any]:
-    """The estimator's keywords as the train step passes them (`jaxgrpo.minibatch.StepParts`): the degeneracy
+    """The estimator's keywords as the train step passes them (`jaxgrpo.learner.minibatch.StepParts`): the degeneracy
     tolerances unless ``algo.estimator_args`` sets them (`advantages.compute` routes them where they are used)."""
     return {"atol": algo.degenerate_atol, "rtol": algo.degenerate_rtol, **algo.estimator_args}
 

@@ -172,7 +172,7 @@ def kept_mask(z: jax.Array, *, top_k: int = 0, top_p: float | None = None) -> ja
     """Boolean ``[N, V]``: the tokens the top-k / top-p rule of `truncated_logits` keeps from already
     temperature-scaled logits ``z [N, V]`` (the same set, ties included: it runs `truncated_logits` at temperature 1,
     an exact division). ``top_k`` (0 = off) and ``top_p`` (None = off) are static. For a learner that scores sampled
-    tokens under the sampling distribution (`jaxgrpo.logprobs`)."""
+    tokens under the sampling distribution (`jaxgrpo.learner.logprobs`)."""
     vocab = z.shape[-1]
     cand, ids = truncated_logits(z, 1.0, top_k=top_k, top_p=top_p)
     if ids is None:

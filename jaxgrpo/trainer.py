@@ -39,14 +39,14 @@ from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
 from jaxgrpo import multiturn_step as mt_step
-from jaxgrpo import optim as optim_lib
 from jaxgrpo import retain as retain_lib
 from jaxgrpo import run_dir as run_dir_lib
 from jaxgrpo import sharding as sharding_lib
 from jaxgrpo import step_batch as step_batch_lib
-from jaxgrpo import train_step as ts
 from jaxgrpo import warm_start as warm_start_lib
 from jaxgrpo.groups import Rollout
+from jaxgrpo.learner import optim as optim_lib
+from jaxgrpo.learner import train_step as ts
 from jaxgrpo.models import lora
 from jaxgrpo.models.attention import Kernel
 from jaxgrpo.rollout import driver as rollout_driver
@@ -146,7 +146,7 @@ class Trainer:
             self.ref_logprobs = ts.reference_logprobs_fn(self.model_config, temperature, self.perf, cfg.rollout.top_k,
                                                          cfg.rollout.top_p, m.data * m.fsdp,
                                                          a.num_minibatches * a.grad_accum_steps)  # fmt: skip
-        # the learner's log-probs are of the sampler's distribution (top-k / top-p truncated: jaxgrpo.logprobs)
+        # the learner's log-probs are of the sampler's distribution (top-k / top-p truncated: jaxgrpo.learner.logprobs)
         # max_tokens fixed: the single-turn batch's completion width varies (`jaxgrpo.step_batch`)
         r = cfg.rollout
         algo = cfg.algo if self.multiturn is not None else step_batch_lib.step_algo(cfg.algo, r.max_new_tokens)
@@ -228,7 +228,7 @@ class Trainer:
         for note in self.perf_notes:
             print(f"jaxgrpo: {note}", file=sys.stderr)
         info = {"applied": dataclasses.asdict(self.perf), "notes": list(self.perf_notes)}
-        header = "# jaxgrpo perf switches as applied to this run (jaxgrpo.train_step.resolve_perf)\n"
+        header = "# jaxgrpo perf switches as applied to this run (jaxgrpo.learner.train_step.resolve_perf)\n"
         (self.run_dir / PERF_FILE).write_text(header + yaml.safe_dump(info, sort_keys=False))
 
     def checkpoint_extra(self) -> dict[str, Any]:

@@ -44,15 +44,15 @@ import optax
 
 from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import models
-from jaxgrpo import optim as optim_lib
-from jaxgrpo.batch import left_pad_prompts
 from jaxgrpo.config_sections import Config, OptimConfig, PerfConfig, WarmStartConfig
 from jaxgrpo.errors import ConfigError, DataError
 from jaxgrpo.example import Example
-from jaxgrpo.logprobs import compute_logprobs
+from jaxgrpo.learner import optim as optim_lib
+from jaxgrpo.learner.batch import left_pad_prompts
+from jaxgrpo.learner.logprobs import compute_logprobs
+from jaxgrpo.learner.perf import layer_loop
 from jaxgrpo.models import lora
 from jaxgrpo.models.attention import Kernel
-from jaxgrpo.perf import layer_loop
 from jaxgrpo.rollout.env import load_object
 from jaxgrpo.rollout.history import ChatFormat, Message, TurnHistory, to_rows
 from jaxgrpo.rollout.tools import MalformedCall, ToolCall, as_call, format_calls, parse_tool_calls

@@ -133,7 +133,7 @@ def _release_compiled_programs(request: pytest.FixtureRequest):
     """After each module: drop the trainer's memoized programs and jax's caches, so their executables (and the memory
     maps XLA:CPU holds for them) are freed; a module that leaves too many maps behind errors in its teardown."""
     yield
-    from jaxgrpo.train_step import release_programs
+    from jaxgrpo.learner.train_step import release_programs
 
     release_programs()
     jax.clear_caches()

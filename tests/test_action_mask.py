@@ -20,9 +20,10 @@ import numpy as np
 import pytest
 from test_train_step import V, tiny_config  # noqa: E402  the tiny model of tests/test_train_step.py
 
-from jaxgrpo import minibatch, models
-from jaxgrpo import train_step as ts
+from jaxgrpo import models
 from jaxgrpo.config import AlgoConfig, PerfConfig
+from jaxgrpo.learner import minibatch
+from jaxgrpo.learner import train_step as ts
 
 # its shapes too (already compiled by the suite)
 TP, TC, TEMP = 6, 8, 0.7

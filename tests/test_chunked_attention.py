@@ -76,8 +76,8 @@ def test_train_step_with_chunked_attention_equals_dense(prefix_sharing):
     from test_train_step import TEMP, make_batch_np, tiny_config, to_batch
 
     from jaxgrpo import models
-    from jaxgrpo import train_step as ts
     from jaxgrpo.config import AlgoConfig, PerfConfig
+    from jaxgrpo.learner import train_step as ts
 
     config = tiny_config()
     params = models.init_params(config, jax.random.key(0))
@@ -103,8 +103,8 @@ def test_train_step_with_chunked_attention_under_a_mesh_equals_dense_on_one_devi
     from test_train_step import TEMP, make_batch_np, tiny_config, to_batch
 
     from jaxgrpo import models, sharding
-    from jaxgrpo import train_step as ts
     from jaxgrpo.config import AlgoConfig, PerfConfig
+    from jaxgrpo.learner import train_step as ts
 
     config = tiny_config()
     params = models.init_params(config, jax.random.key(0))
@@ -163,7 +163,7 @@ def test_fused_kernel_equals_plain_attention():
 )  # fmt: skip
 def test_resolve_attention_kernel(platform, dtype, requested, expected):
     from jaxgrpo.config import AlgoConfig, PerfConfig
-    from jaxgrpo.perf import resolve_perf
+    from jaxgrpo.learner.perf import resolve_perf
 
     perf, notes = resolve_perf(AlgoConfig(), PerfConfig(attention=requested), num_shards=1, platform=platform,
                                compute_dtype=dtype)  # fmt: skip

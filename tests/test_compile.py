@@ -13,7 +13,7 @@ import pytest
 from jaxgrpo import aot, models, padding, sharding
 from jaxgrpo import compile as compile_cli
 from jaxgrpo import config as config_lib
-from jaxgrpo import train_step as ts
+from jaxgrpo.learner import train_step as ts
 
 
 def test_default_config_fits_the_local_device(capsys):

@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 import jaxgrpo
-from jaxgrpo import advantages, coerce, config_sections, degeneracy, logprobs, losses, objectives, rewards, scheduler
+from jaxgrpo import advantages, coerce, config_sections, degeneracy, losses, objectives, rewards, scheduler
 from jaxgrpo import config as C
+from jaxgrpo.learner import logprobs
 from jaxgrpo.models import attention, gguf_export, layers
 from jaxgrpo.rollout import params as rollout_params
 

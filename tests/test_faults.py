@@ -168,7 +168,7 @@ def test_a_checkpoint_of_the_former_optimizer_layout_resumes_exactly(reference, 
     in one line, restores the same moments, and its step 2 equals the reference's."""
     import optax
 
-    from jaxgrpo import optim as optim_lib
+    from jaxgrpo.learner import optim as optim_lib
 
     cfg = small("train.steps=2", "checkpoint.every=1")
     run = tmp_path / "run"

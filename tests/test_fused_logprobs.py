@@ -1,6 +1,6 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""The fused LM head (`jaxgrpo.fused_head`, Pallas kernels run by the interpreter on CPU) against a float64 NumPy
-log-softmax / gather / entropy and its closed-form gradient computed by hand (``dz = g (onehot − p) / τ``,
+"""The fused LM head (`jaxgrpo.learner.fused_head`, Pallas kernels run by the interpreter on CPU) against a float64
+NumPy log-softmax / gather / entropy and its closed-form gradient computed by hand (``dz = g (onehot − p) / τ``,
 ``dh = dz Wᵀ``, ``dW = hᵀ dz``), against autodiff of a plain jnp log-softmax, and through `compute_logprobs`
 against its chunked XLA head: values and gradients of a policy loss, with LoRA, and on the 8-device mesh."""
 
@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxgrpo import fused_head, losses, models, sharding
-from jaxgrpo import train_step as ts
-from jaxgrpo.fused_head import Blocks
+from jaxgrpo import losses, models, sharding
+from jaxgrpo.learner import fused_head
+from jaxgrpo.learner import train_step as ts
+from jaxgrpo.learner.fused_head import Blocks
 from tests.model_helpers import random_params
 from tests.test_train_step import TC, TEMP, make_batch_np, tiny_config
 
@@ -194,8 +195,8 @@ def test_policy_gradient_through_the_fused_head(monkeypatch):
     """The train step's loss and gradients (`train_step.policy_gradient`: prefix sharing, the clipped loss, grouped
     advantages, a degenerate group masked) with the fused head in place of the XLA one, against jax.grad of the
     independent full-logits reference loss that `tests/test_train_step.py` holds the XLA head's step to."""
-    from jaxgrpo import minibatch
     from jaxgrpo.config import AlgoConfig
+    from jaxgrpo.learner import minibatch
     from tests.test_train_step import reference_loss_fn, to_batch
 
     config = tiny_config()

@@ -138,8 +138,9 @@ def test_the_detector_finds_cycles_in_a_fake_package(tmp_path, change, expected)
         assert describe(expected, graph).startswith(f"{expected[0]} -> {expected[1]} (line ")
 
 
-LEARNER = ("jaxgrpo.train_step", "jaxgrpo.minibatch", "jaxgrpo.batch", "jaxgrpo.logprobs", "jaxgrpo.optim",
-           "jaxgrpo.perf", "jaxgrpo.trainer")  # fmt: skip
+LEARNER = ("jaxgrpo.learner", "jaxgrpo.learner.train_step", "jaxgrpo.learner.minibatch", "jaxgrpo.learner.batch",
+           "jaxgrpo.learner.logprobs", "jaxgrpo.learner.fused_head", "jaxgrpo.learner.optim", "jaxgrpo.learner.perf",
+           "jaxgrpo.trainer")  # fmt: skip
 YAML_LOADER = "jaxgrpo.config"
 
 

@@ -23,8 +23,8 @@ from test_train_step import (
 )
 
 from jaxgrpo import models
-from jaxgrpo import train_step as ts
 from jaxgrpo.config_sections import AlgoConfig, OptimConfig, PerfConfig
+from jaxgrpo.learner import train_step as ts
 from jaxgrpo.models.transformer import hidden_states
 
 

@@ -17,8 +17,8 @@ from model_helpers import random_params, rel_err
 from test_train_step import TEMP, V, make_batch_np, to_batch
 
 from jaxgrpo import models, sharding
-from jaxgrpo import train_step as ts
 from jaxgrpo.config import AlgoConfig, OptimConfig
+from jaxgrpo.learner import train_step as ts
 from jaxgrpo.models import lora
 
 BASE = models.ModelConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,

@@ -19,8 +19,8 @@ from test_train_step import TEMP, make_batch_np, tiny_config, to_batch
 
 from jaxgrpo import config as config_lib
 from jaxgrpo import metrics_log, models, trainer
-from jaxgrpo import train_step as ts
 from jaxgrpo.config import AlgoConfig, OptimConfig
+from jaxgrpo.learner import train_step as ts
 
 
 def test_masters_in_param_dtype_forward_in_compute_dtype():

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from jaxgrpo import models, sampling
-from jaxgrpo.batch import check_batch, multiturn_batch
 from jaxgrpo.config import AlgoConfig
 from jaxgrpo.gguf_tokenizer import gguf_tokenizer
+from jaxgrpo.learner.batch import check_batch, multiturn_batch
 from jaxgrpo.rollout import multiturn as MT
 from jaxgrpo.rollout.env import Toolbox
 from jaxgrpo.rollout.history import ChatFormat

@@ -16,8 +16,8 @@ from test_train import small_config
 from test_train_step import TEMP, make_batch_np, reference_logprobs, tiny_config, to_batch
 
 from jaxgrpo import advantages, losses, models, sharding, trainer
-from jaxgrpo import train_step as ts
 from jaxgrpo.config import AlgoConfig, OptimConfig
+from jaxgrpo.learner import train_step as ts
 
 
 @pytest.fixture(scope="module")

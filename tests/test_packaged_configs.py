@@ -16,7 +16,7 @@ from jax.sharding import AbstractMesh
 
 from jaxgrpo import aot, models, sharding
 from jaxgrpo import config as config_lib
-from jaxgrpo import train_step as ts
+from jaxgrpo.learner import train_step as ts
 
 CONFIGS = sorted(p.stem for p in (pathlib.Path(config_lib.__file__).parent / "configs").glob("*.yaml"))
 # the hardware each config's header names; CPU configs: the 24 GiB development machine (DESIGN.md, Machines)

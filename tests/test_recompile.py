@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from jaxgrpo import config as config_lib
-from jaxgrpo import padding, perf, trainer
+from jaxgrpo import padding, trainer
+from jaxgrpo.learner import perf
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 # a program read from the persistent compilation cache (tests/conftest.py) is a new program too, just not compiled

@@ -1,9 +1,9 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""The learner's log-probs under the sampler's top-k / top-p truncation (`jaxgrpo.logprobs`, ``top_k``/``top_p``):
-values and entropies against a float64 NumPy truncated softmax of `models.forward`'s logits (the kept set by the
-nucleus rule written out by hand, the target always kept), gradients against jax autodiff of that formula (both
-LM-head backward paths), the importance ratio 1 at the sampling parameters with top_p=0.9 / top_k=20 (and the
-full-softmax log-probs off by log(kept mass), the leak these guard), and the trainer training with truncation."""
+"""The learner's log-probs under the sampler's top-k / top-p truncation (`jaxgrpo.learner.logprobs`,
+``top_k``/``top_p``): values and entropies against a float64 NumPy truncated softmax of `models.forward`'s logits (the
+kept set by the nucleus rule written out by hand, the target always kept), gradients against jax autodiff of that
+formula (both LM-head backward paths), the importance ratio 1 at the sampling parameters with top_p=0.9 / top_k=20 (and
+the full-softmax log-probs off by log(kept mass), the leak these guard), and the trainer training with truncation."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from model_helpers import rel_err
 from test_sampling import PROMPTS, tiny_model
 from test_train import small_config
 
-from jaxgrpo import logprobs as logprobs_lib
 from jaxgrpo import models, sampling, trainer
+from jaxgrpo.learner import logprobs as logprobs_lib
 from jaxgrpo.rollout.record import RolloutRecord
 
 T = 0.7

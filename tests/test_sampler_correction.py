@@ -13,8 +13,8 @@ import pytest
 from test_train_step import TEMP, make_batch_np, reference_logprobs, tiny_config, to_batch
 
 from jaxgrpo import advantages, losses, models
-from jaxgrpo import train_step as ts
 from jaxgrpo.config import AlgoConfig
+from jaxgrpo.learner import train_step as ts
 
 TRAIN = np.array([[0.0, 0.0, -1.0, -2.0], [-0.5, -0.5, -0.5, 0.0]], np.float32)
 SAMPLER = np.array([[0.0, -1.0, 0.0, -2.0], [-0.2, -0.2, -0.2, 0.0]], np.float32)

@@ -15,9 +15,9 @@ from test_lora import lora_params
 from test_train_step import TEMP, V, assert_trees_close, tiny_config
 
 from jaxgrpo import models, sharding, step_batch
-from jaxgrpo import train_step as ts
 from jaxgrpo.config_sections import AlgoConfig, OptimConfig, PerfConfig
 from jaxgrpo.groups import Rollout, make_batch
+from jaxgrpo.learner import train_step as ts
 from jaxgrpo.rollout.record import Completions
 
 TC = 48  # rollout.max_new_tokens of the hand-built rollouts: completion rungs 16, 32, 48

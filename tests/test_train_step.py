@@ -1,5 +1,5 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""Tests of jaxgrpo.train_step on one device: log-probs, gradient, optimizer, degenerate-group modes, μ > 1,
+"""Tests of jaxgrpo.learner.train_step on one device: log-probs, gradient, optimizer, degenerate-group modes, μ > 1,
 minibatches, gradient accumulation, no recompilation. Sharded / multi-process runs: test_train_step_sharded.py.
 
 The references are independent of the step's code path: log-probs from `models.forward` (full ``[B, T, V]``
@@ -19,9 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxgrpo import advantages, degeneracy, logprobs, losses, models, optim
-from jaxgrpo import train_step as ts
+from jaxgrpo import advantages, degeneracy, losses, models
 from jaxgrpo.config import AlgoConfig, OptimConfig, PerfConfig
+from jaxgrpo.learner import logprobs, optim
+from jaxgrpo.learner import train_step as ts
 
 V = 80  # distinct from every other dimension of the tiny model, so [.., V] shapes are logits
 TP, TC = 6, 8

@@ -18,8 +18,8 @@ import pytest
 from test_train_step import TEMP, make_batch_np, tiny_config, to_batch
 
 from jaxgrpo import models, sharding
-from jaxgrpo import train_step as ts
 from jaxgrpo.config import AlgoConfig, OptimConfig, PerfConfig
+from jaxgrpo.learner import train_step as ts
 
 OPTIM = OptimConfig(learning_rate=1e-3, max_grad_norm=1.0, warmup_steps=1, schedule="cosine", weight_decay=0.01)
 # (a): batch-std advantages, degenerate groups masked, KL, clip-higher, grad accumulation; P=16 so the 4x2 mesh works.

@@ -18,8 +18,8 @@ from multihost import run_two_processes
 from test_train_step import TEMP, make_batch_np, tiny_config, to_batch
 
 from jaxgrpo import models, sharding
-from jaxgrpo import train_step as ts
 from jaxgrpo.config import AlgoConfig, OptimConfig, PerfConfig
+from jaxgrpo.learner import train_step as ts
 
 P, G = 16, 2
 CASES = {

@@ -41,7 +41,7 @@ from jaxgrpo.models.layers import Attention, LayerContext
 # sizes jaxgrpo trains there); "chunked" never does (`jaxgrpo.models.chunked`: online softmax over key chunks, XLA on
 # any backend); "cudnn" is cuDNN's fused flash attention through `jax.nn.dot_product_attention` (GPU, bfloat16 or
 # float16 compute); "auto" = dense on CPU, cudnn on a GPU computing in 16 bits, chunked otherwise (resolved by
-# `jaxgrpo.perf.resolve_perf`).
+# `jaxgrpo.learner.perf.resolve_perf`).
 AttentionKind = Literal["auto", "dense", "chunked", "cudnn"]
 ATTENTION_KINDS: tuple[str, ...] = AttentionKind.__args__
 

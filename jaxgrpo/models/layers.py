@@ -58,7 +58,7 @@ RematPolicy = Literal["none", "projections", "full", "projections+norms"]
 MatmulBackward = Literal["auto", "explicit", "xla"]
 # the loop over the layers: "scan" = one compiled layer body (`jax.lax.scan`), the saved activations stacked over the
 # layers; "unrolled" = each layer its own code (the scan fully unrolled): no stacked buffers to initialise, update and
-# slice, at a compile time that grows with the depth (`jaxgrpo.perf.resolve_perf` picks it on GPUs)
+# slice, at a compile time that grows with the depth (`jaxgrpo.learner.perf.resolve_perf` picks it on GPUs)
 LayerLoop = Literal["scan", "unrolled"]
 REMAT_POLICIES: tuple[str, ...] = RematPolicy.__args__
 LAYER_LOOPS: tuple[str, ...] = LayerLoop.__args__

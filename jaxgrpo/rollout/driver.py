@@ -194,7 +194,7 @@ def run(
     ones before) or None when there are none. ``prompt_width``: the prefix cache's width, at least the longest prompt
     ``more`` can return (default: the bucket of the longest of ``prompts``). ``max_blocks``: stop after this many
     decode blocks (groups in flight are dropped; e.g. a warm-up that only compiles). ``packed_ladder``: the caller's
-    run's ``(floor, cap)`` (`jaxgrpo.perf.shape_ladders`): the first prefill's packed width climbs
+    run's ``(floor, cap)`` (`jaxgrpo.learner.perf.shape_ladders`): the first prefill's packed width climbs
     `padding.ladder_bucket` from ``floor`` to ``cap``, one program for nearly every step, not one per bucket.
     ``first_rows``: the first prefill runs at least this many rows (the extra ones padding, their writes dropped), so
     a caller whose prompt count varies keeps one program (`jaxgrpo.rollout.multiturn.fixed_generate`). ``mesh``:

@@ -1,6 +1,6 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
 """A multi-turn rollout over `jaxgrpo.sampling.generate`: one generate call per turn for the trajectories still
-running, tools run in between; `jaxgrpo.batch.multiturn_batch` packs the result into the train step's `Batch`
+running, tools run in between; `jaxgrpo.learner.batch.multiturn_batch` packs the result into the train step's `Batch`
 with its action mask.
 
 Per trajectory (G per example, each with its own environment instance, `jaxgrpo.rollout.env.Episode`):

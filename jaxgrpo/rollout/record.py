@@ -8,8 +8,8 @@ was drawn from: the model's logits divided by the temperature, restricted to the
 (`jaxgrpo.token_sampling`); greedy (temperature 0) reports the untempered, untruncated ``log_softmax``. A learner's
 importance ratio ``exp(logp_new - logp_sampler)`` is consistent only if ``logp_new`` is taken under the same
 truncated, renormalised distribution: a full-softmax ``logp_new`` against these adds ``-log(kept mass)`` to every
-token's log-ratio (TRL issue #4772). jaxgrpo's learner does (`jaxgrpo.logprobs`, ``top_k``/``top_p``: the kept set
-recomputed from the learner's logits by the same rule, the sampled token always in it).
+token's log-ratio (TRL issue #4772). jaxgrpo's learner does (`jaxgrpo.learner.logprobs`, ``top_k``/``top_p``: the kept
+set recomputed from the learner's logits by the same rule, the sampled token always in it).
 """
 
 from __future__ import annotations

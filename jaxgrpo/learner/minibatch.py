@@ -17,13 +17,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxgrpo import advantages as advantages_lib
 from jaxgrpo import degeneracy, losses, models, objectives
 from jaxgrpo import sharding as sharding_lib
-from jaxgrpo.batch import Batch, check_batch
 from jaxgrpo.config_sections import AlgoConfig, PerfConfig
 from jaxgrpo.degeneracy import DEGENERATE_MODES
-from jaxgrpo.logprobs import compute_logprobs
+from jaxgrpo.learner.batch import Batch, check_batch
+from jaxgrpo.learner.logprobs import compute_logprobs
+from jaxgrpo.learner.perf import attention_kernel, platform_of, resolve_perf
 from jaxgrpo.losses import AGGREGATIONS
 from jaxgrpo.models import lora
-from jaxgrpo.perf import attention_kernel, platform_of, resolve_perf
 
 BATCH_AXES = sharding_lib.BATCH_AXES
 Params = Any

@@ -54,7 +54,7 @@ update count: all ``μ × num_minibatches`` updates of one step use ``schedule(s
 ``lr / W`` at step 0 to ``lr`` at step ``W − 1``, then constant or cosine down to ``min_lr_ratio · lr`` at
 ``total_steps`` (SGDR cosine, Loshchilov & Hutter 2017). AdamW (Loshchilov & Hutter 2019) decays every weight
 except norms and biases. The schedule's numbers (learning rate, warmup, ``total_steps``, ``min_lr_ratio``) reach the
-compiled step as a runtime argument (`jaxgrpo.optim.schedule_hparams`), so they are not constants of the program.
+compiled step as a runtime argument (`optim.schedule_hparams`), so they are not constants of the program.
 
 **One program per static configuration.** `make_train_step` memoizes the jitted step (and ``init_fn``) on what the
 program depends on: the model config, the algo, perf and mesh, the temperature, top-k and top-p, and the optimizer's
@@ -98,14 +98,13 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgrpo import models
-from jaxgrpo import optim as optim_lib
 from jaxgrpo import sharding as sharding_lib
-from jaxgrpo.batch import Batch, TrainState, check_batch, global_batch
 from jaxgrpo.config_sections import AlgoConfig, OptimConfig, PerfConfig
-from jaxgrpo.logprobs import compute_logprobs
-from jaxgrpo.minibatch import StepParts, first_minibatch_gradient, join_groups, split_groups
-from jaxgrpo.models import lora
-from jaxgrpo.perf import (
+from jaxgrpo.learner import optim as optim_lib
+from jaxgrpo.learner.batch import Batch, TrainState, check_batch, global_batch
+from jaxgrpo.learner.logprobs import compute_logprobs
+from jaxgrpo.learner.minibatch import StepParts, first_minibatch_gradient, join_groups, split_groups
+from jaxgrpo.learner.perf import (
     attention_kernel,
     layer_loop,
     on_gpu,
@@ -114,6 +113,7 @@ from jaxgrpo.perf import (
     resolve_perf,
     shape_ladders,
 )
+from jaxgrpo.models import lora
 
 # The train step's public surface, wherever each part lives.
 __all__ = ["Batch", "TrainState", "abstract_state", "attention_kernel", "compute_logprobs", "global_batch",
@@ -268,7 +268,7 @@ def make_train_step(
     ``step_fn`` is a `jax.jit` function (state donated: do not reuse the input state). ``temperature`` is the
     rollout temperature (the sampler's logits were divided by it); ``top_k`` (0 = off), ``top_p`` (1 = off) the
     rollout's truncation: the step's log-probs are then of the truncated, renormalised distribution the sampler drew
-    from (`jaxgrpo.logprobs`), so the importance ratio is 1 at the sampling parameters. ``total_steps``: rollout
+    from (`jaxgrpo.learner.logprobs`), so the importance ratio is 1 at the sampling parameters. ``total_steps``: rollout
     steps of the run, for the schedule. ``perf``: how the step is computed (`config.PerfConfig`, default its
     defaults), as `resolve_perf` applies it to this algo and mesh.
     ``step_fn(state, batch, packed_prompt_width=W)`` (static; compiles once per distinct ``W``): with prefix sharing,

@@ -6,9 +6,9 @@ states — of the whole rows (`models.hidden_states`), or with prefix sharing of
 (`jaxgrpo.models.prefix.prefix_shared_predictors`) — and only the states that predict completion tokens go through
 the LM head, in sequence chunks under `lax.map` with a hand-written backward, in float32: no float32 ``[B, T, V]``
 tensor exists and prompt positions cost no LM-head work. On an NVIDIA GPU (``lm_head="auto"``, lowered for CUDA) the
-head is `jaxgrpo.fused_head` instead: Pallas kernels with bf16 GEMMs and float32 accumulation, an online log-sum-exp
-over vocabulary blocks and a bf16 ``dz`` in the backward, so no float32 ``[tokens, V]`` array reaches HBM (the same
-values and gradients within bf16 rounding of ``dz``).
+head is `jaxgrpo.learner.fused_head` instead: Pallas kernels with bf16 GEMMs and float32 accumulation, an online
+log-sum-exp over vocabulary blocks and a bf16 ``dz`` in the backward, so no float32 ``[tokens, V]`` array reaches HBM
+(the same values and gradients within bf16 rounding of ``dz``).
 
 Top-k / top-p (``top_k > 0``, ``top_p < 1``): the log-prob is taken under the distribution the sampler drew from
 (`jaxgrpo.token_sampling`: temperature, then top-k, then top-p, renormalised), ``logp = z_t − logsumexp_{v∈K} z_v``
@@ -34,7 +34,8 @@ from typing import Any, Literal, Protocol
 import jax
 import jax.numpy as jnp
 
-from jaxgrpo import fused_head, models, token_sampling
+from jaxgrpo import models, token_sampling
+from jaxgrpo.learner import fused_head
 from jaxgrpo.models import prefix as prefix_lib
 from jaxgrpo.models.attention import DENSE, Kernel
 from jaxgrpo.models.layers import LayerLoop, MatmulBackward, RematPolicy
@@ -98,10 +99,10 @@ def compute_logprobs(
     shards (one packed row each); the automatic LM-head chunk is sized for one shard's rows. ``top_k`` (0 = off),
     ``top_p`` (1 = off): the sampler's
     truncation; the log-probs and entropies are then of the truncated, renormalised distribution (module docstring).
-    ``lm_head``: "xla" = the chunked head above; "fused" = `jaxgrpo.fused_head` (Pallas kernels: Triton on an NVIDIA
-    GPU, the Pallas interpreter elsewhere; no float32 ``[tokens, V]`` array; no truncation); "auto" = fused when the
-    program is lowered for CUDA with no truncation and one batch shard (``pack_rows <= 1``: XLA does not partition the
-    kernels' rows), the chunked XLA head otherwise (CPU, TPU).
+    ``lm_head``: "xla" = the chunked head above; "fused" = `jaxgrpo.learner.fused_head` (Pallas kernels: Triton on an
+    NVIDIA GPU, the Pallas interpreter elsewhere; no float32 ``[tokens, V]`` array; no truncation); "auto" = fused when
+    the program is lowered for CUDA with no truncation and one batch shard (``pack_rows <= 1``: XLA does not partition
+    the kernels' rows), the chunked XLA head otherwise (CPU, TPU).
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 (greedy rollouts have no log-probs to train on), got {temperature}")

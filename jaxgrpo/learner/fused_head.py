@@ -17,7 +17,7 @@ A second Pallas kernel recomputes each ``[bm, bv]`` logits tile from ``h`` and `
 writes ``dz`` in the compute dtype (bf16); the two GEMMs are XLA's (cuBLAS: bf16 operands, float32 accumulation and
 output for ``dW``, so no float32 copy of the head), in row chunks of at most ``_DZ_CHUNK_ELEMENTS`` elements of
 ``dz`` with ``dW`` accumulated in float32 across chunks. The same formulas as the chunked XLA path of
-`jaxgrpo.logprobs`; Liger-Kernel's fused linear cross-entropy likewise materialises the logits' gradient one row
+`jaxgrpo.learner.logprobs`; Liger-Kernel's fused linear cross-entropy likewise materialises the logits' gradient one row
 chunk at a time, and cut-cross-entropy (Wijmans et al. 2024, arXiv:2411.09009) recomputes the logits tiles in the
 backward as the ``dz`` kernel here does.
 
