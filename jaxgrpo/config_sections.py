@@ -170,8 +170,8 @@ class AlgoConfig:
 class PerfConfig:
     """How the step is computed, not what: each switch keeps the loss and gradients (up to float rounding).
 
-    A switch that cannot apply to a run (e.g. projection reuse with several optimizer updates per rollout) is turned
-    off for it, and the run says so once at startup (`jaxgrpo.learner.perf.resolve_perf`)."""
+    A switch that cannot apply to a run (e.g. cuDNN attention on a CPU, prompt packing without prefix sharing) is
+    turned off for it, and the run says so once at startup (`jaxgrpo.learner.perf.resolve_perf`)."""
 
     prefix_sharing: bool = True  # train step encodes each group's prompt once for its G completions
     prompt_packing: bool = True  # with prefix sharing, the train step runs the prompts packed end to end (no padding)
