@@ -21,14 +21,16 @@
 #                         x 128 tokens), TRL's transformers-continuous-batching arm included. Needs what the machine
 #                         lacks (trl, datasets, the model's shape): `python benchmarks/gpu_carry.py` here, then carry
 #                         runs/gpu_carry; this part unpacks it under $TMPDIR and puts its packages on PYTHONPATH
-# Usage: bash benchmarks/gpu_session.sh [parts...]   (default: env recompile head train decode nograph trl)
+# Usage: bash benchmarks/gpu_session.sh [parts...]   (default: env decode train head recompile nograph trl)
 # The device time of a session (15 min with the machine's start) does not hold every part: the default order puts
-# first what an open issue waits on (recompile: issue 34; head and train: issue 33's MFU; decode: issue 30), then the
-# diagnoses, then the step against TRL (measured with both TRL arms at 6a35145, BENCHMARKS §9). The parts' time
-# limits add up to more than one call's 600 s, so: first call
-#   run(command="OUT=$OUT bash benchmarks/gpu_session.sh env recompile head train", timeout_s=600)
-# then, if the session's device time allows, `decode`, and `bash benchmarks/gpu_session.sh nograph trl` with
-# carry=["runs/gpu_carry"] (39 MiB beside a ~21 MiB checkout: the call's limit is 64 MiB).
+# first what an open issue waits on (decode: issue 30, the decode-layer kernel checked against XLA then timed; train:
+# issue 33's MFU with remat keeping cuDNN's forward; head: the fused head's second round of tilings), then the
+# checks (recompile: issue 34's fix, verified at 681d164), the diagnoses, then the step against TRL (measured with
+# both TRL arms at 6a35145, BENCHMARKS §9). The parts' time limits add up to more than one call's 600 s, so: first call
+#   run(command="OUT=$OUT bash benchmarks/gpu_session.sh env decode train", timeout_s=600)
+# then, if the session's device time allows, `head train` again (the winner), and
+# `bash benchmarks/gpu_session.sh nograph trl` with carry=["runs/gpu_carry"] (39 MiB beside a ~21 MiB checkout: the
+# call's limit is 64 MiB).
 # QUICK=1 shrinks every shape (a check of the script itself on any machine, CPU included).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,7 +39,7 @@ OUT="${OUT:-$PWD/gpu_out}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python}"
 PARTS=("$@")
-[ ${#PARTS[@]} -eq 0 ] && PARTS=(env recompile head train decode nograph trl)
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(env decode train head recompile nograph trl)
 CHIP=h100
 if command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   CHIP=h200
@@ -125,6 +127,6 @@ for part in "${PARTS[@]}"; do
   if declare -F "part_$part" > /dev/null; then
     "part_$part"
   else
-    echo "unknown part $part (parts: env recompile head train decode nograph trl)"; exit 2
+    echo "unknown part $part (parts: env decode train head recompile nograph trl)"; exit 2
   fi
 done
