@@ -11,6 +11,7 @@
 #   head_tiles.json/.log  the fused LM head's tilings side by side at the train step's shape (benchmarks/head_tiles.py):
 #                         which `fused_head.Blocks` the train step should use (issue 33)
 #   decode_nograph.*      the same decode with XLA's command buffers (CUDA graphs) off: what the graphs are worth
+#   decode_{default,cublas}.*   the decode as XLA autotunes it, and with every GEMM a cuBLAS call (Triton GEMMs off)
 #   train.json/.log       the train step at the Qwen2.5-0.5B shape (cuDNN attention, fused LM head in the fastest
 #                         tiling the head part measured, if it ran first; remat projections and none): MFU, and one
 #                         step of each profiled per kernel
@@ -28,7 +29,7 @@
 # checks (recompile: issue 34's fix, verified at 681d164), the diagnoses, then the step against TRL (measured with
 # both TRL arms at 6a35145, BENCHMARKS §9). The parts' time limits add up to more than one call's 600 s, so: first call
 #   run(command="OUT=$OUT bash benchmarks/gpu_session.sh env decode train", timeout_s=600)
-# then, if the session's device time allows, `head train` again (the winner), and
+# then, if the session's device time allows, `xlaflags`, `head train` again (the winner), and
 # `bash benchmarks/gpu_session.sh nograph trl` with carry=["runs/gpu_carry"] (39 MiB beside a ~21 MiB checkout: the
 # call's limit is 64 MiB).
 # QUICK=1 shrinks every shape (a check of the script itself on any machine, CPU included).
@@ -39,7 +40,7 @@ OUT="${OUT:-$PWD/gpu_out}"
 mkdir -p "$OUT"
 PY="${PYTHON:-python}"
 PARTS=("$@")
-[ ${#PARTS[@]} -eq 0 ] && PARTS=(env decode train head recompile nograph trl)
+[ ${#PARTS[@]} -eq 0 ] && PARTS=(env decode train xlaflags head recompile nograph trl)
 CHIP=h100
 if command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   CHIP=h200
@@ -94,6 +95,18 @@ part_nograph() {
     --chip "$CHIP" "${SMALL[@]}" --out "$OUT/decode_nograph.json" > "$OUT/decode_nograph.log" 2>&1
   echo "nograph: exit $?"; grep -E "decode step" "$OUT/decode_nograph.log"
 }
+part_xlaflags() {
+  # decode under XLA flag sets (each a process of its own: flags are read when the backend starts): Triton GEMMs off
+  # makes every projection a cuBLAS call, whose epilogue takes the residual add and the qkv bias (8 kernels a layer
+  # compiled for an H100 without a GPU, BENCHMARKS §11); left on, autotuning may pick a Triton GEMM that does not
+  # (11 a layer with every GEMM Triton): fewer launches against possibly faster GEMMs
+  for arm in "default:" "cublas:--xla_gpu_enable_triton_gemm=false"; do
+    # shellcheck disable=SC2086  # unquoted on purpose: no leading blank (XLA reads a value not starting "--" as a file)
+    XLA_FLAGS="$(echo ${XLA_FLAGS:-} ${arm#*:})" timeout 100 "$PY" benchmarks/gpu.py --parts decode --chip "$CHIP" \
+      "${SMALL[@]}" --out "$OUT/decode_${arm%%:*}.json" > "$OUT/decode_${arm%%:*}.log" 2>&1
+    echo "xlaflags ${arm%%:*}: exit $?"; grep -E "decode step" "$OUT/decode_${arm%%:*}.log"
+  done
+}
 part_head() {
   HEAD=()
   [ "${QUICK:-0}" = 1 ] && HEAD=(--tokens 64 --hidden 32 --vocab 256 --tiles 16,128,32,4,2 32,64,16,4,3 --repeats 1)
@@ -127,6 +140,6 @@ for part in "${PARTS[@]}"; do
   if declare -F "part_$part" > /dev/null; then
     "part_$part"
   else
-    echo "unknown part $part (parts: env decode train head recompile nograph trl)"; exit 2
+    echo "unknown part $part (parts: env decode train xlaflags head recompile nograph trl)"; exit 2
   fi
 done
