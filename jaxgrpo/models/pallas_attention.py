@@ -113,7 +113,8 @@ _NEG = -1e30
 
 
 def _rotate(x1, x2, cos, sin, dtype):
-    """`layers.apply_rope`'s float32 rotate-half on the two halves of the head axis, rounded to ``dtype``."""
+    """The float32 rotate-half RoPE of the XLA path (`apply_rope`) on the two halves of the head axis, rounded to
+    ``dtype``."""
     x1, x2 = x1.astype(jnp.float32), x2.astype(jnp.float32)
     return (x1 * cos - x2 * sin).astype(dtype), (x2 * cos + x1 * sin).astype(dtype)
 
