@@ -1,11 +1,12 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
 """Decode attention as Pallas GPU kernels, with the calling convention of the XLA path.
 
-`decode_attend` (what the rollout engine's decode step runs on an NVIDIA GPU, `models.decode._attend`) computes
-`models.decode.attend_decode` in ONE Triton kernel per layer: a program per (row, kv head) loads the row's ``R``
-queries of that kv head once and runs one online softmax (Milakov & Gimelshein 2018; the running max, sum and output
-of flash attention, Dao et al. 2022) first over its prompt's cached keys, then over its own decode keys, each masked
-as the XLA path masks them, and writes its output; the scores never reach HBM and no cache or query is copied.
+`decode_layer` (what the rollout engine's decode step runs on an NVIDIA GPU, `models.decode._write_attend`) computes
+`models.decode.write_attend` in ONE Triton kernel per layer: a program per (row, kv head) reads the row's q|k|v of
+that kv head where the projection wrote it, applies RoPE to its ``R`` queries and its new key, writes the key and
+value into the decode cache in place, and runs one online softmax (Milakov & Gimelshein 2018; the running max, sum and
+output of flash attention, Dao et al. 2022) over its prompt's cached keys, its own cached keys and the new key, each
+masked as the XLA path masks them, and writes its output; the scores never reach HBM and no cache or query is copied.
 
 `decode_attend_shared_prefix` (jax's own kernel, run twice and merged) computes what `attention.attend_shared_prefix`
 computes for one decode token per row (``T = 1``): one softmax over ``[the row's prompt keys (shared by its G rows) ;
