@@ -66,22 +66,26 @@ def _layer_inputs(dtype, rotate: bool):
     return qkv, cos, sin, kp, vp, prefix_mask, ko, vo, mask, slot
 
 
-@pytest.mark.parametrize("dtype, atol, block_k, rotate", [
-    (jnp.float32, 2e-6, 16, True), (jnp.bfloat16, 2e-2, 16, True), (jnp.float32, 2e-6, 32, True),
-    (jnp.float32, 2e-6, 16, False)])  # fmt: skip
-def test_fused_decode_layer_kernel_equals_the_xla_path(dtype, atol, block_k, rotate):
+@pytest.mark.parametrize("dtype, atol, block_k, rotate, norm", [
+    (jnp.float32, 2e-6, 16, True, False), (jnp.bfloat16, 2e-2, 16, True, False), (jnp.float32, 2e-6, 32, True, False),
+    (jnp.float32, 2e-6, 16, False, False), (jnp.float32, 2e-6, 16, True, True),
+    (jnp.bfloat16, 2e-2, 16, True, True)])  # fmt: skip
+def test_fused_decode_layer_kernel_equals_the_xla_path(dtype, atol, block_k, rotate, norm):
     """`pallas_attention.decode_layer` (RoPE, the cache writes and one online softmax over both key sets in one
     kernel; run by the Pallas interpreter) against `models.decode.write_attend` (`layers.apply_rope`, scatters,
     `attend_decode`): the outputs within ``atol``, the updated caches equal (the same rounding of the rotated key;
     a finished row's cache untouched). The two key sets are read 16 keys at a time, and (``block_k`` 32) the 32-slot
     prompt in one block beside the 16-slot own cache in one; ``rotate`` False: identity tables (a LoRA layer's step,
-    whose keys arrive rotated) change nothing."""
+    whose keys arrive rotated) change nothing; ``norm``: Qwen3's qk-norm (`layers.rms_norm` of each query and key head
+    before RoPE) inside the kernel."""
     from jaxgrpo.models import decode
 
     assert pa.key_blocks(Tp, M, block_k) == ((16, 16) if block_k == 16 else (32, 16))
     args = _layer_inputs(dtype, rotate)
-    ref = decode.write_attend(*args)
-    got = pa.decode_layer(*args, interpret=True, block_k=block_k)
+    rng = np.random.default_rng(2)
+    norms = tuple(jnp.asarray(rng.uniform(0.5, 1.5, 32), jnp.float32) for _ in "qk") if norm else None
+    ref = decode.write_attend(*args, norms, norm_eps=1e-2)
+    got = pa.decode_layer(*args, norms, norm_eps=1e-2, interpret=True, block_k=block_k)
     assert [(x.shape, x.dtype) for x in got] == [(x.shape, x.dtype) for x in ref]
     np.testing.assert_allclose(np.asarray(got[0], np.float32), np.asarray(ref[0], np.float32), atol=atol)
     for g, r in zip(got[1:], ref[1:]):

@@ -181,8 +181,9 @@ AS_WRITTEN = LayerOps()
 
 def _fused_layer(config: ModelConfig, w: Params, x_BTD: jax.Array, attend, ops: LayerOps = AS_WRITTEN) -> jax.Array:
     """`layers.decoder_layer`'s math on `decode_weights`' fused per-layer weights (one q|k|v and one gate|up
-    product), its weight products as ``ops`` places them; ``attend(qkv)`` takes the q|k|v product ``[B, T, K, R + 2,
-    H]`` (per kv head its queries, key and value) before RoPE and applies it (`write_attend`)."""
+    product), its weight products as ``ops`` places them; ``attend(qkv, norms)`` takes the q|k|v product ``[B, T, K,
+    R + 2, H]`` (per kv head its queries, key and value) before the qk-norm (``norms``: its weights, or None) and
+    RoPE, and applies them (`write_attend`)."""
     c, eps = config, config.rms_norm_eps
     B, T = x_BTD.shape[:2]
     K, R, H = c.num_kv_heads, c.heads_per_kv, c.head_dim
@@ -190,11 +191,7 @@ def _fused_layer(config: ModelConfig, w: Params, x_BTD: jax.Array, attend, ops: 
     qkv = ops.project(w, "qkv", h)
     if c.qkv_bias:
         qkv = qkv + w["qkv_bias"].astype(qkv.dtype)
-    qkv = qkv.reshape(B, T, K, R + 2, H)
-    if c.qk_norm:
-        q, k = rms_norm(qkv[..., :R, :], w["q_norm"], eps), rms_norm(qkv[..., R:R + 1, :], w["k_norm"], eps)
-        qkv = jnp.concatenate([q, k, qkv[..., R + 1:, :]], axis=-2)
-    a = attend(qkv)
+    a = attend(qkv.reshape(B, T, K, R + 2, H), (w["q_norm"], w["k_norm"]) if c.qk_norm else None)
     x_BTD = x_BTD + ops.project(w, "o", a.reshape(B, T, K * R * H))
     return x_BTD + ops.mlp(w, rms_norm(x_BTD, w["mlp_norm"], eps))
 
@@ -230,10 +227,12 @@ def attend_decode(q_BKRH: jax.Array, kp_PKSH: jax.Array, vp_PKHS: jax.Array, pre
 
 def write_attend(qkv_BKXH: jax.Array, cos_Bh: jax.Array, sin_Bh: jax.Array, kp_PKSH: jax.Array, vp_PKHS: jax.Array,
                  prefix_mask_PS: jax.Array, ck_BKMH: jax.Array, cv_BKHM: jax.Array, mask_BM: jax.Array,
-                 slot: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
+                 slot: jax.Array, norms: tuple[jax.Array, jax.Array] | None = None, *,
+                 norm_eps: float = 1e-6) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
     """A decode layer's attention step with XLA, from its q|k|v product ``[B, K, R + 2, H]`` (per kv head its ``R``
-    queries, its new key and value; `decode_weights`' layout): RoPE (`layers.apply_rope`, tables ``[B, H/2]``) on
-    the queries and the key; the key and value written into the decode cache at decode slot ``slot`` (a scalar: one
+    queries, its new key and value; `decode_weights`' layout): the qk-norm (``norms``: the weights ``(q [H], k [H])``
+    of Qwen3's `layers.rms_norm` with ``norm_eps``, or None), then RoPE (`layers.apply_rope`, tables ``[B, H/2]``)
+    on the queries and the key; the key and value written into the decode cache at decode slot ``slot`` (a scalar: one
     slot for every row, an in-place `lax.dynamic_update_slice`; ``[B]``: a slot per row, an in-place scatter vmapped
     over the rows, whose axis a mesh then splits locally; a slot past the cache writes nothing); then `attend_decode`
     over the prompt's keys and the row's visible slots ``mask_BM``. Returns the output ``[B, K, R, H]`` and the two
@@ -241,8 +240,10 @@ def write_attend(qkv_BKXH: jax.Array, cos_Bh: jax.Array, sin_Bh: jax.Array, kp_P
     rope = cos_Bh[:, None], sin_Bh[:, None]
     B, K, X, H = qkv_BKXH.shape
     R = X - 2
-    q = apply_rope(qkv_BKXH[:, :, :R].reshape(B, 1, K * R, H), *rope).reshape(B, K, R, H)
-    k, v = apply_rope(qkv_BKXH[:, None, :, R], *rope)[:, 0], qkv_BKXH[:, :, R + 1]
+    q, k, v = qkv_BKXH[:, :, :R].reshape(B, 1, K * R, H), qkv_BKXH[:, None, :, R], qkv_BKXH[:, :, R + 1]
+    if norms is not None:
+        q, k = rms_norm(q, norms[0], norm_eps), rms_norm(k, norms[1], norm_eps)
+    q, k = apply_rope(q, *rope).reshape(B, K, R, H), apply_rope(k, *rope)[:, 0]
     if jnp.ndim(slot):
         ck = jax.vmap(lambda c, u, s: c.at[:, s].set(u, mode="drop"))(ck_BKMH, k.astype(ck_BKMH.dtype), slot)
         cv = jax.vmap(lambda c, u, s: c.at[:, :, s].set(u, mode="drop"))(cv_BKHM, v.astype(cv_BKHM.dtype), slot)
@@ -255,14 +256,16 @@ def write_attend(qkv_BKXH: jax.Array, cos_Bh: jax.Array, sin_Bh: jax.Array, kp_P
     return a, ck, cv
 
 
-def _write_attend(*args: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _write_attend(*args: Any, norm_eps: float) -> tuple[jax.Array, jax.Array, jax.Array]:
     """`write_attend` on CPU and TPU; on an NVIDIA GPU the same step as one Pallas kernel per layer
-    (`pallas_attention.decode_layer`: RoPE, the cache writes and attention in one launch, no score tensor in HBM, no
-    padded or regrouped queries) where it takes the shapes (`pallas_attention.decode_layer_fits`)."""
+    (`pallas_attention.decode_layer`: the qk-norm, RoPE, the cache writes and attention in one launch, no score
+    tensor in HBM, no padded or regrouped queries) where it takes the shapes (`pallas_attention.decode_layer_fits`)."""
     qkv, kp, ck = args[0], args[3], args[6]
+    xla = functools.partial(write_attend, norm_eps=norm_eps)
     if not pallas_attention.decode_layer_fits(qkv.shape[2] - 2, qkv.shape[3], kp.shape[2], ck.shape[2]):
-        return write_attend(*args)
-    return jax.lax.platform_dependent(*args, cuda=pallas_attention.decode_layer, default=write_attend)
+        return xla(*args)
+    kernel = functools.partial(pallas_attention.decode_layer, norm_eps=norm_eps)
+    return jax.lax.platform_dependent(*args, cuda=kernel, default=xla)
 
 
 def decode_step(
@@ -297,8 +300,9 @@ def decode_step(
     for w, (kp, vp), (ck, cv) in zip(weights["layers"], prefix, cache):
         lora = "lora" in w
 
-        def attend(qkv, ck=ck, cv=cv, kp=kp, vp=vp, tables=applied if lora else tables):
-            a, ck, cv = _write_attend(qkv[:, 0], *tables, kp, vp, prefix_mask, ck, cv, mask_BM, slot)
+        def attend(qkv, norms=None, ck=ck, cv=cv, kp=kp, vp=vp, tables=applied if lora else tables):
+            a, ck, cv = _write_attend(qkv[:, 0], *tables, kp, vp, prefix_mask, ck, cv, mask_BM, slot, norms,
+                                      norm_eps=config.rms_norm_eps)  # fmt: skip
             new_cache.append(KVCache(ck, cv))
             return a[:, None]
 

@@ -120,17 +120,28 @@ def _rotate(x1, x2, cos, sin, dtype):
     return (x1 * cos - x2 * sin).astype(dtype), (x2 * cos + x1 * sin).astype(dtype)
 
 
-def _layer_kernel(qkv_ref, cos_ref, sin_ref, kp_ref, vp_ref, pm_ref, ko_in, vo_in, om_ref, slot_ref, o_ref, ko_ref,
-                  vo_ref, *, group: int, heads: int, blocks: tuple[int, int], scale: float):  # fmt: skip
-    """Program (row b, kv head k), reading the row's q|k|v ``[B, K, R + 2, H]`` of that kv head: RoPE on its
-    ``heads`` (R) queries and on its new key (tables ``cos``/``sin [B, H/2]``); the new key and value written at
-    decode slot ``slot [B]`` of the caches ``ko [B, K, W, H]`` / ``vo [B, K, H, W]`` (aliased in place; a slot past
-    the cache writes nothing); then one online softmax (flash attention's running max and sum) over the prompt's keys
-    (``kp [S, K, Tp, H]``, ``vp [S, K, H, Tp]``, masked by ``pm [S, Tp]``), the row's cached keys (masked by
-    ``om [B, W]``, the slot being written excluded: this program's own store is not read back) and the new key from
-    registers (visible where ``om`` has its slot), ``o [B, K, R, H]``. The head axis is handled as its two RoPE
-    halves: each score is the sum of two half-width dots."""
-    del ko_in, vo_in  # the same buffers as ko_ref, vo_ref (input_output_aliases)
+def _norm_rope(x1, x2, w, eps, cos, sin, dtype):
+    """The XLA path's qk-norm (`rms_norm`: ``w * x / sqrt(mean(x^2) + eps)`` in float32, rounded to ``dtype``; ``w``
+    the halves of its weight, None: no norm) and then RoPE (`_rotate`), on the two halves of the head axis."""
+    if w is not None:
+        x1, x2 = x1.astype(jnp.float32), x2.astype(jnp.float32)
+        total = jnp.sum(x1 * x1, axis=-1, keepdims=True) + jnp.sum(x2 * x2, axis=-1, keepdims=True)
+        inv = jax.lax.rsqrt(total / (2 * x1.shape[-1]) + eps)
+        x1, x2 = (x1 * inv * w[0]).astype(dtype), (x2 * inv * w[1]).astype(dtype)
+    return _rotate(x1, x2, cos, sin, dtype)
+
+
+def _layer_kernel(*refs, group: int, heads: int, blocks: tuple[int, int], scale: float, eps: float | None):
+    """Program (row b, kv head k), reading the row's q|k|v ``[B, K, R + 2, H]`` of that kv head: with ``eps``, the
+    qk-norm (weights ``qn``/``kn [H]``) on its ``heads`` (R) queries and its new key; RoPE on them (tables
+    ``cos``/``sin [B, H/2]``); the new key and value written at decode slot ``slot [B]`` of the caches ``ko [B, K,
+    W, H]`` / ``vo [B, K, H, W]`` (aliased in place; a slot past the cache writes nothing); then one online softmax
+    (flash attention's running max and sum) over the prompt's keys (``kp [S, K, Tp, H]``, ``vp [S, K, H, Tp]``,
+    masked by ``pm [S, Tp]``), the row's cached keys (masked by ``om [B, W]``, the slot being written excluded: this
+    program's own store is not read back) and the new key from registers (visible where ``om`` has its slot), ``o
+    [B, K, R, H]``. The head axis is handled as its two RoPE halves: each score is the sum of two half-width dots."""
+    qkv_ref, cos_ref, sin_ref, kp_ref, vp_ref, pm_ref, _, _, om_ref, slot_ref = refs[:10]  # caches: aliased outputs
+    o_ref, ko_ref, vo_ref = refs[-3:]
     b, k = pl.program_id(0), pl.program_id(1)
     p = b // group
     head = qkv_ref.shape[-1]
@@ -139,10 +150,14 @@ def _layer_kernel(qkv_ref, cos_ref, sin_ref, kp_ref, vp_ref, pm_ref, ko_in, vo_i
     dt = qkv_ref.dtype
     rows = (jnp.arange(_BLOCK_H) < heads)[:, None]
     cos, sin = cos_ref[b, :], sin_ref[b, :]
-    q1, q2 = _rotate(plgpu.load(qkv_ref.at[b, k, pl.ds(0, _BLOCK_H), lo], mask=rows, other=0.0),
-                     plgpu.load(qkv_ref.at[b, k, pl.ds(0, _BLOCK_H), hi], mask=rows, other=0.0), cos[None, :],
-                     sin[None, :], dt)  # fmt: skip
-    k1, k2 = _rotate(qkv_ref[b, k, heads, lo], qkv_ref[b, k, heads, hi], cos, sin, dt)
+    qn = kn = None
+    if eps is not None:
+        qn_ref, kn_ref = refs[10:12]
+        qn, kn = (qn_ref[lo][None, :], qn_ref[hi][None, :]), (kn_ref[lo], kn_ref[hi])
+    q1, q2 = _norm_rope(plgpu.load(qkv_ref.at[b, k, pl.ds(0, _BLOCK_H), lo], mask=rows, other=0.0),
+                        plgpu.load(qkv_ref.at[b, k, pl.ds(0, _BLOCK_H), hi], mask=rows, other=0.0), qn, eps,
+                        cos[None, :], sin[None, :], dt)  # fmt: skip
+    k1, k2 = _norm_rope(qkv_ref[b, k, heads, lo], qkv_ref[b, k, heads, hi], kn, eps, cos, sin, dt)
     vn = qkv_ref[b, k, heads + 1, :].astype(vo_ref.dtype)
     slot = slot_ref[b]
     writes = slot < width
@@ -202,8 +217,8 @@ def decode_layer_fits(heads: int, head_dim: int, prefix_slots: int, decode_slots
 
 def decode_layer(qkv_BKXH: jax.Array, cos_Bh: jax.Array, sin_Bh: jax.Array, kp_PKSH: jax.Array, vp_PKHS: jax.Array,
                  prefix_mask_PS: jax.Array, ko_BKMH: jax.Array, vo_BKHM: jax.Array, mask_BM: jax.Array,
-                 slot_B: jax.Array, *, interpret: bool = False,
-                 block_k: int = 128) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
+                 slot_B: jax.Array, norms: tuple[jax.Array, jax.Array] | None = None, *, norm_eps: float = 1e-6,
+                 interpret: bool = False, block_k: int = 128) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
     """A decode layer's attention step as ONE Pallas GPU kernel: what `models.decode.write_attend` computes with
     XLA (RoPE on the queries and the new key, the new key and value written into the decode cache at each row's slot,
     `models.decode.attend_decode` over the prompt's keys and the row's own), in one launch per layer instead of four
@@ -213,7 +228,8 @@ def decode_layer(qkv_BKXH: jax.Array, cos_Bh: jax.Array, sin_Bh: jax.Array, kp_P
     and read in their stored layouts (values ``[.., H, S]``); no score tensor. The ``R`` query heads of a kv head are
     padded to `_BLOCK_H` by masked loads. Keys are read ``gcd(block_k, Tp)`` per iteration of the prompt part and
     ``gcd(block_k, M)`` of the own part (`key_blocks`, `decode_layer_fits`). RoPE tables ``[B, H/2]`` (ones and
-    zeros: no rotation, exactly); ``slot [B]`` (``>= M``: no write). Returns ``(o [B, K, R, H], k cache, v cache)``.
+    zeros: no rotation, exactly); ``slot [B]`` (``>= M``: no write); ``norms``: the qk-norm weights ``(q [H], k
+    [H])`` (Qwen3) applied before RoPE with ``norm_eps``, or None. Returns ``(o [B, K, R, H], k cache, v cache)``.
     A query with no visible key gets 0."""
     B, K, X, H = qkv_BKXH.shape
     R = X - 2
@@ -224,7 +240,8 @@ def decode_layer(qkv_BKXH: jax.Array, cos_Bh: jax.Array, sin_Bh: jax.Array, kp_P
                          f"power-of-two divisor >= 16 and at most {_BLOCK_H} query heads per kv head (got {R}); use "
                          "the XLA path")  # fmt: skip
     kernel = functools.partial(_layer_kernel, group=B // P, heads=R, blocks=key_blocks(Tp, M, block_k),
-                               scale=H**-0.5)  # fmt: skip
+                               scale=H**-0.5, eps=None if norms is None else float(norm_eps))  # fmt: skip
+    extra = () if norms is None else tuple(w.astype(jnp.float32) for w in norms)
     dt = qkv_BKXH.dtype
     out_shape = (jax.ShapeDtypeStruct((B, K, R, H), dt), jax.ShapeDtypeStruct(ko_BKMH.shape, ko_BKMH.dtype),
                  jax.ShapeDtypeStruct(vo_BKHM.shape, vo_BKHM.dtype))  # fmt: skip
@@ -234,4 +251,4 @@ def decode_layer(qkv_BKXH: jax.Array, cos_Bh: jax.Array, sin_Bh: jax.Array, kp_P
                           name="decode_layer")(qkv_BKXH, cos_Bh.astype(jnp.float32), sin_Bh.astype(jnp.float32),
                                                kp_PKSH.astype(dt), vp_PKHS.astype(dt), prefix_mask_PS.astype(bool),
                                                ko_BKMH, vo_BKHM, mask_BM.astype(bool),
-                                               jnp.broadcast_to(slot_B, (B,)).astype(jnp.int32))  # fmt: skip
+                                               jnp.broadcast_to(slot_B, (B,)).astype(jnp.int32), *extra)  # fmt: skip
