@@ -93,7 +93,8 @@ class LoopReport:
 
     @property
     def launches_per_iteration(self) -> int:
-        return sum(k.count for k in self.kernels)
+        """Kernels launched per iteration; an asynchronous copy's completion (``copy-done``) is a wait, not one."""
+        return sum(k.count for k in self.kernels if k.kind != "copy-done")
 
     def top(self, n: int = 10) -> list[Kernel]:
         return sorted(self.kernels, key=lambda k: -(k.read + k.write) * k.count)[:n]

@@ -189,6 +189,7 @@ def test_a_prefetch_into_on_chip_memory_is_read_from_hbm_once():
     assert (by_name["cd"].read, by_name["cd"].write) == (0, 0)
     assert (by_name["mm"].read, by_name["mm"].write) == (act, act)
     assert rep.bytes_per_iteration == weight + 2 * act + (4 + 4) + 4
+    assert rep.launches_per_iteration == 3  # the add, the copy into VMEM and the product; the copy's wait is none
     assert hlo.array_bytes("(bf16[2,4]{1,0:S(1)}, f32[3]{0}, u32[]{:S(2)})") == 12
 
 
