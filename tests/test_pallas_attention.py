@@ -1,8 +1,12 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""`models.pallas_attention.decode_attend_shared_prefix` (jax's Pallas GPU decode kernel, run by its interpreter on
-CPU) against the XLA reference `attention.attend_shared_prefix`, on ragged prompts (left-padded, one full, one of a
-single token) and decode rows at different slots, both value layouts: float32 within 2e-6 absolute (two
-softmax parts merged instead of one; the same float32 arithmetic otherwise), bfloat16 inputs within 2e-2."""
+"""The Pallas GPU decode kernels, run by the Pallas interpreter on CPU, against their XLA references.
+
+`models.pallas_attention.decode_attend_shared_prefix` (jax's decode kernel, run twice and merged) against
+`attention.attend_shared_prefix`, on ragged prompts (left-padded, one full, one of a single token) and decode rows at
+different slots, both value layouts: float32 within 2e-6 absolute (two softmax parts merged instead of one; the same
+float32 arithmetic otherwise), bfloat16 inputs within 2e-2. `models.pallas_attention.decode_layer` (the engine's
+decode-layer kernel: qk-norm, RoPE, cache writes and attention) against `models.decode.write_attend`: outputs within
+the same tolerances, the written caches equal."""
 
 from __future__ import annotations
 
