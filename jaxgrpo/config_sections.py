@@ -11,6 +11,7 @@ import dataclasses
 import typing
 from typing import Any, Literal
 
+from jaxgrpo import coerce
 from jaxgrpo.advantages import Estimator
 from jaxgrpo.degeneracy import DegenerateMode
 from jaxgrpo.learner.logprobs import LMHead
@@ -310,3 +311,18 @@ class Config:
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
     warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
     seed: int = 0
+
+
+SECTIONS: dict[str, type] = {
+    f.name: f.default_factory  # type: ignore[misc]
+    for f in dataclasses.fields(Config)
+    if f.default_factory is not dataclasses.MISSING  # type: ignore[misc]
+}
+
+# Enum-like fields, (section, key) -> valid values: the arguments of every field annotated with a Literal type.
+CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
+    (section, f.name): choices
+    for section, cls in SECTIONS.items()
+    for f in dataclasses.fields(cls)
+    if (choices := coerce.literal_choices(typing.get_type_hints(cls)[f.name])) is not None
+}
