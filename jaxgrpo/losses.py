@@ -194,67 +194,19 @@ def policy_loss(
       (sequences with a valid token); and, when on, ``loss/cispo_clipped_frac`` (cispo: weight clipped),
       ``loss/cov_selected_frac`` (clip_cov: detached; kl_cov: penalised), ``loss/entropy_selected_frac``.
     """
-    if clip_high is None:
-        clip_high = clip_low
-    if not 0.0 <= clip_low < 1.0:
-        raise ValueError(f"clip_low must be in [0, 1) so that 1 - clip_low > 0; got {clip_low!r}")
-    if not clip_high >= 0.0:
-        raise ValueError(f"clip_high must be >= 0 (or None for clip_low); got {clip_high!r}")
-    if dual_clip is not None and not dual_clip > 1.0:
-        raise ValueError(f"dual_clip must be > 1 (e.g. 3.0) or None to disable it; got {dual_clip!r}")
-    if ratio_level not in RATIO_LEVELS:
-        raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}; got {ratio_level!r}")
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation must be one of {AGGREGATIONS}; got {aggregation!r}")
-    if kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"kl_estimator must be one of {KL_ESTIMATORS}; got {kl_estimator!r}")
-    if not kl_coef >= 0.0:
-        raise ValueError(f"kl_coef must be >= 0; got {kl_coef!r}")
+    clip_high = clip_low if clip_high is None else clip_high
+    _check_hyper(clip_low, clip_high, dual_clip, ratio_level, aggregation, kl_estimator, kl_coef, objective, key,
+                 ref_logp is not None, entropy is not None, entropy_top_frac)  # fmt: skip
     obj.validate_objective(objective, entropy_top_frac, clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio,
                            kl_cov_coef, cispo_clip_low, cispo_clip_high)
-    if dual_clip is not None and objective in ("cispo", "kl_cov"):
-        raise ValueError(f"dual_clip applies to the clipped PPO loss only; set it to None for objective={objective!r}")
-    if objective == "clip_cov" and key is None:
-        raise ValueError("objective='clip_cov' draws a random subset of tokens: pass key=jax.random.key(...)")
-    if entropy_top_frac is not None and entropy is None:
-        raise ValueError("entropy_top_frac needs entropy (the per-token entropies [..., T]); pass it or set None")
-    if kl_coef > 0 and ref_logp is None:
-        raise ValueError(
-            "kl_coef > 0 needs ref_logp (the reference policy's log-probabilities); pass it or set kl_coef=0"
-        )
-
-    logp = jnp.asarray(logp)
-    if logp.ndim < 1:
-        raise ValueError(f"logp must be [..., T]; got a scalar (shape {logp.shape})")
-    shape = logp.shape
-    for name, arr in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp), ("entropy", entropy)):
-        if arr is not None and jnp.shape(arr) != shape:
-            raise ValueError(f"{name} must have logp's shape {shape}; got {jnp.shape(arr)}")
-    advantages = jnp.asarray(advantages, jnp.float32)
-    if advantages.shape == shape[:-1]:
-        advantages = advantages[..., None]
-    elif advantages.shape != shape:
-        raise ValueError(
-            f"advantages must be per sequence {shape[:-1]} or per token {shape}; got {advantages.shape}"
-        )
-    if max_tokens is None:
-        max_tokens = shape[-1]
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ValueError(f"max_tokens must be a positive int (or None for T={shape[-1]}); got {max_tokens!r}")
+    logp, advantages, max_tokens = _check_arrays(logp, old_logp, advantages, mask, ref_logp, entropy, is_weights,
+                                                 max_tokens)  # fmt: skip
 
     valid = jnp.asarray(mask) != 0
     maskf = valid.astype(jnp.float32)
     logp = jnp.where(valid, logp.astype(jnp.float32), 0.0)
     old_logp = jnp.where(valid, jnp.asarray(old_logp, jnp.float32), 0.0)
-    log_ratio = _clamp(logp - old_logp)
-
-    if ratio_level == "token":
-        ratio = jnp.exp(log_ratio)
-    else:
-        n_i = jnp.sum(maskf, axis=-1, keepdims=True)
-        seq_log_ratio = _clamp(jnp.sum(log_ratio * maskf, axis=-1, keepdims=True) / jnp.maximum(n_i, 1.0))
-        seq_ratio = jax.lax.stop_gradient(jnp.exp(seq_log_ratio))
-        ratio = seq_ratio * jnp.exp(logp - jax.lax.stop_gradient(logp))
+    ratio, log_ratio = _ratio(logp, old_logp, maskf, ratio_level)
 
     lo, hi = 1.0 - clip_low, 1.0 + clip_high
     clipped = jnp.clip(ratio, lo, hi)
@@ -269,8 +221,6 @@ def policy_loss(
             clip_cov_ratio, clip_cov_lb, clip_cov_ub, kl_cov_ratio, kl_cov_coef)  # fmt: skip
         extra["loss/cispo_clipped_frac" if objective == "cispo" else "loss/cov_selected_frac"] = sel
     if is_weights is not None:
-        if jnp.shape(is_weights) != shape:
-            raise ValueError(f"is_weights must have logp's shape {shape}; got {jnp.shape(is_weights)}")
         per_token = per_token * jax.lax.stop_gradient(jnp.asarray(is_weights, jnp.float32))
     per_token = jnp.where(valid, per_token, 0.0)
 
@@ -288,7 +238,79 @@ def policy_loss(
         kl = jnp.zeros((), jnp.float32)
     loss = pg + kl_coef * kl if ref_logp is not None else pg
 
-    # Metrics (no gradient): token means over valid tokens of the whole (psum-ed) batch.
+    metrics = _metrics(ratio, log_ratio, advantages, valid, lo, hi, dual_clip, axis_name, pg, kl, extra)
+    return loss.astype(jnp.float32), metrics
+
+
+def _check_hyper(clip_low: float, clip_high: float, dual_clip: float | None, ratio_level: str, aggregation: str,
+                 kl_estimator: str, kl_coef: float, objective: str, key: Array | None, has_ref: bool,
+                 has_entropy: bool, entropy_top_frac: float | None) -> None:  # fmt: skip
+    """`policy_loss`'s hyper-parameters: a ValueError naming the argument and what would be valid."""
+    if not 0.0 <= clip_low < 1.0:
+        raise ValueError(f"clip_low must be in [0, 1) so that 1 - clip_low > 0; got {clip_low!r}")
+    if not clip_high >= 0.0:
+        raise ValueError(f"clip_high must be >= 0 (or None for clip_low); got {clip_high!r}")
+    if dual_clip is not None and not dual_clip > 1.0:
+        raise ValueError(f"dual_clip must be > 1 (e.g. 3.0) or None to disable it; got {dual_clip!r}")
+    for name, value, valid in (("ratio_level", ratio_level, RATIO_LEVELS), ("aggregation", aggregation, AGGREGATIONS),
+                               ("kl_estimator", kl_estimator, KL_ESTIMATORS)):  # fmt: skip
+        if value not in valid:
+            raise ValueError(f"{name} must be one of {valid}; got {value!r}")
+    if not kl_coef >= 0.0:
+        raise ValueError(f"kl_coef must be >= 0; got {kl_coef!r}")
+    if dual_clip is not None and objective in ("cispo", "kl_cov"):
+        raise ValueError(f"dual_clip applies to the clipped PPO loss only; set it to None for objective={objective!r}")
+    if objective == "clip_cov" and key is None:
+        raise ValueError("objective='clip_cov' draws a random subset of tokens: pass key=jax.random.key(...)")
+    if entropy_top_frac is not None and not has_entropy:
+        raise ValueError("entropy_top_frac needs entropy (the per-token entropies [..., T]); pass it or set None")
+    if kl_coef > 0 and not has_ref:
+        raise ValueError("kl_coef > 0 needs ref_logp (the reference policy's log-probabilities); pass it or set "
+                         "kl_coef=0")
+
+
+def _check_arrays(logp: Array, old_logp: Array, advantages: Array, mask: Array, ref_logp: Array | None,
+                  entropy: Array | None, is_weights: Array | None,
+                  max_tokens: int | None) -> tuple[Array, Array, int]:  # fmt: skip
+    """`policy_loss`'s arrays against logp's ``[..., T]``: ``(logp, advantages [..., 1 or T] float32, max_tokens)``."""
+    logp = jnp.asarray(logp)
+    if logp.ndim < 1:
+        raise ValueError(f"logp must be [..., T]; got a scalar (shape {logp.shape})")
+    shape = logp.shape
+    named = (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp), ("entropy", entropy),
+             ("is_weights", is_weights))  # fmt: skip
+    for name, arr in named:
+        if arr is not None and jnp.shape(arr) != shape:
+            raise ValueError(f"{name} must have logp's shape {shape}; got {jnp.shape(arr)}")
+    advantages = jnp.asarray(advantages, jnp.float32)
+    if advantages.shape == shape[:-1]:
+        advantages = advantages[..., None]
+    elif advantages.shape != shape:
+        raise ValueError(f"advantages must be per sequence {shape[:-1]} or per token {shape}; got {advantages.shape}")
+    if max_tokens is None:
+        max_tokens = shape[-1]
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be a positive int (or None for T={shape[-1]}); got {max_tokens!r}")
+    return logp, advantages, max_tokens
+
+
+def _ratio(logp: Array, old_logp: Array, maskf: Array, ratio_level: str) -> tuple[Array, Array]:
+    """``(ratio, log_ratio)``: per token, or GSPO's sequence ratio (the length-normalised sum of the token log-ratios,
+    its value a constant and its gradient that of each token's log-prob)."""
+    log_ratio = _clamp(logp - old_logp)
+    if ratio_level == "token":
+        return jnp.exp(log_ratio), log_ratio
+    n_i = jnp.sum(maskf, axis=-1, keepdims=True)
+    seq_log_ratio = _clamp(jnp.sum(log_ratio * maskf, axis=-1, keepdims=True) / jnp.maximum(n_i, 1.0))
+    seq_ratio = jax.lax.stop_gradient(jnp.exp(seq_log_ratio))
+    return seq_ratio * jnp.exp(logp - jax.lax.stop_gradient(logp)), log_ratio
+
+
+def _metrics(ratio: Array, log_ratio: Array, advantages: Array, valid: Array, lo: float, hi: float,
+             dual_clip: float | None, axis_name: str | None, pg: Array, kl: Array,
+             extra: dict[str, Array]) -> dict[str, Array]:  # fmt: skip
+    """`policy_loss`'s metrics (no gradient): token means over the valid tokens of the whole (psum-ed) batch."""
+    maskf = valid.astype(jnp.float32)
     sg_ratio = jax.lax.stop_gradient(ratio)
     sg_adv = jax.lax.stop_gradient(advantages)
     tokens = _psum(jnp.sum(maskf), axis_name)
@@ -299,7 +321,7 @@ def policy_loss(
 
     low = (sg_adv < 0) & (sg_ratio < lo)
     high = (sg_adv > 0) & (sg_ratio > hi)
-    dual = (sg_adv < 0) & (sg_ratio > dual_clip) if dual_clip is not None else jnp.zeros(shape, bool)
+    dual = (sg_adv < 0) & (sg_ratio > dual_clip) if dual_clip is not None else jnp.zeros(valid.shape, bool)
     r_max = jnp.max(jnp.where(valid, sg_ratio, -jnp.inf), initial=-jnp.inf)
     r_min = jnp.min(jnp.where(valid, sg_ratio, jnp.inf), initial=jnp.inf)
     if axis_name is not None:
@@ -322,7 +344,7 @@ def policy_loss(
     }
     metrics.update({k: token_mean(v.astype(jnp.float32)) for k, v in extra.items()})
     metrics = {k: jax.lax.stop_gradient(jnp.asarray(v, jnp.float32)) for k, v in metrics.items()}
-    return loss.astype(jnp.float32), metrics
+    return metrics
 
 
 def _objective_terms(
