@@ -389,33 +389,7 @@ def _build_program(
         (params, opt_state), hist = jax.lax.scan(
             update, (state.params, state.opt_state), jnp.arange(updates, dtype=jnp.int32)
         )
-        first_pass = (jnp.arange(updates) < step.nm).astype(jnp.float32)
-        s = hist["stats"]
-        n_first = jnp.maximum(jnp.sum(s["valid_tokens"] * first_pass), 1.0)
-        n0 = jnp.maximum(s["valid_tokens"][0], 1.0)
-        metrics: dict[str, jax.Array] = dict(prep["diag"])
-        for k, v in hist["metrics"].items():
-            metrics[k] = jnp.max(v) if k.endswith("max") else jnp.min(v) if k.endswith("min") else jnp.mean(v)
-        completion_tokens = batch.completion_mask.astype(jnp.float32).sum()
-        metrics.update(
-            {
-                "loss": jnp.mean(hist["loss"]),
-                "grad_norm": jnp.mean(hist["grad_norm"]),
-                "lr": lr,
-                "entropy": jnp.sum(s["entropy_sum"] * first_pass) / n_first,
-                "mismatch/abs_diff_mean": s["abs_diff_sum"][0] / n0,
-                "mismatch/abs_diff_max": s["abs_diff_max"][0],
-                "mismatch/ratio_mean": s["exp_diff_sum"][0] / n0,
-                "sampler/kl": s["sampler_kl_sum"][0] / n0,
-                "sampler/corrected_frac": s["corrected_sum"][0] / n0,
-                "tokens/prompt": batch.prompt_mask.astype(jnp.float32).sum(),
-                "tokens/completion": completion_tokens,
-                "tokens/loss": jnp.sum(split["tok"]),
-                "sequences/loss": jnp.sum(split["seq"]),
-                "degeneracy/masked_groups": prep["dropped"],
-            }
-        )
-        metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
+        metrics = _step_metrics(hist, prep, split, batch, lr, step.nm)
         new_state = TrainState(
             params=params, opt_state=opt_state, step=state.step + 1, rng=jax.random.split(state.rng)[0]
         )
@@ -436,3 +410,37 @@ def _build_program(
             compiler_options=options,
         )
     return init_fn, step_fn
+
+
+def _step_metrics(hist: dict, prep: dict, split: dict, batch: Batch, lr: jax.Array, nm: int) -> dict[str, jax.Array]:
+    """The step's metrics from the scanned updates' history ``hist`` (``num_iterations × nm`` updates): the loss and
+    gradient norm averaged over them, the policy's entropy over the first pass (the sampled policy's), the
+    sampler-mismatch statistics of the first update, token counts and the groups masked as degenerate."""
+    updates = hist["loss"].shape[0]
+    first_pass = (jnp.arange(updates) < nm).astype(jnp.float32)
+    s = hist["stats"]
+    n_first = jnp.maximum(jnp.sum(s["valid_tokens"] * first_pass), 1.0)
+    n0 = jnp.maximum(s["valid_tokens"][0], 1.0)
+    metrics: dict[str, jax.Array] = dict(prep["diag"])
+    for k, v in hist["metrics"].items():
+        metrics[k] = jnp.max(v) if k.endswith("max") else jnp.min(v) if k.endswith("min") else jnp.mean(v)
+    completion_tokens = batch.completion_mask.astype(jnp.float32).sum()
+    metrics.update(
+        {
+            "loss": jnp.mean(hist["loss"]),
+            "grad_norm": jnp.mean(hist["grad_norm"]),
+            "lr": lr,
+            "entropy": jnp.sum(s["entropy_sum"] * first_pass) / n_first,
+            "mismatch/abs_diff_mean": s["abs_diff_sum"][0] / n0,
+            "mismatch/abs_diff_max": s["abs_diff_max"][0],
+            "mismatch/ratio_mean": s["exp_diff_sum"][0] / n0,
+            "sampler/kl": s["sampler_kl_sum"][0] / n0,
+            "sampler/corrected_frac": s["corrected_sum"][0] / n0,
+            "tokens/prompt": batch.prompt_mask.astype(jnp.float32).sum(),
+            "tokens/completion": completion_tokens,
+            "tokens/loss": jnp.sum(split["tok"]),
+            "sequences/loss": jnp.sum(split["seq"]),
+            "degeneracy/masked_groups": prep["dropped"],
+        }
+    )
+    return {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
