@@ -63,7 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgrpo import degeneracy, diversity, models, objectives, padding, sampling, scheduled
+from jaxgrpo import config_checks, degeneracy, diversity, models, objectives, padding, sampling, scheduled
 from jaxgrpo import step_batch as step_batch_lib
 from jaxgrpo.config_sections import Config
 from jaxgrpo.errors import ConfigError, RewardError
@@ -102,9 +102,7 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(f"rollout.schedule={cfg.rollout.schedule} with multi-turn rollouts: per-prompt group sizes "
                           "are not supported there; use rollout.schedule=skip or none")  # fmt: skip
     if cfg.train.eval_every and m.distributed:
-        raise ConfigError("train.eval_every with multi-turn rollouts runs in one process (each host would run every "
-                          "evaluation trajectory's tools); set train.eval_every=0 and evaluate a checkpoint with "
-                          "python -m jaxgrpo.eval --run-dir DIR (it runs the turns)")  # fmt: skip
+        raise ConfigError(config_checks.multiturn_eval_refusal("one per host (mesh.distributed)"))
     if cfg.data.template != "chat":
         raise ConfigError("multi-turn rollouts need the chat template (tools and tool replies are chat messages); "
                           "set data.template=chat")  # fmt: skip
