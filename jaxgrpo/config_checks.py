@@ -127,7 +127,8 @@ def _check_data(cfg: Config) -> None:
 
 
 def _check_rewards(cfg: Config) -> None:
-    """data.environment, data.tools and each of data.rewards: importable and meant for the data source."""
+    """data.environment and data.tools written as import paths; each of data.rewards known and meant for the data
+    source."""
     d = cfg.data
     _require(d.environment is None or d.environment.count(":") == 1, "data.environment", d.environment,
              "'package.module:Class' or null")
