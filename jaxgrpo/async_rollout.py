@@ -161,14 +161,12 @@ def device_groups(cfg: Any) -> tuple[Any, Any, Any]:
     prefix=())``, a copy of compute-dtype params where the rollout reads them, split over the rollout's fsdp axis by
     the rules (``prefix``: where ``params`` sits in the whole params tree, `sharding.part_shardings`). Without
     ``mesh.rollout`` the rollout shares the learner's mesh and devices. On several processes see `process_groups`."""
-    from jaxgrpo import config_checks, sharding
+    from jaxgrpo import sharding
     from jaxgrpo.errors import ConfigError
 
     m, devices = cfg.mesh, jax.devices()
     size, r = m.data * m.fsdp * m.tensor, m.rollout
     turns = cfg.data.multiturn
-    if jax.process_count() > 1 and turns and cfg.train.eval_every:  # (`multiturn_step.check_config`, at run time)
-        raise ConfigError(config_checks.multiturn_eval_refusal(str(jax.process_count())))
     if (r or cfg.rollout.max_staleness) and jax.process_count() > 1:  # (jax.distributed set up by the caller)
         return process_groups(cfg)
     copy = lambda p, *_: jax.tree.map(lambda x: jnp.array(x, copy=True), p)  # noqa: E731 (the step donates its state)

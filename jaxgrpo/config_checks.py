@@ -281,11 +281,3 @@ def async_hosts_refusal(cfg: Config) -> str | None:
         return None
     return (f"rollout.schedule={cfg.rollout.schedule} with asynchronous rollouts runs on one host so far: set "
             "rollout.max_staleness=0 mesh.rollout=0 on several hosts, or rollout.schedule=skip")
-
-
-def multiturn_eval_refusal(processes: str) -> str:
-    """Why ``train.eval_every`` cannot run with multi-turn rollouts on several processes (``processes``: how many, in
-    words): each would run every evaluation trajectory's tools."""
-    return (f"train.eval_every with multi-turn rollouts runs in one process, not {processes} (each would run every "
-            "evaluation trajectory's tools); set train.eval_every=0 and evaluate a checkpoint with "
-            "python -m jaxgrpo.eval --run-dir DIR (it runs the turns)")

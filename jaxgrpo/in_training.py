@@ -4,12 +4,14 @@ sets (`jaxgrpo.retain`), each through `jaxgrpo.eval.evaluate` with the rollout's
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import jax
 
 from jaxgrpo import data as data_lib
 from jaxgrpo import eval as eval_lib
+from jaxgrpo import models
 
 
 def eval_sets(tr: Any) -> list[tuple[str, list[data_lib.Example], data_lib.DataConfig]]:
@@ -50,10 +52,14 @@ def evaluate_held_out(tr: Any, step: int) -> dict[str, float]:
     if tr.multiturn is not None:
         from jaxgrpo import multiturn_step  # (it imports jaxgrpo.eval)
 
+        params, mesh, exchange = tr.state.params, tr.mesh, None
+        if jax.process_count() > 1:  # each host its block, on its own rollout devices (`multiturn_step.evaluate`)
+            params = tr.place_rollout(models.compute_params(tr.model_config, params), tr.model_config)
+            mesh, exchange = tr.rollout_mesh, _exchange
         result = multiturn_step.evaluate(
-            tr.cfg, tr.model_config, tr.state.params, tr.tokenizer, held_out_examples(tr),
+            tr.cfg, tr.model_config, params, tr.tokenizer, held_out_examples(tr),
             eval_lib.correctness_reward(tr.cfg, None), num_samples=r.group_size, group_sizes=[r.group_size], key=key,
-            summarize=eval_lib.summarize, attention=tr.prefill_attention, mesh=tr.mesh)  # fmt: skip
+            summarize=eval_lib.summarize, attention=tr.prefill_attention, mesh=mesh, exchange=exchange)  # fmt: skip
         return _report(tr, step, result) | {f"eval/multiturn/{k.split('/', 1)[-1]}": v
                                             for k, v in result["multiturn"].items()}  # fmt: skip
     result = eval_lib.evaluate(
@@ -63,6 +69,22 @@ def evaluate_held_out(tr: Any, step: int) -> dict[str, float]:
         temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, eos_token_ids=tr.eos_token_ids,
         data_config=tr.cfg.data, mesh=tr.mesh, attention=tr.prefill_attention)
     return _report(tr, step, result)
+
+
+_EVAL_EXCHANGES = itertools.count()  # evaluations swapped between processes, over every run of this process
+
+
+def _exchange(payload: bytes) -> list[bytes]:
+    """Every host's share of an evaluation (`jaxgrpo.host.exchange`), under a sequence of names of its own (the
+    rollout thread's swaps keep theirs; every host evaluates at the same steps, in the main thread). The previous
+    evaluation's keys are deleted once this one's returns: every host had read them before it sent this one."""
+    from jaxgrpo import host
+
+    i = next(_EVAL_EXCHANGES)
+    parts = host.exchange(f"jaxgrpo/eval/{i}", payload)
+    if i:
+        host.delete_exchanged(f"jaxgrpo/eval/{i - 1}")
+    return parts
 
 
 def _report(tr: Any, step: int, result: dict[str, Any]) -> dict[str, float]:

@@ -39,15 +39,14 @@ until P informative groups are held or ``algo.resample_max_rounds`` rounds are s
 (``rollout.schedule=skip``) picks each round's prompts (`jaxgrpo.scheduled.draw_round`) and records every round's
 groups.
 
-On one host, ``train.eval_every`` evaluates the held-out split through the turns (`evaluate`,
-`jaxgrpo.in_training.evaluate_held_out`), and ``algo.overlong_buffer`` punishes the tokens after the prompt against
-the token budget (`trajectory_lengths`).
+``train.eval_every`` evaluates the held-out split through the turns (`evaluate`,
+`jaxgrpo.in_training.evaluate_held_out`; on several hosts each runs its block of the held-out prompts, their tools
+and rewards, and the hosts swap the results), and ``algo.overlong_buffer`` punishes the tokens after the prompt
+against the token budget (`trajectory_lengths`).
 
 Not supported with multi-turn (one-line errors at startup, `check_config`): several processes without rollout
 devices of their own (every host would run every trajectory's tools), the multi-turn engine on several devices of
-one process (a learner mesh without ``mesh.rollout=1``, or ``mesh.rollout`` > 1), in-training evaluation on several
-hosts (``train.eval_every``; run ``python -m jaxgrpo.eval`` on a checkpoint instead, which runs the turns) and
-``data.template=plain``.
+one process (a learner mesh without ``mesh.rollout=1``, or ``mesh.rollout`` > 1) and ``data.template=plain``.
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgrpo import config_checks, degeneracy, diversity, models, objectives, padding, sampling, scheduled
+from jaxgrpo import async_rollout, degeneracy, diversity, models, objectives, padding, sampling, scheduled
 from jaxgrpo import step_batch as step_batch_lib
 from jaxgrpo.config_sections import Config
 from jaxgrpo.errors import ConfigError, RewardError
@@ -101,8 +100,6 @@ def check_config(cfg: Config) -> None:
     if "adaptive" in cfg.rollout.schedule:
         raise ConfigError(f"rollout.schedule={cfg.rollout.schedule} with multi-turn rollouts: per-prompt group sizes "
                           "are not supported there; use rollout.schedule=skip or none")  # fmt: skip
-    if cfg.train.eval_every and m.distributed:
-        raise ConfigError(config_checks.multiturn_eval_refusal("one per host (mesh.distributed)"))
     if cfg.data.template != "chat":
         raise ConfigError("multi-turn rollouts need the chat template (tools and tool replies are chat messages); "
                           "set data.template=chat")  # fmt: skip
@@ -140,13 +137,14 @@ class MultiTurn:
     programs: `jaxgrpo.multiturn_precompile`; with ``mesh.rollout`` `sampling.generate` on that mesh).
     ``generate``: a `sampling.generate` stand-in for the simple loop (a test's scripted policy; it implies the loop).
     ``rollout_stats``: the engine's metrics of the last `sample` (`turn_driver.TurnStats`; none for the loop).
-    ``attention``: both samplers' prefill attention kernel (a run's resolved ``perf.attention``)."""
+    ``attention``: both samplers' prefill attention kernel (a run's resolved ``perf.attention``). ``train``: False
+    for an evaluation, which samples only (no train-step shapes, ``train_shapes`` None)."""
 
     generate: Callable[..., sampling.Completions] | None = None
 
     def __init__(self, cfg: Config, tokenizer: Any, model_config: models.ModelConfig,
                  eos_token_ids: Sequence[int], examples: Sequence[Example], attention: Kernel = DENSE,
-                 mesh: Any = None):  # fmt: skip
+                 mesh: Any = None, train: bool = True):  # fmt: skip
         d, r = cfg.data, cfg.rollout
         self.cfg, self.tokenizer, self.eos_token_ids = cfg, tokenizer, tuple(eos_token_ids)
         self.mesh = mesh  # the learner's: the batch is split over its batch axes (None: one device)
@@ -159,8 +157,9 @@ class MultiTurn:
         self.check_context(model_config, examples)
         P, limit = r.prompts_per_step, model_config.max_position_embeddings
         self.loop_shapes = MT.LoopShapes.for_run(P * r.group_size, self.prompt_width, self.settings, limit)
-        self.train_shapes = step_batch_lib.StepShapes.for_prompts(self.prompt_lengths, P, P, cfg.algo, cfg.perf, mesh,
-                                                                  self.settings.budget)  # fmt: skip
+        # the train step's shapes (P prompts packed over the mesh's batch shards); an evaluation samples only
+        self.train_shapes = step_batch_lib.StepShapes.for_prompts(
+            self.prompt_lengths, P, P, cfg.algo, cfg.perf, mesh, self.settings.budget) if train else None  # fmt: skip
         self.runner = ToolRunner(workers=max(1, d.reward_workers), timeout=r.tool_timeout)
         self.rollout_stats: dict[str, float] = {}
 
@@ -367,8 +366,6 @@ def sample_across_processes(trainer: Any, examples: list[Example], key: jax.Arra
     and every host returns the whole step's `Scored`, the same on every host. The environments stay where their tools
     ran (``episodes`` is empty). Metrics: the engine's are the mean over the hosts; ``reward/timeouts`` and
     ``time/reward_s`` the sum and the longest of the hosts', ``reward/invalid_frac`` over all rows."""
-    from jaxgrpo import async_rollout
-
     mt: MultiTurn = trainer.multiturn
     g = trainer.cfg.rollout.group_size
     mine = async_rollout.host_share(len(examples))
@@ -433,35 +430,62 @@ def train_step(trainer: Any, step: int) -> dict[str, float]:
 def evaluate(cfg: Config, model_config: models.ModelConfig, params: Any, tokenizer: Any, examples: Sequence[Example],
              reward: str, *, num_samples: int, group_sizes: Sequence[int], key: jax.Array, prompts_per_batch: int = 32,
              success_threshold: float = 0.5, summarize: Callable[..., dict[str, Any]],
-             attention: Kernel = DENSE, mesh: Any = None) -> dict[str, Any]:  # fmt: skip
+             attention: Kernel = DENSE, mesh: Any = None,
+             exchange: Callable[[bytes], list[bytes]] | None = None) -> dict[str, Any]:  # fmt: skip
     """`jaxgrpo.eval.evaluate` for a multi-turn config: ``num_samples`` trajectories per example through the turn
     loop, each scored by ``reward`` alone (a reward function of its final answer, or ``environment``: its
     environment's ``get_reward()``); success = reward >= ``success_threshold``. Returns ``summarize``'s
     (`jaxgrpo.eval.summarize`, passed in: eval imports this module) pass@k and degeneracy, ``mean_reward``, the
     `history.metrics` of all trajectories and a few samples. ``attention``: the prefills' kernel. ``mesh``: the
-    simple loop samples over it (a training run's learner mesh, ``params`` placed on it)."""
+    simple loop samples over it (a training run's learner mesh, ``params`` placed on it). Each trajectory draws with
+    its row id in the whole evaluation (``row_offset``), so the result does not depend on how the examples are
+    batched. ``exchange``: on several processes, this host evaluates its contiguous block of the examples
+    (`async_rollout.host_share`: its turns, tools and rewards; ``params`` and ``mesh`` this host's) and
+    ``exchange(payload)`` returns every host's payload in process order (`jaxgrpo.host.exchange`); every host then
+    returns the whole evaluation's result, the one a single process gets."""
     from jaxgrpo import build
 
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, rewards={reward: 1.0}),
                               rollout=dataclasses.replace(cfg.rollout, group_size=num_samples),
                               algo=dataclasses.replace(cfg.algo, overlong_buffer=None))  # success: the reward alone
-    mt = MultiTurn(cfg, tokenizer, model_config, build.eos_ids(model_config, tokenizer), examples, attention)
+    mt = MultiTurn(cfg, tokenizer, model_config, build.eos_ids(model_config, tokenizer), examples, attention,
+                   train=False)  # fmt: skip
     scorer = Scorer(reward_functions(cfg)) if reward != ENV_REWARD else None
     params = models.compute_params(model_config, params)
-    rewards, hists, samples = [], [], []
-    try:
-        for b, start in enumerate(range(0, len(examples), prompts_per_batch)):
-            batch = list(examples[start : start + prompts_per_batch])
-            scored = mt.sample(model_config, params, batch, jax.random.fold_in(key, b), scorer, mesh=mesh)
+    block = range(len(examples)) if exchange is None else async_rollout.host_share(len(examples)).tolist()
+
+    def run_block() -> dict[str, list]:
+        rewards, hists, samples = [], [], []
+        for start in range(0, len(block), prompts_per_batch):
+            first = block[start]  # the batch's first example in the whole evaluation
+            batch = [examples[i] for i in block[start : start + prompts_per_batch]]
+            scored = mt.sample(model_config, params, batch, key, scorer, mesh=mesh, row_offset=first * num_samples)
             rewards.append(scored.rewards)
             hists += scored.rollout.histories
             for p, ex in enumerate(batch[: max(0, 4 - len(samples))]):
                 samples.append({"prompt": ex.prompt, "answer": ex.answer, "reward": float(scored.rewards[p, 0]),
                                 "conversation": scored.rollout.messages[p * num_samples]})  # fmt: skip
+        return {"rewards": rewards, "histories": hists, "samples": samples}
+
+    try:
+        if exchange is None:
+            mine = run_block()
+            parts = [mine]
+        else:
+            try:
+                payload = pickle.dumps(run_block())
+            except Exception as e:  # the other hosts must not wait for this host's share forever
+                payload = async_rollout.failure_part(e)
+            raw = exchange(payload)
+            async_rollout.raise_failed(raw)
+            parts = [pickle.loads(b) for b in raw]
     finally:
         mt.close()
         if scorer is not None:
             scorer.close()
+    rewards = [r for p in parts for r in p["rewards"]]
+    hists = [h for p in parts for h in p["histories"]]
+    samples = [x for p in parts for x in p["samples"]][:4]
     r = np.concatenate(rewards)
     result = summarize(r >= success_threshold, group_sizes)
     result.update(mean_reward=float(r.mean()), multiturn=history.metrics(hists), samples=samples,

@@ -5,14 +5,18 @@ and rewards, on rollout devices of its own, and the hosts swap the scored trajec
 other devices of both hosts. Against one process (the tiny random model on SmolLM2's tokenizer with the calculator
 environment, `test_multiturn_train.small`):
 
-* the multi-turn engine on one rollout device per host (``mesh.rollout=2``), synchronous: the one-process run step
-  for step (the rows of each host's block draw with their ids in the whole step, ``row_offset``);
+* the multi-turn engine on one rollout device per host (``mesh.rollout=2``), synchronous, with the in-training
+  evaluation after step 2 (each host its block of the held-out prompts): the one-process run step for step, its
+  ``eval/*`` figures included (the rows of each host's block draw with their ids in the whole step or evaluation,
+  ``row_offset``);
 * the simple loop on two rollout devices per host (``mesh.rollout=4``), one step off policy, with a scripted policy
   that calls the calculator once per trajectory and then answers: the one-process run step for step, and each host
   ran the tool calls of its own half of the trajectories only (no call runs twice).
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -35,7 +39,8 @@ def fingerprinted(step_metrics):
     return metrics
 
 
-ENGINE_ARGS = [ENGINE, "rollout.prompts_per_step=6", "mesh.distributed=true"]  # 12 trajectories a step
+ENGINE_ARGS = [ENGINE, "rollout.prompts_per_step=6", "train.eval_every=2", "train.eval_examples=5",
+               "mesh.distributed=true"]  # 12 trajectories a step; 5 held-out prompts: 3 on host 0, 2 on host 1
 LOOP_ARGS = ["rollout.prompts_per_step=4", "rollout.max_staleness=1"]  # 8 trajectories a step
 
 BODY = r"""
@@ -84,9 +89,13 @@ def test_two_hosts_run_the_one_process_multiturn_run(smollm2_gguf, tmp_path, mon
 
     run_two_processes(BODY, tmp_path)
     monkeypatch.setattr(multiturn_step, "step_metrics", fingerprinted(multiturn_step.step_metrics))
-    trainer.run(small(smollm2_gguf, *BASE, *ENGINE_ARGS[:2]), tmp_path / "engine1")
+    trainer.run(small(smollm2_gguf, *BASE, *ENGINE_ARGS[:-1]), tmp_path / "engine1")
     got, want = metrics_log.read_metrics(tmp_path / "engine"), metrics_log.read_metrics(tmp_path / "engine1")
     assert_same_run(got, want)
+    assert "eval/mean_reward" in want[1] and "eval/multiturn/turns" in want[1], "step 2 evaluated"
+    both, one = (json.loads((tmp_path / r / "eval" / "step2" / "eval.json").read_text()) for r in ("engine", "engine1"))
+    assert both["num_prompts"] == one["num_prompts"] == 5 and both["success_counts"] == one["success_counts"]
+    assert [x["conversation"] for x in both["samples"]] == [x["conversation"] for x in one["samples"]]
     assert got[0]["test/tokens"] != got[1]["test/tokens"]
     tok = load_tokenizer(str(smollm2_gguf))
     monkeypatch.setattr(multiturn_step.MultiTurn, "generate", staticmethod(calculating_policy(tok, 0)))
