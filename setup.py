@@ -16,7 +16,7 @@ setup(
     install_requires=[
         "jax>=0.6",
         "flax>=0.10",
-        "optax>=0.2.4",
+        "optax>=0.2.5",
         "orbax-checkpoint>=0.11",
         "chex>=0.1.88",
         "numpy>=1.26",

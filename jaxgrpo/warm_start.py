@@ -216,7 +216,8 @@ def make_sft_step(model_config: models.ModelConfig, optim: OptimConfig, learning
         (loss, n), grads = jax.value_and_grad(loss_fn, has_aux=True)(train, params, rows)
         d, opt_state = direction.update(grads, opt_state, train)
         train = optax.apply_updates(train, optim_lib.apply_learning_rate(d, jnp.float32(learning_rate)))
-        metrics = {"warm_start/loss": loss, "warm_start/tokens": n, "warm_start/grad_norm": optax.global_norm(grads)}
+        metrics = {"warm_start/loss": loss, "warm_start/tokens": n,
+                   "warm_start/grad_norm": optax.tree_utils.tree_norm(grads)}
         return lora.with_trainable(params, train), opt_state, metrics
 
     return init, jax.jit(step, donate_argnums=(0, 1))

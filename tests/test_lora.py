@@ -167,7 +167,7 @@ def test_peft_applies_the_exported_adapter_to_the_transformers_model(tmp_path):
     models.save_pretrained(config.replace(lora=None), lora.merge(config, params), tmp_path / "merged",
                            dtype="float32")  # fmt: skip
 
-    ids = np.asarray(tokens())
+    ids = np.array(tokens())  # writable: torch.as_tensor warns on a read-only array
     hf_base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32)
     with_adapter = peft.PeftModel.from_pretrained(hf_base, tmp_path / "adapter").eval()
     merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32).eval()

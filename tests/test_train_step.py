@@ -15,6 +15,7 @@ from unittest import mock
 
 import chex
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -165,7 +166,7 @@ class TestComputeLogprobs(chex.TestCase):
             for eqn in jaxpr.eqns:
                 for v in eqn.outvars:
                     shapes.add((tuple(v.aval.shape), str(v.aval.dtype)))
-                for sub in jax.core.jaxprs_in_params(eqn.params):
+                for sub in jax.extend.core.jaxprs_in_params(eqn.params):
                     walk(sub)
 
         walk(jax.make_jaxpr(jax.grad(f))(params).jaxpr)

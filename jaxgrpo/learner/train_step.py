@@ -379,7 +379,7 @@ def _build_program(
             mbs = jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, u % step.nm, keepdims=False), split)
             key = jax.random.fold_in(state.rng, u) if algo.objective == "clip_cov" else None  # Clip-Cov's subset
             loss, grads, aux = step.minibatch_grad(params, mbs, batch.rewards.shape[1], packed_prompt_width, key)
-            grad_norm = optax.global_norm(grads)
+            grad_norm = optax.tree_utils.tree_norm(grads)
             train = lora.trainable(params)  # a LoRA run updates its adapters only; the base passes through
             direction, opt_state = tx.update(grads, opt_state, train)
             train = optax.apply_updates(train, optim_lib.apply_learning_rate(direction, lr))
