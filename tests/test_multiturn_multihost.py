@@ -10,8 +10,9 @@ environment, `test_multiturn_train.small`):
   ``eval/*`` figures included (the rows of each host's block draw with their ids in the whole step or evaluation,
   ``row_offset``);
 * the simple loop on two rollout devices per host (``mesh.rollout=4``), one step off policy, with a scripted policy
-  that calls the calculator once per trajectory and then answers: the one-process run step for step, and each host
-  ran the tool calls of its own half of the trajectories only (no call runs twice).
+  that calls the calculator once per trajectory and then answers, and the evaluation after step 2: the one-process
+  run step for step, and each host ran the tool calls of its own half of the trajectories and of its block of the
+  evaluation only (no call runs twice).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def fingerprinted(step_metrics):
 
 ENGINE_ARGS = [ENGINE, "rollout.prompts_per_step=6", "train.eval_every=2", "train.eval_examples=5",
                "mesh.distributed=true"]  # 12 trajectories a step; 5 held-out prompts: 3 on host 0, 2 on host 1
-LOOP_ARGS = ["rollout.prompts_per_step=4", "rollout.max_staleness=1"]  # 8 trajectories a step
+LOOP_ARGS = ["rollout.prompts_per_step=4", "rollout.max_staleness=1", "train.eval_every=2",
+             "train.eval_examples=5"]  # 8 trajectories a step; the evaluation's 10: 6 on host 0, 4 on host 1
 
 BODY = r"""
 import functools, pathlib
@@ -105,4 +107,6 @@ def test_two_hosts_run_the_one_process_multiturn_run(smollm2_gguf, tmp_path, mon
     assert [r["async/policy_version"] for r in got] == [0.0, 0.0]  # step 1 sampled with version 0: one step off
     assert all(r["multiturn/tool_calls"] == 1.0 for r in got)  # one call per trajectory
     per_host = [int(np.load(tmp_path / f"calls{p}.npz")["calls"].sum()) for p in (0, 1)]
-    assert per_host == [8, 8], "each host ran its own half of the 2 steps x 8 trajectories' calls, once"
+    assert want[1]["eval/pass@1"] == 1.0 and want[1]["eval/multiturn/tool_calls"] == 1.0  # the scripted policy's
+    assert per_host == [8 + 6, 8 + 4], ("each host ran the calls of its own half of the 2 steps x 8 trajectories and "
+                                        "of its block of the evaluation's 5 prompts x 2, once")
