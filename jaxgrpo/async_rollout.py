@@ -289,20 +289,31 @@ def swap(tr: Any, make: Any) -> list[bytes]:
     one line naming the process that failed (`raise_failed`)."""
     from jaxgrpo import host
 
-    payload, failure = b"", None
-    try:
-        payload = make()
-    except Exception as e:  # (the others must not wait for this host's share forever)
-        failure, payload = e, failure_part(e)
+    payload, failure = own_share(make)
     i = next(_EXCHANGES)  # the same sequence on every process: each makes the same calls in the same order
     stopping = lambda: tr.producer is not None and tr.producer.stopping  # noqa: E731 (a stopping run: see `exchange`)
     parts = host.exchange(f"jaxgrpo/rollout/{i}", payload, should_stop=stopping)
     if i >= 2:  # every process has sent round i, so it has read this process's rounds before
         host.delete_exchanged(f"jaxgrpo/rollout/{i - 2}")
+    settle(parts, failure)
+    return parts
+
+
+def own_share(make: Any) -> tuple[bytes, Exception | None]:
+    """``(make(), None)``, or when ``make`` fails, what the other hosts get in its place (`failure_part`: they must
+    not wait for this host's share forever) and the exception, to raise once the exchange is done (`settle`)."""
+    try:
+        return make(), None
+    except Exception as e:
+        return failure_part(e), e
+
+
+def settle(parts: list[bytes], failure: Exception | None) -> None:
+    """After an exchange of shares made by `own_share`: raises this host's own failure, else the first other
+    process's (`raise_failed`), so that every host raises at the same exchange."""
     if failure is not None:
         raise failure
     raise_failed(parts)
-    return parts
 
 
 def failure_part(e: Exception) -> bytes:

@@ -469,15 +469,11 @@ def evaluate(cfg: Config, model_config: models.ModelConfig, params: Any, tokeniz
 
     try:
         if exchange is None:
-            mine = run_block()
-            parts = [mine]
-        else:
-            try:
-                payload = pickle.dumps(run_block())
-            except Exception as e:  # the other hosts must not wait for this host's share forever
-                payload = async_rollout.failure_part(e)
+            parts = [run_block()]
+        else:  # a host whose block failed still sends, so that every host raises at this exchange
+            payload, failure = async_rollout.own_share(lambda: pickle.dumps(run_block()))
             raw = exchange(payload)
-            async_rollout.raise_failed(raw)
+            async_rollout.settle(raw, failure)
             parts = [pickle.loads(b) for b in raw]
     finally:
         mt.close()
