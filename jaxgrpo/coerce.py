@@ -140,6 +140,7 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         out = {}
         for k, v in value.items():
             if v is None and val_tp is not Any:
+                _check_spaced(key, str(k))
                 continue  # `section.dict.key=null` removes the key
             out[str(k)] = coerce(v, val_tp, f"{key}.{k}")
         return out
@@ -149,6 +150,19 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         (item_tp,) = typing.get_args(inner)
         return [coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
     raise ConfigError(f"{key}: unsupported field type {tp!r} (a bug in jaxgrpo.config)")
+
+
+def _check_spaced(key: str, entry: str) -> None:
+    """A mapping entry written ``{name:1.0}`` reads in YAML as the key ``"name:1.0"`` with no value (a flow mapping
+    needs a space after the colon): a `ConfigError` saying so, rather than dropping it as ``null``."""
+    name, sep, value = entry.rpartition(":")
+    try:
+        float(value)
+    except ValueError:
+        return
+    if sep and name:
+        raise ConfigError(f"{key}: the entry {entry!r} has no value; YAML needs a space after the colon: "
+                          f"{key}={{{name}: {value}}}")  # fmt: skip
 
 
 def dataclass_from_mapping(name: str, cls: type, raw: Any,

@@ -19,6 +19,7 @@ from jaxgrpo.synthetic import MAX_DIFFICULTY
 from jaxgrpo.word_arithmetic import WORDS_LEVELS, WORDS_SPLITS
 
 BUILTIN_TOKENIZERS = ("builtin:arithmetic",)
+FILE_SOURCES = ("gsm8k", "hf")  # the data sources that read data.path (jaxgrpo.data.load_dataset)
 
 
 def _require(ok: bool, key: str, value: Any, requirement: str) -> None:
@@ -106,6 +107,9 @@ def _check_data(cfg: Config) -> None:
     else:
         _require(0 <= d.difficulty <= MAX_DIFFICULTY, "data.difficulty", d.difficulty, f"in [0, {MAX_DIFFICULTY}]")
     _require(d.num_examples is None or d.num_examples >= 1, "data.num_examples", d.num_examples, ">= 1 or null")
+    _require(d.path is None or d.source in FILE_SOURCES, "data.path", d.path,
+             f"null for data.source={d.source}, which reads no files (data.path is for data.source="
+             f"{' or '.join(FILE_SOURCES)})")  # fmt: skip
     _at_least(cfg, 1, "data.max_prompt_tokens", "rollout.prompts_per_step", "rollout.max_new_tokens")
     lo = cfg.lora
     _require(lo.rank >= 0, "lora.rank", lo.rank, ">= 0 (0 = off)")
