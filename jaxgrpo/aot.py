@@ -24,6 +24,7 @@ with XLA's bytes accessed, a lower bound for the same reason.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import pathlib
@@ -97,8 +98,9 @@ def topology_devices(topology: str | None, count: int | None = None) -> list[Any
     try:
         return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
     except Exception as e:  # no libtpu, or an unknown name
-        raise ConfigError(f"cannot describe TPU topology {topology!r} ({type(e).__name__}: {e}); install libtpu "
-                          "(`pip install jaxgrpo[tpu]`) and name a slice such as v5e:4x8 or v4:2x2x2") from e
+        fix = "name" if importlib.util.find_spec("libtpu") else "install libtpu (`pip install jaxgrpo[tpu]`) and name"
+        raise ConfigError(f"cannot describe TPU topology {topology!r} ({type(e).__name__}: {e}); {fix} a slice such "
+                          "as v5e:4x8 or v4:2x2x2") from e  # fmt: skip
 
 
 GPU_TARGETS = {"h100": "h100_sxm.txtpb", "h200": "h200_sxm.txtpb"}  # XLA GPU target descriptions (openxla/xla's

@@ -146,6 +146,21 @@ def test_bad_input_is_one_line(capsys):
     assert "--chip 'h1000' is not known" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("libtpu", [True, False])
+def test_an_undescribable_topology_is_one_line_with_the_fix_that_applies(capsys, monkeypatch, libtpu):
+    from jax.experimental import topologies
+
+    def unknown(**kwargs):
+        raise RuntimeError("Invalid TPU external name: TPU v9")
+
+    monkeypatch.setattr(topologies, "get_topology_desc", unknown)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if libtpu else None)
+    assert compile_cli.main(["--topology", "v9:2x2"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot describe TPU topology 'v9:2x2'" in err and "name a slice such as v5e:4x8" in err
+    assert ("install libtpu" in err) != libtpu and len(err.strip().splitlines()) == 1
+
+
 def test_the_pod_config_names_its_slice():
     cfg = config_lib.load_config("llama3.1-8b_gsm8k_pod", [])
     assert cfg.mesh.topology == "v5p:2x4x4" and cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tensor == 32
