@@ -108,11 +108,19 @@ def load_tokenizer(name: str, revision: str | None = None) -> Tokenizer:
     `jaxgrpo.gguf_tokenizer`) or an HF directory's or Hub id's (``AutoTokenizer``; `revision` for a Hub id)."""
     if name == "builtin:arithmetic":
         return arithmetic_tokenizer()
-    if str(name).endswith(".gguf"):
-        return gguf_tokenizer(name)
     if is_hub_id(str(name)):
         name = download_from_hub(str(name), revision, weights=False)
-    return models.load_tokenizer(name)
+    elif not os.path.exists(name):
+        raise ConfigError(f"model.tokenizer={name!r} is neither 'builtin:arithmetic', a Hugging Face Hub id "
+                          "(org/name) nor an existing HF tokenizer directory or .gguf file")  # fmt: skip
+    if str(name).endswith(".gguf"):
+        return gguf_tokenizer(name)
+    try:
+        return models.load_tokenizer(name)
+    except (OSError, ValueError) as e:  # a directory without tokenizer files, or unreadable ones
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ConfigError(f"no tokenizer could be loaded from {name!r} ({type(e).__name__}: {first}); set "
+                          "model.tokenizer to an HF tokenizer directory, a .gguf file or a Hub id") from e
 
 
 def tiny_model_config(cfg: Config, tokenizer: Tokenizer) -> models.ModelConfig:

@@ -267,6 +267,19 @@ def test_missing_model_file_is_a_clean_error(tmp_path):
         trainer.Trainer(cfg, tmp_path / "run")
 
 
+@pytest.mark.parametrize("where, match", [
+    ("nope", r"model.tokenizer='.*nope' is neither 'builtin:arithmetic', a Hugging Face Hub id"),
+    ("nope.gguf", r"model.tokenizer='.*nope.gguf' is neither"),
+    ("", r"no tokenizer could be loaded from '.*' \(ValueError: .*\); set model.tokenizer to an HF tokenizer"),
+])
+def test_a_tokenizer_that_is_not_there_is_a_clean_error(tmp_path, where, match):
+    (tmp_path / "empty").mkdir()
+    cfg = small_config(f"model.tokenizer={tmp_path / 'empty' / where}")
+    with pytest.raises(config_lib.ConfigError, match=match):
+        trainer.Trainer(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
 def test_prompt_longer_than_the_context_is_a_clean_error(tmp_path):
     cfg = small_config("model.max_position_embeddings=12", "rollout.max_new_tokens=8")
     with pytest.raises(config_lib.ConfigError, match="exceeds the model's context"):
