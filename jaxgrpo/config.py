@@ -162,12 +162,23 @@ def config_name(path: str | None) -> str:
     return DEFAULT_CONFIG if path is None else pathlib.Path(path).stem
 
 
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error on one line: where (1-based line and column) and what, e.g. ``line 6, column 1: could not find
+    expected ':' (while scanning a simple key started at line 5, column 3)``."""
+    mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+    if mark is None or not problem:
+        return " ".join(str(e).split())
+    context, start = getattr(e, "context", None), getattr(e, "context_mark", None)
+    where = f" started at line {start.line + 1}, column {start.column + 1}" if start is not None else ""
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context}{where})" if context else "")
+
+
 def _read_yaml(path: str) -> dict[str, Any]:
     file = resolve_config_path(path)
     try:
         raw = coerce.yaml_load(file.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
-        raise ConfigError(f"{file}: invalid YAML: {e}") from None
+        raise ConfigError(f"{file}: invalid YAML: {_yaml_problem(e)}") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -190,7 +201,7 @@ def apply_override(raw: dict[str, Any], override: str) -> None:
     try:
         value = coerce.yaml_load(text) if text.strip() else None
     except yaml.YAMLError as e:
-        raise ConfigError(f"override {override!r}: the value is not valid YAML ({e})") from None
+        raise ConfigError(f"override {override!r}: the value is not valid YAML ({_yaml_problem(e)})") from None
     head = parts[0]
     valid_top = [*SECTIONS, *TOP_LEVEL_SCALARS]
     if head in TOP_LEVEL_SCALARS:

@@ -334,6 +334,9 @@ def test_every_enum_field_lists_its_choices(section_key, choices):
         ("algo: sign\n", ["config section 'algo' must be a mapping"]),
         ("- 1\n- 2\n", ["top level must be a mapping"]),
         ("algo: {estimator: [\n", ["invalid YAML"]),
+        ("rollout:\n  group_size: 4\n  prompts_per_step 8\n", [
+            "invalid YAML: line 4, column 1: could not find expected ':' (while scanning a simple key started at "
+            "line 3, column 3)"]),
         ("rollout:\n  group_size: one\n", ["rollout.group_size must be int"]),
     ],
 )
@@ -343,6 +346,7 @@ def test_bad_files(tmp_path, text, fragments):
         C.load_config(path, [])
     for fragment in fragments:
         assert fragment in str(info.value)
+    assert "\n" not in str(info.value)  # one line
 
 
 def test_empty_file_and_missing_file(tmp_path):
