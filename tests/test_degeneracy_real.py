@@ -325,6 +325,28 @@ def test_first_edition_audit_backs_the_quoted_figures(dr2):
         assert 0.21 <= min(clipped) and max(clipped) <= 0.91  # README: 21-90% of sign's and AVSPO's steps
 
 
+def test_the_complete_m4pool_family_backs_the_quoted_figures(dr2):
+    # docs/degeneracy.md §4: the matched level's scheduling claims, recomputed from the committed runs
+    out = REPO / "benchmarks" / "results" / "degeneracy" / "real2"
+    rows = {r["id"]: r for r in dr2.analysis.verdicts(out)["claims"] if r.get("family") == "sched-m4pool"}
+    quoted = {  # id: (difference, p, Holm p) as the docs round them
+        "S1-m4pool-grpo_skip-grpo_resample": (0.54, 0.085, 0.42), "S1-m4pool-grpo_skip-grpo": (0.41, 0.16, 0.65),
+        "S2-m4pool-grpo_skip-grpo": (0.036, 0.23, 0.68), "S2-m4pool-grpo_resample-grpo_skip": (0.030, 0.063, 0.38),
+        "S3-m4pool-grpo_resample-grpo_skip": (3260, 0.58, 0.77), "S3-m4pool-grpo-grpo_skip": (-2218, 0.39, 0.77)}
+    assert set(rows) == set(quoted)
+    for cid, (diff, p, q) in quoted.items():
+        r = rows[cid]
+        assert r["n"] == 8 and r["significant"] is False, cid  # "not distinguishable at n = 8"
+        assert r["diff"] == pytest.approx(diff, rel=0.02, abs=5e-4), cid
+        assert r["p"] == pytest.approx(p, abs=6e-3) and r["p_holm"] == pytest.approx(q, abs=6e-3), cid
+    runs = dr2.analysis.load_runs(out)["m4pool"]
+    mean = lambda arm, f: sum(f(r) for r in runs[arm]) / len(runs[arm])  # noqa: E731
+    informative = {arm: mean(arm, lambda r: r["informative_per_1k_tokens"]) for arm in runs}
+    assert informative["grpo_skip"] / informative["grpo_resample"] == pytest.approx(1.10, abs=5e-3)
+    accuracy = {arm: mean(arm, lambda r: r["heldout"]["accuracy"]) for arm in runs}
+    assert accuracy == pytest.approx({"grpo": 0.618, "grpo_resample": 0.684, "grpo_skip": 0.654}, abs=5e-4)
+
+
 def test_second_edition_run_one_records_config_seed_commit(dr2, tmp_path, monkeypatch):
     design = dr2.Design(**DESIGN_KW)
     spec = dr2.RunSpec("m8", "grpo_resample", 5)
