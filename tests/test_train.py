@@ -270,7 +270,7 @@ def test_missing_model_file_is_a_clean_error(tmp_path):
 @pytest.mark.parametrize("where, match", [
     ("nope", r"model.tokenizer='.*nope' is neither 'builtin:arithmetic', a Hugging Face Hub id"),
     ("nope.gguf", r"model.tokenizer='.*nope.gguf' is neither"),
-    ("", r"no tokenizer could be loaded from '.*' \(ValueError: .*\); set model.tokenizer to an HF tokenizer"),
+    ("", r"no tokenizer could be loaded from '.*' \((OSError|ValueError): .*\); set model.tokenizer to an HF tokenizer"),
 ])
 def test_a_tokenizer_that_is_not_there_is_a_clean_error(tmp_path, where, match):
     (tmp_path / "empty").mkdir()
