@@ -108,12 +108,13 @@ def load_tokenizer(name: str, revision: str | None = None) -> Tokenizer:
     `jaxgrpo.gguf_tokenizer`) or an HF directory's or Hub id's (``AutoTokenizer``; `revision` for a Hub id)."""
     if name == "builtin:arithmetic":
         return arithmetic_tokenizer()
-    if is_hub_id(str(name)):
+    gguf = str(name).endswith(".gguf")  # a file, never fetched from the Hub
+    if is_hub_id(str(name)) and not gguf:
         name = download_from_hub(str(name), revision, weights=False)
     elif not os.path.exists(name):
         raise ConfigError(f"model.tokenizer={name!r} is neither 'builtin:arithmetic', a Hugging Face Hub id "
                           "(org/name) nor an existing HF tokenizer directory or .gguf file")  # fmt: skip
-    if str(name).endswith(".gguf"):
+    if gguf:
         return gguf_tokenizer(name)
     try:
         return models.load_tokenizer(name)

@@ -270,7 +270,8 @@ def test_missing_model_file_is_a_clean_error(tmp_path):
 @pytest.mark.parametrize("where, match", [
     ("nope", r"model.tokenizer='.*nope' is neither 'builtin:arithmetic', a Hugging Face Hub id"),
     ("nope.gguf", r"model.tokenizer='.*nope.gguf' is neither"),
-    ("", r"no tokenizer could be loaded from '.*' \((OSError|ValueError): .*\); set model.tokenizer to an HF tokenizer"),
+    ("", r"no tokenizer could be loaded from '.*' \((OSError|ValueError): .*\); "
+         r"set model.tokenizer to an HF tokenizer"),
 ])
 def test_a_tokenizer_that_is_not_there_is_a_clean_error(tmp_path, where, match):
     (tmp_path / "empty").mkdir()
@@ -278,6 +279,13 @@ def test_a_tokenizer_that_is_not_there_is_a_clean_error(tmp_path, where, match):
     with pytest.raises(config_lib.ConfigError, match=match):
         trainer.Trainer(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_missing_gguf_tokenizer_named_like_a_hub_id_is_not_fetched(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # "missing/tok.gguf" reads as org/name but is a file name: never sent to the Hub
+    monkeypatch.setattr(build, "download_from_hub", lambda *a, **k: pytest.fail("a .gguf file was fetched"))
+    with pytest.raises(config_lib.ConfigError, match=r"model.tokenizer='missing/tok.gguf' is neither"):
+        build.load_tokenizer("missing/tok.gguf")
 
 
 def test_prompt_longer_than_the_context_is_a_clean_error(tmp_path):
