@@ -21,7 +21,8 @@ Walking back. A step that is listed but does not restore (a truncated or overwri
 ``state/_METADATA``, a deleted ``extra/metadata``, arrays of other shapes) must not brick the run:
 ``restore_newest(attempt)`` tries the steps newest first and, once an older one restores, renames each newer failed
 step to ``<s>.unrestorable`` (never deleted; orbax does not list it), saying so in one line each. When none restores it
-moves nothing and raises one `CheckpointError` naming every step and why.
+moves nothing and raises one `CheckpointError` naming every step and why. A damaged step's failed read can leave a
+callback on orbax's closed event loop; Python's "Event loop is closed" traceback for it is not printed then.
 
 Preemption. ``install_signal_handlers()`` returns a ``PreemptionFlag`` that SIGTERM/SIGINT set instead of killing the
 process; the loop polls it after each step, saves with ``force=True`` and stops with `Preempted`, whose exit status
@@ -33,6 +34,7 @@ across processes.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import pathlib
@@ -40,7 +42,7 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import jax
@@ -130,6 +132,30 @@ def _restore_target(target: Any) -> tuple[Any, Any]:
 
     item = jax.tree.map(abstract, target)
     return item, ocp.checkpoint_utils.construct_restore_args(item)
+
+
+CLOSED_LOOP = "Event loop is closed"
+
+
+@contextlib.contextmanager
+def _quiet_closed_loop_callbacks() -> Iterator[None]:
+    """Drops one message, and only while a step restores: when a damaged step's read fails, orbax closes the event loop
+    of that restore while tensorstore may still finish another of its reads on a thread of its own, whose callback
+    then meets the closed loop. Python prints that as "Exception ignored ... RuntimeError: Event loop is closed", a
+    traceback on a run that walks back as it should (the failed read is the error `restore_newest` reports). Every
+    other unraisable exception goes on to the hook that was installed."""
+    previous = sys.unraisablehook
+
+    def hook(args: Any) -> None:
+        if not (isinstance(args.exc_value, RuntimeError) and str(args.exc_value) == CLOSED_LOOP):
+            previous(args)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        if sys.unraisablehook is hook:
+            sys.unraisablehook = previous
 
 
 class CheckpointManager:
@@ -323,19 +349,20 @@ class CheckpointManager:
         say = say or _say
         self.wait()
         failed: list[tuple[int, str]] = []
-        for step in reversed(self.all_steps()):
-            try:
-                result = attempt(step)
-            except ConfigError:
-                raise
-            except Exception as e:  # noqa: BLE001 -- orbax/tensorstore/json raise many types for a damaged step
-                failed.append((step, one_line(e)))
-                continue
-            for bad, why in failed:
-                moved = self.move_aside(bad)
-                say(f"jaxgrpo: checkpoint step {bad} does not restore ({why}); moved it aside to {moved.name}, "
-                    f"restoring step {step}")
-            return step, result
+        with _quiet_closed_loop_callbacks():  # the walk back's attempts, and the reads a failed one left
+            for step in reversed(self.all_steps()):
+                try:
+                    result = attempt(step)
+                except ConfigError:
+                    raise
+                except Exception as e:  # noqa: BLE001 -- orbax/tensorstore/json raise many types for a damaged step
+                    failed.append((step, one_line(e)))
+                    continue
+                for bad, why in failed:
+                    moved = self.move_aside(bad)
+                    say(f"jaxgrpo: checkpoint step {bad} does not restore ({why}); moved it aside to {moved.name}, "
+                        f"restoring step {step}")
+                return step, result
         if not failed:
             return None
         raise CheckpointError(

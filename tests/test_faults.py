@@ -116,6 +116,37 @@ def test_manager_walks_back_past_a_damaged_step(tmp_path, kind):
     assert len(lines) == 1 and "checkpoint step 2 does not restore" in lines[0] and "2.unrestorable" in lines[0]
 
 
+class RaisesOnCollection:
+    """An object whose finalizer raises: CPython hands that exception to `sys.unraisablehook`, as it does the
+    callback a damaged step's failed read leaves on orbax's closed event loop."""
+
+    def __init__(self, exc: Exception):
+        self.exc = exc
+
+    def __del__(self):
+        raise self.exc
+
+
+def test_the_walk_back_drops_the_closed_loop_callback_and_nothing_else(tmp_path, monkeypatch):
+    """While `restore_newest` walks back, the unraisable "Event loop is closed" (orbax's loop, closed by a failed
+    read while another read finished) is not printed; any other unraisable exception still reaches the installed
+    hook, and after the walk back the hook is the installed one again."""
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda args: seen.append(repr(args.exc_value)))
+    with ckpt_lib.CheckpointManager(tmp_path / "ck", keep=5) as mgr:
+        mgr.save(1, {"w": np.ones(3, np.float32)}, {})
+
+        def attempt(step):
+            RaisesOnCollection(RuntimeError("Event loop is closed"))  # collected at once: reference count 0
+            RaisesOnCollection(ValueError("a finalizer of the user's"))
+            return step
+
+        assert mgr.restore_newest(attempt) == (1, 1)
+    assert seen == ["ValueError(\"a finalizer of the user's\")"]
+    RaisesOnCollection(RuntimeError("Event loop is closed"))
+    assert seen[1:] == ["RuntimeError('Event loop is closed')"]
+
+
 def test_no_restorable_step_is_one_error_and_nothing_moves(tmp_path):
     directory = tmp_path / "ck"
     with ckpt_lib.CheckpointManager(directory, keep=5) as mgr:
