@@ -402,11 +402,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy = load_policy_for_eval(cfg, args.run_dir, args.checkpoint)
         step = policy.step
         r = cfg.rollout
-        from jaxgrpo import multiturn_step  # imports this module
+        from jaxgrpo import multiturn_eval  # imports this module
 
         multiturn = cfg.data.multiturn
         if multiturn:  # data.environment / data.tools: trajectories through the turn loop
-            result = multiturn_step.evaluate(
+            result = multiturn_eval.evaluate(
                 cfg, policy.model_config, policy.params, policy.tokenizer, examples, reward, num_samples=n,
                 group_sizes=groups, key=jax.random.key(cfg.seed + 1), prompts_per_batch=args.prompts_per_batch,
                 success_threshold=args.success_threshold, summarize=summarize,

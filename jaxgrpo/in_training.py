@@ -45,18 +45,18 @@ def retain_examples(tr: Any, rs: Any) -> list[data_lib.Example]:
 def evaluate_held_out(tr: Any, step: int) -> dict[str, float]:
     """The trainer's ``train.eval_every`` evaluation (``tr`` a `jaxgrpo.trainer.Trainer`): pass@1 / pass@G and
     measured vs i.i.d. degeneracy at G on `train.eval_examples` held-out prompts (`held_out_examples`), sampled
-    like the rollouts (a multi-turn run's through its turns, `jaxgrpo.multiturn_step.evaluate`: ``eval/multiturn/*``
+    like the rollouts (a multi-turn run's through its turns, `jaxgrpo.multiturn_eval.evaluate`: ``eval/multiturn/*``
     adds their turns and tool calls); written to <run_dir>/eval/step<N>/ too."""
     r = tr.cfg.rollout
     key = jax.random.fold_in(jax.random.fold_in(tr.key, step), 1)
     if tr.multiturn is not None:
-        from jaxgrpo import multiturn_step  # (it imports jaxgrpo.eval)
+        from jaxgrpo import multiturn_eval  # (it imports jaxgrpo.eval)
 
         params, mesh, exchange = tr.state.params, tr.mesh, None
-        if jax.process_count() > 1:  # each host its block, on its own rollout devices (`multiturn_step.evaluate`)
+        if jax.process_count() > 1:  # each host its block, on its own rollout devices (`multiturn_eval.evaluate`)
             params = tr.place_rollout(models.compute_params(tr.model_config, params), tr.model_config)
             mesh, exchange = tr.rollout_mesh, _exchange
-        result = multiturn_step.evaluate(
+        result = multiturn_eval.evaluate(
             tr.cfg, tr.model_config, params, tr.tokenizer, held_out_examples(tr),
             eval_lib.correctness_reward(tr.cfg, None), num_samples=r.group_size, group_sizes=[r.group_size], key=key,
             summarize=eval_lib.summarize, attention=tr.prefill_attention, mesh=mesh, exchange=exchange)  # fmt: skip

@@ -37,17 +37,18 @@ process), and the hosts swap the scored trajectories through the coordinator's k
 Dynamic sampling (``algo.degenerate_groups=resample``) runs in rounds of P prompts, each a whole multi-turn rollout,
 until P informative groups are held or ``algo.resample_max_rounds`` rounds are spent (`rollout`); the skip schedule
 (``rollout.schedule=skip``) picks each round's prompts (`jaxgrpo.scheduled.draw_round`) and records every round's
-groups.
+groups; with ``adaptive`` prompt i gets G_i trajectories, sampled as sub-groups of ``rollout.schedule_min_group`` and
+regrouped into the ``[P, G]`` layout with invalid padding rows (`sample_sized`).
 
-``train.eval_every`` evaluates the held-out split through the turns (`evaluate`,
+``train.eval_every`` evaluates the held-out split through the turns (`jaxgrpo.multiturn_eval.evaluate`,
 `jaxgrpo.in_training.evaluate_held_out`; on several hosts each runs its block of the held-out prompts, their tools
 and rewards, and the hosts swap the results), and ``algo.overlong_buffer`` punishes the tokens after the prompt
 against the token budget (`trajectory_lengths`).
 
 Not supported with multi-turn (one-line errors at startup, `check_config`): several processes without rollout
 devices of their own (every host would run every trajectory's tools), the multi-turn engine on several devices of
-one process (a learner mesh without ``mesh.rollout=1``, or ``mesh.rollout`` > 1) and ``data.template=plain``.
-"""
+one process (a learner mesh without ``mesh.rollout=1``, or ``mesh.rollout`` > 1) and ``data.template=plain``; and,
+as for single-turn runs, ``rollout.schedule=adaptive`` on several hosts (`jaxgrpo.config_checks`)."""
 
 from __future__ import annotations
 
@@ -97,9 +98,6 @@ def check_config(cfg: Config) -> None:
         raise ConfigError("rollout.turn_engine=true samples on one device, but the learner's mesh would be its "
                           "devices; set rollout.turn_engine=false (the simple loop samples over the mesh) or "
                           "mesh.rollout=1 (the engine on a device of its own)")  # fmt: skip
-    if "adaptive" in cfg.rollout.schedule:
-        raise ConfigError(f"rollout.schedule={cfg.rollout.schedule} with multi-turn rollouts: per-prompt group sizes "
-                          "are not supported there; use rollout.schedule=skip or none")  # fmt: skip
     if cfg.data.template != "chat":
         raise ConfigError("multi-turn rollouts need the chat template (tools and tool replies are chat messages); "
                           "set data.template=chat")  # fmt: skip
@@ -119,12 +117,18 @@ def toolbox(cfg: Config) -> Toolbox:
 
 @dataclasses.dataclass
 class Scored:
-    """A multi-turn rollout with its rewards ``[P, G]`` and validity ``[P, G]``."""
+    """A multi-turn rollout with its rewards ``[P, G]`` and validity ``[P, G]``; ``real`` ``[P, G]``: the rows that
+    are trajectories (False: the padding of a group smaller than G, ``rollout.schedule=adaptive``; None: every row)."""
 
     rollout: MT.MultiTurnRollout
     examples: list[Example]  # [P]
     rewards: np.ndarray
     valid: np.ndarray
+    real: np.ndarray | None = None
+
+    def real_rows(self) -> np.ndarray:
+        """bool ``[P * G]``: which rows are trajectories."""
+        return np.ones(self.rewards.size, bool) if self.real is None else np.asarray(self.real, bool).reshape(-1)
 
 
 class MultiTurn:
@@ -186,13 +190,15 @@ class MultiTurn:
                 "rollout.max_new_tokens")  # fmt: skip
 
     def sample(self, model_config: models.ModelConfig, params: Any, examples: Sequence[Example], key: jax.Array,
-               scorer: Scorer | None, mesh: Any = None, row_offset: int = 0) -> Scored:  # fmt: skip
-        """G trajectories per example, scored (rewards as in the module docstring). ``mesh``: the simple loop's
+               scorer: Scorer | None, mesh: Any = None, row_offset: int = 0, group_size: int | None = None
+               ) -> Scored:  # fmt: skip
+        """G trajectories per example (``group_size``; default ``rollout.group_size``), scored (rewards as in the
+        module docstring). ``mesh``: the simple loop's
         sampler runs over its batch axes (`sampling.generate` on the mesh; an asynchronous run's ``mesh.rollout``
         devices), ``params`` placed on it. ``row_offset``: the first trajectory's row in the step's whole rollout
         (a host's share of one split over hosts draws what the whole would)."""
         r = self.cfg.rollout
-        g = r.group_size
+        g = group_size or r.group_size
         kw = dict(group_size=g, settings=self.settings, eos_token_ids=self.eos_token_ids, key=key,
                   system_prompt=self.cfg.data.system_prompt, row_offset=row_offset)  # fmt: skip
         if self.generate is None and r.turn_engine:
@@ -278,14 +284,16 @@ def trajectory_lengths(histories: Sequence[Any]) -> np.ndarray:
 
 def step_metrics(scored: Scored, group_size: int) -> dict[str, float]:
     """The rollout's metrics: `history.metrics` (turns, tool calls, error and timeout rates, action-token share,
-    truncation) and the single-turn keys where they have a meaning (completion = the policy's tokens)."""
-    hs = scored.rollout.histories
-    rows = history.to_rows(hs)
+    truncation) and the single-turn keys where they have a meaning (completion = the policy's tokens), over the
+    trajectories; ``diversity/*`` per group of G rows, the padding of a smaller group an empty completion (as a
+    single-turn run's with ``rollout.schedule=adaptive``)."""
+    hs = [h for h, real in zip(scored.rollout.histories, scored.real_rows()) if real]
     policy = np.array([sum(h.action) for h in hs], np.float64)
     out = history.metrics(hs)
     out["tokens/sampled"] = float(policy.sum())
     out["completion/len_mean"] = float(policy.mean())
     out["completion/truncated_frac"] = float(np.mean([h.truncated for h in hs]))
+    rows = history.to_rows(scored.rollout.histories)
     out.update(diversity.diversity_metrics(rows["completion"], rows["completion_mask"], None, group_size))
     return out
 
@@ -298,18 +306,26 @@ def rollout(trainer: Any, step: int) -> tuple[Scored, dict[str, float]]:
     ``fold_in(key, r)``) until P informative groups are held or ``algo.resample_max_rounds`` rounds are spent; the P
     groups trained are the informative ones in the order drawn, a shortfall filled with degenerate ones (which the
     step masks), and ``tokens/sampled`` counts the policy tokens of every round (``resample/*`` as single-turn
-    runs'). The rollout thread of an asynchronous run calls this through `Trainer.rollout`."""
+    runs'). With ``rollout.schedule=adaptive`` prompt i has G_i trajectories (`sample_sized`). The rollout thread of
+    an asynchronous run calls this through `Trainer.rollout`."""
     key = jax.random.fold_in(jax.random.fold_in(trainer.key, step), 0)
     a, g, sch = trainer.cfg.algo, trainer.cfg.rollout.group_size, trainer.scheduler
     want = trainer.cfg.rollout.prompts_per_step
     # DAPO's dynamic sampling in rounds of P prompts (Yu et al. 2025, arXiv:2503.14476; `jaxgrpo.dynamic_sampling`):
     # round r draws with fold_in(key, r); a shortfall after the last round is filled with degenerate groups (masked)
     max_rounds = a.resample_max_rounds if a.degenerate_groups == "resample" else 1
-    pool, rounds, drawn, informative, degenerate, skipped = [], [], [], [], [], [0]
+    pool, rounds, drawn, informative, degenerate, skipped, sizes = [], [], [], [], [], [0], []
     while True:
         r = len(pool)  # the skip schedule's draws (`scheduled.draw_round`), else the iterator's next P
         indices = scheduled.draw_round(trainer, step, r, skipped) if sch is not None else trainer.iterator.next_batch()
-        scored, stats = sample_round(trainer, indices, key if r == 0 else jax.random.fold_in(key, r))
+        round_key = key if r == 0 else jax.random.fold_in(key, r)
+        if sch is not None and sch.settings.adaptive:
+            sized = sch.group_sizes(indices)
+            scored, stats = sample_sized(trainer, indices, sized, round_key)
+            sizes += [int(n) for n in sized]
+        else:
+            scored, stats = sample_round(trainer, indices, round_key)
+            sizes += [g] * len(indices)
         deg = np.asarray(degeneracy.degenerate_mask(scored.rewards, scored.valid, atol=a.degenerate_atol,
                                                     rtol=a.degenerate_rtol))  # fmt: skip
         pool.append(scored)
@@ -330,7 +346,6 @@ def rollout(trainer: Any, step: int) -> tuple[Scored, dict[str, float]]:
         for (indices, deg), s in zip(drawn, pool):
             for k, v in sch.record(indices, s.rewards, s.valid, deg).items():
                 counts[k] += v
-        sizes = [g] * sum(len(i) for i, _ in drawn)
         out.update(scheduled.schedule_metrics(sch, skipped[0], len(informative), tokens, sizes, counts))
     return kept, out
 
@@ -346,6 +361,23 @@ def sample_round(trainer: Any, indices: Sequence[int], key: jax.Array) -> tuple[
     return scored, mt.rollout_stats
 
 
+def sample_sized(trainer: Any, indices: Sequence[int], sizes: Sequence[int], key: jax.Array
+                 ) -> tuple[Scored, dict[str, float]]:  # fmt: skip
+    """``sizes[i]`` trajectories for prompt ``indices[i]`` (``rollout.schedule=adaptive``), scored, in the ``[P, G]``
+    layout: sampled as sub-groups of u = ``rollout.schedule_min_group`` (the sizes are multiples of it), so that the
+    sampler runs at most ``P * G`` rows as without the schedule (`jaxgrpo.scheduled.sample_sized`, single-turn); then
+    regrouped per prompt (`multiturn.regroup`), the padding rows invalid with reward 0 (``Scored.real``)."""
+    mt: MultiTurn = trainer.multiturn
+    g, unit = trainer.cfg.rollout.group_size, trainer.scheduler.settings.min_group
+    expanded = [trainer.examples[i] for i, n in zip(indices, sizes) for _ in range(int(n) // unit)]
+    sc = mt.sample(trainer.model_config, trainer.sampler_params(), expanded, key, trainer.scorer,
+                   mesh=trainer.rollout_mesh, group_size=unit)  # fmt: skip
+    out, real = MT.regroup(sc.rollout, [int(n) for n in sizes], g)
+    rewards, valid = np.zeros(real.shape, np.float32), np.zeros(real.shape, bool)
+    rewards[real], valid[real] = sc.rewards.reshape(-1), sc.valid.reshape(-1)  # both prompt-major
+    return Scored(out, [trainer.examples[i] for i in indices], rewards, valid, real), mt.rollout_stats
+
+
 def merge(pool: list[Scored], picks: list[tuple[int, int]], group_size: int) -> Scored:
     """Whole groups ``(round, prompt)`` of several rounds, in that order, as one `Scored` (the trajectories'
     episodes kept where every round has them)."""
@@ -354,8 +386,10 @@ def merge(pool: list[Scored], picks: list[tuple[int, int]], group_size: int) -> 
     episodes = each("episodes") if all(s.rollout.episodes for s in pool) else []
     out = MT.MultiTurnRollout([pool[r].rollout.prompt_ids[p] for r, p in picks], each("histories"), episodes,
                               each("messages"), each("answers"))  # fmt: skip
+    real = (None if all(s.real is None for s in pool)
+            else np.stack([pool[r].real_rows().reshape(-1, group_size)[p] for r, p in picks]))  # fmt: skip
     return Scored(out, [pool[r].examples[p] for r, p in picks], np.stack([pool[r].rewards[p] for r, p in picks]),
-                  np.stack([pool[r].valid[p] for r, p in picks]))
+                  np.stack([pool[r].valid[p] for r, p in picks]), real)
 
 
 def sample_across_processes(trainer: Any, examples: list[Example], key: jax.Array
@@ -410,10 +444,11 @@ def train_step(trainer: Any, step: int) -> dict[str, float]:
     if trainer.producer is not None:
         trainer.producer.mark("learner", step, t1, t2)
     metrics.update(extra)
-    hs, a = scored.rollout.histories, cfg.algo
+    real, a = scored.real_rows(), cfg.algo
+    hs = [h for h, x in zip(scored.rollout.histories, real) if x]  # the trajectories (not a small group's padding)
     metrics.update(objectives.overlong_metrics(trajectory_lengths(hs), np.array([h.truncated for h in hs]),
-                                               scored.valid, mt.settings.budget, a.overlong_filter,
-                                               a.overlong_buffer))  # fmt: skip
+                                               np.asarray(scored.valid).reshape(-1)[real], mt.settings.budget,
+                                               a.overlong_filter, a.overlong_buffer))  # fmt: skip
     metrics["time/sample_s"], metrics["time/train_s"] = t1 - t0, t2 - t1
     metrics["throughput/tokens_per_s"] = metrics["tokens/sampled"] / max(t2 - t0, 1e-9)
     if cfg.train.eval_every and (step + 1) % cfg.train.eval_every == 0:
@@ -421,71 +456,8 @@ def train_step(trainer: Any, step: int) -> dict[str, float]:
     if trainer.retain_sets and cfg.train.retain_every and (step + 1) % cfg.train.retain_every == 0:
         metrics.update(trainer.retain(step + 1))
     g = cfg.rollout.group_size
-    hs = scored.rollout.histories[:g]
-    texts = [trainer.tokenizer.decode(h.tokens, skip_special_tokens=False) for h in hs]
-    trainer.last_samples = ([f"{scored.examples[0].prompt} -> {t}" for t in texts], scored.rewards[0].tolist())
+    first = [j for j in range(g) if real[j]]  # the first group's trajectories
+    texts = [trainer.tokenizer.decode(scored.rollout.histories[j].tokens, skip_special_tokens=False) for j in first]
+    trainer.last_samples = ([f"{scored.examples[0].prompt} -> {t}" for t in texts],
+                            [float(scored.rewards[0][j]) for j in first])
     return metrics
-
-
-def evaluate(cfg: Config, model_config: models.ModelConfig, params: Any, tokenizer: Any, examples: Sequence[Example],
-             reward: str, *, num_samples: int, group_sizes: Sequence[int], key: jax.Array, prompts_per_batch: int = 32,
-             success_threshold: float = 0.5, summarize: Callable[..., dict[str, Any]],
-             attention: Kernel = DENSE, mesh: Any = None,
-             exchange: Callable[[bytes], list[bytes]] | None = None) -> dict[str, Any]:  # fmt: skip
-    """`jaxgrpo.eval.evaluate` for a multi-turn config: ``num_samples`` trajectories per example through the turn
-    loop, each scored by ``reward`` alone (a reward function of its final answer, or ``environment``: its
-    environment's ``get_reward()``); success = reward >= ``success_threshold``. Returns ``summarize``'s
-    (`jaxgrpo.eval.summarize`, passed in: eval imports this module) pass@k and degeneracy, ``mean_reward``, the
-    `history.metrics` of all trajectories and a few samples. ``attention``: the prefills' kernel. ``mesh``: the
-    simple loop samples over it (a training run's learner mesh, ``params`` placed on it). Each trajectory draws with
-    its row id in the whole evaluation (``row_offset``), so the result does not depend on how the examples are
-    batched. ``exchange``: on several processes, this host evaluates its contiguous block of the examples
-    (`async_rollout.host_share`: its turns, tools and rewards; ``params`` and ``mesh`` this host's) and
-    ``exchange(payload)`` returns every host's payload in process order (`jaxgrpo.host.exchange`); every host then
-    returns the whole evaluation's result, the one a single process gets."""
-    from jaxgrpo import build
-
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, rewards={reward: 1.0}),
-                              rollout=dataclasses.replace(cfg.rollout, group_size=num_samples),
-                              algo=dataclasses.replace(cfg.algo, overlong_buffer=None))  # success: the reward alone
-    mt = MultiTurn(cfg, tokenizer, model_config, build.eos_ids(model_config, tokenizer), examples, attention,
-                   train=False)  # fmt: skip
-    scorer = Scorer(reward_functions(cfg)) if reward != ENV_REWARD else None
-    params = models.compute_params(model_config, params)
-    block = range(len(examples)) if exchange is None else async_rollout.host_share(len(examples)).tolist()
-
-    def run_block() -> dict[str, list]:
-        rewards, hists, samples = [], [], []
-        for start in range(0, len(block), prompts_per_batch):
-            first = block[start]  # the batch's first example in the whole evaluation
-            batch = [examples[i] for i in block[start : start + prompts_per_batch]]
-            scored = mt.sample(model_config, params, batch, key, scorer, mesh=mesh, row_offset=first * num_samples)
-            rewards.append(scored.rewards)
-            hists += scored.rollout.histories
-            for p, ex in enumerate(batch[: max(0, 4 - len(samples))]):
-                samples.append({"prompt": ex.prompt, "answer": ex.answer, "reward": float(scored.rewards[p, 0]),
-                                "conversation": scored.rollout.messages[p * num_samples]})  # fmt: skip
-        return {"rewards": rewards, "histories": hists, "samples": samples}
-
-    try:
-        if exchange is None:
-            parts = [run_block()]
-        else:  # a host whose block failed still sends, so that every host raises at this exchange
-            payload, failure = async_rollout.own_share(lambda: pickle.dumps(run_block()))
-            raw = exchange(payload)
-            async_rollout.settle(raw, failure)
-            parts = [pickle.loads(b) for b in raw]
-    finally:
-        mt.close()
-        if scorer is not None:
-            scorer.close()
-    rewards = [r for p in parts for r in p["rewards"]]
-    hists = [h for p in parts for h in p["histories"]]
-    samples = [x for p in parts for x in p["samples"]][:4]
-    r = np.concatenate(rewards)
-    result = summarize(r >= success_threshold, group_sizes)
-    result.update(mean_reward=float(r.mean()), multiturn=history.metrics(hists), samples=samples,
-                  settings={"reward": reward, "success_threshold": float(success_threshold),
-                            "num_samples": num_samples, "max_new_tokens": cfg.rollout.max_new_tokens,
-                            "max_turns": cfg.rollout.max_turns, "temperature": cfg.rollout.temperature})  # fmt: skip
-    return result

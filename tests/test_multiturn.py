@@ -124,3 +124,35 @@ def test_turn_loop_on_the_real_sampler(tok):
     for x in out.histories:
         assert x.done and 1 <= x.turns <= 2 and 1 <= sum(x.action) <= 16 and len(x.tokens) <= settings.budget
         assert all(lp < 0 for lp, a in zip(x.logprobs, x.action) if a)
+
+
+def test_regroup_takes_the_shared_prompt_again_and_pads_each_group():
+    """`multiturn.regroup` of sub-groups of 2 (prompt A: two sub-groups whose first observations differ, so each
+    sub-group's shared prompt is longer than what all four share; prompt B: one sub-group) into groups of G = 4: A's
+    shared prompt is the common prefix of all four, the rest of each row's prompt is context (not an action) before
+    its tokens; B's rows 2-3 are padding (an empty trajectory with B's prompt, no message, answer "")."""
+    def traj(prompt, tokens, answer):
+        h = MT.TurnHistory(prompt=list(prompt))
+        h.add_policy(tokens, [-0.5] * len(tokens))
+        return h, [{"role": "assistant", "content": answer}], answer
+
+    rows = [traj([1, 2, 3, 7], [10], "a0"), traj([1, 2, 3, 7], [11], "a1"),  # A, observation 7
+            traj([1, 2, 3, 8, 9], [12], "a2"), traj([1, 2, 3, 8, 9], [13], "a3"),  # A, observation 8 9
+            traj([5, 6], [14], "b0"), traj([5, 6], [15], "b1")]  # fmt: skip
+    hist = [h for h, _, _ in rows]
+    subgroups = MT._shared_prompts(hist, [2, 2, 2])  # as each sub-group's rollout leaves them
+    assert subgroups == [[1, 2, 3, 7], [1, 2, 3, 8, 9], [5, 6]]
+    out = MT.MultiTurnRollout(subgroups, hist, [], [m for _, m, _ in rows], [a for _, _, a in rows])
+    got, real = MT.regroup(out, [4, 2], 4)
+    np.testing.assert_array_equal(real, [[True] * 4, [True, True, False, False]])
+    assert got.prompt_ids == [[1, 2, 3], [5, 6]] and got.episodes == []
+    h = got.histories
+    assert [(x.tokens, x.action, x.logprobs) for x in h[:4]] == [
+        ([7, 10], [False, True], [0.0, -0.5]), ([7, 11], [False, True], [0.0, -0.5]),
+        ([8, 9, 12], [False, False, True], [0.0, 0.0, -0.5]), ([8, 9, 13], [False, False, True], [0.0, 0.0, -0.5])]
+    assert [(x.prompt, x.tokens) for x in h[4:]] == [([5, 6], [14]), ([5, 6], [15]), ([5, 6], []), ([5, 6], [])]
+    assert got.answers == ["a0", "a1", "a2", "a3", "b0", "b1", "", ""] and got.messages[6:] == [[], []]
+    batch = multiturn_batch(got, np.zeros((2, 4), np.float32), real, 4, 4)  # padding rows: nothing in the loss
+    np.testing.assert_array_equal(np.asarray(batch.completion_mask).sum(-1), [2, 2, 3, 3, 1, 1, 0, 0])
+    with pytest.raises(ValueError, match="6 trajectories in groups of \\[4, 4\\]"):
+        MT.regroup(out, [4, 4], 4)

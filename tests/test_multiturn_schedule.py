@@ -114,3 +114,50 @@ def test_overlong_shaping_punishes_the_tokens_the_budget_counts(smollm2_gguf, to
     np.testing.assert_allclose(rollout.rewards.ravel(), 1.0 - lengths / 64, rtol=1e-6)
     np.testing.assert_allclose(m["overlong/penalty_mean"], -lengths.mean() / 64, rtol=1e-5)
     assert (evaluation.rewards == 1.0).all() and m["eval/mean_reward"] == 1.0
+
+
+def test_the_adaptive_schedule_samples_each_prompt_its_group_size(smollm2_gguf, tok, tmp_path, monkeypatch):
+    """``rollout.schedule=adaptive`` on a multi-turn run, P = 2, G = 4, sub-groups of 2, 6 samples a step (so one
+    prompt of each step gets 4 trajectories, the other 2: the allocation gives the unit back from the later one of
+    equal estimates): the sampler is asked for sub-groups of 2; the trained ``[2, 4]`` rewards are each sub-group's
+    (`answering_by_row`: [1, 0] for an even first number, else [0, 0]) side by side, a group of 2 padded with two
+    invalid rows; the metrics count the 6 trajectories, not the padding (one turn each)."""
+    monkeypatch.setattr(multiturn_step.MultiTurn, "generate", staticmethod(answering_by_row(tok)))
+    sampled, trained = [], []
+    real_sample, real_update = multiturn_step.MultiTurn.sample, trainer.Trainer.update
+
+    def sample(self, *args, group_size=None, **kw):
+        sampled.append(group_size)
+        return real_sample(self, *args, group_size=group_size, **kw)
+
+    def update(self, step, batch, packed):
+        trained.append((np.asarray(batch.rewards), np.asarray(batch.valid), np.asarray(batch.completion_mask)))
+        return real_update(self, step, batch, packed)
+
+    monkeypatch.setattr(multiturn_step.MultiTurn, "sample", sample)
+    monkeypatch.setattr(trainer.Trainer, "update", update)
+    out = trainer.run(small(smollm2_gguf, "train.steps=3", "rollout.group_size=4", "rollout.schedule=adaptive",
+                            "rollout.schedule_budget=6", "data.rewards={gsm8k_lenient: 1.0}", "checkpoint.every=0"),
+                      tmp_path / "run")  # fmt: skip
+    assert sampled == [2, 2, 2]
+    for m, (rewards, valid, cmask) in zip(out, trained, strict=True):
+        assert (m["schedule/samples"], m["schedule/group_size_min"], m["schedule/group_size_max"]) == (6, 2, 4)
+        sizes = valid.sum(-1)
+        assert sorted(sizes) == [2, 4] and (valid == (np.arange(4) < sizes[:, None])).all()  # padding at the end
+        for r, n in zip(rewards, sizes):  # sub-groups of [1, 0] (or [0, 0]), then 0 for the padding
+            assert r.tolist() in ([1, 0] * (n // 2) + [0, 0] * (2 - n // 2), [0.0] * 4)
+        assert cmask.reshape(2, 4, -1).any(-1).sum() == 6  # the padding has no completion tokens
+        assert m["multiturn/turns"] == 1.0 and m["completion/len_mean"] == m["tokens/sampled"] / 6
+
+
+def test_the_adaptive_schedule_on_the_multiturn_engine(smollm2_gguf, tmp_path, monkeypatch):
+    """The same schedule sampled by the multi-turn engine (``rollout.turn_engine=true``, the tiny random policy):
+    one step trains a group of 4 and a group of 2 padded, and the engine's metrics come with it."""
+    trained, real_update = [], trainer.Trainer.update
+    monkeypatch.setattr(trainer.Trainer, "update", lambda self, step, batch, packed: trained.append(
+        np.asarray(batch.valid)) or real_update(self, step, batch, packed))
+    (m,) = trainer.run(small(smollm2_gguf, "train.steps=1", "rollout.group_size=4", "rollout.schedule=adaptive",
+                             "rollout.schedule_budget=6", "rollout.turn_engine=true", "checkpoint.every=0"),
+                       tmp_path / "run")  # fmt: skip
+    assert sorted(trained[0].sum(-1)) == [2, 4] and m["schedule/samples"] == 6 and "rollout/row_utilization" in m
+    assert np.isfinite(m["loss"])

@@ -430,7 +430,8 @@ def test_a_learner_mesh_trains_the_one_device_run(smollm2_gguf, tmp_path, monkey
 @pytest.mark.parametrize("extra, match", [
     (["mesh.distributed=true"], "on several hosts need rollout devices on every host"),
     (["mesh.data=2", ENGINE], "rollout.turn_engine=true samples on one device"),
-    (["rollout.schedule=adaptive"], "per-prompt group sizes are not supported there; use rollout.schedule=skip"),
+    (["mesh.distributed=true", "mesh.rollout=1", "rollout.schedule=adaptive"],
+     "rollout.schedule=adaptive with asynchronous rollouts runs on one host so far"),
     (["algo.overlong_buffer=65"], r"overlong_buffer must be in \[1, the token budget .* = 64\]"),
 ])  # fmt: skip
 def test_unsupported_settings_are_one_line_errors(smollm2_gguf, tmp_path, extra, match):

@@ -80,22 +80,44 @@ class MultiTurnRollout:
     answers: list[str]
 
 
-def _shared_prompts(histories: list[TurnHistory], group_size: int) -> list[list[int]]:
-    """Each group's longest common prompt prefix; the rest of a row's prompt becomes context in its completion."""
-    prompts = []
-    for p in range(len(histories) // group_size):
-        rows = histories[p * group_size : (p + 1) * group_size]
+def _shared_prompts(histories: list[TurnHistory], sizes: Sequence[int]) -> list[list[int]]:
+    """Each group's longest common prompt prefix (group ``p``: the next ``sizes[p]`` rows); the rest of a row's prompt
+    becomes context in its completion."""
+    prompts, start = [], 0
+    for p, size in enumerate(sizes):
+        rows = histories[start : start + size]
+        start += size
         n = min(len(h.prompt) for h in rows)
         while n and any(h.prompt[:n] != rows[0].prompt[:n] for h in rows):
             n -= 1
         if n == 0:
-            raise ValueError(f"the {group_size} trajectories of example {p} share no prompt token")
+            raise ValueError(f"the {size} trajectories of example {p} share no prompt token")
         for h in rows:
             rest, h.prompt = h.prompt[n:], h.prompt[:n]
             h.tokens, h.action = rest + h.tokens, [False] * len(rest) + h.action
             h.logprobs = [0.0] * len(rest) + h.logprobs
         prompts.append(rows[0].prompt)
     return prompts
+
+
+def regroup(out: MultiTurnRollout, sizes: Sequence[int], group_size: int) -> tuple[MultiTurnRollout, np.ndarray]:
+    """A rollout sampled in sub-groups (prompt ``p``'s ``sizes[p]`` trajectories consecutive, prompt-major) as groups
+    of ``group_size`` rows: each prompt's shared prompt taken again over all its trajectories (sub-groups whose first
+    observations differ share less of it), then rows ``sizes[p]..group_size - 1`` padding: an empty trajectory of
+    that prompt, no message, answer "". Returns the rollout and the ``[P, group_size]`` mask of its real rows. The
+    episodes are dropped (as a rollout gathered from several hosts: its rewards are scored by then)."""
+    if sum(sizes) != len(out.histories) or max(sizes, default=0) > group_size:
+        raise ValueError(f"{len(out.histories)} trajectories in groups of {list(sizes)} (at most {group_size} each)")
+    prompts = _shared_prompts(out.histories, sizes)
+    real = np.arange(group_size)[None, :] < np.asarray(sizes)[:, None]
+    rows, start = [], 0
+    for size in sizes:
+        rows += [start + j if j < size else None for j in range(group_size)]
+        start += size
+    hist = [out.histories[i] if i is not None else TurnHistory(prompt=list(prompts[k // group_size]), done=True)
+            for k, i in enumerate(rows)]  # fmt: skip
+    pick = lambda items, empty: [items[i] if i is not None else empty for i in rows]  # noqa: E731
+    return MultiTurnRollout(prompts, hist, [], pick(out.messages, []), pick(out.answers, "")), real
 
 
 @dataclasses.dataclass
@@ -167,7 +189,7 @@ class Trajectories:
         for h in self.hist:
             if not h.done:
                 h.done = h.truncated = True
-        prompts = _shared_prompts(self.hist, group_size)
+        prompts = _shared_prompts(self.hist, [group_size] * (len(self.hist) // group_size))
         return MultiTurnRollout(prompts, self.hist, self.episodes, self.messages, self.answers)
 
 
