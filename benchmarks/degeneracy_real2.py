@@ -5,7 +5,8 @@ PREREGISTRATION.md``, ``claims.json``), powered, free of the clipping confound. 
 
 ``python benchmarks/degeneracy_real2.py --part PART [--out DIR] [--work DIR] [--cache-dir DIR]``, PART in order:
 
-1. ``audit``: the first edition's figures recomputed from its files -> ``first_edition_audit.json``; ``power``: the
+1. ``audit``: the first edition's figures recomputed from its files -> ``first_edition_audit.json``, and the tiny-model
+   study's orderings tested (§1 of docs/degeneracy.md) -> ``tiny_study_audit.json``; ``power``: the
    seeds each pre-registered claim needs (`degeneracy_real2_analysis.power_plan`) -> ``power.json`` (no model).
 2. ``warmup``: the shared format warm-up: one GRPO run on level `Design.warmup_level` (pair-train), the first
    edition's settings, exported to ``<work>/warmup/final`` (weights, not committed) -> ``warmup.json``. Every arm
@@ -414,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
 
         jax.config.update("jax_compilation_cache_dir", args.cache_dir)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    simple = {"audit": lambda: _write_json(out / "first_edition_audit.json", analysis.audit_first_edition()),
+    simple = {"audit": lambda: (_write_json(out / "first_edition_audit.json", analysis.audit_first_edition()),
+                                _write_json(out / "tiny_study_audit.json", analysis.audit_tiny_study())),
               "warmup": lambda: warmup(Design(), out, work), "levels": lambda: levels(Design(), out, work),
               "pilot": lambda: pilot(Design(), out, work, args.arms),
               "design": lambda: _write_json(out / "design.json", analysis.resolve_design(out, CLIP_FACTOR)),

@@ -87,6 +87,43 @@ def audit_first_edition(root: pathlib.Path = FIRST) -> dict[str, Any]:
     return out
 
 
+TINY = HERE / "results" / "degeneracy" / "synthetic" / "runs.csv"
+TINY_MODES = (("resample", "keep"), ("resample", "mask"), ("mask", "keep"))
+
+
+def audit_tiny_study(path: pathlib.Path = TINY) -> dict[str, Any]:
+    """The tiny-model study's (§1) orderings tested on its final sampled accuracy (``final_acc_sampled``, 3 seeds):
+    per regime and pair of degenerate-group modes, the (estimator, seed) differences a - b (same seed, same
+    estimator), tested two ways: the one-sample t over the 18 pairs (estimators as replicates), and over the 3 seeds'
+    mean differences (seeds as the unit); per regime and estimator, its keep runs against GRPO's by Welch (n = 3).
+    Holm over each family (the 9 mode comparisons per test; the 15 estimator comparisons)."""
+    import csv
+
+    rows = list(csv.DictReader(path.open()))
+    acc = {(r["regime"], r["estimator"], r["mode"], int(r["seed"])): float(r["final_acc_sampled"]) for r in rows}
+    regimes = sorted({r["regime"] for r in rows})
+    ests, seeds = sorted({r["estimator"] for r in rows}), sorted({int(r["seed"]) for r in rows})
+    modes = []
+    for regime, (a, b) in itertools.product(regimes, TINY_MODES):
+        d = {(e, s): acc[(regime, e, a, s)] - acc[(regime, e, b, s)] for e in ests for s in seeds}
+        per_seed = [float(np.mean([d[(e, s)] for e in ests])) for s in seeds]
+        modes.append({"regime": regime, "a": a, "b": b, "diff": float(np.mean(list(d.values()))),
+                      "a_above": sum(x > 0 for x in d.values()), "pairs": len(d),
+                      "p_pairs": st.one_sample(list(d.values()))["p"], "p_seeds": st.one_sample(per_seed)["p"]})
+    for key in ("p_pairs", "p_seeds"):
+        for m, q in zip(modes, st.holm([m[key] for m in modes])):
+            m[key + "_holm"] = q
+    estimators = []
+    for regime, e in itertools.product(regimes, [e for e in ests if e != "grpo"]):
+        x, y = ([acc[(regime, k, "keep", s)] for s in seeds] for k in (e, "grpo"))
+        w = st.welch(x, y)
+        estimators.append({"regime": regime, "estimator": e, "mean": float(np.mean(x)), "grpo": float(np.mean(y)),
+                           "diff": w["diff"], "p": w["p"]})
+    for m, q in zip(estimators, st.holm([m["p"] for m in estimators])):
+        m["p_holm"] = q
+    return {"metric": "final_acc_sampled", "seeds": len(seeds), "modes": modes, "estimators_vs_grpo_keep": estimators}
+
+
 def pick_levels(accuracy: dict[int, float], test_size: dict[int, int]) -> dict[str, Any]:
     """The second edition's levels from the warmed-up model's pair-test accuracy: matched = a level with >= 256 test
     problems and accuracy in [0.2, 0.6], the closest to 0.4; hard = such a level with accuracy in (0, 0.1], the

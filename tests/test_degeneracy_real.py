@@ -325,6 +325,35 @@ def test_first_edition_audit_backs_the_quoted_figures(dr2):
         assert 0.21 <= min(clipped) and max(clipped) <= 0.91  # README: 21-90% of sign's and AVSPO's steps
 
 
+def test_the_tiny_study_audit_backs_the_quoted_figures(dr2):
+    """docs/degeneracy.md §1 and README: the tiny-model study's mode and estimator comparisons, as quoted (the
+    committed tiny_study_audit.json is the function's output), and the 17-of-18 count read from runs.csv here."""
+    import csv
+
+    audit = dr2.analysis.audit_tiny_study()
+    out = REPO / "benchmarks" / "results" / "degeneracy" / "real2" / "tiny_study_audit.json"
+    assert json.loads(out.read_text()) == json.loads(json.dumps(audit))
+    modes = {(m["regime"], m["a"], m["b"]): m for m in audit["modes"]}
+    quoted = {  # (a above b of 18, difference, pairs p, pairs Holm p, seeds p, seeds Holm p), as the docs round them
+        ("too_hard", "resample", "keep"): (17, 0.041, 0.0003, 0.002, 0.088, 0.71),
+        ("too_hard", "resample", "mask"): (15, 0.042, 0.0005, 0.004, 0.10, 0.72),
+        ("too_easy", "resample", "mask"): (0, -0.030, 0.0, 0.0, 0.062, 0.56)}
+    for key, (above, diff, p, q, ps, qs) in quoted.items():
+        m = modes[key]
+        assert (m["a_above"], m["pairs"]) == (above, 18), key
+        assert m["diff"] == pytest.approx(diff, abs=5e-4), key
+        assert m["p_pairs"] == pytest.approx(p, abs=5e-4) and m["p_pairs_holm"] == pytest.approx(q, abs=5e-4), key
+        assert m["p_seeds"] == pytest.approx(ps, abs=6e-3) and m["p_seeds_holm"] == pytest.approx(qs, abs=6e-3), key
+    assert [k for k, m in modes.items() if m["p_seeds_holm"] < 0.05] == []  # nothing significant with seeds as unit
+    assert {k for k, m in modes.items() if m["p_pairs_holm"] < 0.05} == set(quoted)  # "no other mode comparison"
+    est = audit["estimators_vs_grpo_keep"]
+    assert min(e["p"] for e in est) == pytest.approx(0.11, abs=5e-3) and {e["p_holm"] for e in est} == {1.0}
+    rows = list(csv.DictReader((REPO / "benchmarks/results/degeneracy/synthetic/runs.csv").open()))
+    acc = {(r["estimator"], r["mode"], r["seed"]): float(r["final_acc_sampled"]) for r in rows
+           if r["regime"] == "too_hard"}  # fmt: skip
+    assert sum(acc[(e, "resample", s)] > acc[(e, "keep", s)] for e, m, s in acc if m == "keep") == 17
+
+
 def test_the_complete_m4pool_family_backs_the_quoted_figures(dr2):
     # docs/degeneracy.md §4: the matched level's scheduling claims, recomputed from the committed runs
     out = REPO / "benchmarks" / "results" / "degeneracy" / "real2"
