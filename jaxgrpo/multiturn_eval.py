@@ -21,10 +21,32 @@ from jaxgrpo.multiturn_step import ENV_REWARD, MultiTurn, reward_functions
 from jaxgrpo.rewards import Scorer
 from jaxgrpo.rollout import history
 
+PROMPTS_PER_BATCH = 32  # examples sampled together (`evaluate`'s default)
+
+
+def sampler(cfg: Config, model_config: models.ModelConfig, tokenizer: Any, examples: Sequence[Example], reward: str,
+            num_samples: int, attention: Kernel, prompts: int) -> tuple[Config, MultiTurn]:  # fmt: skip
+    """The evaluation's config (``num_samples`` per example, scored by ``reward`` alone, no overlong shaping) and its
+    `MultiTurn` (close it), whose simple loop runs every turn of every batch of up to ``prompts`` examples at one
+    `multiturn.LoopShapes`: ``prompts * num_samples`` rows (at the run's ``P * G`` rows a batch's first turns would run
+    wider, each at a program of its own), the prefix cache of the examples' longest prompt."""
+    from jaxgrpo import build
+    from jaxgrpo.rollout import multiturn as MT
+
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, rewards={reward: 1.0}),
+                              rollout=dataclasses.replace(cfg.rollout, group_size=num_samples),
+                              algo=dataclasses.replace(cfg.algo, overlong_buffer=None))  # success: the reward alone
+    mt = MultiTurn(cfg, tokenizer, model_config, build.eos_ids(model_config, tokenizer), examples, attention,
+                   train=False)  # fmt: skip
+    mt.loop_shapes = MT.LoopShapes.for_run(max(prompts, 1) * num_samples, mt.prompt_width, mt.settings,
+                                           model_config.max_position_embeddings)  # fmt: skip
+    return cfg, mt
+
 
 def evaluate(cfg: Config, model_config: models.ModelConfig, params: Any, tokenizer: Any, examples: Sequence[Example],
-             reward: str, *, num_samples: int, group_sizes: Sequence[int], key: jax.Array, prompts_per_batch: int = 32,
-             success_threshold: float = 0.5, summarize: Callable[..., dict[str, Any]],
+             reward: str, *, num_samples: int, group_sizes: Sequence[int], key: jax.Array,
+             prompts_per_batch: int = PROMPTS_PER_BATCH, success_threshold: float = 0.5,
+             summarize: Callable[..., dict[str, Any]],
              attention: Kernel = DENSE, mesh: Any = None,
              exchange: Callable[[bytes], list[bytes]] | None = None) -> dict[str, Any]:  # fmt: skip
     """`jaxgrpo.eval.evaluate` for a multi-turn config: ``num_samples`` trajectories per example through the turn
@@ -38,16 +60,11 @@ def evaluate(cfg: Config, model_config: models.ModelConfig, params: Any, tokeniz
     (`async_rollout.host_share`: its turns, tools and rewards; ``params`` and ``mesh`` this host's) and
     ``exchange(payload)`` returns every host's payload in process order (`jaxgrpo.host.exchange`); every host then
     returns the whole evaluation's result, the one a single process gets."""
-    from jaxgrpo import build
-
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, rewards={reward: 1.0}),
-                              rollout=dataclasses.replace(cfg.rollout, group_size=num_samples),
-                              algo=dataclasses.replace(cfg.algo, overlong_buffer=None))  # success: the reward alone
-    mt = MultiTurn(cfg, tokenizer, model_config, build.eos_ids(model_config, tokenizer), examples, attention,
-                   train=False)  # fmt: skip
+    block = range(len(examples)) if exchange is None else async_rollout.host_share(len(examples)).tolist()
+    cfg, mt = sampler(cfg, model_config, tokenizer, examples, reward, num_samples, attention,
+                      min(len(block), prompts_per_batch))  # fmt: skip
     scorer = Scorer(reward_functions(cfg)) if reward != ENV_REWARD else None
     params = models.compute_params(model_config, params)
-    block = range(len(examples)) if exchange is None else async_rollout.host_share(len(examples)).tolist()
 
     def run_block() -> dict[str, list]:
         rewards, hists, samples = [], [], []

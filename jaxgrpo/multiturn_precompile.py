@@ -24,9 +24,14 @@ What the step path can reach, by design a bounded set (`MultiTurn`):
   prefix cache. On an accelerator a decode step is bound by reading the weights, so rows and cache columns added to
   a small model's batch cost little; the packed prefill spends one token per padding slot;
 * the multi-turn engine (``rollout.turn_engine=true``): ``prefill_prefix``, ``decode_block`` and ``resume`` at the
-  run's `turn_engine.TurnSpec` (``resume`` is first called by the first tool reply, which step 1 may not have had).
+  run's `turn_engine.TurnSpec` (``resume`` is first called by the first tool reply, which step 1 may not have had);
+* the held-out evaluation (``train.eval_every``, through the turns): its statistics' eager scalar programs and, on the
+  simple loop, the engine's programs at the evaluation's own `LoopShapes` (`multiturn_eval.sampler`: a batch of up
+  to 32 held-out prompts x G rows, the held-out prompts' width; before these jobs, the first evaluating step of a
+  tiny run with P = G = 2 and 4 held-out prompts compiled 6 programs).
 
-Not covered (compiled by the step that needs them, as without these jobs): a prompt longer than the run's estimate
+Not covered (compiled by the step that needs them, as without these jobs): the evaluation on the multi-turn engine
+(its `TurnSpec` follows each batch's prompts), a prompt longer than the run's estimate
 (`MultiTurn.check_context` renders the 64 longest prompts by characters and 512 drawn at random), an environment
 whose first observations differ within a group (a wider completion region), a learner or rollout mesh, and
 asynchronous rollouts (their weights are placed on the rollout device).
@@ -64,19 +69,50 @@ def train_jobs(tr: Any, template: Batch, first: tuple[int, int, int]) -> list[Jo
         state, batch, hparams, packed_prompt_width=p).compile()) for p in rungs if p != packed]  # fmt: skip
 
 
-def loop_jobs(tr: Any) -> list[Job]:
-    """The simple loop's engine programs at the run's `multiturn.LoopShapes` (one device, uncommitted weights)."""
+def _on_the_loop(tr: Any) -> bool:
+    """Whether the run's turns run on the simple loop's one-device programs (`multiturn.fixed_generate`), which the
+    jobs below lower for uncommitted weights."""
+    mt, r = tr.multiturn, tr.cfg.rollout
+    return not (mt.generate is not None or r.turn_engine or r.max_staleness or tr.rollout_mesh is not None
+                or pc.committed(tr))  # fmt: skip
+
+
+def _loop_programs(tr: Any, shapes: Any, label: str) -> list[Job]:
+    """The simple loop's engine programs at ``shapes`` (a `multiturn.LoopShapes`)."""
     from jaxgrpo.rollout import driver, engine
     from jaxgrpo.rollout.params import SamplingParams
 
-    mt, r = tr.multiturn, tr.cfg.rollout
-    if mt.generate is not None or r.turn_engine or r.max_staleness or tr.rollout_mesh is not None or pc.committed(tr):
-        return []
-    shapes = mt.loop_shapes
+    r = tr.cfg.rollout
     sp = SamplingParams(r.max_new_tokens, 1, r.temperature, r.top_p, r.top_k, tr.eos_token_ids)
     spec = engine.make_spec(tr.model_config, sp, shapes.slots, shapes.prompt_width, driver.DEFAULT_BLOCK,
-                            attention=mt.attention)  # fmt: skip
-    return pc.engine_programs(tr, spec, shapes.slots, shapes.packed_rungs(), False, init=True, label="turn loop: ")
+                            attention=tr.multiturn.attention)  # fmt: skip
+    return pc.engine_programs(tr, spec, shapes.slots, shapes.packed_rungs(), False, init=True, label=label)
+
+
+def loop_jobs(tr: Any) -> list[Job]:
+    """The simple loop's engine programs at the run's `multiturn.LoopShapes` (one device, uncommitted weights)."""
+    return _loop_programs(tr, tr.multiturn.loop_shapes, "turn loop: ") if _on_the_loop(tr) else []
+
+
+def eval_jobs(tr: Any) -> list[Job]:
+    """The held-out evaluation's programs (``train.eval_every``, `jaxgrpo.multiturn_eval.evaluate` through the turns):
+    the eager scalar programs of its statistics, and on the simple loop its engine programs at the evaluation's own
+    `LoopShapes` (`multiturn_eval.sampler`: its batch of prompts, the held-out prompts' width)."""
+    from jaxgrpo import eval as eval_lib
+    from jaxgrpo import in_training, multiturn_eval
+
+    if not tr.cfg.train.eval_every:
+        return []
+    G = tr.cfg.rollout.group_size
+    jobs: list[Job] = [("evaluation statistics", lambda: eval_lib.summarize(np.zeros((1, G), bool), [G]))]
+    if not _on_the_loop(tr) or tr.mesh is not None:  # (on a learner mesh the evaluation samples over it)
+        return jobs
+    examples = in_training.held_out_examples(tr)
+    _, mt = multiturn_eval.sampler(tr.cfg, tr.model_config, tr.tokenizer, examples,
+                                   eval_lib.correctness_reward(tr.cfg, None), G, tr.prefill_attention,
+                                   min(len(examples), multiturn_eval.PROMPTS_PER_BATCH))  # fmt: skip
+    mt.close()
+    return jobs + _loop_programs(tr, mt.loop_shapes, "evaluation turn loop: ")
 
 
 def turn_engine_jobs(tr: Any) -> list[Job]:
@@ -122,7 +158,8 @@ def start(tr: Any, template: Batch, first: tuple[int, int, int]) -> pc.Precompil
 
 
 def jobs(tr: Any, template: Batch, first: tuple[int, int, int]) -> list[Job]:
-    """Every job of a multi-turn `Trainer` after its first step: the sampler's and the learner's, interleaved."""
+    """Every job of a multi-turn `Trainer` after its first step: the sampler's and the learner's, interleaved; then
+    the held-out evaluation's."""
     rollout = loop_jobs(tr) + turn_engine_jobs(tr)
     train = train_jobs(tr, template, first)
-    return [j for pair in itertools.zip_longest(rollout, train) for j in pair if j is not None]
+    return [j for pair in itertools.zip_longest(rollout, train) for j in pair if j is not None] + eval_jobs(tr)
