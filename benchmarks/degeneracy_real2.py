@@ -31,10 +31,10 @@ PREREGISTRATION.md``, ``claims.json``), powered, free of the clipping confound. 
 A run is finished when its result.json exists (written atomically); an interrupted part rerun skips finished runs
 and resumes an interrupted one from its checkpoint (deleted once the result is written).
 
-Time: the grid is 216 runs (m4: 6 arms x 8 seeds; m8: 6 x 8; hard: 6 x 10; lora: 2 x 8; m4pool: 3 x 8; hardpool:
-2 x 10, amendment 5) of ~34-140 steps plus a 256 x 8 held-out evaluation. m4 seed 0's runs took 10-73 minutes of wall
-time each on 2 cores shared with other work (resumed runs compile again), so the grid is of the order of 100
-CPU-hours; the pilot is 24 runs of 20 steps; the warm-up 40 steps.
+Time: the grid is 226 runs (m4: 6 arms x 8 seeds; m8: 6 x 8; hard: 6 x 10; lora: 2 x 8; m4pool: 3 x 8; hardpool:
+3 x 10, amendments 5 and 6) of ~34-140 steps plus a 256 x 8 held-out evaluation. m4 seed 0's runs took 10-73
+minutes of wall time each on 2 cores shared with other work (resumed runs compile again), so the grid is of the order
+of 100 CPU-hours; the pilot is 24 runs of 20 steps; the warm-up 40 steps.
 """
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ CONDITIONS: dict[str, Condition] = {
     "lora": Condition("matched", 4, ("sign", "dr_grpo"), 8, lora_rank=64),  # the paper's LoRA setting
     # amendment 5: the skip arm where prompts recur (a pool of POOL problems, ~6 visits each at the budget)
     "m4pool": Condition("matched", 4, ("grpo", "grpo_resample", "grpo_skip"), 8, probe=True, pool=POOL),
-    "hardpool": Condition("hard", 4, ("grpo_resample", "grpo_skip"), 10, probe=True, pool=POOL),
+    # amendment 6: plain GRPO at the too-hard level too (issue 37 compares skip with GRPO and with resample)
+    "hardpool": Condition("hard", 4, ("grpo", "grpo_resample", "grpo_skip"), 10, probe=True, pool=POOL),
 }
 
 
