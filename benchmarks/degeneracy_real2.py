@@ -100,7 +100,8 @@ CONDITIONS: dict[str, Condition] = {
     "lora": Condition("matched", 4, ("sign", "dr_grpo"), 8, lora_rank=64),  # the paper's LoRA setting
     # amendment 5: the skip arm where prompts recur (a pool of POOL problems, ~6 visits each at the budget)
     "m4pool": Condition("matched", 4, ("grpo", "grpo_resample", "grpo_skip"), 8, probe=True, pool=POOL),
-    "hardpool": Condition("hard", 4, ("grpo_resample", "grpo_skip"), 10, probe=True, pool=POOL),
+    # amendment 6: plain GRPO at the too-hard level too (issue 37 compares skip with GRPO and with resample)
+    "hardpool": Condition("hard", 4, ("grpo", "grpo_resample", "grpo_skip"), 10, probe=True, pool=POOL),
 }
 
 
