@@ -374,6 +374,23 @@ def test_the_complete_m4pool_family_backs_the_quoted_figures(dr2):
     assert informative["grpo_skip"] / informative["grpo_resample"] == pytest.approx(1.10, abs=5e-3)
     accuracy = {arm: mean(arm, lambda r: r["heldout"]["accuracy"]) for arm in runs}
     assert accuracy == pytest.approx({"grpo": 0.618, "grpo_resample": 0.684, "grpo_skip": 0.654}, abs=5e-4)
+    # the informative share of the groups each arm sampled (P = 4 a round; every admitted group counts), from the logs
+    share: dict[str, list[float]] = {}
+    for path in sorted((out / "m4pool").glob("*/seed*/metrics.jsonl")):
+        recs = [json.loads(x) for x in path.read_text().splitlines()]
+        recs = [x for x in recs if x["step"] > 0 and "tokens/sampled" in x]
+        arm = path.parent.parent.name
+        sampled = sum(4 + x.get("resample/discarded_groups", 0) for x in recs)
+        informative = sum(x["schedule/informative_groups"] if arm == "grpo_skip" else 4 * x["resample/informative_frac"]
+                          if arm == "grpo_resample" else x["groups/informative"] for x in recs)  # fmt: skip
+        share.setdefault(arm, []).append(informative / sampled)
+    share = {arm: sum(v) / len(v) for arm, v in share.items()}
+    assert share == pytest.approx({"grpo": 0.249, "grpo_resample": 0.242, "grpo_skip": 0.267}, abs=5e-4)
+    assert 1 / share["grpo_resample"] == pytest.approx(4.1, abs=0.05)  # a rule sampling only informative groups
+    for arm in runs:  # "a group cost the same ~46 sampled tokens in every arm"
+        assert 1000 * share[arm] / informative[arm] == pytest.approx(46, abs=1), arm
+    gap = (share["grpo_skip"] - share["grpo_resample"]) / (1 - share["grpo_resample"])
+    assert gap == pytest.approx(0.03, abs=5e-3)  # "skip closed 3% of that gap"
 
 
 def test_second_edition_run_one_records_config_seed_commit(dr2, tmp_path, monkeypatch):
