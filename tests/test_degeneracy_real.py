@@ -381,9 +381,9 @@ def test_the_complete_m4pool_family_backs_the_quoted_figures(dr2):
         recs = [x for x in recs if x["step"] > 0 and "tokens/sampled" in x]
         arm = path.parent.parent.name
         sampled = sum(4 + x.get("resample/discarded_groups", 0) for x in recs)
-        informative = sum(x["schedule/informative_groups"] if arm == "grpo_skip" else 4 * x["resample/informative_frac"]
+        found = sum(x["schedule/informative_groups"] if arm == "grpo_skip" else 4 * x["resample/informative_frac"]
                           if arm == "grpo_resample" else x["groups/informative"] for x in recs)  # fmt: skip
-        share.setdefault(arm, []).append(informative / sampled)
+        share.setdefault(arm, []).append(found / sampled)
     share = {arm: sum(v) / len(v) for arm, v in share.items()}
     assert share == pytest.approx({"grpo": 0.249, "grpo_resample": 0.242, "grpo_skip": 0.267}, abs=5e-4)
     assert 1 / share["grpo_resample"] == pytest.approx(4.1, abs=0.05)  # a rule sampling only informative groups
