@@ -28,10 +28,10 @@ What the step path can reach, by design a bounded set (`MultiTurn`):
 * the held-out evaluation (``train.eval_every``, through the turns): its statistics' eager scalar programs and, on the
   simple loop, the engine's programs at the evaluation's own `LoopShapes` (`multiturn_eval.sampler`: a batch of up
   to 32 held-out prompts x G rows, the held-out prompts' width; before these jobs, the first evaluating step of a
-  tiny run with P = G = 2 and 4 held-out prompts compiled 6 programs).
+  tiny run with P = G = 2 and 4 held-out prompts compiled 6 programs); on the multi-turn engine, its programs at the
+  `TurnSpec` of each of the evaluation's batch sizes.
 
-Not covered (compiled by the step that needs them, as without these jobs): the evaluation on the multi-turn engine
-(its `TurnSpec` follows each batch's prompts), a prompt longer than the run's estimate
+Not covered (compiled by the step that needs them, as without these jobs): a prompt longer than the run's estimate
 (`MultiTurn.check_context` renders the 64 longest prompts by characters and 512 drawn at random), an environment
 whose first observations differ within a group (a wider completion region), a learner or rollout mesh, and
 asynchronous rollouts (their weights are placed on the rollout device).
@@ -96,8 +96,9 @@ def loop_jobs(tr: Any) -> list[Job]:
 
 def eval_jobs(tr: Any) -> list[Job]:
     """The held-out evaluation's programs (``train.eval_every``, `jaxgrpo.multiturn_eval.evaluate` through the turns):
-    the eager scalar programs of its statistics, and on the simple loop its engine programs at the evaluation's own
-    `LoopShapes` (`multiturn_eval.sampler`: its batch of prompts, the held-out prompts' width)."""
+    the eager scalar programs of its statistics; on the simple loop its engine programs at the evaluation's own
+    `LoopShapes` (`multiturn_eval.sampler`: its batch of prompts, the held-out prompts' width); on the multi-turn
+    engine its programs at each batch size of the evaluation (up to 32 prompts, and the last batch's)."""
     from jaxgrpo import eval as eval_lib
     from jaxgrpo import in_training, multiturn_eval
 
@@ -105,30 +106,47 @@ def eval_jobs(tr: Any) -> list[Job]:
         return []
     G = tr.cfg.rollout.group_size
     jobs: list[Job] = [("evaluation statistics", lambda: eval_lib.summarize(np.zeros((1, G), bool), [G]))]
-    if not _on_the_loop(tr) or tr.mesh is not None:  # (on a learner mesh the evaluation samples over it)
+    loop, on_engine = _on_the_loop(tr) and tr.mesh is None, _on_the_engine(tr)  # (a learner mesh: sampled over it)
+    if not (loop or on_engine):
         return jobs
-    examples = in_training.held_out_examples(tr)
+    examples, per = in_training.held_out_examples(tr), multiturn_eval.PROMPTS_PER_BATCH
     _, mt = multiturn_eval.sampler(tr.cfg, tr.model_config, tr.tokenizer, examples,
                                    eval_lib.correctness_reward(tr.cfg, None), G, tr.prefill_attention,
-                                   min(len(examples), multiturn_eval.PROMPTS_PER_BATCH))  # fmt: skip
+                                   min(len(examples), per))  # fmt: skip
     mt.close()
-    return jobs + _loop_programs(tr, mt.loop_shapes, "evaluation turn loop: ")
+    if loop:
+        return jobs + _loop_programs(tr, mt.loop_shapes, "evaluation turn loop: ")
+    sizes = dict.fromkeys(min(per, len(examples) - start) for start in range(0, len(examples), per))  # its batches
+    return jobs + [j for n in sizes for j in _engine_programs(tr, n, mt.prompt_width, f"evaluation turn engine {n}")]
+
+
+def _on_the_engine(tr: Any) -> bool:
+    """Whether the run's turns run on the multi-turn engine's one-device programs."""
+    mt, r = tr.multiturn, tr.cfg.rollout
+    return mt.generate is None and r.turn_engine and not r.max_staleness and not pc.committed(tr)
 
 
 def turn_engine_jobs(tr: Any) -> list[Job]:
     """The multi-turn engine's programs at the run's `TurnSpec` (as `turn_driver` builds it when each group shares
     its prompt: one first token per row)."""
+    if not _on_the_engine(tr):
+        return []
+    return _engine_programs(tr, tr.cfg.rollout.prompts_per_step, tr.multiturn.prompt_width, "turn engine")
+
+
+def _engine_programs(tr: Any, groups: int, prompt_width: int, label: str) -> list[Job]:
+    """The multi-turn engine's ``prefill_prefix``, ``decode_block``, ``resume`` and first state (`init_state`'s
+    eager programs) at the `TurnSpec` of ``groups`` groups of G rows whose prompts are at most ``prompt_width``
+    tokens."""
     from jaxgrpo.rollout import engine
     from jaxgrpo.rollout import turn_engine as TE
 
     mt, r = tr.multiturn, tr.cfg.rollout
-    if mt.generate is not None or not r.turn_engine or r.max_staleness or pc.committed(tr):
-        return []
     mcfg, s = tr.model_config, mt.settings
     greedy = s.temperature <= 0
     top_k, use_top_p = engine.truncation(mcfg, greedy, s.top_k, s.top_p)
     W = engine.cache_slots(1 + s.budget + 1)
-    spec = TE.TurnSpec(r.prompts_per_step, r.group_size, W, padding.prompt_bucket(max(mt.prompt_width, 1)),
+    spec = TE.TurnSpec(groups, r.group_size, W, padding.prompt_bucket(max(prompt_width, 1)),
                        r.decode_block, greedy, top_k, use_top_p, tuple(int(e) for e in tr.eos_token_ids),
                        mt.attention)  # fmt: skip
     S, B, Tp = spec.groups, spec.rows, spec.prompt_width
@@ -143,12 +161,16 @@ def turn_engine_jobs(tr: Any) -> list[Job]:
                            jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype))  # fmt: skip
     f32 = jax.ShapeDtypeStruct((), jnp.float32)
     return [
-        ("turn engine prefix prefill", lambda: TE.prefill_prefix.lower(
+        (f"{label} prefix prefill", lambda: TE.prefill_prefix.lower(
             mcfg, spec, params, arr(jnp.int32, S, Tp), arr(jnp.bool_, S, Tp), arr(jnp.bool_, S, Tp)).compile()),
-        ("turn engine decode block", lambda: TE.decode_block.lower(mcfg, spec, weights, caches, state, f32,
+        (f"{label} decode block", lambda: TE.decode_block.lower(mcfg, spec, weights, caches, state, f32,
                                                                    f32).compile()),
-        ("turn engine resume", lambda: TE.resume.lower(state, arr(jnp.bool_, B), arr(jnp.int32, B, W),
+        (f"{label} resume", lambda: TE.resume.lower(state, arr(jnp.bool_, B), arr(jnp.int32, B, W),
                                                        arr(jnp.int32, B), arr(jnp.int32, B)).compile()),
+        # `init_state` runs eagerly (its row keys and copies: small programs per row count), so it is run, on zeros
+        (f"{label} first state", lambda: jax.block_until_ready(TE.init_state(
+            spec, jax.random.key(0), np.zeros((B, W), np.int32), zeros(np.int32), zeros(np.int32), zeros(np.int32),
+            zeros(bool)))),
     ]  # fmt: skip
 
 
