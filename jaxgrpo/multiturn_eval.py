@@ -31,15 +31,12 @@ def sampler(cfg: Config, model_config: models.ModelConfig, tokenizer: Any, examp
     `multiturn.LoopShapes`: ``prompts * num_samples`` rows (at the run's ``P * G`` rows a batch's first turns would run
     wider, each at a program of its own), the prefix cache of the examples' longest prompt."""
     from jaxgrpo import build
-    from jaxgrpo.rollout import multiturn as MT
 
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, rewards={reward: 1.0}),
                               rollout=dataclasses.replace(cfg.rollout, group_size=num_samples),
                               algo=dataclasses.replace(cfg.algo, overlong_buffer=None))  # success: the reward alone
     mt = MultiTurn(cfg, tokenizer, model_config, build.eos_ids(model_config, tokenizer), examples, attention,
-                   train=False)  # fmt: skip
-    mt.loop_shapes = MT.LoopShapes.for_run(max(prompts, 1) * num_samples, mt.prompt_width, mt.settings,
-                                           model_config.max_position_embeddings)  # fmt: skip
+                   train=False, loop_rows=max(prompts, 1) * num_samples)  # fmt: skip
     return cfg, mt
 
 

@@ -130,6 +130,10 @@ class Scored:
         """bool ``[P * G]``: which rows are trajectories."""
         return np.ones(self.rewards.size, bool) if self.real is None else np.asarray(self.real, bool).reshape(-1)
 
+    def trajectories(self) -> list[Any]:
+        """The histories of the rows that are trajectories (not a small group's padding), in row order."""
+        return [h for h, real in zip(self.rollout.histories, self.real_rows()) if real]
+
 
 class MultiTurn:
     """What a multi-turn run holds between steps: the toolbox, the tool runner and the turn settings.
@@ -142,13 +146,14 @@ class MultiTurn:
     ``generate``: a `sampling.generate` stand-in for the simple loop (a test's scripted policy; it implies the loop).
     ``rollout_stats``: the engine's metrics of the last `sample` (`turn_driver.TurnStats`; none for the loop).
     ``attention``: both samplers' prefill attention kernel (a run's resolved ``perf.attention``). ``train``: False
-    for an evaluation, which samples only (no train-step shapes, ``train_shapes`` None)."""
+    for an evaluation, which samples only (no train-step shapes, ``train_shapes`` None). ``loop_rows``: the rows of
+    ``loop_shapes`` (default the step's ``P * G``; an evaluation's, its batch of prompts times its samples)."""
 
     generate: Callable[..., sampling.Completions] | None = None
 
     def __init__(self, cfg: Config, tokenizer: Any, model_config: models.ModelConfig,
                  eos_token_ids: Sequence[int], examples: Sequence[Example], attention: Kernel = DENSE,
-                 mesh: Any = None, train: bool = True):  # fmt: skip
+                 mesh: Any = None, train: bool = True, loop_rows: int | None = None):  # fmt: skip
         d, r = cfg.data, cfg.rollout
         self.cfg, self.tokenizer, self.eos_token_ids = cfg, tokenizer, tuple(eos_token_ids)
         self.mesh = mesh  # the learner's: the batch is split over its batch axes (None: one device)
@@ -160,7 +165,8 @@ class MultiTurn:
                                         top_p=r.top_p, top_k=r.top_k)  # fmt: skip
         self.check_context(model_config, examples)
         P, limit = r.prompts_per_step, model_config.max_position_embeddings
-        self.loop_shapes = MT.LoopShapes.for_run(P * r.group_size, self.prompt_width, self.settings, limit)
+        self.loop_shapes = MT.LoopShapes.for_run(loop_rows or P * r.group_size, self.prompt_width, self.settings,
+                                                 limit)  # fmt: skip
         # the train step's shapes (P prompts packed over the mesh's batch shards); an evaluation samples only
         self.train_shapes = step_batch_lib.StepShapes.for_prompts(
             self.prompt_lengths, P, P, cfg.algo, cfg.perf, mesh, self.settings.budget) if train else None  # fmt: skip
@@ -287,7 +293,7 @@ def step_metrics(scored: Scored, group_size: int) -> dict[str, float]:
     truncation) and the single-turn keys where they have a meaning (completion = the policy's tokens), over the
     trajectories; ``diversity/*`` per group of G rows, the padding of a smaller group an empty completion (as a
     single-turn run's with ``rollout.schedule=adaptive``)."""
-    hs = [h for h, real in zip(scored.rollout.histories, scored.real_rows()) if real]
+    hs = scored.trajectories()
     policy = np.array([sum(h.action) for h in hs], np.float64)
     out = history.metrics(hs)
     out["tokens/sampled"] = float(policy.sum())
@@ -444,8 +450,7 @@ def train_step(trainer: Any, step: int) -> dict[str, float]:
     if trainer.producer is not None:
         trainer.producer.mark("learner", step, t1, t2)
     metrics.update(extra)
-    real, a = scored.real_rows(), cfg.algo
-    hs = [h for h, x in zip(scored.rollout.histories, real) if x]  # the trajectories (not a small group's padding)
+    real, a, hs = scored.real_rows(), cfg.algo, scored.trajectories()
     metrics.update(objectives.overlong_metrics(trajectory_lengths(hs), np.array([h.truncated for h in hs]),
                                                np.asarray(scored.valid).reshape(-1)[real], mt.settings.budget,
                                                a.overlong_filter, a.overlong_buffer))  # fmt: skip

@@ -381,8 +381,7 @@ def test_the_complete_m4pool_family_backs_the_quoted_figures(dr2):
         recs = [x for x in recs if x["step"] > 0 and "tokens/sampled" in x]
         arm = path.parent.parent.name
         sampled = sum(4 + x.get("resample/discarded_groups", 0) for x in recs)
-        found = sum(x["schedule/informative_groups"] if arm == "grpo_skip" else 4 * x["resample/informative_frac"]
-                          if arm == "grpo_resample" else x["groups/informative"] for x in recs)  # fmt: skip
+        found = sum(dr2.analysis.informative_groups(x, 4) for x in recs)
         share.setdefault(arm, []).append(found / sampled)
     share = {arm: sum(v) / len(v) for arm, v in share.items()}
     assert share == pytest.approx({"grpo": 0.249, "grpo_resample": 0.242, "grpo_skip": 0.267}, abs=5e-4)
