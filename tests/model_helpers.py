@@ -1,8 +1,10 @@
 # Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
-"""Test helpers shared by the model tests: numpy-drawn random params, relative error, padded batches."""
+"""Test helpers shared by the model tests: numpy-drawn random params, relative error, padded batches, and llama.cpp's
+Llama 3.1 RoPE factors as an independent reference."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import jax
@@ -40,3 +42,20 @@ def pad_rows(seqs: Sequence[np.ndarray], width: int, side: str) -> tuple[np.ndar
         sl = slice(width - len(s), width) if side == "left" else slice(0, len(s))
         tok[i, sl], mask[i, sl] = s, True
     return tok, mask
+
+
+def llama_cpp_rope_factors(head_dim: int, theta: float, factor: float, low: float, high: float,
+                           orig: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf.py (LlamaModel.generate_extra_tensors): the ``rope_freqs`` divisors of Llama 3.1's
+    RoPE scaling, recomputed here as the reference the loader and the exporter are checked against."""
+    out = []
+    for f in 1.0 / (theta ** (np.arange(0, head_dim, 2) / head_dim)):
+        wavelen = 2 * math.pi / f
+        if wavelen < orig / high:
+            out.append(1.0)
+        elif wavelen > orig / low:
+            out.append(factor)
+        else:
+            smooth = (orig / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, np.float32)

@@ -17,7 +17,6 @@
 """
 
 import json
-import math
 
 import chex
 import jax
@@ -29,7 +28,7 @@ import torch
 import transformers
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
-from model_helpers import rel_err
+from model_helpers import llama_cpp_rope_factors, rel_err
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from jaxgrpo import config as config_lib
@@ -135,28 +134,13 @@ def test_dtype_defaults_to_the_compute_dtype(tmp_path):
     assert Q(GGUFReader(str(path)).tensors[0].tensor_type) == Q.BF16
 
 
-def _llama_cpp_rope_factors(head_dim, theta, factor, low, high, orig):
-    """llama.cpp convert_hf_to_gguf.py (LlamaModel): rope_freqs divisors of Llama 3.1's RoPE scaling."""
-    out = []
-    for f in 1.0 / (theta ** (np.arange(0, head_dim, 2) / head_dim)):
-        wavelen = 2 * math.pi / f
-        if wavelen < orig / high:
-            out.append(1.0)
-        elif wavelen > orig / low:
-            out.append(factor)
-        else:
-            smooth = (orig / wavelen - low) / (high - low)
-            out.append(1 / ((1 - smooth) / factor + smooth))
-    return np.asarray(out)
-
-
 def test_llama3_rope_scaling_is_llama_cpps_rope_freqs(tmp_path):
     cfg = tiny("llama", rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 64), rope_theta=500000.0)
     params = random_params(cfg)
     path = save_gguf(cfg, params, tmp_path / "m.gguf", None, dtype="float32")
     reader = GGUFReader(str(path))
     (t,) = [t for t in reader.tensors if t.name == "rope_freqs.weight"]
-    np.testing.assert_allclose(np.asarray(t.data), _llama_cpp_rope_factors(16, 500000.0, 8.0, 1.0, 4.0, 64),
+    np.testing.assert_allclose(np.asarray(t.data), llama_cpp_rope_factors(16, 500000.0, 8.0, 1.0, 4.0, 64),
                                rtol=1e-6)  # fmt: skip
     cfg2, params2 = load_pretrained(path)
     assert cfg2.rope_scaling == cfg.rope_scaling

@@ -22,7 +22,7 @@ import pytest
 import torch
 import transformers
 from gguf import GGMLQuantizationType as Q
-from model_helpers import rel_err
+from model_helpers import llama_cpp_rope_factors, rel_err
 
 from jaxgrpo.models import (
     CheckpointError,
@@ -146,25 +146,9 @@ def test_tiny_gguf_matches_transformers(tmp_path, arch, tied):
     assert rel_err(ours, ref) < 1e-4
 
 
-def _llama_cpp_rope_factors(head_dim, theta, factor, low, high, orig):
-    """llama.cpp convert_hf_to_gguf.py LlamaModel.generate_extra_tensors (the rope_freqs tensor of Llama 3.1+)."""
-    freqs = 1.0 / (theta ** (np.arange(0, head_dim, 2) / head_dim))
-    out = []
-    for f in freqs:
-        wavelen = 2 * np.pi / f
-        if wavelen < orig / high:
-            out.append(1.0)
-        elif wavelen > orig / low:
-            out.append(factor)
-        else:
-            smooth = (orig / wavelen - low) / (high - low)
-            out.append(1 / ((1 - smooth) / factor + smooth))
-    return np.asarray(out, np.float32)
-
-
 @pytest.mark.parametrize("factor,low,high", [(8.0, 1.0, 4.0), (8.0, 1.0, 8.0), (32.0, 2.0, 16.0)])
 def test_gguf_llama3_rope_freqs(tmp_path, factor, low, high):
-    freqs = _llama_cpp_rope_factors(H, 10000.0, factor, low, high, 8192)
+    freqs = llama_cpp_rope_factors(H, 10000.0, factor, low, high, 8192)
     path = write_tiny_gguf(tmp_path / "rope.gguf", "llama", rope_freqs=freqs)
     cfg, _ = load_pretrained(path)
     assert cfg.rope_scaling == RopeScaling("llama3", factor, low, high, 8192)
