@@ -165,6 +165,15 @@ def smollm2(smollm2_gguf):
     return load_pretrained(smollm2_gguf)
 
 
+@pytest.fixture(scope="session")
+def tok(smollm2_gguf):
+    """SmolLM2's tokenizer (`jaxgrpo.gguf_tokenizer`, read from the GGUF once per session; a module may define its own
+    ``tok``). Shared: a test that changes it works on a ``copy.deepcopy``."""
+    from jaxgrpo.build import load_tokenizer
+
+    return load_tokenizer(str(smollm2_gguf))
+
+
 def _smollm2_transformers_dir(gguf_path: pathlib.Path) -> pathlib.Path:
     """transformers' own reading of the SmolLM2 GGUF (its dequantization to float32 and its tokenizer conversion, ~30 s
     on 2 cores) done once per test run for every worker and subprocess, kept under ``.pytest_cache``: the model's

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from jaxgrpo.errors import ConfigError
-from jaxgrpo.gguf_tokenizer import gguf_tokenizer
 from jaxgrpo.rollout import history as H
 from jaxgrpo.rollout.tools import ToolCall, parse_tool_calls, tool_schema
 
@@ -44,11 +43,6 @@ THINK_DROPPING_TEMPLATE = (
     "{% endif %}<|im_start|>{{ m.role }}\n{{ c }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-
-
-@pytest.fixture(scope="module")
-def tok(smollm2_gguf):
-    return gguf_tokenizer(smollm2_gguf)
 
 
 def with_template(tok, template):

@@ -15,7 +15,6 @@ import pytest
 
 from jaxgrpo import models, sampling
 from jaxgrpo.config import AlgoConfig
-from jaxgrpo.gguf_tokenizer import gguf_tokenizer
 from jaxgrpo.learner.batch import check_batch, multiturn_batch
 from jaxgrpo.rollout import multiturn as MT
 from jaxgrpo.rollout.env import Toolbox
@@ -39,11 +38,6 @@ BAD = '<tool_call>{"name": "calculator", "arguments": {"expression": </tool_call
 ANSWER = "12 times 7 is 84."
 # the text of each trajectory's policy turns, by turn
 SCRIPT = [[CALL, ANSWER], [BAD, ANSWER], [ANSWER], [CALL, CALL, CALL]]
-
-
-@pytest.fixture(scope="module")
-def tok(smollm2_gguf):
-    return gguf_tokenizer(smollm2_gguf)
 
 
 def scripted_generate(tok, script):

@@ -12,18 +12,9 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import pytest
 from test_multiturn_train import calculating_policy, completions, small
 
 from jaxgrpo import multiturn_step, trainer
-
-
-@pytest.fixture(scope="module")
-def tok(smollm2_gguf):
-    """SmolLM2's tokenizer (read from the GGUF once for the module)."""
-    from jaxgrpo.build import load_tokenizer
-
-    return load_tokenizer(str(smollm2_gguf))
 
 
 def answering_by_row(tok):

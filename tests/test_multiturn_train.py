@@ -112,14 +112,6 @@ def modules(tmp_path_factory):
     sys.modules.pop("readme_env", None)
 
 
-@pytest.fixture(scope="module")
-def tok(smollm2_gguf):
-    """SmolLM2's tokenizer (read from the GGUF once for the module)."""
-    from jaxgrpo.build import load_tokenizer
-
-    return load_tokenizer(str(smollm2_gguf))
-
-
 ENGINE = "rollout.turn_engine=true"  # the multi-turn engine (the reference run and its resume)
 
 

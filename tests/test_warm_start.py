@@ -47,13 +47,6 @@ CONTEXT = types.SimpleNamespace(max_position_embeddings=1024)  # the model confi
 
 
 @pytest.fixture(scope="module")
-def tok(smollm2_gguf):
-    from jaxgrpo.build import load_tokenizer
-
-    return load_tokenizer(str(smollm2_gguf))
-
-
-@pytest.fixture(scope="module")
 def schemas():
     return Toolbox.from_config(ENV, []).episodes(word_arithmetic(1, 4, 0, "train"))[0].schemas
 
