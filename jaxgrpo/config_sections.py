@@ -119,6 +119,9 @@ class RolloutConfig:
     schedule_min_group: int = 2
     schedule_budget: int = 0
     schedule_decay: float = 0.9  # forgetting of the success estimate per observed group
+    # GRESO's adaptive exploration: all-pass / all-fail bases steered toward shares target/3 and 2 target/3 of the
+    # sampled groups (GRESO's 0.25); null = one fixed base (schedule_explore)
+    schedule_target: float | None = None
     # asynchronous rollouts (jaxgrpo.async_rollout, docs/async-design.md): step s's groups are sampled with the weights
     # of step max(s - max_staleness, start) while the learner trains; 0 = synchronous (unless mesh.rollout is set)
     max_staleness: int = 0

@@ -348,10 +348,8 @@ def rollout(trainer: Any, step: int) -> tuple[Scored, dict[str, float]]:
     if a.degenerate_groups == "resample":
         out.update(resample_metrics(len(pool), want * len(pool), want, len(informative), len(degenerate), tokens))
     if sch is not None:  # every round scored: now the history (a step that fails leaves it as it was)
-        counts = {"predicted": 0.0, "hits": 0.0}
-        for (indices, deg), s in zip(drawn, pool):
-            for k, v in sch.record(indices, s.rewards, s.valid, deg).items():
-                counts[k] += v
+        rounds_scored = [(indices, s.rewards, s.valid, deg) for (indices, deg), s in zip(drawn, pool)]
+        counts = scheduled.record_step(sch, rounds_scored)
         out.update(scheduled.schedule_metrics(sch, skipped[0], len(informative), tokens, sizes, counts))
     return kept, out
 

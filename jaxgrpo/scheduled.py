@@ -62,10 +62,7 @@ def rollout(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, floa
         degenerate += [(r_i, int(p)) for p in np.flatnonzero(deg)]
         if len(informative) >= want or len(pool) >= max_rounds:
             break
-    counts = {"predicted": 0.0, "hits": 0.0}
-    for kept, roll, deg in seen:  # every round scored: now the history
-        for k, v in sch.record(kept, roll.rewards, roll.valid, deg).items():
-            counts[k] += v
+    counts = record_step(sch, [(kept, roll.rewards, roll.valid, deg) for kept, roll, deg in seen])
     tokens = sampled_tokens(pool)
     out = pool[0] if len(pool) == 1 else merge_groups(pool, (informative + degenerate)[:want])
     extra: dict[str, float] = {"tokens/sampled": tokens}
@@ -92,8 +89,8 @@ def _streamed(tr: Any, done: list[tuple[int, Rollout, bool]], sizes: list[int], 
     P of the informative groups then the degenerate ones, and ``tokens/sampled`` counts every token sampled
     (``unread_tokens``: those of the groups dropped)."""
     sch, want = tr.scheduler, tr.cfg.rollout.prompts_per_step
-    counts = sch.record([p for p, _, _ in done], np.concatenate([o.rewards for _, o, _ in done]),
-                        np.concatenate([o.valid for _, o, _ in done]), np.asarray([d for _, _, d in done]))
+    counts = record_step(sch, [([p for p, _, _ in done], np.concatenate([o.rewards for _, o, _ in done]),
+                                np.concatenate([o.valid for _, o, _ in done]), np.asarray([d for _, _, d in done]))])
     informative = [o for _, o, d in done if not d]
     pool = informative + [o for _, o, d in done if d]
     tokens = sampled_tokens(pool) + unread_tokens
@@ -103,11 +100,26 @@ def _streamed(tr: Any, done: list[tuple[int, Rollout, bool]], sizes: list[int], 
     return out, {**extra, **stats.metrics()}
 
 
+def record_step(sch: Any, groups: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]]) -> dict[str, float]:
+    """Adds a step's scored groups to the history (``groups``: one ``(prompts, rewards, valid, degenerate)`` per
+    round, in order), then moves the exploration bases once for the step (`jaxgrpo.scheduler.Scheduler.adapt`);
+    returns the summed counts of `Scheduler.record`."""
+    counts: dict[str, float] = {}
+    for prompts, rewards, valid, deg in groups:
+        for k, v in sch.record(prompts, rewards, valid, deg).items():
+            counts[k] = counts.get(k, 0.0) + v
+    sch.adapt(counts)
+    return counts
+
+
 def schedule_metrics(sch: Any, skipped: int, informative: int, tokens: float, sizes: list[int],
                      counts: dict[str, float]) -> dict[str, float]:
-    """The step's ``schedule/*`` metrics (docs/degeneracy.md §4)."""
+    """The step's ``schedule/*`` metrics (docs/degeneracy.md §4); ``schedule/explore_pass|fail`` (the skip rule's
+    bases, after the step) with ``skip``."""
     sizes_arr = np.asarray(sizes, np.float64)
+    bases = {"schedule/explore_pass": sch.explore_pass, "schedule/explore_fail": sch.explore_fail}
     return {
+        **(bases if sch.settings.skip else {}),
         "schedule/skipped": float(skipped),
         "schedule/skipped_total": float(sch.skipped_total),
         "schedule/informative_groups": float(informative),

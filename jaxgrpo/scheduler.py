@@ -24,8 +24,16 @@ streak is z != 0 is skipped before sampling with probability
 
 explore in (0, 1) the exploration base (GRESO starts it at 0.5) and min_keep > 0 the floor on the keep probability
 (GRESO's 0.01). P_skip rises with the streak toward 1 - min_keep and never reaches 1, so a prompt the policy has grown
-into comes back. GRESO also moves its two bases (all-pass, all-fail) by 0.01 a step toward a target share of
-zero-variance prompts; here the base is fixed (one config value).
+into comes back. The base is fixed by default (``target`` None). With a ``target`` share alpha of zero-variance
+groups (GRESO's adaptive exploration, its released trainer's ``target_zero_variance``, 0.25), an all-pass streak
+uses a base p_pass and an all-fail streak a base p_fail, both starting at ``explore``. Each base moves by
+``explore_step`` (0.01): down (more skipping) while the share of all-pass groups among the sampled ones is >= alpha/3
+(of all-fail groups: >= 2 alpha/3; GRESO's split, which explores hard prompts more), up otherwise, and stays within
+``explore_range`` ([0.05, 0.95], GRESO's bounds). GRESO moves the bases once a step on that step's share, from its
+second epoch on. Here the share is pooled over steps until at least ``adapt_groups`` (32) groups were sampled, then
+the bases move once: for steps of >= 32 prompts that is GRESO's rule; with few prompts a step, a single step's share
+is too coarse (with P = 4 it is a multiple of 1/4, and the once-a-step comparison would track the median step, not
+the mean share). Only steps that sampled a prompt with a history count (GRESO's "from the second epoch").
 
 **Adaptive group size** (Neyman allocation: in stratified sampling the variance-optimal number of draws from a stratum
 is proportional to its standard deviation; Neyman 1934): the reward of a binary task has standard deviation
@@ -56,7 +64,8 @@ from jaxgrpo.errors import ConfigError
 
 RolloutSchedule = Literal["none", "skip", "adaptive", "skip+adaptive"]
 ROLLOUT_SCHEDULES: tuple[str, ...] = typing.get_args(RolloutSchedule)
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2 adds the exploration bases; a version 1 state (a fixed base) restores with both at `explore`
+EXPLORE_RANGE = (0.05, 0.95)  # the adapted bases' bounds (GRESO's min_p, max_p)
 
 __all__ = ["RolloutSchedule", "ROLLOUT_SCHEDULES", "Settings", "Record", "Scheduler", "skip_probability",
            "success_estimate", "group_size", "allocate", "from_config", "validate"]
@@ -128,9 +137,23 @@ class Settings:
     decay: float = 0.9  # forgetting of the Beta estimate per observed group
     window: int = 8  # outcomes kept per prompt
     success_threshold: float = 0.5  # a member succeeds when r >= this
+    target: float | None = None  # GRESO's target share of zero-variance groups (adapts the bases); None = fixed base
+    explore_step: float = 0.01  # the bases' move (GRESO's)
+    adapt_groups: int = 32  # the bases move once per this many sampled groups, on their pooled shares
+    explore_range: tuple[float, float] = EXPLORE_RANGE  # the adapted bases' bounds
 
     def __post_init__(self):
         _check_skip_args(self.explore, self.min_keep)
+        if self.target is not None:
+            lo, hi = self.explore_range
+            if not 0.0 < self.target < 1.0:
+                raise ValueError(f"target must be in (0, 1) (GRESO's 0.25) or None; got {self.target!r}")
+            if not 0.0 < lo <= self.explore <= hi < 1.0:
+                raise ValueError(f"with a target, explore={self.explore!r} must lie in explore_range="
+                                 f"{self.explore_range!r}, a range within (0, 1)")
+            if not self.explore_step > 0.0 or self.adapt_groups < 1:
+                raise ValueError(f"explore_step must be positive (GRESO's 0.01) and adapt_groups >= 1; got "
+                                 f"{self.explore_step!r} and {self.adapt_groups!r}")
         _check_sizes(self.group_size, self.min_group)
         if not 0.0 <= self.decay <= 1.0:
             raise ValueError(f"decay must be in [0, 1]; got {self.decay!r}")
@@ -162,6 +185,8 @@ class Scheduler:
         self.predicted = 0  # admitted prompts whose streak predicted a degenerate group (cumulative)
         self.predicted_hits = 0  # ... whose group was degenerate
         self.skipped_total = 0
+        self.explore_pass = self.explore_fail = settings.explore  # the bases of all-pass / all-fail streaks
+        self.pending = [0, 0, 0]  # groups, all-pass, all-fail sampled since the bases last moved
 
     # -- decisions -----------------------------------------------------------------------------------------------
     def keep_probability(self, prompt: int) -> float:
@@ -169,7 +194,8 @@ class Scheduler:
         rec = self.records.get(int(prompt))
         if not s.skip or rec is None:
             return 1.0
-        return 1.0 - skip_probability(rec.streak, s.explore, s.min_keep)
+        base = self.explore_pass if rec.streak > 0 else self.explore_fail
+        return 1.0 - skip_probability(rec.streak, base, s.min_keep)
 
     def select(self, draw: Callable[[int], list[int]], want: int, step: int, round_: int = 0,
                max_draws: int | None = None) -> tuple[list[int], list[int]]:
@@ -206,12 +232,14 @@ class Scheduler:
     # -- history -------------------------------------------------------------------------------------------------
     def record(self, prompts: Sequence[int], rewards: np.ndarray, valid: np.ndarray, degenerate: np.ndarray
                ) -> dict[str, float]:
-        """Adds one group per prompt (rewards/valid ``[n, G]``, degenerate ``[n]``); returns the predictor's counts
-        for these groups (``predicted``: the prompt's streak was nonzero, ``hits``: and the group was degenerate)."""
+        """Adds one group per prompt (rewards/valid ``[n, G]``, degenerate ``[n]``); returns these groups' counts:
+        ``predicted`` (the prompt's streak was nonzero) and ``hits`` (and the group was degenerate), the predictor's;
+        ``groups``, ``all_pass``, ``all_fail`` and ``known`` (the prompt had a history), what `adapt` reads."""
         s = self.settings
         rewards, valid, degenerate = np.asarray(rewards), np.asarray(valid, bool), np.asarray(degenerate, bool)
-        predicted = hits = 0
+        predicted = hits = known = all_pass = all_fail = 0
         for row, prompt in enumerate(map(int, prompts)):
+            known += prompt in self.records
             rec = self.records.setdefault(prompt, Record())
             n = int(valid[row].sum())
             wins = int((valid[row] & (rewards[row] >= s.success_threshold)).sum())
@@ -224,11 +252,33 @@ class Scheduler:
             if degenerate[row] and n > 0:
                 up = wins == n  # a degenerate group's members all succeed or all fail
                 rec.streak = (max(rec.streak, 0) + 1) if up else (min(rec.streak, 0) - 1)
+                all_pass, all_fail = all_pass + up, all_fail + (not up)
             else:
                 rec.streak = 0
         self.predicted += predicted
         self.predicted_hits += hits
-        return {"predicted": float(predicted), "hits": float(hits)}
+        return {"predicted": float(predicted), "hits": float(hits), "groups": float(len(degenerate)),
+                "all_pass": float(all_pass), "all_fail": float(all_fail), "known": float(known)}
+
+    def adapt(self, counts: dict[str, float]) -> None:
+        """Adds a step's summed `record` counts to the pooled shares and moves the exploration bases once at least
+        ``adapt_groups`` groups are pooled (module docstring); nothing without a target, and a step none of whose
+        groups had a history is not counted."""
+        s = self.settings
+        if s.target is None or not counts.get("known"):
+            return
+        self.pending = [a + int(counts[k]) for a, k in zip(self.pending, ("groups", "all_pass", "all_fail"))]
+        groups, all_pass, all_fail = self.pending
+        if groups < s.adapt_groups:
+            return
+        lo, hi = s.explore_range
+
+        def move(base: float, share: float, target: float) -> float:
+            return min(max(base - s.explore_step if share >= target else base + s.explore_step, lo), hi)
+
+        self.explore_pass = move(self.explore_pass, all_pass / groups, s.target / 3)
+        self.explore_fail = move(self.explore_fail, all_fail / groups, 2 * s.target / 3)
+        self.pending = [0, 0, 0]
 
     # -- state ---------------------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -238,12 +288,16 @@ class Scheduler:
             "records": {str(k): [r.successes, r.failures, r.streak, list(r.outcomes)]
                         for k, r in sorted(self.records.items())},
             "predicted": self.predicted, "predicted_hits": self.predicted_hits, "skipped_total": self.skipped_total,
+            "explore": [self.explore_pass, self.explore_fail], "pending": list(self.pending),
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        if not isinstance(state, dict) or state.get("version") not in (1, STATE_VERSION):
             got = state.get("version") if isinstance(state, dict) else state
             raise ValueError(f"scheduler state of an unknown version {got!r}; expected version {STATE_VERSION}")
+        bases = state.get("explore", [self.settings.explore] * 2)  # version 1: the fixed base
+        self.explore_pass, self.explore_fail = float(bases[0]), float(bases[1])
+        self.pending = [int(x) for x in state.get("pending", [0, 0, 0])]
         self.records = {int(k): Record(float(v[0]), float(v[1]), int(v[2]), [float(x) for x in v[3]])
                         for k, v in state["records"].items()}
         self.predicted = int(state["predicted"])
@@ -285,6 +339,14 @@ def validate(cfg: Any) -> None:
         fix = f"rollout.schedule_budget must be >= 0 (0 = prompts_per_step × group_size), got {r.schedule_budget!r}"
     elif not 0.0 <= r.schedule_decay <= 1.0:
         fix = f"rollout.schedule_decay must be in [0, 1], got {r.schedule_decay!r}"
+    elif r.schedule_target is not None and "skip" not in r.schedule:
+        fix = (f"rollout.schedule_target={r.schedule_target!r} adapts the skip rule, but rollout.schedule="
+               f"{r.schedule!r} skips nothing; use rollout.schedule=skip (or skip+adaptive) or schedule_target=null")
+    elif r.schedule_target is not None and not 0.0 < r.schedule_target < 1.0:
+        fix = f"rollout.schedule_target must be in (0, 1) (GRESO's 0.25) or null, got {r.schedule_target!r}"
+    elif r.schedule_target is not None and not EXPLORE_RANGE[0] <= r.schedule_explore <= EXPLORE_RANGE[1]:
+        fix = (f"with rollout.schedule_target, schedule_explore={r.schedule_explore!r} is the bases' start and must "
+               f"lie in their range [{EXPLORE_RANGE[0]}, {EXPLORE_RANGE[1]}]; e.g. 0.5")
     if fix:
         raise ConfigError(fix)
 
@@ -298,5 +360,5 @@ def from_config(cfg: Any) -> Scheduler | None:
     settings = Settings(skip="skip" in r.schedule, adaptive=adaptive, explore=r.schedule_explore,
                         min_keep=r.schedule_min_keep, min_group=r.schedule_min_group if adaptive else r.group_size,
                         group_size=r.group_size,
-                        budget=r.schedule_budget or None, decay=r.schedule_decay)
+                        budget=r.schedule_budget or None, decay=r.schedule_decay, target=r.schedule_target)
     return Scheduler(settings, cfg.seed)

@@ -369,13 +369,15 @@ def test_schedule_off_is_todays_run(tmp_path):
 
 @pytest.mark.slow
 def test_skip_adaptive_run_resumes_to_the_same_history(tmp_path):
-    """4 steps uninterrupted vs 2 steps + a resumed run to 4: the same metrics and the same per-prompt history."""
+    """4 steps uninterrupted vs 2 steps + a resumed run to 4: the same metrics and the same per-prompt history (with
+    GRESO's adaptive bases: their pooled counts resume too)."""
     from test_train import deterministic, small_config
 
     from jaxgrpo import checkpoint as ckpt_lib
     from jaxgrpo import trainer
 
-    sched = ["rollout.schedule=skip+adaptive", "rollout.schedule_budget=24", "data.num_examples=8",
+    sched = ["rollout.schedule=skip+adaptive", "rollout.schedule_budget=24", "rollout.schedule_target=0.25",
+             "data.num_examples=8",
              "checkpoint.every=1", "checkpoint.export_final=false"]  # fmt: skip
     whole = trainer.run(small_config(*sched, "train.steps=4"), tmp_path / "a")
     trainer.run(small_config(*sched, "train.steps=2"), tmp_path / "b")
@@ -391,6 +393,7 @@ def test_skip_adaptive_run_resumes_to_the_same_history(tmp_path):
         with ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(tmp_path / run), keep=5, save_interval=0) as m:
             states.append(m.read_extra(4)["scheduler"])
     assert states[0] == states[1] and len(states[0]["records"]) == 8
+    assert states[0]["pending"][0] == 3 * 8  # steps 1-3 drew known prompts (8 groups each); 24 < 32: not moved yet
     # the schedule acted: 24 samples for 8 prompts of G = 4 (groups of 2 and 4 in one [8, 4] batch), and the prompts
     # whose groups were all-fail (almost all, for the tiny random policy) were skipped now and then
     assert whole[-1]["schedule/skipped_total"] > 0
