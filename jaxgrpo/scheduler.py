@@ -322,6 +322,10 @@ class Scheduler:
 def validate(cfg: Any) -> None:
     """ConfigError for ``rollout.schedule_*`` values out of range (called by `jaxgrpo.config.validate`)."""
     r = cfg.rollout
+    if r.schedule_target is not None and "skip" not in r.schedule:
+        raise ConfigError(f"rollout.schedule_target={r.schedule_target!r} adapts the skip rule, but rollout.schedule="
+                          f"{r.schedule!r} skips nothing; use rollout.schedule=skip (or skip+adaptive) or "
+                          "schedule_target=null")
     if r.schedule == "none":
         return
     fix = None
@@ -339,9 +343,6 @@ def validate(cfg: Any) -> None:
         fix = f"rollout.schedule_budget must be >= 0 (0 = prompts_per_step × group_size), got {r.schedule_budget!r}"
     elif not 0.0 <= r.schedule_decay <= 1.0:
         fix = f"rollout.schedule_decay must be in [0, 1], got {r.schedule_decay!r}"
-    elif r.schedule_target is not None and "skip" not in r.schedule:
-        fix = (f"rollout.schedule_target={r.schedule_target!r} adapts the skip rule, but rollout.schedule="
-               f"{r.schedule!r} skips nothing; use rollout.schedule=skip (or skip+adaptive) or schedule_target=null")
     elif r.schedule_target is not None and not 0.0 < r.schedule_target < 1.0:
         fix = f"rollout.schedule_target must be in (0, 1) (GRESO's 0.25) or null, got {r.schedule_target!r}"
     elif r.schedule_target is not None and not EXPLORE_RANGE[0] <= r.schedule_explore <= EXPLORE_RANGE[1]:

@@ -94,6 +94,7 @@ def test_bases_round_trip_and_version_1_states_restore():
 
 @pytest.mark.parametrize("overrides, match", [
     (["rollout.schedule=adaptive", "rollout.schedule_target=0.25"], "skips nothing"),
+    (["rollout.schedule_target=0.25"], "schedule='none' skips nothing"),  # not silently ignored
     (["rollout.schedule=skip", "rollout.schedule_target=1.0"], r"schedule_target must be in \(0, 1\)"),
     (["rollout.schedule=skip", "rollout.schedule_target=0.25", "rollout.schedule_explore=0.99"],
      r"range \[0.05, 0.95\]"),
