@@ -390,6 +390,9 @@ def test_the_complete_m4pool_family_backs_the_quoted_figures(dr2):
         assert 1000 * share[arm] / informative[arm] == pytest.approx(46, abs=1), arm
     gap = (share["grpo_skip"] - share["grpo_resample"]) / (1 - share["grpo_resample"])
     assert gap == pytest.approx(0.03, abs=5e-3)  # "skip closed 3% of that gap"
+    walls = {arm: [r["total_wall_s"] for r in runs[arm]] for arm in runs}  # why wall time is not compared
+    assert {arm: (round(min(w)), round(max(w))) for arm, w in walls.items()} == {
+        "grpo": (746, 3011), "grpo_resample": (462, 2302), "grpo_skip": (478, 2279)}
 
 
 def test_second_edition_run_one_records_config_seed_commit(dr2, tmp_path, monkeypatch):
