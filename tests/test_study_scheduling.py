@@ -22,6 +22,10 @@ def analysis():
     return degeneracy_real2_analysis
 
 
+def _mean(runs: list[dict], f) -> float:
+    return sum(f(r) for r in runs) / len(runs)
+
+
 def test_the_complete_m4pool_family_backs_the_quoted_figures(analysis):
     # docs/degeneracy.md §4: the matched level's scheduling claims, recomputed from the committed runs
     rows = {r["id"]: r for r in analysis.verdicts(OUT)["claims"] if r.get("family") == "sched-m4pool"}
@@ -36,10 +40,9 @@ def test_the_complete_m4pool_family_backs_the_quoted_figures(analysis):
         assert r["diff"] == pytest.approx(diff, rel=0.02, abs=5e-4), cid
         assert r["p"] == pytest.approx(p, abs=6e-3) and r["p_holm"] == pytest.approx(q, abs=6e-3), cid
     runs = analysis.load_runs(OUT)["m4pool"]
-    mean = lambda arm, f: sum(f(r) for r in runs[arm]) / len(runs[arm])  # noqa: E731
-    informative = {arm: mean(arm, lambda r: r["informative_per_1k_tokens"]) for arm in runs}
+    informative = {arm: _mean(runs[arm], lambda r: r["informative_per_1k_tokens"]) for arm in runs}
     assert informative["grpo_skip"] / informative["grpo_resample"] == pytest.approx(1.10, abs=5e-3)
-    accuracy = {arm: mean(arm, lambda r: r["heldout"]["accuracy"]) for arm in runs}
+    accuracy = {arm: _mean(runs[arm], lambda r: r["heldout"]["accuracy"]) for arm in runs}
     assert accuracy == pytest.approx({"grpo": 0.618, "grpo_resample": 0.684, "grpo_skip": 0.654}, abs=5e-4)
     # the informative share of the groups each arm sampled (P = 4 a round; every admitted group counts), from the logs
     share: dict[str, list[float]] = {}
@@ -82,10 +85,9 @@ def test_the_complete_hardpool_family_backs_the_quoted_figures(analysis):
     runs = analysis.load_runs(OUT)["hardpool"]
     target = analysis._base_accuracy(OUT)["hardpool"] + analysis.ESCAPE_MARGIN
     assert target == pytest.approx(0.293, abs=5e-4)
-    mean = lambda arm, f: sum(f(r) for r in runs[arm]) / len(runs[arm])  # noqa: E731
     fields = (lambda r: r["informative_per_1k_tokens"], lambda r: r["heldout"]["accuracy"],
               lambda r: r["retention"]["accuracy"], lambda r: r["zero_grad_frac"], lambda r: r["steps"])
-    figures = {arm: [mean(arm, f) for f in fields] for arm in runs}
+    figures = {arm: [_mean(runs[arm], f) for f in fields] for arm in runs}
     want = {"grpo": [1.85, 0.053, 0.599, 0.729, 110.2], "grpo_resample": [3.49, 0.127, 0.849, 0.074, 28.6],
             "grpo_skip": [5.08, 0.129, 0.836, 0.013, 31.2]}
     for arm, w in want.items():
