@@ -76,18 +76,20 @@ def simulate(p0: np.ndarray, passes: int, seed: int, arm: dict | None, learn: fl
     it = PromptIterator(list(range(n)), P, seed)
     sch = None if arm is None else scheduler.Scheduler(scheduler.Settings(group_size=G, **arm), seed)
     rng = np.random.default_rng([seed, 2])
-    budget, samples, informative, groups, step, reward = passes * n * G, 0, 0, 0, 0, []
-    while samples < budget:
+    informative, reward = 0, []  # reward: each step's mean; its length is the step count
+    while len(reward) * P < passes * n:  # the budget: passes * n groups of G samples
+        step = len(reward)
         kept = it.next_batch(P) if sch is None else sch.select(it.next_batch, P, step, max_draws=max(100 * P, n))[0]
         rewards = (rng.random((P, G)) < 1.0 / (1.0 + np.exp(-logit[kept]))[:, None]).astype(np.float32)
         flat = rewards.min(axis=1) == rewards.max(axis=1)
         if sch is not None:
             scheduled.record_step(sch, [(kept, rewards, np.ones_like(rewards, bool), flat)])
         np.add.at(logit, np.asarray(kept)[~flat], learn)
-        samples, informative, groups, step = samples + P * G, informative + int((~flat).sum()), groups + P, step + 1
+        informative += int((~flat).sum())
         reward.append(float(rewards.mean()))
     q = max(len(reward) // 4, 1)
-    return {"informative_per_group": informative / groups, "skipped": 0 if sch is None else sch.skipped_total,
+    return {"informative_per_group": informative / (len(reward) * P),
+            "skipped": 0 if sch is None else sch.skipped_total,
             "precision": 0.0 if sch is None else sch.precision, "reward_first": float(np.mean(reward[:q])),
             "reward_last": float(np.mean(reward[-q:]))}
 
