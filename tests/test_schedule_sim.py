@@ -64,10 +64,3 @@ def test_the_real_m4pool_grpo_trajectory_quoted_beside_it():
         quarters.append([np.mean([x[k] for x in part]) for k in ("reward/mean", "degeneracy/collapse_rate")
                          for part in (recs[:q], recs[3 * q:])])  # fmt: skip
     assert np.mean(quarters, axis=0) == pytest.approx([0.56, 0.88, 0.63, 0.85], abs=5e-3)
-    # "the 1.08x and 1.10x measured there (against GRPO and against resample)": informative groups per 1,000 tokens
-    pool = RESULTS.parent / "degeneracy" / "real2" / "m4pool"
-    info = {arm: np.mean([json.loads(p.read_text())["informative_per_1k_tokens"]
-                          for p in (pool / arm).glob("seed*/result.json")]) for arm in ("grpo", "grpo_resample",
-                                                                                         "grpo_skip")}  # fmt: skip
-    assert (info["grpo_skip"] / info["grpo"], info["grpo_skip"] / info["grpo_resample"]) == pytest.approx(
-        (1.08, 1.10), abs=5e-3)  # fmt: skip

@@ -41,7 +41,10 @@ def test_the_complete_m4pool_family_backs_the_quoted_figures(analysis):
         assert r["p"] == pytest.approx(p, abs=6e-3) and r["p_holm"] == pytest.approx(q, abs=6e-3), cid
     runs = analysis.load_runs(OUT)["m4pool"]
     informative = {arm: _mean(runs[arm], lambda r: r["informative_per_1k_tokens"]) for arm in runs}
-    assert informative["grpo_skip"] / informative["grpo_resample"] == pytest.approx(1.10, abs=5e-3)
+    # "1.10x over resample" here; "the 1.08x and 1.10x measured there (against GRPO and against resample)" in the
+    # simulation's paragraph
+    assert (informative["grpo_skip"] / informative["grpo"], informative["grpo_skip"] / informative["grpo_resample"]
+            ) == pytest.approx((1.08, 1.10), abs=5e-3)  # fmt: skip
     accuracy = {arm: _mean(runs[arm], lambda r: r["heldout"]["accuracy"]) for arm in runs}
     assert accuracy == pytest.approx({"grpo": 0.618, "grpo_resample": 0.684, "grpo_skip": 0.654}, abs=5e-4)
     # the informative share of the groups each arm sampled (P = 4 a round; every admitted group counts), from the logs
