@@ -35,5 +35,7 @@ def test_degeneracy_notebook_executes(monkeypatch, tmp_path):
     assert "too hard: level 3" in outputs and "| arm | seeds | steps with every group degenerate |" in outputs
     assert "| claim | cond | a > b |" in outputs and "| H1-lora-sign-dr_grpo |" in outputs  # second edition
     assert "| H5-m8-grpo | m8 | grpo:measured > grpo:iid | train_jensen_gap |" in outputs
+    # the per-cell table follows the runner's CONDITIONS: hardpool's arms, no skip arm in hard (amendment 5)
+    assert "| hardpool | grpo | 10 / 10 |" in outputs and "| hard | grpo_skip |" not in outputs
     for name in ("reward_curves", "collapse_split", "jensen", "real", "real_grid", "real_retention"):
         assert (tmp_path / f"degeneracy_{name}.png").stat().st_size > 10_000, name
