@@ -147,7 +147,8 @@ def held_out_config(cfg: DataConfig, num_examples: int | None) -> DataConfig:
 
 
 def load_dataset(cfg: DataConfig, seed: int) -> list[Example]:
-    """The examples `cfg` describes (`data.source` synthetic or gsm8k), capped at `data.num_examples` (the first n)."""
+    """The examples `cfg` describes (`data.source`: synthetic, gsm8k, hf or words), capped at `data.num_examples`
+    (the first n). The sources that read ``data.path`` are `jaxgrpo.config_checks.FILE_SOURCES`."""
     if cfg.source == "synthetic":
         return synthetic_arithmetic(cfg.num_examples or SYNTHETIC_DEFAULT_SIZE, cfg.difficulty, seed, cfg.split)
     if cfg.source == "gsm8k":
