@@ -1,0 +1,64 @@
+# Copyright 2026 The jaxgrpo Authors. Licensed under the Apache License, Version 2.0.
+"""The second edition's pre-registered H families (H1-H5) as they complete: every figure docs/degeneracy.md §2c and the
+README quote, recomputed from the committed runs (the scheduling families: `test_study_scheduling.py`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+OUT = REPO / "benchmarks" / "results" / "degeneracy" / "real2"
+
+
+@pytest.fixture(scope="module")
+def modules():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import degeneracy_real2_analysis
+    import study_stats
+
+    return degeneracy_real2_analysis, study_stats
+
+
+def test_the_complete_lora_family_backs_the_quoted_figures(modules):
+    # docs/degeneracy.md §2c, README: H1 under LoRA rank 64 at G = 4, sign vs Dr. GRPO with its own aggregation
+    analysis, st = modules
+    (row,) = [r for r in analysis.verdicts(OUT)["claims"] if r["cond"] == "lora"]  # a family of one claim
+    assert row["id"] == "H1-lora-sign-dr_grpo" and row["n"] == 8 and row["significant"] is False
+    assert row["diff"] == pytest.approx(-0.001, abs=5e-4)
+    assert row["p"] == pytest.approx(0.95, abs=5e-3) and row["p_holm"] == row["p"]  # Holm over one claim
+    runs = analysis.load_runs(OUT)["lora"]
+    acc = {arm: [r["heldout"]["accuracy"] for r in runs[arm]] for arm in ("sign", "dr_grpo")}
+    for arm, (mean, lo, hi) in {"sign": (0.706, 0.669, 0.743), "dr_grpo": (0.707, 0.688, 0.727)}.items():
+        assert sum(acc[arm]) / 8 == pytest.approx(mean, abs=5e-4), arm
+        assert st.t_interval(acc[arm]) == pytest.approx((lo, hi), abs=5e-4), arm
+    # the difference's 95% Welch interval, [-0.041, +0.038]: it excludes the expected 0.15 and the detectable 0.098
+    w = st.welch(acc["sign"], acc["dr_grpo"])
+    se = math.sqrt(sum(_var(x) / len(x) for x in acc.values()))
+    half = st.t_quantile(0.975, w["df"]) * se
+    assert (w["diff"] - half, w["diff"] + half) == pytest.approx((-0.041, 0.038), abs=5e-4)
+    power = {c["id"]: c for c in json.loads((OUT / "power.json").read_text())["claims"]}
+    assert power["H1-lora-sign-dr_grpo"]["detectable_at_seeds"] == pytest.approx(0.098, abs=5e-4)
+    mean = lambda arm, f: sum(f(r) for r in runs[arm]) / len(runs[arm])  # noqa: E731
+    figures = {arm: [mean(arm, f) for f in (lambda r: r["heldout"]["pass@k"]["8"], lambda r: r["retention"]["accuracy"],
+                                            lambda r: r["zero_grad_frac"], lambda r: r["clip_frac"],
+                                            lambda r: r["informative_per_1k_tokens"])] for arm in acc}  # fmt: skip
+    assert figures["sign"] == pytest.approx([0.860, 0.972, 0.0, 0.0, 6.25], abs=5e-3)
+    assert figures["dr_grpo"] == pytest.approx([0.882, 0.985, 0.154, 0.0, 7.63], abs=5e-3)
+    assert analysis._base_accuracy(OUT)["retain"] == pytest.approx(0.942, abs=5e-4)  # retention's start: no erosion
+    pass8 = {arm: [r["heldout"]["pass@k"]["8"] for r in runs[arm]] for arm in acc}
+    assert st.welch(pass8["sign"], pass8["dr_grpo"])["p"] > 0.05  # "pass@8 favours neither at this n"
+    assert {arm: runs[arm][0]["config"]["optim"]["learning_rate"] for arm in acc} == {"sign": 1e-4, "dr_grpo": 3e-5}
+    commits = {arm: sorted(r["commit"][:7] for r in runs[arm]) for arm in acc}
+    assert commits["sign"] == commits["dr_grpo"] == ["750cd90"] * 2 + ["b066b24"] * 6
+    warmups = {arm: [analysis.warmup_of(r)[:8] for r in runs[arm]] for arm in acc}
+    assert warmups["sign"] == warmups["dr_grpo"] == ["beccf584"] + ["54bdb45a"] * 7
+
+
+def _var(x: list[float]) -> float:
+    m = sum(x) / len(x)
+    return sum((v - m) ** 2 for v in x) / (len(x) - 1)
