@@ -5,24 +5,18 @@ README quote, recomputed from the committed runs (the scheduling families: `test
 from __future__ import annotations
 
 import json
-import math
-import pathlib
-import sys
 
+import benchmark_module
 import numpy as np
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-OUT = REPO / "benchmarks" / "results" / "degeneracy" / "real2"
+OUT = benchmark_module.BENCHMARKS / "results" / "degeneracy" / "real2"
 
 
 @pytest.fixture(scope="module")
 def modules():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import degeneracy_real2_analysis
-    import study_stats
-
-    return degeneracy_real2_analysis, study_stats
+    st = benchmark_module.load("study_stats")  # first: the analysis imports it by name
+    return benchmark_module.load("degeneracy_real2_analysis"), st
 
 
 def test_the_complete_lora_family_backs_the_quoted_figures(modules):
@@ -39,19 +33,18 @@ def test_the_complete_lora_family_backs_the_quoted_figures(modules):
         assert st.t_interval(acc[arm]) == pytest.approx((lo, hi), abs=5e-4), arm
     # the difference's 95% Welch interval, [-0.041, +0.038]: it excludes the expected 0.15 and the detectable 0.098
     w = st.welch(acc["sign"], acc["dr_grpo"])
-    se = math.sqrt(sum(np.var(x, ddof=1) / len(x) for x in acc.values()))
-    half = st.t_quantile(0.975, w["df"]) * se
+    half = st.t_quantile(0.975, w["df"]) * w["diff"] / w["t"]  # diff / t: the test's own standard error
     assert (w["diff"] - half, w["diff"] + half) == pytest.approx((-0.041, 0.038), abs=5e-4)
     power = {c["id"]: c for c in json.loads((OUT / "power.json").read_text())["claims"]}
     assert power["H1-lora-sign-dr_grpo"]["detectable_at_seeds"] == pytest.approx(0.098, abs=5e-4)
-    mean = lambda arm, f: sum(f(r) for r in runs[arm]) / len(runs[arm])  # noqa: E731
-    figures = {arm: [mean(arm, f) for f in (lambda r: r["heldout"]["pass@k"]["8"], lambda r: r["retention"]["accuracy"],
-                                            lambda r: r["zero_grad_frac"], lambda r: r["clip_frac"],
-                                            lambda r: r["informative_per_1k_tokens"])] for arm in acc}  # fmt: skip
+    pass8 = {arm: [r["heldout"]["pass@k"]["8"] for r in runs[arm]] for arm in acc}
+    retention = {arm: [r["retention"]["accuracy"] for r in runs[arm]] for arm in acc}
+    figures = {arm: [np.mean(pass8[arm]), np.mean(retention[arm])] + [
+        np.mean([r[k] for r in runs[arm]]) for k in ("zero_grad_frac", "clip_frac", "informative_per_1k_tokens")]
+        for arm in acc}  # fmt: skip
     assert figures["sign"] == pytest.approx([0.860, 0.972, 0.0, 0.0, 6.25], abs=5e-3)
     assert figures["dr_grpo"] == pytest.approx([0.882, 0.985, 0.154, 0.0, 7.63], abs=5e-3)
     assert analysis._base_accuracy(OUT)["retain"] == pytest.approx(0.942, abs=5e-4)  # retention's start: no erosion
-    pass8 = {arm: [r["heldout"]["pass@k"]["8"] for r in runs[arm]] for arm in acc}
     assert st.welch(pass8["sign"], pass8["dr_grpo"])["p"] > 0.05  # "pass@8 favours neither at this n"
     assert {arm: runs[arm][0]["config"]["optim"]["learning_rate"] for arm in acc} == {"sign": 1e-4, "dr_grpo": 3e-5}
     assert max(r["grad_norm_pcts"]["99"] for arm in acc for r in runs[arm]) == pytest.approx(2.3, abs=0.05)

@@ -5,21 +5,17 @@ docs/degeneracy.md §4 and the README quote, recomputed from the committed runs.
 from __future__ import annotations
 
 import json
-import pathlib
-import sys
 
+import benchmark_module
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-OUT = REPO / "benchmarks" / "results" / "degeneracy" / "real2"
+OUT = benchmark_module.BENCHMARKS / "results" / "degeneracy" / "real2"
 
 
 @pytest.fixture(scope="module")
 def analysis():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import degeneracy_real2_analysis
-
-    return degeneracy_real2_analysis
+    benchmark_module.load("study_stats")  # first: the analysis imports it by name
+    return benchmark_module.load("degeneracy_real2_analysis")
 
 
 def _mean(runs: list[dict], f) -> float:
