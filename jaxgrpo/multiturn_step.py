@@ -174,11 +174,16 @@ class MultiTurn:
         self.rollout_stats: dict[str, float] = {}
 
     def check_context(self, model_config: models.ModelConfig, examples: Sequence[Example]) -> None:
-        """`ConfigError` when the longest prompt, rendered with the tools' description, leaves no room for a turn
-        (also instantiates and resets the environment once: a broken class fails here, before any step)."""
+        """`ConfigError` when the longest prompt, rendered with the tools' description, leaves no room for a turn, or
+        when the chat template cannot append a tool reply to a token history (`ChatFormat.reply_tokens`); also
+        instantiates and resets the environment once: a broken class fails here, before any step."""
         (episode,) = self.toolbox.episodes(examples[:1])
         self.schemas = episode.schemas  # the tools' JSON schemas (the same for every episode)
         chat = ChatFormat(self.tokenizer, episode.schemas, self.cfg.data.system_prompt)
+        if episode.schemas:  # the template's rules around a tool reply, checked before the first step's turns
+            name = episode.schemas[0]["function"]["name"]
+            chat.reply_tokens(chat.prompt_messages(examples[0].prompt, episode.observation),
+                              [{"role": "tool", "name": name, "content": "0"}], None)  # fmt: skip
         # the rendered lengths of the 64 longest prompts (in characters) and of 512 drawn at random (seeded): the
         # run's widths (the longest) and its packed-width ladder (their distribution), at a bounded cost
         by_chars = np.argsort([-len(e.prompt) for e in examples], kind="stable")[:64]

@@ -124,10 +124,33 @@ def test_tools_go_to_a_template_that_renders_them(tok):
     assert "<|im_start|>user\nhi\n\nInitial observation<|im_end|>" in text
 
 
-def test_template_that_rewrites_the_history_is_rejected(tok):
-    counting = "{{ messages | length }}" + THINK_DROPPING_TEMPLATE
-    fmt = H.ChatFormat(with_template(tok, counting), SCHEMAS)
-    with pytest.raises(ConfigError, match="not prefix-stable"):
+def test_templates_that_rewrite_what_precedes_the_turn_append_the_same_reply(tok):
+    # Qwen3 writes an empty think block into the last assistant turn only, so the stand-in conversation is not
+    # prefix-stable (A has the block, B does not); a template may also rewrite the conversation's start. Neither
+    # touches what the policy saw, and the tokens after its turn are the same as under SmolLM2's template.
+    last_turn_think = THINK_DROPPING_TEMPLATE.replace(
+        "<|im_start|>{{ m.role }}\n{{ c }}",
+        "<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and loop.last %}<think>\n\n</think>\n\n{% endif %}{{ c }}")
+    assert last_turn_think != THINK_DROPPING_TEMPLATE
+    tool_msgs = [{"role": "tool", "name": "calculator", "content": "84"}]
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    for template in (last_turn_think, "{{ messages | length }}" + THINK_DROPPING_TEMPLATE):
+        fmt = H.ChatFormat(with_template(tok, template), SCHEMAS)
+        msgs = fmt.prompt_messages("What is 12 times 7?")
+        a = fmt.render([*msgs, {"role": "assistant", "content": "x"}], False)
+        assert not fmt.render([*msgs, {"role": "assistant", "content": "x"}, *tool_msgs], True).startswith(a)
+        reply = fmt.reply_tokens(msgs, tool_msgs, end)
+        assert tok.decode(reply) == "\n<|im_start|>tool\n84<|im_end|>\n<|im_start|>assistant\n"
+        assert tok.decode(fmt.reply_tokens(msgs, tool_msgs, None)).startswith("<|im_end|>\n<|im_start|>tool")
+
+
+def test_template_that_closes_a_turn_before_tool_messages_differently_is_rejected(tok):
+    # a last assistant turn ends with <|im_end|> (what the policy samples), one followed by tools with <|endoftext|>
+    closing = THINK_DROPPING_TEMPLATE.replace(
+        "{{ c }}<|im_end|>", "{{ c }}{% if m.role == 'assistant' and not loop.last %}<|endoftext|>{% else %}<|im_end|>"
+        "{% endif %}")
+    fmt = H.ChatFormat(with_template(tok, closing), SCHEMAS)
+    with pytest.raises(ConfigError, match="closes an assistant turn followed by tool messages differently"):
         fmt.reply_tokens(fmt.prompt_messages("q"), [{"role": "tool", "content": "1"}], None)
 
 

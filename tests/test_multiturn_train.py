@@ -17,6 +17,7 @@ A tiny random model with SmolLM2's tokenizer and chat template (one compiled sha
 
 from __future__ import annotations
 
+import copy
 import json
 import pathlib
 import re
@@ -272,6 +273,24 @@ def test_a_prompt_with_the_tools_description_that_leaves_no_room_is_one_line(smo
     mcfg = build.tiny_model_config(cfg, tok)
     with pytest.raises(config_lib.ConfigError, match=r"with the tools' description is \d+ tokens.*\(128\)") as e:
         multiturn_step.MultiTurn(cfg, tok, mcfg, build.eos_ids(mcfg, tok), examples)
+    assert "\n" not in str(e.value)
+
+
+def test_a_template_that_cannot_append_tool_replies_fails_before_any_step(smollm2_gguf, tok):
+    """A template that closes an assistant turn followed by tool messages with another token than a last one: the
+    reply could not follow the policy's end-of-turn token, so the run stops at startup with one line."""
+    from jaxgrpo import build
+
+    closing = tok.chat_template.replace("'<|im_end|>' + '\n'", "('<|endoftext|>' if message['role'] == 'assistant' "
+                                        "and not loop.last else '<|im_end|>') + '\n'")  # fmt: skip
+    assert closing != tok.chat_template
+    bad = copy.deepcopy(tok)
+    bad.chat_template = closing
+    cfg = small(smollm2_gguf)
+    examples = trainer.data_lib.load_dataset(cfg.data, cfg.seed)[:2]
+    mcfg = build.tiny_model_config(cfg, tok)
+    with pytest.raises(config_lib.ConfigError, match="closes an assistant turn followed by tool messages") as e:
+        multiturn_step.MultiTurn(cfg, bad, mcfg, build.eos_ids(mcfg, tok), examples)
     assert "\n" not in str(e.value)
 
 

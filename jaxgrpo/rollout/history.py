@@ -7,14 +7,15 @@ stand-in conversation by the tokenizer's own chat template::
 
     A  = render(prompt + [assistant "<stand-in>"])                          (no generation prompt)
     B  = render(prompt + [assistant "<stand-in>"] + tool messages, add_generation_prompt=True)
-    delta = close + B[len(A):]
+    delta = B after the stand-in's content, less the end-of-turn token the policy already sampled
 
-where ``close`` is the text the template writes after an assistant message's content (e.g. ``<|im_end|>\\n``),
-less the end-of-turn token the policy already sampled. This needs the template to be prefix-stable only around
-the stand-in turn (B starts with A; checked), not over the real conversation: a template that rewrites earlier
-turns (Qwen3 drops earlier reasoning) changes nothing already in the history, which is what the policy saw. Where
-the template is prefix-stable over the whole conversation, the history equals a from-scratch tokenization of it
-(when the policy's tokens are the tokenizer's own encoding of its text).
+This needs the template to write the stand-in's content as it is and to close it the same way whether it is the last
+message (A: ``close``, the text after the content, e.g. ``<|im_end|>\\n``, whose first token ends a policy turn) or
+followed by tool messages (B after the content starts with ``close``; checked). It does not need the conversation to
+be prefix-stable: what the template writes before the content changes nothing already in the history, which is what
+the policy saw -- Qwen3's drops earlier turns' reasoning, and writes an empty ``<think></think>`` block into the
+last assistant turn only. Where the template is prefix-stable over the whole conversation, the history equals a
+from-scratch tokenization of it (when the policy's tokens are the tokenizer's own encoding of its text).
 
 `TurnHistory` keeps the completion region (everything after the first prompt) with an action mask (True: the policy
 sampled the token) and the sampler's log-probs (0 on context tokens); `to_rows` pads a group of them into the
@@ -113,16 +114,20 @@ class ChatFormat:
         """The tokens that follow a policy turn ending in ``last_token``: the end of the assistant turn the policy did
         not write itself, the ``replies`` (tool or user messages) and the next generation prompt."""
         turn = {"role": "assistant", "content": _STANDIN}
-        a, close = self._closed_turn(prompt)
+        close = self._closed_turn(prompt)[1]
+        a0 = self.render(prompt, True)
         b = self.render([*prompt, turn, *replies], True)
-        if not b.startswith(a):
-            raise ConfigError("the chat template is not prefix-stable around an assistant turn followed by tool "
-                              "messages; multi-turn rollouts cannot append replies to the token history")  # fmt: skip
+        at = b.find(_STANDIN, len(a0) if b.startswith(a0) else 0)
+        after = b[at + len(_STANDIN) :] if at >= 0 else ""
+        if at < 0 or not after.startswith(close):
+            raise ConfigError(f"the chat template closes an assistant turn followed by tool messages differently from "
+                              f"a last one ({after[: len(close)]!r}, not {close!r}); multi-turn rollouts cannot "
+                              "append replies to the token history with it")  # fmt: skip
         if last_token is not None:
             last = self.tok.decode([last_token])
             if last and close.startswith(last):  # the policy already wrote the end-of-turn token
-                close = close[len(last) :]
-        return self.encode(close + b[len(a) :])
+                after = after[len(last) :]
+        return self.encode(after)
 
 
 @dataclasses.dataclass
