@@ -130,7 +130,8 @@ def test_templates_that_rewrite_what_precedes_the_turn_append_the_same_reply(tok
     # touches what the policy saw, and the tokens after its turn are the same as under SmolLM2's template.
     last_turn_think = THINK_DROPPING_TEMPLATE.replace(
         "<|im_start|>{{ m.role }}\n{{ c }}",
-        "<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and loop.last %}<think>\n\n</think>\n\n{% endif %}{{ c }}")
+        "<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and loop.last %}<think>\n\n</think>\n\n{% endif %}"
+        "{{ c }}")
     assert last_turn_think != THINK_DROPPING_TEMPLATE
     tool_msgs = [{"role": "tool", "name": "calculator", "content": "84"}]
     end = tok.convert_tokens_to_ids("<|im_end|>")
