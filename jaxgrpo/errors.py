@@ -20,7 +20,8 @@ class DataError(ConfigError):
 
 
 class RewardError(RuntimeError):
-    """A reward function failed (raised, or returned something that is not a finite real number).
+    """A reward function failed (raised, or returned something that is not a finite real number), or calls of a
+    reward function or a multi-turn tool hang past their timeout.
 
     ``advice``, when given, is what to do about it; it ends the one-line message (``"{message}: {advice}"``) so that a
     caller can add what it did (e.g. the checkpoint it saved) to ``message`` and keep the advice last."""

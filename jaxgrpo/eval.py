@@ -46,7 +46,7 @@ from jaxgrpo import data as data_lib
 from jaxgrpo import rewards as rewards_lib
 from jaxgrpo.build import Params, Tokenizer
 from jaxgrpo.config import Config, DataConfig
-from jaxgrpo.errors import CheckpointError, ConfigError, cli_error
+from jaxgrpo.errors import CheckpointError, ConfigError, RewardError, cli_error
 from jaxgrpo.eval_report import format_summary, write_report
 from jaxgrpo.eval_stats import degenerate_probability, pass_at_k_unbiased
 from jaxgrpo.example import Example
@@ -445,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             out = pathlib.Path("eval") / f"{config_lib.config_name(config_path)}-{args.split}"
         paths = write_report(result, out)
-    except (ConfigError, CheckpointError, ValueError, FileNotFoundError) as e:
+    except (ConfigError, CheckpointError, RewardError, ValueError, FileNotFoundError) as e:
         return cli_error(str(e))
     print(format_summary(result))
     for p in paths:

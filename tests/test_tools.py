@@ -204,6 +204,98 @@ def test_runner_truncates_long_replies_and_rejects_bad_timeout():
         T.ToolRunner(timeout=0)
 
 
+def test_one_trajectorys_calls_run_in_order_and_never_side_by_side():
+    """A stateful tool (an environment's method): each trajectory's three calls see the state the previous call left,
+    with four workers free to run them together."""
+    lock, active, log = threading.Lock(), {}, []
+
+    def make_step(env: int):
+        def step(n: int) -> str:
+            """Appends n to this environment's log.
+
+            Args:
+                n: the step number
+            """
+            with lock:
+                active[env] = active.get(env, 0) + 1
+                overlap = active[env] > 1
+            time.sleep(0.05)
+            with lock:
+                log.append((env, n, overlap))
+                active[env] -= 1
+            return str(n)
+
+        return step
+
+    runner = T.ToolRunner(workers=4, timeout=5.0)
+    calls = [[ToolCall("step", {"n": k}) for k in range(3)] for _ in range(2)]
+    out = runner.run(calls, [{"step": make_step(0)}, {"step": make_step(1)}])
+    runner.close()
+    assert [[r.content for r in row] for row in out] == [["0", "1", "2"]] * 2
+    assert not any(overlap for _, _, overlap in log)
+    assert [n for env, n, _ in log if env == 0] == [0, 1, 2] and [n for env, n, _ in log if env == 1] == [0, 1, 2]
+
+
+def test_a_timed_out_call_stops_the_trajectorys_later_calls_of_the_turn():
+    release, ran = threading.Event(), []
+
+    def hang() -> str:
+        """Never returns in time."""
+        release.wait(5)
+        return "late"
+
+    def note(x: int) -> str:
+        """Records x.
+
+        Args:
+            x: anything
+        """
+        ran.append(x)
+        return str(x)
+
+    runner = T.ToolRunner(workers=2, timeout=0.2)
+    tools = {"hang": hang, "note": note}
+    out = runner.run([[ToolCall("hang", {}), ToolCall("note", {"x": 1})], [ToolCall("note", {"x": 2})]], [tools] * 2)
+    release.set()
+    runner.close()
+    assert out[0][0].timed_out and out[0][1].error and not out[0][1].timed_out
+    assert out[0][1].content == "Error: note was not run: the call of hang before it in this turn timed out."
+    assert out[1][0].content == "2" and ran == [2]
+
+
+def test_tools_that_hang_stop_the_run_with_one_line_once_too_many_are_stuck():
+    from jaxgrpo.errors import RewardError
+
+    release = threading.Event()
+
+    def hang() -> str:
+        """Never returns in time."""
+        release.wait(5)
+        return "late"
+
+    runner = T.ToolRunner(workers=1, timeout=0.05)
+    runner.pool.stuck_limit = 2
+    try:
+        runner.run([[ToolCall("hang", {})]], [{"hang": hang}])  # one abandoned call: below the limit
+        with pytest.raises(RewardError, match=r"^2 calls of tool 'hang' are still running long past "
+                                              r"rollout.tool_timeout=0.05s: the tool hangs: fix it") as e:  # fmt: skip
+            runner.run([[ToolCall("hang", {})]], [{"hang": hang}])
+        assert "\n" not in str(e.value)
+    finally:
+        release.set()
+        runner.close()
+
+
+def test_error_replies_are_capped_like_replies():
+    def boom() -> str:
+        """Raises with a long message."""
+        raise ValueError("y" * 500)
+
+    (r,), = T.ToolRunner(workers=0, timeout=None, max_chars=40).run([[ToolCall("boom", {})]], [{"boom": boom}])
+    assert r.error and r.content.startswith("Error: boom raised ValueError: yyyyyyyy") and len(r.content) < 80
+    assert r.content.endswith(f"... [truncated {len('Error: boom raised ValueError: ') + 500 - 40} characters]")
+
+
 @pytest.mark.parametrize(
     "expression,value",
     [("12*7", "84"), ("(12 + 7) * 3", "57"), ("7 / 2", "3.5"), ("8 / 2", "4"), ("-3 ** 2", "-9"), ("17 // 5", "3"),

@@ -17,7 +17,7 @@ Call formats parsed from a policy turn's text (`parse_tool_calls`):
 A call that cannot be parsed or run is never an exception: it becomes a `MalformedCall`, and `ToolRunner` answers
 it (and unknown tools, bad arguments, a tool that raises, times out, or returns something that is not text) with an
 error message the model sees as the tool's reply. Tools run in `jaxgrpo.reward_pool.RewardPool` worker threads
-with a per-call timeout (``rollout.tool_timeout``).
+with a per-call timeout (``rollout.tool_timeout``), one trajectory's calls in the order written (`ToolRunner.run`).
 
 `calculator` is a built-in tool (``data.tools: [jaxgrpo.rollout.tools:calculator]``): arithmetic on numbers, parsed
 with `ast` (no ``eval``); errors are the model's replies like any tool's.
@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from transformers.utils import get_json_schema
 
-from jaxgrpo.errors import ConfigError
+from jaxgrpo.errors import ConfigError, RewardError
 from jaxgrpo.reward_pool import RewardPool
 
 CallFormat = Literal["hermes", "llama3"]
@@ -244,7 +244,10 @@ def calculator(expression: str) -> str:
 class ToolRunner:
     """Runs the calls of many trajectories at once in worker threads, each cut off after ``timeout`` seconds.
 
-    ``workers = 0`` runs them in the calling thread (no timeout possible). ``max_chars`` caps each reply's length.
+    ``workers = 0`` runs them in the calling thread (no timeout possible). ``max_chars`` caps each reply's length,
+    error replies included. A call past its timeout is abandoned where it is (a thread cannot be killed); once
+    ``stuck_limit`` abandoned calls are still running (`jaxgrpo.reward_pool.RewardPool`), `run` stops the run with a
+    one-line `RewardError` naming the tools that hang.
     """
 
     def __init__(self, workers: int = 4, timeout: float | None = 10.0, max_chars: int = 2000):
@@ -258,29 +261,48 @@ class ToolRunner:
         calls: Sequence[Sequence[ToolCall | MalformedCall]],
         tools: Sequence[dict[str, Tool]],
     ) -> list[list[ToolResult]]:
-        """``calls[i]`` of trajectory i against its own tools ``tools[i]`` (name -> callable); replies in order."""
+        """``calls[i]`` of trajectory i against its own tools ``tools[i]`` (name -> callable); replies in order.
+
+        One trajectory's calls run one after another, in the order written (its tools may share an environment's
+        state); different trajectories' run side by side: the k-th calls of every trajectory together, then the
+        (k+1)-th. After a call of trajectory i timed out, its later calls of the turn are not run (the abandoned
+        call may still be changing its environment); each answers so."""
         out: list[list[ToolResult | None]] = [[None] * len(c) for c in calls]
-        jobs, where = [], []
-        for i, (cs, ts) in enumerate(zip(calls, tools, strict=True)):
-            for j, c in enumerate(cs):
+        stalled: dict[int, str] = {}  # trajectory -> the tool whose call timed out
+        error = lambda name, text: ToolResult(name, _render(text, self.max_chars), True)  # noqa: E731
+        for k in range(max((len(c) for c in calls), default=0)):
+            jobs, where = [], []
+            for i, (cs, ts) in enumerate(zip(calls, tools, strict=True)):
+                if k >= len(cs):
+                    continue
+                c = cs[k]
                 if isinstance(c, MalformedCall):
-                    out[i][j] = ToolResult("error", f"Error: {c.error}. Write the call as the tool format asks.", True)
+                    out[i][k] = error("error", f"Error: {c.error}. Write the call as the tool format asks.")
+                elif i in stalled:
+                    out[i][k] = error(c.name, f"Error: {c.name} was not run: the call of {stalled[i]} before it in "
+                                      "this turn timed out.")  # fmt: skip
                 elif c.name not in ts:
                     names = ", ".join(sorted(ts)) or "none"
-                    out[i][j] = ToolResult(c.name, f"Error: unknown tool {c.name!r}; the tools are: {names}.", True)
+                    out[i][k] = error(c.name, f"Error: unknown tool {c.name!r}; the tools are: {names}.")
                 else:
                     jobs.append(lambda fn=ts[c.name], c=c: _render(_invoke(fn, c), self.max_chars))
-                    where.append((i, j, c.name))
-        results = self.pool.run(jobs, labels=[name for _, _, name in where]) if jobs else []
-        for (i, j, name), r in zip(where, results, strict=True):
-            if r.timed_out:
-                out[i][j] = ToolResult(name, f"Error: {name} timed out after {self.timeout} s.", True, True)
-            elif isinstance(r.error, _BadArguments):
-                out[i][j] = ToolResult(name, f"Error: bad arguments for {name}: {r.error}.", True)
-            elif r.error is not None:
-                out[i][j] = ToolResult(name, f"Error: {name} raised {type(r.error).__name__}: {r.error}", True)
-            else:
-                out[i][j] = ToolResult(name, r.value)
+                    where.append((i, c.name))
+            results = self.pool.run(jobs, labels=[name for _, name in where]) if jobs else []
+            for (i, name), r in zip(where, results, strict=True):
+                if r.timed_out:
+                    stalled[i] = name
+                    out[i][k] = ToolResult(name, f"Error: {name} timed out after {self.timeout} s.", True, True)
+                elif isinstance(r.error, _BadArguments):
+                    out[i][k] = error(name, f"Error: bad arguments for {name}: {r.error}.")
+                elif r.error is not None:
+                    out[i][k] = error(name, f"Error: {name} raised {type(r.error).__name__}: {r.error}")
+                else:
+                    out[i][k] = ToolResult(name, r.value)
+            stuck = self.pool.stuck
+            if sum(stuck.values()) >= self.pool.stuck_limit:
+                raise RewardError(f"{sum(stuck.values())} calls of tool {', '.join(map(repr, stuck))} are still "
+                                  f"running long past rollout.tool_timeout={self.timeout:g}s: the tool hangs",
+                                  "fix it so that every call returns")  # fmt: skip
         return out  # type: ignore[return-value]
 
     def close(self) -> None:
