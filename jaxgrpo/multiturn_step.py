@@ -288,9 +288,10 @@ class MultiTurn:
 
 
 def trajectory_lengths(histories: Sequence[Any]) -> np.ndarray:
-    """Each trajectory's tokens after its prompt (policy, template and tool tokens): what ``max_total_tokens``, the
-    token budget, counts, and so what DAPO's overlong shaping measures on a multi-turn run."""
-    return np.array([len(h.tokens) for h in histories])
+    """Each trajectory's tokens after its own prompt (policy, template and tool tokens): what ``max_total_tokens``,
+    the token budget, counts, and so what DAPO's overlong shaping measures on a multi-turn run (a row whose first
+    observation made its prompt longer than the group's shared one carries that rest as context, not counted)."""
+    return np.array([len(h.tokens) - h.prompt_rest for h in histories])
 
 
 def step_metrics(scored: Scored, group_size: int) -> dict[str, float]:

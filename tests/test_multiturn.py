@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxgrpo import models, sampling
+from jaxgrpo import models, multiturn_step, sampling
 from jaxgrpo.config import AlgoConfig
 from jaxgrpo.learner.batch import check_batch, multiturn_batch
 from jaxgrpo.rollout import multiturn as MT
@@ -104,6 +104,33 @@ def test_scripted_turn_loop_histories_counts_and_batch(tok):
     assert am[0].sum() == sum(h[0].action) and not am[0, len(h[0].tokens) :].any()
 
 
+def test_an_answer_cut_at_max_new_tokens_is_scored_as_written_and_truncated(tok):
+    """Row 0 answers in 8 tokens and its end-of-turn token; row 1's answer runs past max_new_tokens = 12 (no
+    end-of-turn token): scored as written (its first 12 tokens), truncated, as a single-turn completion that hits
+    max_new_tokens; row 2's call is cut off the same way: still a call (answered as malformed), so the trajectory goes
+    on to its answer and is not truncated."""
+    long = "Twelve times seven: first add twelve seven times over, which gives eighty-four in the end."
+    script = [[ANSWER], [long], [CALL, ANSWER]]
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    assert len(enc(ANSWER)) + 1 <= 12 < min(len(enc(long)), len(enc(CALL)))
+    box = Toolbox(None, [calculator])
+    examples = [{"prompt": f"What is 12 times 7? ({i})", "answer": "84"} for i in range(len(script))]
+    generate, starts = scripted_generate(tok, script)
+    chat = ChatFormat(tok, box.episodes(examples[:1])[0].schemas)
+    for r, ex in enumerate(examples):
+        starts[r] = chat.prompt_tokens(chat.prompt_messages(ex["prompt"]))
+    config = models.ModelConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                                num_kv_heads=1, max_position_embeddings=2048)  # fmt: skip
+    out = MT.rollout(config, None, tok, box, ToolRunner(workers=1, timeout=5.0), examples, group_size=1,
+                     settings=MT.TurnSettings(max_turns=3, max_new_tokens=12, max_total_tokens=400),
+                     eos_token_ids=[tok.convert_tokens_to_ids("<|im_end|>")], key=jax.random.key(0),
+                     generate=generate)  # fmt: skip
+    h = out.histories
+    assert [x.truncated for x in h] == [False, True, False] and [x.turns for x in h] == [1, 1, 2]
+    assert out.answers == [ANSWER, tok.decode(enc(long)[:12]), ANSWER]
+    assert h[2].tool_calls == h[2].tool_errors == 1 and out.messages[2][-2]["content"].startswith("Error: invalid JSON")
+
+
 @pytest.mark.slow
 def test_turn_loop_on_the_real_sampler(tok):
     """Tiny random model with SmolLM2's vocabulary: the loop runs `sampling.generate` turn after turn."""
@@ -145,6 +172,8 @@ def test_regroup_takes_the_shared_prompt_again_and_pads_each_group():
         ([7, 10], [False, True], [0.0, -0.5]), ([7, 11], [False, True], [0.0, -0.5]),
         ([8, 9, 12], [False, False, True], [0.0, 0.0, -0.5]), ([8, 9, 13], [False, False, True], [0.0, 0.0, -0.5])]
     assert [(x.prompt, x.tokens) for x in h[4:]] == [([5, 6], [14]), ([5, 6], [15]), ([5, 6], []), ([5, 6], [])]
+    # the budget counts tokens after each row's own prompt: the moved rest of A's rows is not among them
+    assert multiturn_step.trajectory_lengths(h).tolist() == [1, 1, 1, 1, 1, 1, 0, 0]
     assert got.answers == ["a0", "a1", "a2", "a3", "b0", "b1", "", ""] and got.messages[6:] == [[], []]
     batch = multiturn_batch(got, np.zeros((2, 4), np.float32), real, 4, 4)  # padding rows: nothing in the loss
     np.testing.assert_array_equal(np.asarray(batch.completion_mask).sum(-1), [2, 2, 3, 3, 1, 1, 0, 0])

@@ -225,7 +225,9 @@ def test_greedy_histories_equal_the_simple_loop(params, budget):
     if budget == 300:  # the paths the comparison covers
         assert len({h.turns for h in hs}) > 1  # rows finish at different turns
         assert sum(h.tool_errors for h in hs) > 0 and sum(h.tool_timeouts for h in hs) > 0  # raised, hung: answered
-        assert any(not h.truncated for h in hs) and any(h.truncated and h.turns == 3 for h in hs)  # max_turns
+        # rows that answer before max_turns (a random model's 6-token answer is cut off, so truncated too), rows
+        # stopped by max_turns
+        assert any(h.turns < 3 and h.tool_calls < h.turns for h in hs) and any(h.truncated and h.turns == 3 for h in hs)
     else:  # the token budget cuts a trajectory before its last turn
         assert any(h.truncated and h.turns < 3 for h in hs) and max(len(h.tokens) for h in hs) <= budget
 

@@ -143,7 +143,8 @@ class TurnHistory:
     tool_errors: int = 0
     tool_timeouts: int = 0
     done: bool = False
-    truncated: bool = False  # stopped by max_turns or max_total_tokens, not by an answer
+    truncated: bool = False  # stopped by a limit (max_turns, the token budget, the context), or its answer cut off
+    prompt_rest: int = 0  # the first tokens of `tokens`: its own prompt past the group's shared one (context)
 
     def add_policy(self, tokens: Sequence[int], logprobs: Sequence[float]) -> None:
         """Appends a policy turn's sampled tokens (never re-tokenized) and their sampler log-probs."""

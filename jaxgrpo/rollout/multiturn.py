@@ -95,7 +95,7 @@ def _shared_prompts(histories: list[TurnHistory], sizes: Sequence[int]) -> list[
         for h in rows:
             rest, h.prompt = h.prompt[n:], h.prompt[:n]
             h.tokens, h.action = rest + h.tokens, [False] * len(rest) + h.action
-            h.logprobs = [0.0] * len(rest) + h.logprobs
+            h.logprobs, h.prompt_rest = [0.0] * len(rest) + h.logprobs, h.prompt_rest + len(rest)
         prompts.append(rows[0].prompt)
     return prompts
 
@@ -152,7 +152,9 @@ class Trajectories:
     def end_turn(self, i: int, tokens: Sequence[int], logprobs: Sequence[float], settings: TurnSettings,
                  eos_token_ids: Sequence[int]) -> tuple[list[Any], int | None] | None:  # fmt: skip
         """Append a policy turn (cut at the token budget) to trajectory ``i``; returns its tool calls and its
-        end-of-turn token (None: cut off) when tools are to run, None when the trajectory is done."""
+        end-of-turn token (None: cut off) when tools are to run, None when the trajectory is done. A turn without a
+        call is the answer; cut off before its end-of-turn token (``max_new_tokens`` or the budget), it is scored as
+        written and the trajectory is truncated, as a single-turn completion that hits ``max_new_tokens``."""
         h = self.hist[i]
         n = min(len(tokens), settings.budget - len(h.tokens))
         toks = [int(t) for t in tokens[:n]]
@@ -160,13 +162,14 @@ class Trajectories:
         text = self.chat.tok.decode(toks, skip_special_tokens=True)
         found = parse_tool_calls(text, self.chat.format)
         self.messages[i].append({"role": "assistant", "content": text})
+        last = toks[-1] if n > 0 and toks[-1] in eos_token_ids else None
         if not found:
-            h.done, self.answers[i] = True, text
+            h.done, h.truncated, self.answers[i] = True, last is None, text
         elif h.turns >= settings.max_turns or len(h.tokens) >= settings.budget:
             h.done = h.truncated = True
         if h.done:
             return None
-        return found, (toks[-1] if n > 0 and toks[-1] in eos_token_ids else None)
+        return found, last
 
     def add_replies(self, i: int, found: Sequence[Any], results: Sequence[Any], last: int | None,
                     settings: TurnSettings) -> list[int] | None:  # fmt: skip
