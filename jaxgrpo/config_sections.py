@@ -111,8 +111,9 @@ class RolloutConfig:
     # degeneracy-aware scheduling (jaxgrpo.scheduler, docs/degeneracy.md §4): none = every drawn prompt gets G samples;
     # skip = a prompt whose last z groups were all-pass (or all-fail) is skipped with probability
     # 1 - max(schedule_explore^z, schedule_min_keep) (GRESO); adaptive = G_i from the prompt's estimated success
-    # rate p: multiples of schedule_min_group up to group_size, ∝ sqrt(p(1-p)), at most schedule_budget samples a
-    # step (0 = prompts_per_step × group_size); skip+adaptive = both. The history is checkpointed.
+    # rate p: multiples of schedule_min_group up to group_size, ∝ sqrt(p(1-p)), at most schedule_budget samples per
+    # round, each resampling round its own (0 = prompts_per_step × group_size); skip+adaptive = both. The history is
+    # checkpointed.
     schedule: RolloutSchedule = "none"
     schedule_explore: float = 0.5
     schedule_min_keep: float = 0.01

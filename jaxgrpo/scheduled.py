@@ -2,8 +2,9 @@
 """One step's rollout under a degeneracy-aware schedule (``rollout.schedule != none``): the trainer's glue around
 `jaxgrpo.scheduler`.
 
-Per round: the scheduler picks P prompts from the prompt iterator (skipping predicted-degenerate ones, GRESO) and a
-group size for each (adaptive G); the groups are sampled, scored, and, with ``algo.degenerate_groups=resample``,
+Per round: the scheduler picks P prompts (no prompt twice) from the prompt iterator (skipping predicted-degenerate ones,
+GRESO) and a group size for each (adaptive G, at most ``rollout.schedule_budget`` samples per round: each resampling
+round its own); the groups are sampled, scored, and, with ``algo.degenerate_groups=resample``,
 rounds repeat until P informative groups are held or ``algo.resample_max_rounds`` rounds were drawn (as the
 trainer's own round-based dynamic sampling; on the engine it is done at the group level: `stream` with ``skip``
 alone, `stream_sized` with ``adaptive``).
@@ -73,8 +74,9 @@ def rollout(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, floa
 
 
 def draw_round(tr: Any, step: int, r: int, skipped: list[int]) -> list[int]:
-    """Round ``r``'s P prompts as the schedule keeps them (the skip rule's draws, ``default_rng([seed, step, r])``);
-    the prompts it skipped are added to ``skipped[0]``."""
+    """Round ``r``'s P prompts as the schedule keeps them (the skip rule's draws, ``default_rng([seed, step, r,
+    37])``; `jaxgrpo.scheduler.Scheduler.select`: no prompt twice when the data set holds at least P); the prompts it
+    skipped are added to ``skipped[0]``."""
     want = tr.cfg.rollout.prompts_per_step
     kept, skip = tr.scheduler.select(lambda n: tr.iterator.next_batch(n), want, step, r,
                                      max_draws=max(100 * want, len(tr.examples)))  # fmt: skip
@@ -138,7 +140,7 @@ def stream(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, float
     """``skip`` with ``degenerate_groups=resample`` on the engine: dynamic sampling at the group level
     (`jaxgrpo.groups.stream_groups`, as `jaxgrpo.dynamic_sampling.stream_resample`) with the schedule's admission. Each
     round's P prompts are picked by the skip rule (the same draws as the round-based path: ``default_rng([seed, step,
-    round])``) when slots free up, each completed group is scored at once, and admission stops when P informative
+    round, 37])``) when slots free up, each completed group is scored at once, and admission stops when P informative
     groups are done or ``algo.resample_max_rounds`` rounds were admitted; groups still in flight are dropped,
     unobserved (the history records the completed groups only)."""
     skipped = [0]

@@ -44,9 +44,9 @@ sigma(p) = sqrt(p (1 - p)), so a prompt gets
 samples, u = ``min_group`` (the floor and the unit: sizes are multiples of u, G_max = ``rollout.group_size`` a
 multiple of u), so a prompt at p = 1/2 (every unseen prompt: the prior) gets all G_max and a prompt predicted flat
 gets the floor. Per sample, a small group of a near-flat prompt finds an informative group about as often as a large
-one (1 - p^G - (1-p)^G grows slower than G), so the samples saved cost little signal. A per-step total sample
-``budget`` caps the sum: while the sizes exceed it, the group with the most samples per unit of sigma
-(the one furthest above its Neyman share) gives back u samples (never below the floor).
+one (1 - p^G - (1-p)^G grows slower than G), so the samples saved cost little signal. A total sample ``budget``
+per round (each resampling round its own) caps the sum: while the sizes exceed it, the group with the most samples
+per unit of sigma (the one furthest above its Neyman share) gives back u samples (never below the floor).
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class Settings:
     min_keep: float = 0.01  # the least keep probability of a prompt with a long streak
     min_group: int = 2  # the floor and unit of adaptive group sizes
     group_size: int = 8  # G_max: the width of the step's [P, G] arrays
-    budget: int | None = None  # samples per step (adaptive); None = P * G_max
+    budget: int | None = None  # samples per round, each resampling round its own (adaptive); None = P * G_max
     decay: float = 0.9  # forgetting of the Beta estimate per observed group
     window: int = 8  # outcomes kept per prompt
     success_threshold: float = 0.5  # a member succeeds when r >= this
@@ -201,19 +201,31 @@ class Scheduler:
                max_draws: int | None = None) -> tuple[list[int], list[int]]:
         """Prompts for one round: ``draw(n)`` gives the next n prompt indices; each is kept with its keep probability
         until ``want`` are kept. After ``max_draws`` drawn prompts (default ``100 * want``) the rest are kept
-        unconditionally (a data set of prompts that all have long streaks still fills a step). Returns (kept,
-        skipped) in draw order."""
+        unconditionally (a data set of prompts that all have long streaks still fills a step).
+
+        A round's prompts are distinct: the draws may run past the end of the data set (the iterator reshuffles per
+        pass), and a drawn prompt already kept in this round is passed over, without a random draw, neither kept nor
+        skipped (it counts toward ``max_draws``). Only after ``2 * max_draws`` drawn prompts is a repeat kept (a data
+        set of fewer than ``want`` prompts still fills a round). A round in which no kept prompt comes back takes the
+        same random draws and decisions as without this rule. Returns (kept, skipped) in draw order; a prompt skipped,
+        then drawn again, is decided again (and listed in ``skipped`` once per skip)."""
         rng = np.random.default_rng([self.seed, int(step), int(round_), 37])
         limit = 100 * want if max_draws is None else max_draws
         kept: list[int] = []
         skipped: list[int] = []
+        taken: set[int] = set()
+        drawn = 0  # prompts drawn in this round, repeats passed over included
         while len(kept) < want:
-            for i in draw(want - len(kept)):
-                forced = len(kept) + len(skipped) >= limit
-                if forced or rng.random() < self.keep_probability(i):
-                    kept.append(int(i))
+            for i in map(int, draw(want - len(kept))):
+                repeat = i in taken
+                if repeat and drawn < 2 * limit:
+                    pass  # already kept in this round: passed over, no random draw
+                elif repeat or drawn >= limit or rng.random() < self.keep_probability(i):
+                    kept.append(i)
+                    taken.add(i)
                 else:
-                    skipped.append(int(i))
+                    skipped.append(i)
+                drawn += 1
         self.skipped_total += len(skipped)
         return kept, skipped
 
@@ -292,6 +304,10 @@ class Scheduler:
         }
 
     def restore(self, state: dict[str, Any]) -> None:
+        """Puts back a `state` (version 1 or 2; ValueError for another). Without a target (fixed bases) both bases are
+        this run's ``explore`` and nothing is pooled, whatever the state saved: a resume may change
+        ``schedule_explore`` or turn the target off. With a target, the saved bases and pooled counts resume (a
+        version 1 state, from before the bases: both at ``explore``, nothing pooled)."""
         if not isinstance(state, dict) or state.get("version") not in (1, STATE_VERSION):
             got = state.get("version") if isinstance(state, dict) else state
             raise ValueError(f"scheduler state of an unknown version {got!r}; expected version {STATE_VERSION}")
@@ -303,6 +319,9 @@ class Scheduler:
         self.predicted = int(state["predicted"])
         self.predicted_hits = int(state["predicted_hits"])
         self.skipped_total = int(state["skipped_total"])
+        if self.settings.target is None:  # fixed bases: the configured one, not the saved (or adapted) ones
+            self.explore_pass = self.explore_fail = self.settings.explore
+            self.pending = [0, 0, 0]
 
     def to_json(self) -> str:
         return json.dumps(self.state(), sort_keys=True)

@@ -16,7 +16,9 @@ def loop(trainer: Any, logger: metrics_log.MetricsLogger, stop: ckpt_lib.Preempt
     """Steps ``trainer`` (a `jaxgrpo.trainer.Trainer`, which imports this module) until its run is finished
     (`train.steps`, or `train.max_sampled_tokens`) or ``stop`` is set on any process; logs, checkpoints (every
     `checkpoint.every` steps, at the end and on a stop), exports and returns the metrics of the steps it took. A fatal
-    `RewardError` checkpoints the last completed step first."""
+    `RewardError` checkpoints the last completed step first, with the prompt iterator's position and the schedule's
+    skip count (`schedule_skips`) put back to where they were before the failed step, so the resumed run draws (and
+    counts the skips of) that step once."""
     cfg = trainer.cfg
     history = []
     step = trainer.start_step
@@ -32,13 +34,15 @@ def loop(trainer: Any, logger: metrics_log.MetricsLogger, stop: ckpt_lib.Preempt
         logger.log(0, trainer.retain(0))  # step 0: the starting point of every retain/* curve, before any update
     preempted = False
     while not finished():
-        position, state = trainer.iterator.state(), trainer.state
+        position, state, skips = trainer.iterator.state(), trainer.state, schedule_skips(trainer)
         try:
             metrics = trainer.step(step)
         except rewards.RewardError as e:
             if trainer.state is not state:  # failed after the update: nothing consistent to save
                 raise
             trainer.iterator.restore(position)  # the resumed run draws this step's prompts again
+            if skips is not None:  # ... and counts its skips again
+                trainer.scheduler.skipped_total = skips
             save()
             trainer.ckpt.wait()
             raise rewards.RewardError(
@@ -70,3 +74,12 @@ def loop(trainer: Any, logger: metrics_log.MetricsLogger, stop: ckpt_lib.Preempt
     if preempted and not done:
         raise ckpt_lib.Preempted(stop.signal or signal.SIGTERM, step, trainer.run_dir)
     return history
+
+
+def schedule_skips(trainer: Any) -> int | None:
+    """``trainer``'s degeneracy-aware scheduler's ``skipped_total`` (`jaxgrpo.scheduler.Scheduler`): the one part of
+    its state a step changes before it is scored (the skip rule's draws; the per-prompt history is recorded after
+    scoring); None without a scheduler, and while a rollout thread draws ahead (`jaxgrpo.async_rollout`: the thread
+    owns the scheduler, and the checkpoint takes its state as of the last trained step from ``trainer.consumed``)."""
+    sch = getattr(trainer, "scheduler", None)
+    return None if sch is None or getattr(trainer, "producer", None) is not None else sch.skipped_total

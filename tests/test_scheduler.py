@@ -5,9 +5,11 @@ and the trainer wiring (off = today's run, resume = the same history)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import pathlib
+import types
 
 import chex
 import jax
@@ -15,9 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxgrpo import advantages, sampling, scheduled, scheduler
+from jaxgrpo import advantages, sampling, scheduled, scheduler, train_loop
 from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
+from jaxgrpo.errors import RewardError
 from jaxgrpo.groups import Rollout
 
 DATA = pathlib.Path(__file__).parent / "data"
@@ -47,17 +50,68 @@ def test_skip_probability_rejects_a_certain_skip():
 
 def test_a_long_streak_prompt_is_still_sampled_at_the_floor_rate():
     sch = scheduler.Scheduler(scheduler.Settings(explore=0.5, min_keep=0.01, group_size=4, min_group=2), seed=3)
-    sch.records[0] = scheduler.Record(streak=-60)  # P_keep = max(0.5^60, 0.01) = 0.01
-    sch.records[1] = scheduler.Record(streak=2)  # P_keep = 0.25
-    for prompt, q in ((0, 0.01), (1, 0.25)):  # the kept fraction of many draws of one prompt: binomial, 5 sd
-        sch.skipped_total = 0
-        kept, skipped = sch.select(lambda k, p=prompt: [p] * k, 400, step=prompt, max_draws=10**9)
+    # P_keep = max(0.5^60, 0.01) = 0.01 and max(0.5^2, 0.01) = 0.25; a new prompt at every draw (a round keeps no
+    # prompt twice), each with that streak; the kept fraction of the draws is binomial: within 5 sd
+    for step, streak, q in ((0, -60, 0.01), (1, 2, 0.25)):
+        fresh = iter(range(10**9))
+
+        def draw(k: int, streak: int = streak, fresh=fresh) -> list[int]:
+            out = [next(fresh) for _ in range(k)]
+            sch.records.update({i: scheduler.Record(streak=streak) for i in out})
+            return out
+
+        sch.records, sch.skipped_total = {}, 0
+        kept, skipped = sch.select(draw, 400, step=step, max_draws=10**9)
         tries = len(kept) + len(skipped)
         assert len(kept) == 400 and sch.skipped_total == len(skipped)
-        assert abs(400 / tries - q) < 5 * math.sqrt(q * (1 - q) / tries), (prompt, 400 / tries)
-    # past max_draws the rest is kept unconditionally: a step always fills
+        assert abs(400 / tries - q) < 5 * math.sqrt(q * (1 - q) / tries), (streak, 400 / tries)
+    # past max_draws the rest is kept unconditionally, past 2 max_draws repeats too: a step always fills
+    sch.records = {0: scheduler.Record(streak=-60)}  # one prompt, drawn again and again
     kept, skipped = sch.select(lambda k: [0] * k, 4, step=9, max_draws=10)
-    assert len(kept) == 4 and len(kept) + len(skipped) <= 10 + 4
+    assert kept == [0] * 4 and len(skipped) <= 10
+
+
+def _cycle(order: list[int]):
+    """A ``draw(k)`` that returns the next k of ``order``, repeated endlessly (a data set drawn pass after pass)."""
+    it = itertools.cycle(order)
+    return lambda k: [next(it) for _ in range(k)]
+
+
+def test_a_round_keeps_no_prompt_twice():
+    """Draws that run past the end of the data set bring back prompts kept earlier in the round: those are passed
+    over (no random draw, not skipped). Keep probabilities of 1 (no history) and 1e-6 (streak -60, min_keep = 1e-6)
+    make the outcome certain for seed 0 (its first 14 uniforms for step 0, round 0 are all >= 0.02)."""
+    sch = scheduler.Scheduler(_settings(min_keep=1e-6))
+    for i in (2, 3, 4, 5):
+        sch.records[i] = scheduler.Record(streak=-60)
+    # draws 0 1 2 3 4 5 | 0 1 2 3 4 5 | 0 1 2 3 4 5 | 0 1 2: 0 and 1 kept, 2-5 skipped three times, the repeats of 0
+    # and 1 passed over, and the 21st draw (2), at max_draws = 20, is kept unconditionally
+    kept, skipped = sch.select(_cycle([0, 1, 2, 3, 4, 5]), 3, step=0, max_draws=20)
+    assert kept == [0, 1, 2] and skipped == [2, 3, 4, 5] * 3 and sch.skipped_total == 12
+    # six prompts at the floor (keep min_keep = 0.01) drawn pass after pass, ~100 draws a kept prompt: the round
+    # holds four different ones
+    floor = scheduler.Scheduler(_settings())
+    floor.records = {i: scheduler.Record(streak=-60) for i in range(6)}
+    for step in range(5):
+        kept, skipped = floor.select(_cycle([0, 1, 2, 3, 4, 5]), 4, step=step)
+        assert len(set(kept)) == len(kept) == 4, (step, kept)
+    # fewer prompts than wanted: 2 prompts of keep 1, want 3; the repeats are passed over until 2 max_draws = 10
+    # prompts were drawn, then kept (draws 0 1 | 0 1 0 1 0 1 0 1 | 0)
+    kept, skipped = scheduler.Scheduler(_settings()).select(_cycle([0, 1]), 3, step=0, max_draws=5)
+    assert kept == [0, 1, 0] and skipped == []
+
+
+def test_a_passed_over_repeat_takes_no_random_draw():
+    """Seed 0, step 0, round 0 draws the uniforms u = 0.294, 0.590, 0.678, 0.059, 0.022, 0.325, ... Prompt 0 (no
+    history) is kept with u0; its repeat is passed over without a uniform; prompts 1-7 (streak 1: keep 0.5) take
+    u1..: 1 (0.590) and 2 (0.678) are skipped, 3 (0.059), 4 (0.022) and 5 (0.325) kept. (Had the repeat taken u1,
+    prompt 1 would take 0.678, 2 would be kept with 0.059 and the round would be [0, 2, 3, 4].)"""
+    sch = scheduler.Scheduler(_settings())
+    for i in range(1, 8):
+        sch.records[i] = scheduler.Record(streak=1)
+    order = iter([0, 0, 1, 2, 3, 4, 5, 6, 7])
+    kept, skipped = sch.select(lambda k: [next(order) for _ in range(k)], 4, step=0)
+    assert kept == [0, 3, 4, 5] and skipped == [1, 2] and sch.skipped_total == 2
 
 
 # -- adaptive group size -----------------------------------------------------------------------------------------------
@@ -322,6 +376,66 @@ def test_skip_composes_with_resample_rounds():
     assert extra["resample/rounds"] == len(tr.sampled)
     assert len(informative) >= 4 or len(tr.sampled) == 6
     assert (np.ptp(roll.rewards, axis=1) > 0).sum() == min(4, len(informative))  # the informative groups first
+
+
+class _LoopTrainer(_StandInTrainer):
+    """What `train_loop.loop` reads of a Trainer, on the stand-in: a step is `scheduled.rollout`; the reward of step
+    ``fail_at`` fails after its prompts were drawn (as a reward function's RewardError in scoring); checkpoints are
+    kept in ``saved``. Every prompt starts with streak 5 (keep max(0.5^5, 0.01) = 1/32), so draws skip."""
+
+    def __init__(self, run_dir: pathlib.Path, fail_at: int | None = None):
+        super().__init__("rollout.schedule=skip", "train.steps=3", "checkpoint.every=0",
+                         "checkpoint.export_final=false", "log.sample_every=0")  # fmt: skip
+        self.scheduler.records = {i: scheduler.Record(streak=5) for i in range(len(self.examples))}
+        self.start_step, self.sampled_tokens, self.retain_sets, self.run_dir = 0, 0, [], run_dir
+        self.state, self.fail_at, self.step_no, self.skipped_in_failed = object(), fail_at, 0, None
+        self.saved: list[tuple[int, dict]] = []
+        self.ckpt = types.SimpleNamespace(save=lambda step, state, extra, force: self.saved.append((step, extra)),
+                                          wait=lambda: None)  # fmt: skip
+
+    def step(self, step: int) -> dict[str, float]:
+        self.step_no = step
+        _, metrics = scheduled.rollout(self, step, jax.random.key(step))
+        self.state = object()  # the update
+        return metrics
+
+    def sample(self, indices, key):
+        if self.step_no == self.fail_at:
+            self.skipped_in_failed = self.scheduler.skipped_total
+            raise RewardError("reward 'f' raised ZeroDivisionError", "fix the reward function")
+        return super().sample(indices, key)
+
+    def saved_state(self):
+        return self.state
+
+    def checkpoint_extra(self) -> dict:
+        return {"iterator": self.iterator.state(), "scheduler": json.loads(self.scheduler.to_json())}
+
+
+def test_a_step_retried_after_a_reward_error_counts_its_skips_once(tmp_path):
+    """A RewardError in step 1 checkpoints step 1 with the iterator's position and the schedule's state of before the
+    failed step (its draws had added their skips to skipped_total); the resumed run's step 1 then equals the
+    uninterrupted run's: the same prompts, the same skips, the same skipped_total."""
+    logger = types.SimpleNamespace(log=lambda step, metrics: None)
+    stop = types.SimpleNamespace(any_process=lambda: False, signal=None)
+    whole = _LoopTrainer(tmp_path / "whole")
+    history = train_loop.loop(whole, logger, stop)
+    assert len(history) == 3 and whole.scheduler.skipped_total == sum(m["schedule/skipped"] for m in history)
+
+    failing = _LoopTrainer(tmp_path / "failed", fail_at=1)
+    with pytest.raises(RewardError, match="step 1 is checkpointed"):
+        train_loop.loop(failing, logger, stop)
+    [(step, extra)] = failing.saved
+    after_step_0 = history[0]["schedule/skipped_total"]
+    assert step == 1 and failing.skipped_in_failed > after_step_0  # step 1's draws skipped before the reward failed
+    assert extra["scheduler"]["skipped_total"] == after_step_0  # ... and the checkpoint does not count them
+    resumed = _LoopTrainer(tmp_path / "failed")
+    resumed.iterator.restore(extra["iterator"])
+    resumed.scheduler.restore(extra["scheduler"])
+    resumed.start_step = step
+    rest = train_loop.loop(resumed, logger, stop)
+    assert [m["schedule/skipped_total"] for m in rest] == [m["schedule/skipped_total"] for m in history[1:]]
+    assert resumed.sampled[0] == whole.sampled[1] and resumed.scheduler.state() == whole.scheduler.state()
 
 
 def test_padded_groups_layout():

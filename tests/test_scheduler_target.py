@@ -92,6 +92,31 @@ def test_bases_round_trip_and_version_1_states_restore():
         again.restore({**sch.state(), "version": 3})
 
 
+def test_a_resume_without_a_target_takes_the_configured_base():
+    """A version-2 state holds bases and pooled counts; a scheduler with fixed bases (no target) restores the history
+    but keeps its own ``explore`` (a resume may change ``schedule_explore`` or turn the target off), nothing pooled."""
+    adapted = _sched(0.25, adapt_groups=3)
+    for groups in ({0: PASS, 1: FAIL}, {0: PASS, 1: FAIL, 2: MIXED}, {2: MIXED, 3: FAIL}):
+        _step(adapted, groups)
+    saved = json.loads(adapted.to_json())
+    # by hand: step 2 pools 3 groups, all-pass and all-fail shares 1/3 >= 1/12 and 2/12: both bases down by 0.01;
+    # step 3 pools 2 groups, one all-fail
+    assert saved["explore"] == [0.49, 0.49] and saved["pending"] == [2, 0, 1]
+    for explore in (0.5, 0.3):  # the target turned off; and schedule_explore changed too
+        fixed = _sched(None, explore=explore)
+        fixed.restore(saved)
+        assert (fixed.explore_pass, fixed.explore_fail, fixed.pending) == (explore, explore, [0, 0, 0])
+        assert fixed.records == adapted.records and fixed.skipped_total == adapted.skipped_total
+        assert fixed.keep_probability(0) == pytest.approx(explore**2, abs=1e-15)  # streak 2: max(explore^2, 0.01)
+    changed = {**saved, "explore": [0.5, 0.5], "pending": [0, 0, 0]}  # fixed bases saved, a new schedule_explore
+    fixed = _sched(None, explore=0.3)
+    fixed.restore(changed)
+    assert (fixed.explore_pass, fixed.explore_fail) == (0.3, 0.3)
+    targeted = _sched(0.25, adapt_groups=3, explore=0.3)  # with a target the saved bases and counts resume
+    targeted.restore(saved)
+    assert (targeted.explore_pass, targeted.explore_fail, targeted.pending) == (0.49, 0.49, [2, 0, 1])
+
+
 @pytest.mark.parametrize("overrides, match", [
     (["rollout.schedule=adaptive", "rollout.schedule_target=0.25"], "skips nothing"),
     (["rollout.schedule_target=0.25"], "schedule='none' skips nothing"),  # not silently ignored
