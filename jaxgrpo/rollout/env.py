@@ -7,7 +7,7 @@ environment_factory works", https://huggingface.co/docs/trl/main/openenv), accep
 * ``__init__(self)`` takes no arguments; one instance per trajectory (`Episode`).
 * ``reset(self, **kwargs)`` is called at the start of the trajectory with the example's fields as keyword arguments
   (only those it names, unless it takes ``**kwargs``) and returns ``None`` or a first observation (text appended to
-  the prompt as a user message).
+  the user's prompt, in the same user message, as TRL does).
 * every other public method (name not starting with ``_``, except ``reset`` and ``get_reward``) is a tool: its
   schema comes from its type hints and docstring (`jaxgrpo.rollout.tools.tool_schema`); an exception it raises is
   the model's tool reply.
