@@ -201,10 +201,12 @@ class MultiTurn:
                 "rollout.max_new_tokens")  # fmt: skip
 
     def sample(self, model_config: models.ModelConfig, params: Any, examples: Sequence[Example], key: jax.Array,
-               scorer: Scorer | None, mesh: Any = None, row_offset: int = 0, group_size: int | None = None
-               ) -> Scored:  # fmt: skip
+               scorer: Scorer | None, mesh: Any = None, row_offset: int = 0, group_size: int | None = None,
+               score_groups: Sequence[int] | None = None) -> Scored:  # fmt: skip
         """G trajectories per example (``group_size``; default ``rollout.group_size``), scored (rewards as in the
-        module docstring). ``mesh``: the simple loop's
+        module docstring; a batched reward function is called once per ``score_groups`` consecutive rows, default
+        once per example's G: an adaptive schedule's sub-groups of one prompt are scored together). ``mesh``: the
+        simple loop's
         sampler runs over its batch axes (`sampling.generate` on the mesh; an asynchronous run's ``mesh.rollout``
         devices), ``params`` placed on it. ``row_offset``: the first trajectory's row in the step's whole rollout
         (a host's share of one split over hosts draws what the whole would)."""
@@ -230,7 +232,8 @@ class MultiTurn:
         if scorer is not None:
             ids = [[t for t, a in zip(h.tokens, h.action) if a] for h in out.histories]
             envs = {"environments": [ep.env for ep in out.episodes]} if self.toolbox.environment is not None else {}
-            rewards, valid, _ = scorer(out.answers, rows, ids, columns=envs)  # TRL's environments= for its rewards
+            rewards, valid, _ = scorer(out.answers, rows, ids, columns=envs,  # TRL's environments= for its rewards
+                                       group_sizes=score_groups or [g] * len(examples))
         if self.env_weight is not None:
             env = np.array([self._env_reward(ep, i, rows[i]) for i, ep in enumerate(out.episodes)])
             valid = valid & np.isfinite(env)
@@ -381,7 +384,7 @@ def sample_sized(trainer: Any, indices: Sequence[int], sizes: Sequence[int], key
     g, unit = trainer.cfg.rollout.group_size, trainer.scheduler.settings.min_group
     expanded = [trainer.examples[i] for i, n in zip(indices, sizes) for _ in range(int(n) // unit)]
     sc = mt.sample(trainer.model_config, trainer.sampler_params(), expanded, key, trainer.scorer,
-                   mesh=trainer.rollout_mesh, group_size=unit)  # fmt: skip
+                   mesh=trainer.rollout_mesh, group_size=unit, score_groups=[int(n) for n in sizes])  # fmt: skip
     out, real = MT.regroup(sc.rollout, [int(n) for n in sizes], g)
     rewards, valid = np.zeros(real.shape, np.float32), np.zeros(real.shape, bool)
     rewards[real], valid[real] = sc.rewards.reshape(-1), sc.valid.reshape(-1)  # both prompt-major

@@ -59,9 +59,10 @@ Mode = Literal["strict", "lenient"]
 MATH_VERIFY_TIMEOUT_S = 5  # Math-Verify's own parse / verify timeouts (seconds), applied in the main thread only
 
 # A number as it appears in text: optional sign (not when glued to a preceding word/digit, so "3-5" yields 5, not
-# -5), optional $, thousands-grouped or plain digits, optional decimals, optional simple fraction, optional %.
+# -5; only glued to what follows, so a markdown bullet "- 42" or "50 - 8" gives 42 and 8), optional $,
+# thousands-grouped or plain digits, optional decimals, optional simple fraction, optional %.
 _NUMBER = (
-    r"(?:(?<![\w)])[-+−])?\$?\s?"
+    r"(?:(?<![\w)])[-+−](?=\$?\.?\d))?\$?\s?"
     r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
     r"(?:\s?/\s?\d+(?:\.\d+)?)?"
     r"%?"
@@ -184,7 +185,7 @@ def gsm8k_lenient(completion: str, example: Example) -> float:
 
 _CONFIDENCE_RES = (
     re.compile(r"<confidence>\s*([^<]*?)\s*</confidence>", re.IGNORECASE),
-    re.compile(r"\bconfidence\s*(?:level)?\s*[:=]\s*([0-9.]+\s*%?)", re.IGNORECASE),
+    re.compile(r"\bconfidence\s*(?:level)?\s*[:=]\s*((?:\d+(?:\.\d+)?|\.\d+)\s*%?)", re.IGNORECASE),
 )
 
 
@@ -262,8 +263,9 @@ def arithmetic_correct(completion: str, example: Example) -> float:
 
 
 def arithmetic_lenient(completion: str, example: Example) -> float:
-    """1.0 iff the completion's leading number (what follows it is ignored) equals the answer as a number."""
-    m = re.match(r"\s*(-?\d+)", _cut_at_eos(completion))
+    """1.0 iff the completion's leading number, read whole (``3.5``, ``3/4`` and ``3,000`` are not 3; what follows it
+    is ignored), equals the answer as a number."""
+    m = _LEADING_NUMBER_RE.match(_cut_at_eos(completion))
     return float(m is not None and normalize_number(m.group(1)) == _gold(example))
 
 

@@ -309,10 +309,13 @@ class Scorer:
 
     def __call__(self, texts: Sequence[str], examples: Sequence[Example],
                  completion_ids: Sequence[Sequence[int]] | None = None,
-                 columns: Mapping[str, Sequence[Any]] | None = None) -> Scores:
+                 columns: Mapping[str, Sequence[Any]] | None = None,
+                 group_sizes: Sequence[int] | None = None) -> Scores:
         """Scores N completions; `examples[i]` is the example `texts[i]` answers (repeat it G times for a group).
         ``columns``: more keyword arguments for batched functions, one entry per completion (TRL's ``environments``:
-        each trajectory's environment instance)."""
+        each trajectory's environment instance). ``group_sizes``: the rows of each group, consecutive (they sum to
+        N); a batched function is then called once per group, whatever their sizes (an adaptive schedule's), else
+        once per ``batch_size`` rows."""
         n = len(texts)
         columns = dict(columns or {})
         for name, col in columns.items():
@@ -322,13 +325,19 @@ class Scorer:
             raise ValueError(f"score: {n} completions but {len(examples)} examples"
                              + ("" if completion_ids is None else f" and {len(completion_ids)} completion_ids")
                              + "; pass one example per row")
+        if group_sizes is not None:
+            ends = np.cumsum([int(g) for g in group_sizes])
+            if (len(ends) and ends[-1] != n) or (not len(ends) and n) or any(int(g) < 0 for g in group_sizes):
+                raise ValueError(f"score: group sizes {list(group_sizes)} do not add up to the {n} completions")
+            spans = [(int(a), int(b)) for a, b in zip([0, *ends[:-1]], ends) if b > a]
+        else:
+            step = self.batch_size or max(n, 1)
+            spans = [(a, min(a + step, n)) for a in range(0, n, step)]
         t0 = time.perf_counter()
         calls, where = [], []  # where[c] = (function index, first sample, end sample) of call c
         for f, r in enumerate(self.resolved):
             if r.batched:
-                step = self.batch_size or max(n, 1)
-                for a in range(0, n, step):
-                    b = min(a + step, n)
+                for a, b in spans:
                     ids = None if completion_ids is None else completion_ids[a:b]
                     cols = {k: list(v[a:b]) for k, v in columns.items()}
                     calls.append(functools.partial(_call_batched, r, texts[a:b], examples[a:b], ids, cols))
@@ -343,7 +352,8 @@ class Scorer:
         values = np.zeros((num_f, n))
         scored = np.zeros((num_f, n), bool)
         timed_out = np.zeros(n, bool)
-        problems: dict[tuple[int, int], tuple[str, BaseException | None]] = {}  # (sample, function) -> problem
+        # (first sample, function) -> (problem, cause, end sample): a batched call that failed as a whole fails its rows
+        problems: dict[tuple[int, int], tuple[str, BaseException | None, int]] = {}
         for (f, a, b), res in zip(where, results):
             name = self.resolved[f].name
             if res.timed_out:
@@ -356,30 +366,30 @@ class Scorer:
                         "the function faster or raise data.reward_timeout", RuntimeWarning, stacklevel=2)
                 continue
             if res.error is not None:
-                problems[(a, f)] = (f"raised {_one_line(res.error)}", res.error)
+                problems[(a, f)] = (f"raised {_one_line(res.error)}", res.error, b)
                 continue
             out = [res.value] if not self.resolved[f].batched else res.value
             if self.resolved[f].batched and (isinstance(out, str | bytes) or not hasattr(out, "__len__")
                                              or len(out) != b - a):
                 got = f"{len(out)} rewards" if hasattr(out, "__len__") else repr(out)
                 problems[(a, f)] = (f"returned {got} for a batch of {b - a} completions (one reward or None per "
-                                    f"completion expected; batch of samples {a}..{b - 1})", None)
+                                    f"completion expected; batch of samples {a}..{b - 1})", None, b)
                 continue
             for k, value in enumerate(out):
                 v, problem = _check_value(value)
                 if problem is not None:
-                    problems[(a + k, f)] = (problem, None)
+                    problems[(a + k, f)] = (problem, None, a + k + 1)
                 elif v is not None:
                     values[f, a + k], scored[f, a + k] = v, True
         failed = np.zeros(n, bool)
         for (i, f) in sorted(problems):
+            problem, cause, end = problems[(i, f)]
             if self.on_error == "error":
-                problem, cause = problems[(i, f)]
                 raise RewardError(
                     f"reward {self.resolved[f].name!r} {problem} on {_describe(i, examples[i])}",
                     "fix the function, or set algo.on_reward_error=invalidate to drop such samples from the update",
                 ) from cause
-            failed[i] = True
+            failed[i:end] = True
         stuck = self.pool.stuck
         if sum(stuck.values()) >= self.pool.stuck_limit:
             raise RewardError(

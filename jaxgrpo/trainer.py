@@ -328,7 +328,7 @@ class Trainer:
         ids = [t[m].tolist() for t, m in zip(np.asarray(comp.tokens), mask)]
         texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
         rows = [self.examples[i] for i, g in zip(indices, sizes) for _ in range(int(g))]
-        rw, valid, _ = self.scorer(texts, rows, ids)
+        rw, valid, _ = self.scorer(texts, rows, ids, group_sizes=[int(g) for g in sizes])  # batched: once a group
         if self.cfg.algo.overlong_buffer is not None:  # in tokens
             rw = rw + objectives.overlong_penalty(mask.sum(-1), self.cfg.rollout.max_new_tokens,
                                                   self.cfg.algo.overlong_buffer)

@@ -187,6 +187,36 @@ def test_batched_invalidate_drops_only_what_failed():
     np.testing.assert_array_equal(valid, [True, False, True, True])
     _, valid = rewards.score(texts, examples, [(_wrong_length, 1.0)], on_error="invalidate", batch_size=2)
     assert not valid.any()  # a wrong-length answer cannot be attributed: its whole batch is dropped
+    # ... even where another function scores those rows: the sum would silently lack the failed function
+    for failing in (_wrong_length, _raises):
+        rw, valid = rewards.score(texts, examples, [(failing, 1.0), (_per_sample_half, 1.0)], on_error="invalidate",
+                                  batch_size=2)  # fmt: skip
+        assert not valid.any() and not rw.any(), failing.__name__
+
+
+def _per_sample_half(completion, example):
+    return 0.5
+
+
+def test_a_batched_function_is_called_once_per_group_whatever_the_group_sizes():
+    """An adaptive schedule's groups of 4, 8 and 4 rows with G = 8: three calls, each on one prompt's rows (cut every
+    G rows, rows 0-7 would mix prompts A and B)."""
+    calls = []
+
+    def record(prompts, completions, **kwargs):
+        calls.append(list(prompts))
+        return [1.0] * len(completions)
+
+    examples = [ex("1", prompt=p) for p, g in (("A", 4), ("B", 8), ("C", 4)) for _ in range(g)]
+    scorer = rewards.Scorer([(record, 1.0)], workers=0, batch_size=8)
+    rw, valid, _ = scorer(["x"] * 16, examples, group_sizes=[4, 8, 4])
+    assert calls == [["A"] * 4, ["B"] * 8, ["C"] * 4] and valid.all() and (rw == 1.0).all()
+    calls.clear()
+    scorer(["x"] * 16, examples)  # without group sizes: every batch_size rows
+    assert calls == [["A"] * 4 + ["B"] * 4, ["B"] * 4 + ["C"] * 4]
+    with pytest.raises(ValueError, match=r"group sizes \[4, 8\] do not add up to the 16 completions"):
+        scorer(["x"] * 16, examples, group_sizes=[4, 8])
+    scorer.close()
 
 
 def test_combine_mixes_conventions():

@@ -53,6 +53,9 @@ def test_strict_extraction(text, expected):
         ("It costs $1,000.50 in total", F(2001, 2)),
         ("pages 3-5 of the book", F(5)),  # a dash glued to a digit is not a minus sign
         ("-7 is the result", F(-7)),
+        ("Final answer:\n- 42", F(42)),  # a markdown bullet is not a minus sign
+        ("So we have 50 - 8", F(8)),  # nor is a spaced operator
+        ("the change is −$5", F(-5)),
         ("so the total is 0.5 or 1/2", F(1, 2)),
         ("#### 12 but then 13", F(13)),
         ("we get \\boxed{\\frac{3}{4}} and then 12", F(3, 4)),  # \boxed wins over a later number
@@ -160,6 +163,7 @@ def test_extract_confidence(text, expected):
         ("#### 12\n<confidence>0.8</confidence>", 1 - 0.2**2),  # correct, q=0.8: 0.96
         ("#### 13\n<confidence>0.8</confidence>", 0 - 0.8**2),  # wrong, q=0.8: -0.64
         ("#### 12\nConfidence: 30%", 1 - 0.7**2),  # 0.51
+        ("#### 12\nConfidence: 0.9.", 1 - 0.1**2),  # a sentence's period is not part of the number
         ("#### 13\nConfidence: 0%", 0.0),  # wrong and said so: the best a wrong answer can get
         ("#### 12\n<confidence>1</confidence>", 1.0),
         ("#### 12", 0.0),  # missing confidence: the full Brier penalty 1
@@ -197,6 +201,10 @@ def test_calibration_missing_is_never_better_than_stating(q, correct):
         ("7+1", 0.0, 1.0),
         ("", 0.0, 0.0),
         ("seven", 0.0, 0.0),
+        ("7.5", 0.0, 0.0),  # the leading number read whole, not its first digits
+        ("7/2", 0.0, 0.0),
+        ("7,000", 0.0, 0.0),
+        ("7.", 0.0, 1.0),
     ],
 )
 def test_arithmetic_rewards(text, exact, lenient):
