@@ -255,7 +255,7 @@ class MeshConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
-    every: int = 50  # 0 = only on exit/preemption
+    every: int = 50  # 0 = no periodic checkpoint: only at the end of the run and on preemption
     keep: int = 3
     export_final: bool = True
     # also write <run_dir>/final.gguf (llama.cpp / ollama): matrices in export_gguf_dtype (null = model.dtype)

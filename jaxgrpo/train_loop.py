@@ -34,13 +34,16 @@ def loop(trainer: Any, logger: metrics_log.MetricsLogger, stop: ckpt_lib.Preempt
         logger.log(0, trainer.retain(0))  # step 0: the starting point of every retain/* curve, before any update
     preempted = False
     while not finished():
-        position, state, skips = trainer.iterator.state(), trainer.state, schedule_skips(trainer)
+        ahead = getattr(trainer, "producer", None) is not None  # a rollout thread draws ahead: it owns the iterator
+        position = None if ahead else trainer.iterator.state()  # (and the checkpoint takes `trainer.consumed`)
+        state, skips = trainer.state, schedule_skips(trainer)
         try:
             metrics = trainer.step(step)
         except rewards.RewardError as e:
             if trainer.state is not state:  # failed after the update: nothing consistent to save
                 raise
-            trainer.iterator.restore(position)  # the resumed run draws this step's prompts again
+            if position is not None:  # the resumed run draws this step's prompts again
+                trainer.iterator.restore(position)
             if skips is not None:  # ... and counts its skips again
                 trainer.scheduler.skipped_total = skips
             save()
@@ -64,7 +67,7 @@ def loop(trainer: Any, logger: metrics_log.MetricsLogger, stop: ckpt_lib.Preempt
         if preempted:
             break
     done = finished()
-    if done and cfg.checkpoint.every and step % cfg.checkpoint.every:
+    if done and (not cfg.checkpoint.every or step % cfg.checkpoint.every):  # the end (checkpoint.every=0 included)
         save()
     trainer.ckpt.wait()
     if done and cfg.checkpoint.export_final:

@@ -3,7 +3,9 @@
 
 `python -m jaxgrpo.train` is a thin wrapper over `run(cfg, run_dir)`. Everything a resume needs (params, optimizer
 state, step, rng and the prompt iterator's position) is checkpointed, and every random draw of step `s` derives from
-`fold_in(key(seed), s)`, so the steps after a resume are exactly the steps the uninterrupted run would have taken.
+`fold_in(key(seed), s)`, so the steps after a resume are exactly the steps the uninterrupted run would have taken
+(with asynchronous rollouts, ``rollout.max_staleness = k > 0``, but for the first k steps after it, which sample with
+the resumed weights: `jaxgrpo.async_rollout`).
 """
 
 from __future__ import annotations

@@ -5,11 +5,16 @@ exactly (never older than k); a killed and resumed run trains every prompt of th
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+
 import numpy as np
 import pytest
 from test_train import deterministic, small_config
 
 from jaxgrpo import async_rollout, step_batch, trainer
+from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import config as config_lib
 
 
@@ -95,22 +100,40 @@ def jax_leaves(tree):
 
 
 def test_a_resumed_run_trains_every_prompt_once_in_order(tmp_path, monkeypatch, capfd):
+    """k = 2, 6 steps: the uninterrupted run against a run stopped by SIGINT after step 2 (checkpointed there) while
+    the rollout thread had already sampled steps 3 and 4 (indices 2, 3), then resumed: the trained prompts are the
+    same, step by step, none of the drawn-ahead ones lost or trained twice (the uninterrupted run draws each prompt
+    once per epoch)."""
     trained: list[list[str]] = []
-    real = step_batch.StepShapes.batch
+    real_batch, real_step = step_batch.StepShapes.batch, trainer.Trainer.step
 
     def batch(self, roll, *a, **kw):  # the learner's batch of each trained step
         trained.append([e.prompt for e in roll.examples])
-        return real(self, roll, *a, **kw)
+        return real_batch(self, roll, *a, **kw)
 
     monkeypatch.setattr(step_batch.StepShapes, "batch", batch)
-    base = ["rollout.max_staleness=2", "checkpoint.every=2", "checkpoint.export_final=false", "data.num_examples=64"]
-    trainer.run(small_config(*base, "train.steps=6"), tmp_path / "whole")
+    cfg = small_config("rollout.max_staleness=2", "checkpoint.every=0", "checkpoint.export_final=false",
+                       "data.num_examples=64", "train.steps=6")  # fmt: skip
+    trainer.run(cfg, tmp_path / "whole")
     whole, trained[:] = list(trained), []
-    trainer.run(small_config(*base, "train.steps=2"), tmp_path / "cut")  # the producer had drawn steps 2, 3 ahead
-    resumed = trainer.run(small_config(*base, "train.steps=6"), tmp_path / "cut", allow_config_change=True)
+
+    def step_then_signal(self, step):
+        out = real_step(self, step)
+        if step == 1:  # once the rollout thread holds steps 2 and 3, sampled ahead
+            with self.producer.cond:
+                self.producer.cond.wait_for(lambda: {2, 3} <= set(self.producer.ready), timeout=300)
+                assert {2, 3} <= set(self.producer.ready)
+            threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT)).start()
+            threading.Event().wait(0.5)  # the handler runs in the main thread, between bytecodes
+        return out
+
+    monkeypatch.setattr(trainer.Trainer, "step", step_then_signal)
+    with pytest.raises(ckpt_lib.Preempted) as info:
+        trainer.run(cfg, tmp_path / "cut")
+    assert info.value.step == 2
+    monkeypatch.setattr(trainer.Trainer, "step", real_step)
+    resumed = trainer.run(cfg, tmp_path / "cut")
     assert "asynchronous run resumed at step 2" in capfd.readouterr().err
-    # the resumed run trains the uninterrupted run's prompts, step by step: none of the drawn-ahead ones lost or
-    # trained twice (the uninterrupted run draws each prompt once per epoch)
     assert len(whole) == 6 and trained == whole
     assert [m["async/policy_version"] for m in resumed] == [2.0, 2.0, 2.0, 3.0]  # versions 0, 1 are not saved
 

@@ -135,10 +135,12 @@ def test_default_demo_learns(tmp_path):
     assert collapse[-20:].mean() > 0.4 and all_pass[-20:].mean() > 0.4
 
 
-def test_second_run_in_same_dir_resumes_and_does_nothing_more(tmp_path):
+@pytest.mark.parametrize("every", [2, 0])  # 0: no periodic checkpoint, the one at the end still written
+def test_second_run_in_same_dir_resumes_and_does_nothing_more(tmp_path, every):
     run_dir = tmp_path / "run"
-    trainer.run(small_config(), run_dir)
-    assert trainer.run(small_config(), run_dir) == []  # already at train.steps: nothing to do
+    cfg = small_config(f"checkpoint.every={every}")
+    trainer.run(cfg, run_dir)
+    assert trainer.run(cfg, run_dir) == []  # already at train.steps: nothing to do
     assert [r["step"] for r in metrics_log.read_metrics(run_dir)] == [1, 2, 3, 4]
 
 
