@@ -17,8 +17,11 @@ Statistics, for a prompt with c successes among n samples (success: reward >= ``
   the prompts' true success probabilities p_j, because ``C(c, G) / C(n, G)`` is the unbiased estimator of p^G when
   c ~ Binomial(n, p).
 - **i.i.d. prediction**: ``p̄^G + (1-p̄)^G`` at the mean success rate p̄ (``jaxgrpo.degeneracy.iid_rate``).
-  The map p -> p^G + (1-p)^G is convex, so by Jensen the measured rate is >= the prediction (in expectation); the
-  difference (``gap``) is how much more often GRPO groups of size G collapse because prompts differ in difficulty.
+  The map f(p) = p^G + (1-p)^G is convex, so by Jensen the true rate mean_j f(p_j) is >= f at the prompts' mean
+  success probability; the difference (``gap``) is how much more often GRPO groups of size G collapse because
+  prompts differ in difficulty. The measured rate is unbiased for the true rate, but the prediction plugs in the
+  sample mean p̄, which biases it up by about f''(p) p (1-p) / (2N) for N samples in all: with few samples the gap
+  understates the true one, and for prompts of equal difficulty it is slightly negative in expectation.
   A prompt set with success rates {0, 1} collapses always (measured 1) while i.i.d. at p̄ = 0.5 predicts 2 * 0.5^G.
 """
 
@@ -54,7 +57,7 @@ from jaxgrpo.models.attention import DENSE, Kernel
 
 DEFAULT_NUM_SAMPLES = 16
 PROMPTS_PER_BATCH = 32  # prompts per `sampling.generate` call of `evaluate`
-CORRECTNESS_REWARDS = ("gsm8k", "gsm8k_lenient", "math_verify", "arithmetic", "arithmetic_lenient")
+CORRECTNESS_REWARDS = rewards_lib.CORRECTNESS_REWARDS
 
 
 # -- statistics (host side, exact integer arithmetic where it matters) ----------------------------------------------
@@ -153,7 +156,8 @@ def evaluate(
 ) -> dict[str, Any]:
     """Samples `num_samples` completions per example with `jaxgrpo.sampling.generate`, scores them with `reward_fn`
     (a `jaxgrpo.rewards.RewardFn` or registry name; success = reward >= `success_threshold`) and returns
-    `summarize(...)` (pass@k at `ks`, default 1, 2, 4, ... <= n) plus ``mean_reward``,
+    `summarize(...)` (pass@k at `ks`, default 1, 2, 4, ... <= n) plus ``mean_reward``, ``unscored_frac`` (samples the
+    reward gave None, counted as failures, said once on stderr),
     completion-length statistics, the settings, and the first `keep_texts`
     completions of the first prompts (``samples``).
 
@@ -179,7 +183,7 @@ def evaluate(
     if eos_token_ids is None:
         eos_token_ids = build.eos_ids(model_config, tokenizer)
     name, fn = rewards_lib.resolve(reward_fn)
-    all_rewards, lengths, truncated, texts_kept = [], [], [], []
+    all_rewards, lengths, truncated, texts_kept, unscored = [], [], [], [], 0
     for b, batch in enumerate(prompt_batches(prompts, prompts_per_batch)):
         start = b * prompts_per_batch
         comp = sampling.generate(
@@ -200,7 +204,8 @@ def evaluate(
         tokens, mask = np.asarray(comp.tokens), np.asarray(comp.mask)
         texts = tokenizer.batch_decode([t[m].tolist() for t, m in zip(tokens, mask)], skip_special_tokens=True)
         rows = [ex for ex in examples[start : start + prompts_per_batch] for _ in range(num_samples)]
-        r, _ = rewards_lib.score(texts, rows, [(fn, 1.0)], on_error="error")
+        r, valid = rewards_lib.score(texts, rows, [(fn, 1.0)], on_error="error")
+        unscored += int((~np.asarray(valid)).sum())  # the reward returned None: no success
         all_rewards.append(r.reshape(len(batch), num_samples))
         lengths.append(np.asarray(comp.lengths))
         truncated.append(np.asarray(comp.truncated))
@@ -220,8 +225,12 @@ def evaluate(
     for d in result["degeneracy"]:  # what a group of G costs in sampled tokens against how often it is informative
         d["informative_per_1k_tokens"] = eval_schedule.informative_per_1k_tokens(
             result["success_counts"], num_samples, per_prompt, d["group_size"])
+    if unscored:
+        print(f"jaxgrpo eval: reward {name!r} gave no value (None) for {unscored} of {rewards_arr.size} samples; they "
+              "count as failures (unscored_frac in the report)", file=sys.stderr)  # fmt: skip
     result.update(
         mean_reward=float(rewards_arr.mean()),
+        unscored_frac=unscored / rewards_arr.size,
         completion_length_mean=float(np.concatenate(lengths).mean()),
         completion_length_per_prompt=per_prompt.tolist(),
         truncated_frac=float(np.concatenate(truncated).mean()),

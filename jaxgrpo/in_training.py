@@ -49,6 +49,7 @@ def evaluate_held_out(tr: Any, step: int) -> dict[str, float]:
     adds their turns and tool calls); written to <run_dir>/eval/step<N>/ too."""
     r = tr.cfg.rollout
     key = jax.random.fold_in(jax.random.fold_in(tr.key, step), 1)
+    ks = sorted({*eval_lib.default_ks(r.group_size), r.group_size})  # pass@G too where G is not a power of 2
     if tr.multiturn is not None:
         from jaxgrpo import multiturn_eval  # (it imports jaxgrpo.eval)
 
@@ -59,12 +60,13 @@ def evaluate_held_out(tr: Any, step: int) -> dict[str, float]:
         result = multiturn_eval.evaluate(
             tr.cfg, tr.model_config, params, tr.tokenizer, held_out_examples(tr),
             eval_lib.correctness_reward(tr.cfg, None), num_samples=r.group_size, group_sizes=[r.group_size], key=key,
-            summarize=eval_lib.summarize, attention=tr.prefill_attention, mesh=mesh, exchange=exchange)  # fmt: skip
+            summarize=eval_lib.summarize, ks=ks, attention=tr.prefill_attention, mesh=mesh,
+            exchange=exchange)  # fmt: skip
         return _report(tr, step, result) | {f"eval/multiturn/{k.split('/', 1)[-1]}": v
                                             for k, v in result["multiturn"].items()}  # fmt: skip
     result = eval_lib.evaluate(
         tr.model_config, tr.state.params, tr.tokenizer, held_out_examples(tr),
-        eval_lib.correctness_reward(tr.cfg, None), num_samples=r.group_size, group_sizes=[r.group_size],
+        eval_lib.correctness_reward(tr.cfg, None), num_samples=r.group_size, group_sizes=[r.group_size], ks=ks,
         key=key, max_new_tokens=r.max_new_tokens,
         temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, eos_token_ids=tr.eos_token_ids,
         data_config=tr.cfg.data, mesh=tr.mesh, attention=tr.prefill_attention)

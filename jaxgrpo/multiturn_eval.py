@@ -43,13 +43,14 @@ def sampler(cfg: Config, model_config: models.ModelConfig, tokenizer: Any, examp
 def evaluate(cfg: Config, model_config: models.ModelConfig, params: Any, tokenizer: Any, examples: Sequence[Example],
              reward: str, *, num_samples: int, group_sizes: Sequence[int], key: jax.Array,
              prompts_per_batch: int = PROMPTS_PER_BATCH, success_threshold: float = 0.5,
-             summarize: Callable[..., dict[str, Any]],
+             summarize: Callable[..., dict[str, Any]], ks: Sequence[int] | None = None,
              attention: Kernel = DENSE, mesh: Any = None,
              exchange: Callable[[bytes], list[bytes]] | None = None) -> dict[str, Any]:  # fmt: skip
     """`jaxgrpo.eval.evaluate` for a multi-turn config: ``num_samples`` trajectories per example through the turn
     loop, each scored by ``reward`` alone (a reward function of its final answer, or ``environment``: its
     environment's ``get_reward()``); success = reward >= ``success_threshold``. Returns ``summarize``'s
-    (`jaxgrpo.eval.summarize`, passed in: eval imports this module) pass@k and degeneracy, ``mean_reward``, the
+    (`jaxgrpo.eval.summarize`, passed in: eval imports this module) pass@k (at ``ks``, default 1, 2, 4, ...) and
+    degeneracy, ``mean_reward``, the
     `history.metrics` of all trajectories and a few samples. ``attention``: the prefills' kernel. ``mesh``: the
     simple loop samples over it (a training run's learner mesh, ``params`` placed on it). Each trajectory draws with
     its row id in the whole evaluation (``row_offset``), so the result does not depend on how the examples are
@@ -92,7 +93,7 @@ def evaluate(cfg: Config, model_config: models.ModelConfig, params: Any, tokeniz
     hists = [h for p in parts for h in p["histories"]]
     samples = [x for p in parts for x in p["samples"]][:4]
     r = np.concatenate(rewards)
-    result = summarize(r >= success_threshold, group_sizes)
+    result = summarize(r >= success_threshold, group_sizes, ks)
     result.update(mean_reward=float(r.mean()), multiturn=history.metrics(hists), samples=samples,
                   settings={"reward": reward, "success_threshold": float(success_threshold),
                             "num_samples": num_samples, "max_new_tokens": cfg.rollout.max_new_tokens,

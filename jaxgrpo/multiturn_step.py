@@ -300,8 +300,8 @@ def trajectory_lengths(histories: Sequence[Any]) -> np.ndarray:
 def step_metrics(scored: Scored, group_size: int) -> dict[str, float]:
     """The rollout's metrics: `history.metrics` (turns, tool calls, error and timeout rates, action-token share,
     truncation) and the single-turn keys where they have a meaning (completion = the policy's tokens), over the
-    trajectories; ``diversity/*`` per group of G rows, the padding of a smaller group an empty completion (as a
-    single-turn run's with ``rollout.schedule=adaptive``)."""
+    trajectories; ``diversity/*`` per group over its real rows (an adaptive schedule's padding left out, as in a
+    single-turn run)."""
     hs = scored.trajectories()
     policy = np.array([sum(h.action) for h in hs], np.float64)
     out = history.metrics(hs)
@@ -309,7 +309,8 @@ def step_metrics(scored: Scored, group_size: int) -> dict[str, float]:
     out["completion/len_mean"] = float(policy.mean())
     out["completion/truncated_frac"] = float(np.mean([h.truncated for h in hs]))
     rows = history.to_rows(scored.rollout.histories)
-    out.update(diversity.diversity_metrics(rows["completion"], rows["completion_mask"], None, group_size))
+    out.update(diversity.diversity_metrics(rows["completion"], rows["completion_mask"], None, group_size,
+                                           scored.real_rows()))  # fmt: skip
     return out
 
 

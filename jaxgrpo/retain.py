@@ -26,7 +26,6 @@ from jaxgrpo.errors import ConfigError
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _DEFAULT_REWARD = {"synthetic": "arithmetic", "gsm8k": "gsm8k", "words": "gsm8k_lenient"}
-_CORRECTNESS = ("gsm8k", "gsm8k_lenient", "arithmetic", "arithmetic_lenient")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,9 +46,14 @@ def _reward_for(cfg: Config, data: DataConfig, explicit: Any, where: str) -> str
         except ValueError as e:
             raise ConfigError(f"{where}.reward: {e}") from None
         return explicit
-    for name in cfg.data.rewards:
-        if name in _CORRECTNESS and data.source in rewards_lib.REWARD_SOURCES.get(name, ()):
+    for name in cfg.data.rewards:  # the run's own, on its own source or on one the reward fits
+        fits = data.source == cfg.data.source or data.source in rewards_lib.REWARD_SOURCES.get(name, ())
+        if name in rewards_lib.CORRECTNESS_REWARDS and fits:
             return name
+    if data.source not in _DEFAULT_REWARD:
+        raise ConfigError(f"{where}.reward: data.source={data.source} has no answer check of its own and the run has "
+                          f"no correctness reward ({', '.join(rewards_lib.CORRECTNESS_REWARDS)}) for it; name one, "
+                          f"e.g. {where}.reward=math_verify")  # fmt: skip
     return _DEFAULT_REWARD[data.source]
 
 

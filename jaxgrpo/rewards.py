@@ -73,11 +73,11 @@ from jaxgrpo.reward_fns import (
 from jaxgrpo.reward_pool import RewardPool
 
 __all__ = [
-    "MATH_VERIFY_TIMEOUT_S", "ON_REWARD_ERROR", "REWARDS", "REWARD_SOURCES", "Mode", "OnRewardError", "RewardError",
-    "RewardFn", "Scorer", "Scores", "arithmetic_correct", "arithmetic_lenient", "batched", "calibration_lenient",
-    "calibration_reward", "combine", "conversational", "extract_answer", "extract_confidence", "format_number",
-    "format_reward", "gsm8k_correct", "gsm8k_lenient", "gsm8k_strict", "is_batched", "math_verify_correct",
-    "normalize_number", "resolve", "score", "strip_confidence",
+    "CORRECTNESS_REWARDS", "MATH_VERIFY_TIMEOUT_S", "ON_REWARD_ERROR", "REWARDS", "REWARD_SOURCES", "Mode",
+    "OnRewardError", "RewardError", "RewardFn", "Scorer", "Scores", "arithmetic_correct", "arithmetic_lenient",
+    "batched", "calibration_lenient", "calibration_reward", "combine", "conversational", "extract_answer",
+    "extract_confidence", "format_number", "format_reward", "gsm8k_correct", "gsm8k_lenient", "gsm8k_strict",
+    "is_batched", "math_verify_correct", "normalize_number", "resolve", "score", "strip_confidence",
 ]
 
 RewardFn = Callable[..., Any]  # per sample: (completion, example) -> float | None; batched: (**kw) -> list
@@ -96,6 +96,10 @@ REWARDS: dict[str, RewardFn] = {
     "arithmetic_lenient": arithmetic_lenient,
 }
 
+
+# The rewards that define success (a correct answer), not shaping (format, calibration): what an evaluation or a
+# retention set judges by when it is not told (`jaxgrpo.eval.correctness_reward`, `jaxgrpo.retain`).
+CORRECTNESS_REWARDS: tuple[str, ...] = ("gsm8k", "gsm8k_lenient", "math_verify", "arithmetic", "arithmetic_lenient")
 
 # Which data.source each registered reward is meant for (a strict GSM8K reward on the synthetic task, whose completions
 # carry no "####", is always 0; the exact-match arithmetic reward on GSM8K reasoning is always 0).

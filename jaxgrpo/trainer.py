@@ -408,13 +408,15 @@ class Trainer:
             self.producer.mark("learner", step, t1, t2)
         comp = roll.completions
         lengths = np.asarray(comp.mask).sum(-1)
+        real = lengths > 0  # a sampled row has at least one token; an adaptive schedule's padding rows have none
         metrics.update(extra)
-        metrics["completion/len_mean"] = float(lengths.mean())
+        metrics["completion/len_mean"] = float(lengths[real].mean())
         metrics["completion/truncated_frac"] = float(np.asarray(comp.truncated).mean())
         metrics.update(objectives.overlong_metrics(lengths, np.asarray(comp.truncated), roll.valid,
                                                    self.cfg.rollout.max_new_tokens, self.cfg.algo.overlong_filter,
                                                    self.cfg.algo.overlong_buffer))
-        metrics.update(diversity.diversity_metrics(comp.tokens, comp.mask, comp.entropy, self.cfg.rollout.group_size))
+        metrics.update(diversity.diversity_metrics(comp.tokens, comp.mask, comp.entropy, self.cfg.rollout.group_size,
+                                                   real))  # fmt: skip
         if self.producer is None:  # (the rollout thread puts its own in `extra`)
             metrics.update(self.scorer.take_stats())  # reward/timeouts, reward/invalid_frac, time/reward_s
         metrics["time/sample_s"] = t1 - t0

@@ -121,6 +121,16 @@ def test_diagnostics_hand_values():
     np.testing.assert_array_equal(
         degeneracy.diagnostics(r2, advantages=advantages.grpo(r2))["degeneracy/spurious_amplification"], 0.0
     )
+    # a flat group of non-binary rewards collapses but is neither all-pass nor all-fail: the excess over the i.i.d.
+    # rate (a binary notion) counts the all-pass and all-fail groups only, as the README's metrics table says
+    r3 = jnp.array([[0.5, 0.5, 0.5, 0.5], [1.0, 0.0, 1.0, 0.0]])
+    out3 = degeneracy.diagnostics(r3)
+    p3 = 2 / 8  # success iff r == 1 (no threshold): the two 1s of the eight members
+    iid3 = p3**4 + (1 - p3) ** 4
+    np.testing.assert_allclose(out3["degeneracy/success_rate"], p3)
+    np.testing.assert_allclose(out3["degeneracy/collapse_rate"], 0.5)
+    np.testing.assert_allclose(out3["degeneracy/all_pass"] + out3["degeneracy/all_fail"], 0.0)
+    np.testing.assert_allclose(out3["degeneracy/excess_over_iid"], -iid3, atol=2e-6)
 
 
 def test_diagnostics_with_padding_and_threshold():

@@ -93,3 +93,14 @@ def test_distinct_per_group_hand_cases():
     with pytest.raises(ValueError, match="whole groups"):
         diversity.distinct_per_group(tokens, mask, 3)
 
+
+def test_padding_rows_of_smaller_groups_count_nowhere():
+    """An adaptive schedule's groups of G_i = 2 and 4 rows padded to G = 4 (padding: no tokens). Group 0's two real
+    rows are one completion: 1 distinct of 2 (not 2 of 4: the empty padding would pass for a second completion)."""
+    tokens = np.asarray([[5, 6], [5, 6], [0, 0], [0, 0], [1, 0], [2, 0], [3, 0], [3, 0]])
+    mask = np.asarray([[1, 1], [1, 1], [0, 0], [0, 0], [1, 0], [1, 0], [1, 0], [1, 0]], bool)
+    real = mask.any(-1)
+    np.testing.assert_array_equal(diversity.distinct_per_group(tokens, mask, 4, real), [1, 3])
+    got = diversity.diversity_metrics(tokens, mask, None, 4, real)
+    assert got == {"diversity/distinct": 2.0, "diversity/distinct_frac": (1 / 2 + 3 / 4) / 2}
+

@@ -178,6 +178,16 @@ def test_evaluate_groups_prompt_major(tiny_policy):
     assert 0 <= r["truncated_frac"] <= 1 and 0 < r["completion_length_mean"] <= 4
 
 
+def test_samples_a_reward_leaves_unscored_count_as_failures_and_are_reported(tiny_policy, capsys):
+    cfg, model_config, params, tokenizer = tiny_policy
+    examples = data_lib.synthetic_arithmetic(3, 1, seed=0, split="test")
+    r = ev.evaluate(model_config, params, tokenizer, examples,
+                    lambda text, example: None if example.prompt == examples[0].prompt else 1.0, num_samples=4,
+                    group_sizes=[4], key=jax.random.key(1), max_new_tokens=2, data_config=cfg.data)  # fmt: skip
+    assert r["success_counts"] == [0, 4, 4] and r["unscored_frac"] == pytest.approx(4 / 12)
+    assert "gave no value (None) for 4 of 12 samples; they count as failures" in capsys.readouterr().err
+
+
 def test_evaluate_greedy_groups_are_always_degenerate(tiny_policy, tmp_path):
     cfg, model_config, params, tokenizer = tiny_policy
     examples = data_lib.synthetic_arithmetic(4, 2, seed=1, split="test")

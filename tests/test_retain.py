@@ -129,13 +129,50 @@ def test_retain_and_eval_metrics_recomputed_from_the_sampled_completions(tmp_pat
     ("train.retain={a: {reward: nope}}", r"train.retain.a.reward: unknown reward function 'nope'"),
     ("train.retain={'a b': {difficulty: 1}}", r"train.retain.a b: a retention set's name becomes the metric"),
     ("train.retain_every=-2", r"train.retain_every must be >= 0"),
+    ("train.retain={a: {source: hf, hf_id: x/y}}", r"train.retain.a.reward: data.source=hf has no answer check of "
+                                                   r"its own .*name one, e.g. train.retain.a.reward=math_verify"),
 ])  # fmt: skip
 def test_bad_retain_entries_are_clean_errors(override, match):
     with pytest.raises(config_lib.ConfigError, match=match):
         config_lib.load_config("default", [override])
 
 
+def test_a_retain_set_takes_the_runs_correctness_reward_when_it_fits():
+    """math_verify (which fits words) judges a words set as it judges the run's held-out evaluation; a set on the run's
+    own hf source takes the run's correctness reward."""
+    cfg = config_lib.load_config("default", ["data.rewards={math_verify: 1.0}",
+                                             "train.retain={easy: {source: words, difficulty: 1, split: test}}"])
+    assert [rs.reward for rs in retain_lib.resolve(cfg)] == ["math_verify"]
+    cfg = config_lib.load_config("default", ["data.source=hf", "data.hf_id=x/y", "data.rewards={gsm8k: 1.0}",
+                                             "train.retain={same: {split: test}}"])  # fmt: skip
+    assert [rs.reward for rs in retain_lib.resolve(cfg)] == ["gsm8k"]
+
+
 def test_words_retain_set_defaults_to_the_last_number_reward():
     cfg = config_lib.load_config("default", ["train.retain={easy: {source: words, difficulty: 1, split: test}}"])
     (rs,) = retain_lib.resolve(cfg)
     assert rs.reward == "gsm8k_lenient" and rs.data.source == "words" and rs.data.template == "chat"
+
+
+def test_the_held_out_evaluation_reports_pass_at_g_whatever_g(monkeypatch, tmp_path):
+    """G = 6 is not a power of 2: the evaluation is asked for pass@1, 2, 4 and 6, and the metrics carry eval/pass@6."""
+    import types
+
+    from jaxgrpo import in_training
+
+    asked = []
+
+    def evaluate(*args, ks=None, **kwargs):
+        asked.append(list(ks))
+        return {"pass@k": {str(k): 0.5 for k in ks}, "degeneracy": [{"measured": 0.25, "iid": 0.125}],
+                "mean_reward": 0.5}  # fmt: skip
+
+    monkeypatch.setattr(eval_lib, "evaluate", evaluate)
+    monkeypatch.setattr(eval_lib, "write_report", lambda result, out: None)
+    monkeypatch.setattr(in_training, "held_out_examples", lambda tr: [])
+    cfg = config_lib.load_config("default", ["rollout.group_size=6"])
+    tr = types.SimpleNamespace(cfg=cfg, key=jax.random.key(0), multiturn=None, model_config=None, tokenizer=None,
+                               state=types.SimpleNamespace(params=None), eos_token_ids=(0,), mesh=None,
+                               prefill_attention=None, run_dir=tmp_path)  # fmt: skip
+    out = in_training.evaluate_held_out(tr, 3)
+    assert asked == [[1, 2, 4, 6]] and out["eval/pass@6"] == 0.5
