@@ -93,10 +93,12 @@ def _merges(meta: dict[str, Any], vocab: dict[str, int]) -> list[tuple[str, str]
 def _byte_level_bpe(meta: dict[str, Any]) -> Tokenizer:
     spelling = byte_alphabet()
     alphabet = set(spelling.values())
+    types = meta.get("ggml.token_type") or ()
     vocab = {}
     for i, token in enumerate(meta["ggml.tokens"]):
-        if not set(token) <= alphabet:  # stored as raw text: respell it in the byte alphabet
-            token = "".join(spelling[b] for b in token.encode("utf-8"))
+        added = i < len(types) and types[i] in (CONTROL, USER_DEFINED)  # llama.cpp stores these as raw text, and
+        if not added and not set(token) <= alphabet:  # they are matched as text (`gguf_tokenizer`): keep their key
+            token = "".join(spelling[b] for b in token.encode("utf-8"))  # stored as raw text: respell it
         vocab[token] = i
     backend = Tokenizer(models.BPE(vocab=vocab, merges=_merges(meta, vocab), continuing_subword_prefix="",
                                    end_of_word_suffix="", fuse_unk=False))  # fmt: skip
@@ -150,10 +152,9 @@ def gguf_tokenizer(path: str | os.PathLike) -> transformers.PreTrainedTokenizerF
             "to the model's HF tokenizer directory")
     add_eos = bool(meta.get("ggml.add_eos_token", False))
 
-    types = meta.get("ggml.token_type") or ()
-    spelled = set(byte_alphabet().values()) if kind == "gpt2" else None
+    types = meta.get("ggml.token_type") or ()  # control and user-defined tokens: raw text, their vocabulary keys
     control = [AddedToken(t, special=True, normalized=False) for t, ty in zip(meta["ggml.tokens"], types)
-               if ty == CONTROL and (spelled is None or set(t) <= spelled)]  # fmt: skip
+               if ty == CONTROL]  # fmt: skip
     user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(meta["ggml.tokens"], types)
             if ty == USER_DEFINED]  # fmt: skip
     backend.add_special_tokens(control)

@@ -149,6 +149,34 @@ def test_sentencepiece_gguf_matches_transformers(tmp_path, add_bos):
     assert (ours("the")["input_ids"][0] == 1) == (add_bos is None)  # llama.cpp adds BOS unless the file says not
 
 
+def test_byte_level_added_tokens_of_any_script_keep_their_ids(tmp_path):
+    """llama.cpp stores a byte-level vocabulary's control and user-defined tokens as raw text, DeepSeek-R1-Distill's
+    full-width ones included: they keep their ids (BOS 256, EOS 257, 258 for the user marker), the vocabulary does not
+    grow, and BOS is added (``add_bos_token``); by hand from the file's layout."""
+    table = byte_alphabet()
+    bar, sp = "\uff5c", "\u2581"  # full-width vertical bar, SentencePiece's space
+    bos, eos, user = f"<{bar}begin{sp}of{sp}sentence{bar}>", f"<{bar}end{sp}of{sp}sentence{bar}>", f"<{bar}User{bar}>"
+    tokens = [table[b] for b in range(256)] + [bos, eos, user, "hi"]
+    path = tmp_path / "bl.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 256 + [3, 3, 4, 1])
+    w.add_token_merges(["h i"])
+    w.add_bos_token_id(256)
+    w.add_eos_token_id(257)
+    w.add_add_bos_token(True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tok = gguf_tokenizer(path)
+    assert len(tok) == 260 and (tok.bos_token_id, tok.eos_token_id) == (256, 257)
+    assert tok.convert_tokens_to_ids(user) == 258
+    assert tok(f"hi{user}a")["input_ids"] == [256, 259, 258, ord("a")]
+    assert tok.decode([256, 259, 258, 257], skip_special_tokens=True) == f"hi{user}"
+
+
 def test_a_gguf_file_is_parsed_once_per_version(tmp_path):
     """The model loader, the tokenizer and the compile tool share one parse of a file; a rewritten file is parsed
     again."""
