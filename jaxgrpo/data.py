@@ -4,9 +4,10 @@
 * ``Example(prompt, answer, meta)`` (`jaxgrpo.example`): one task; ``answer`` is the canonical gold answer string.
 * GSM8K (Cobbe et al. 2021): ``datasets.load_dataset(data.hf_id, data.hf_config, split=data.split)``, or, offline,
   ``data.path`` = a ``.jsonl`` / ``.parquet`` file or a directory holding ``{split}.jsonl`` / ``{split}.parquet``
-  (or the hub's ``**/{split}-*.parquet`` shards). Rows need a ``question`` and an ``answer`` whose gold number follows
-  ``####``; the gold is normalised (``"1,000"`` → ``"1000"``). A malformed row is a `DataError` naming the file, the
-  line (row) number and the field.
+  (or the hub's ``**/{split}-*.parquet`` shards; of a snapshot holding several configurations, those of the folder
+  named by ``data.hf_config``, GSM8K's ``main`` by default). Rows need a ``question`` and an ``answer`` whose gold
+  number follows ``####``; the gold is normalised (``"1,000"`` → ``"1000"``). A malformed row is a `DataError` naming
+  the file, the line (row) number and the field.
 * Any `datasets` dataset (``data.source=hf``): ``data.columns`` names the prompt and answer columns; a prompt may be
   a string or a chat (list of ``{role, content}``), see `jaxgrpo.hf_dataset`. ``data.path`` reads local files.
 * ``synthetic_arithmetic(n, difficulty, seed)``: verifiable arithmetic whose difficulty knob moves a small model
@@ -86,7 +87,7 @@ def _read_parquet(path: pathlib.Path) -> Iterable[tuple[str, Any]]:
         yield f"{path} row {i}", row
 
 
-def _local_files(path: str, split: str) -> list[pathlib.Path]:
+def _local_files(path: str, split: str, config: str | None = None) -> list[pathlib.Path]:
     p = pathlib.Path(path).expanduser()
     if not p.exists():
         raise DataError(f"data.path={path!r} does not exist; point it at a .jsonl/.parquet file or a directory")
@@ -98,6 +99,13 @@ def _local_files(path: str, split: str) -> list[pathlib.Path]:
         if (p / name).is_file():
             return [p / name]
     shards = sorted(p.rglob(f"{split}-*.parquet"))
+    folders = sorted({x.parent.relative_to(p).as_posix() for x in shards})
+    if len(folders) > 1:  # a hub snapshot of several configurations (GSM8K's main/ and socratic/): one of them
+        picked = [f for f in folders if pathlib.PurePosixPath(f).name == config] if config else []
+        if len(picked) != 1:
+            raise DataError(f"data.path={path!r} holds {split}-*.parquet shards of several configurations {folders}; "
+                            f"set data.hf_config to one of them (or point data.path at its folder)")  # fmt: skip
+        shards = [x for x in shards if x.parent.relative_to(p).as_posix() == picked[0]]
     if shards:
         return shards
     present = sorted(x.name for x in p.iterdir())[:20]
@@ -107,15 +115,17 @@ def _local_files(path: str, split: str) -> list[pathlib.Path]:
     )
 
 
-def local_rows(path: str, split: str = "train") -> Iterable[tuple[str, Any]]:
-    """(where, row) pairs of the local ``.jsonl`` / ``.parquet`` file(s) that `data.path` and `data.split` name."""
-    for file in _local_files(path, split):
+def local_rows(path: str, split: str = "train", config: str | None = None) -> Iterable[tuple[str, Any]]:
+    """(where, row) pairs of the local ``.jsonl`` / ``.parquet`` file(s) that `data.path` and `data.split` name (of a
+    hub snapshot holding several configurations, those of the folder named ``config``, `data.hf_config`)."""
+    for file in _local_files(path, split, config):
         yield from _read_parquet(file) if file.suffix == ".parquet" else _read_jsonl(file)
 
 
-def load_gsm8k_local(path: str, split: str = "train") -> list[Example]:
-    """GSM8K rows from a local file or directory (see the module docstring)."""
-    examples = [gsm8k_example(row, where, i) for i, (where, row) in enumerate(local_rows(path, split))]
+def load_gsm8k_local(path: str, split: str = "train", config: str = "main") -> list[Example]:
+    """GSM8K rows from a local file or directory (see the module docstring; of a snapshot holding both of GSM8K's
+    configurations, the ``config`` folder's)."""
+    examples = [gsm8k_example(row, where, i) for i, (where, row) in enumerate(local_rows(path, split, config))]
     if not examples:
         raise DataError(f"data.path={path!r} (split {split!r}) holds no rows")
     return examples
@@ -153,12 +163,13 @@ def load_dataset(cfg: DataConfig, seed: int) -> list[Example]:
         return synthetic_arithmetic(cfg.num_examples or SYNTHETIC_DEFAULT_SIZE, cfg.difficulty, seed, cfg.split)
     if cfg.source == "gsm8k":
         if cfg.path is not None:
-            examples = load_gsm8k_local(cfg.path, cfg.split)
+            examples = load_gsm8k_local(cfg.path, cfg.split, cfg.hf_config or "main")
         else:
             examples = load_gsm8k_hub(cfg.hf_id, cfg.hf_config or "main", cfg.split)
         return examples[: cfg.num_examples] if cfg.num_examples else examples
     if cfg.source == "hf":  # any `datasets` dataset (jaxgrpo.hf_dataset)
-        rows = local_rows(cfg.path, cfg.split) if cfg.path else hf_dataset.hub_rows(cfg.hf_id, cfg.hf_config, cfg.split)
+        rows = (local_rows(cfg.path, cfg.split, cfg.hf_config) if cfg.path
+                else hf_dataset.hub_rows(cfg.hf_id, cfg.hf_config, cfg.split))  # fmt: skip
         examples = hf_dataset.hf_examples(rows, cfg.columns)
         return examples[: cfg.num_examples] if cfg.num_examples else examples
     if cfg.source == "words":  # arithmetic asked in words, for pretrained chat models (jaxgrpo.word_arithmetic)

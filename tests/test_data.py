@@ -56,6 +56,17 @@ def test_gsm8k_parquet_file_and_hub_shard_layout(gsm8k_dir, tmp_path):
     got = data.load_gsm8k_local(str(tmp_path / "hub"), "train")
     assert [(e.prompt, e.answer) for e in got] == expected
     assert "row 1" in got[3].meta["where"] and "00001-of-00002" in got[3].meta["where"]
+    # the hub snapshot holds GSM8K's two configurations: main's rows only (data.hf_config picks the other)
+    socratic = tmp_path / "hub" / "socratic"
+    socratic.mkdir()
+    other = [{**r, "question": "Socratic: " + r["question"]} for r in rows]
+    pq.write_table(pa.Table.from_pylist(other), socratic / "train-00000-of-00001.parquet")
+    got = data.load_dataset(DataConfig(source="gsm8k", path=str(tmp_path / "hub")), 0)
+    assert [(e.prompt, e.answer) for e in got] == expected
+    got = data.load_dataset(DataConfig(source="gsm8k", path=str(tmp_path / "hub"), hf_config="socratic"), 0)
+    assert [e.prompt for e in got] == ["Socratic: " + p for p, _ in expected]
+    with pytest.raises(data.DataError, match=r"several configurations \['main', 'socratic'\]; set data.hf_config"):
+        list(data.local_rows(str(tmp_path / "hub"), "train"))
 
 
 def test_gsm8k_hub_path_offline(gsm8k_dir, monkeypatch):
