@@ -33,8 +33,10 @@ _NO_CARRY_PAIRS = [(a, b) for a in range(10) for b in range(10) if a + b <= 9]
 def synthetic_arithmetic(n: int, difficulty: int, seed: int, split: str = "train") -> list[Example]:
     """`n` arithmetic problems ``"a+b="`` → ``"c"`` of the given difficulty (`DIFFICULTY_LEVELS`), deterministic.
 
-    The stream depends on (seed, difficulty, split), so train and test draws differ (though for the small levels
-    0-2 there are only 10, 55 and 100 distinct problems).
+    The stream depends on (seed, difficulty, split), so train and test draws differ, but they draw from the same
+    problems: ``test`` is not held out. Levels 0-2 have only 10, 55 and 100 distinct problems, and for 10,000 training
+    draws (seed 0) 64 of 64 test problems occur in training at level 1, 48 at level 3, 24 at level 4, none at 5.
+    The ``words`` source (`jaxgrpo.word_arithmetic`) splits by problem for a held-out set.
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise DataError(f"synthetic_arithmetic: n must be a positive int, got {n!r}")
