@@ -268,7 +268,8 @@ def prompt_text(tokenizer: Any, example: Example, cfg: DataConfig) -> tuple[str,
     if cfg.template == "plain":  # a chat row's messages: their contents, one paragraph each
         chat = example.meta.get("messages")
         prompt = "\n\n".join(m["content"] for m in chat) if chat else example.prompt
-        text = f"{cfg.system_prompt}\n\n{prompt}" if cfg.system_prompt else prompt
+        own_system = bool(chat) and chat[0]["role"] == "system"  # a chat's system turn wins, as with the template
+        text = f"{cfg.system_prompt}\n\n{prompt}" if cfg.system_prompt and not own_system else prompt
         return text, True
     raise DataError(f"data.template={cfg.template!r} is not known; valid choices: chat, plain")
 

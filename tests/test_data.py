@@ -3,6 +3,7 @@
 `datasets.load_dataset` monkeypatched), malformed rows, synthetic arithmetic checked by evaluating the prompt,
 the resumable iterator, and prompt encoding through the code-made tokenizer's chat template."""
 
+import dataclasses
 import json
 
 import datasets
@@ -346,6 +347,9 @@ def test_hf_source_chat_rows_prompt_is_the_chat_up_to_the_last_user_turn(tmp_pat
     plain = DataConfig(source="hf", path=str(path), columns={"prompt": "messages", "answer": "gold"},
                        template="plain")  # fmt: skip
     assert data.prompt_text(arithmetic_tokenizer(), examples[2], plain) == ("1+1?\n\n2\n\nand 2+2?", True)
+    plain_sys = dataclasses.replace(plain, system_prompt="solve it.")  # the row's own system turn wins, as above
+    assert [data.prompt_text(arithmetic_tokenizer(), e, plain_sys)[0] for e in examples[:2]] == [
+        "solve it.\n\nwhat is 2+3?", "be brief.\n\n7*6?"]
     ids = data.encode_prompts(arithmetic_tokenizer(), examples, cfg)
     assert arithmetic_tokenizer().decode(ids[0]) == texts[0]
 
