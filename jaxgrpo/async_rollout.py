@@ -277,6 +277,39 @@ def sample_across_processes(tr: Any, prompt_ids: list[list[int]], key: jax.Array
     return sampling.Completions(**{f: np.concatenate([c[f] for c in got]) for f in _FIELDS})
 
 
+def score_across_processes(tr: Any, texts: list[str], rows: list[Any], ids: list[list[int]], sizes: list[int]
+                           ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Rewards and validity of a round's rows (prompt-major, ``sizes[i]`` rows per group) on several processes: each
+    host scores its contiguous block of groups (`host_share`) with the trainer's scorer and the hosts swap the scores
+    (`swap`), so every host trains on the same rewards even where a reward's outcome can differ from host to host (a
+    timeout, a flaky service), a reward that fails or hangs stops every host at the same round, and the reward
+    functions run once per row, not once per host. Each host's ``reward/*`` statistics then count every row (its
+    ``time/reward_s`` the slowest host's)."""
+    groups = host_share(len(sizes))
+    ends = np.cumsum([0, *sizes])
+    a, b = (int(ends[groups[0]]), int(ends[groups[-1] + 1])) if len(groups) else (0, 0)
+    keys = ("samples", "invalid", "timeouts", "seconds")
+
+    def make() -> bytes:
+        if a == b:
+            return b""
+        before = tr.scorer.stats()
+        rw, valid, _ = tr.scorer(texts[a:b], rows[a:b], ids[a:b], group_sizes=[sizes[i] for i in groups])
+        after = tr.scorer.stats()
+        buf = io.BytesIO()
+        np.savez(buf, rewards=np.asarray(rw), valid=np.asarray(valid),
+                 stats=np.asarray([after[k] - before[k] for k in keys], np.float64))  # fmt: skip
+        return buf.getvalue()
+
+    got = [np.load(io.BytesIO(p)) if p else None for p in swap(tr, make)]  # in process order
+    stats = np.asarray([g["stats"] if g is not None else np.zeros(len(keys)) for g in got])
+    mine, others = stats[jax.process_index()], stats.sum(0) - stats[jax.process_index()]
+    tr.scorer.add_stats({"samples": others[0], "invalid": others[1], "timeouts": others[2],
+                         "seconds": stats[:, 3].max() - mine[3]})  # fmt: skip
+    real = [g for g in got if g is not None]
+    return np.concatenate([g["rewards"] for g in real]), np.concatenate([g["valid"] for g in real])
+
+
 def host_share(count: int) -> np.ndarray:
     """This process's contiguous block of ``count`` prompts (`numpy.array_split` over the processes)."""
     return np.array_split(np.arange(count), jax.process_count())[jax.process_index()]

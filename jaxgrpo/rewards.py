@@ -409,6 +409,16 @@ class Scorer:
         s["seconds"] += time.perf_counter() - t0
         return Scores(rewards, valid, timed_out)
 
+    def stats(self) -> dict[str, float]:
+        """The counts behind `take_stats` since its last call: samples, invalid, timeouts, seconds."""
+        return dict(self._stats)
+
+    def add_stats(self, counts: dict[str, float]) -> None:
+        """Adds other processes' counts (`jaxgrpo.async_rollout.score_across_processes`) to those `take_stats`
+        reports."""
+        for k, v in counts.items():
+            self._stats[k] += type(self._stats[k])(v)
+
     def take_stats(self) -> dict[str, float]:
         """Metrics since the last call: ``reward/timeouts`` (samples whose reward call was cut off),
         ``reward/invalid_frac`` (share of scored samples without a valid reward), ``time/reward_s``."""

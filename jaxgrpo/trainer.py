@@ -329,8 +329,11 @@ class Trainer:
         mask = np.asarray(comp.mask)
         ids = [t[m].tolist() for t, m in zip(np.asarray(comp.tokens), mask)]
         texts = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
-        rows = [self.examples[i] for i, g in zip(indices, sizes) for _ in range(int(g))]
-        rw, valid, _ = self.scorer(texts, rows, ids, group_sizes=[int(g) for g in sizes])  # batched: once a group
+        rows, sizes = [self.examples[i] for i, g in zip(indices, sizes) for _ in range(int(g))], [int(g) for g in sizes]
+        if jax.process_count() > 1:  # each host scores its block of groups, and the hosts swap the scores
+            rw, valid = async_rollout.score_across_processes(self, texts, rows, ids, sizes)
+        else:
+            rw, valid, _ = self.scorer(texts, rows, ids, group_sizes=sizes)  # a batched function: once per group
         if self.cfg.algo.overlong_buffer is not None:  # in tokens
             rw = rw + objectives.overlong_penalty(mask.sum(-1), self.cfg.rollout.max_new_tokens,
                                                   self.cfg.algo.overlong_buffer)

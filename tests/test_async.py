@@ -245,3 +245,49 @@ def test_a_failed_share_raises_alike_on_every_host():
 
     with pytest.raises(KeyError, match="mine"):
         async_rollout.swap(Trainer(), make)
+
+
+def test_each_host_scores_its_block_of_groups_and_every_host_gets_every_score(monkeypatch):
+    """Two simulated hosts (threads; the swap through the coordinator replaced by a barrier): groups of 2, 4 and 2 rows
+    split as host 0: groups 0-1, host 1: group 2 (`host_share`); a batched reward sees each group once, on one host;
+    both hosts return all 8 scores and count all 8 samples, one of them invalid (the reward's None)."""
+    import types
+
+    import jax
+
+    from jaxgrpo import rewards
+    from jaxgrpo.example import Example
+
+    local, barrier, box, calls = threading.local(), threading.Barrier(2), [None, None], [[], []]
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "process_index", lambda: local.pid)
+
+    def swap(tr, make):
+        box[local.pid] = make()
+        barrier.wait()
+        return list(box)
+
+    def length(prompts, completions, **kwargs):
+        calls[local.pid].append(list(prompts))
+        return [None if c == "?" else float(len(c)) for c in completions]
+
+    monkeypatch.setattr(async_rollout, "swap", swap)
+    texts = ["a", "bb", "ccc", "d", "ee", "?", "gg", "h"]
+    rows = [Example(p, "1") for p in "AABBBBCC"]
+    out = [None, None]
+
+    def host(pid):
+        local.pid = pid
+        tr = types.SimpleNamespace(scorer=rewards.Scorer([(length, 1.0)], workers=0), producer=None)
+        rw, valid = async_rollout.score_across_processes(tr, texts, rows, [[0]] * 8, [2, 4, 2])
+        out[pid] = (rw.tolist(), valid.tolist(), tr.scorer.take_stats())
+
+    threads = [threading.Thread(target=host, args=(pid,)) for pid in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [[["A", "A"], ["B"] * 4], [["C", "C"]]]
+    for rw, valid, stats in out:
+        assert rw == [1, 2, 3, 1, 2, 0, 2, 1] and valid == [True] * 5 + [False] + [True] * 2
+        assert stats["reward/invalid_frac"] == 1 / 8

@@ -45,7 +45,7 @@ for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(placed)):
     assert y.addressable_shards[0].data.shape == tuple(d // 2 if d == mcfg.hidden_size else d for d in x.shape)
     assert np.array_equal(np.asarray(y), np.asarray(jax.jit(lambda a: a, out_shardings=sharding.replicated(learner))(
         x).addressable_data(0)))
-assert next(async_rollout._EXCHANGES) == 6, "each of the 2 runs' 3 steps swapped its halves once"
+assert next(async_rollout._EXCHANGES) == 12, "each of the 2 runs' 3 steps swapped its halves and their scores once"
 if pid == 0:
     np.savez(out, sizes=np.asarray(sizes))
 """
