@@ -4,6 +4,7 @@ and ``<run_dir>/final.gguf``, from a `jaxgrpo.trainer.Trainer`'s state."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 from typing import Any
 
@@ -31,7 +32,8 @@ def final(tr: Any) -> None:
                 build.save_tokenizer(tr.tokenizer, base_dir)
             base = str(base_dir.absolute())
         if writer:
-            lora.save_peft(tr.model_config, adapters, tr.run_dir / "final_adapter", base_name_or_path=base)
+            lora.save_peft(tr.model_config, adapters, tr.run_dir / "final_adapter", base_name_or_path=base,
+                           revision=tr.cfg.model.revision)  # fmt: skip
     mcfg, params = lora.merged(tr.model_config, tr.state.params)
     params = jax.tree.map(to_host, params)
     if writer:
@@ -44,11 +46,13 @@ def gguf(tr: Any) -> pathlib.Path:
     tokenizer metadata is copied from the GGUF the tokenizer came from (``model.tokenizer``, else the model's
     file), else built from the run's tokenizer (`models.save_gguf`). Process 0 writes (every process gathers)."""
     m = tr.cfg.model
-    mcfg, params = lora.merged(tr.model_config, tr.state.params)
+    # adapters merged in float32 and rounded once, to the file's dtype (a bfloat16 base would round the sum first)
+    mcfg, params = lora.merged(tr.model_config, tr.state.params, tr.cfg.checkpoint.export_gguf_dtype)
     params = jax.tree.map(to_host, params)
     path = tr.run_dir / "final.gguf"
     if jax.process_index() != 0:
         return path
-    source = m.tokenizer or (None if m.name_or_path == "tiny" else build.resolve_model_path(m.name_or_path))
+    hub = build.is_hub_id(m.name_or_path) and not os.path.exists(m.name_or_path)  # its tokenizer is loaded already
+    source = m.tokenizer or (None if m.name_or_path == "tiny" or hub else build.resolve_model_path(m.name_or_path))
     vocab = source if str(source).endswith(".gguf") else tr.tokenizer  # a GGUF's tokenizer fields, verbatim
     return models.save_gguf(mcfg, params, path, vocab, dtype=tr.cfg.checkpoint.export_gguf_dtype)

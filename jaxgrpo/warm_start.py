@@ -269,14 +269,15 @@ def warm_start(cfg: Config, model_config: models.ModelConfig, params: Params, to
                pad_id: int = 0) -> Params:  # fmt: skip
     """The run's initial policy after the warm start on ``conversations`` (`load_conversations`, read before the
     model loads): restored from ``<run_dir>/warm_start`` when a previous start finished it, else trained (`train`),
-    its losses written to ``warm_start.jsonl`` and then its parameters saved there (atomically)."""
+    its losses written to ``warm_start.jsonl`` and then its trained parameters saved there (atomically): with LoRA
+    the adapters only, joined on restore to the base this run loaded (which the run's checkpoints fingerprint)."""
     directory = run_dir / "warm_start"
     with ckpt_lib.CheckpointManager(directory, keep=1, async_save=False) as mgr:
         steps = cfg.warm_start.steps
         if mgr.latest_step() == steps:
-            restored, _ = mgr.restore(steps, {"params": params})
+            restored, _ = mgr.restore(steps, {"params": lora.trainable(params)})
             _say(f"jaxgrpo: warm start restored from {directory} ({steps} steps)")
-            return restored["params"]
+            return lora.with_trainable(params, restored["params"])
         histories = [demonstration_history(tokenizer, schemas, cfg.data.system_prompt, c, eos_token_ids,
                                            f"warm_start demonstration {i}") for i, c in enumerate(conversations)]
         _say(f"jaxgrpo: warm start: {steps} steps on {len(histories)} demonstrations "
@@ -284,6 +285,6 @@ def warm_start(cfg: Config, model_config: models.ModelConfig, params: Params, to
         params, log = train(model_config, params, histories, cfg, perf, pad_id, _say)
         # the losses first: a finished checkpoint implies them (a start killed before the save trains again)
         (directory / "warm_start.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
-        mgr.save(steps, {"params": params}, force=True)
+        mgr.save(steps, {"params": lora.trainable(params)}, force=True)
         mgr.wait()
     return params

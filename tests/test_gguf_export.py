@@ -249,6 +249,26 @@ def test_smollm2_export_round_trip(smollm2_gguf, smollm2, smollm2_hf_tokenizer, 
 
 
 # ------------------------------------------------------------------------------------------- the trainer's export
+def test_the_gguf_export_of_a_hub_model_takes_the_runs_tokenizer_without_fetching_the_base(monkeypatch, tmp_path):
+    """A Hub id is not resolved again at the end of a run (that fetched the default branch's whole snapshot, whatever
+    model.revision pinned): the file's tokenizer fields come from the tokenizer the run loaded."""
+    import types
+
+    from jaxgrpo import build, export
+    from jaxgrpo import models as jmodels
+
+    seen = {}
+    monkeypatch.setattr(build, "resolve_model_path", lambda *a, **k: pytest.fail("the base was resolved again"))
+    monkeypatch.setattr(jmodels, "save_gguf", lambda mcfg, params, path, vocab, dtype=None: seen.update(vocab=vocab))
+    cfg = tiny()
+    run = types.SimpleNamespace(
+        cfg=types.SimpleNamespace(model=types.SimpleNamespace(name_or_path="org/model", tokenizer=None),
+                                  checkpoint=types.SimpleNamespace(export_gguf_dtype=None)),
+        model_config=cfg, state=types.SimpleNamespace(params=random_params(cfg)), run_dir=tmp_path, tokenizer="tok")
+    export.gguf(run)
+    assert seen == {"vocab": "tok"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("source", ["hf", "gguf"])
 def test_trainer_writes_final_gguf(tmp_path, source):

@@ -182,6 +182,32 @@ def test_peft_applies_the_exported_adapter_to_the_transformers_model(tmp_path):
         assert rel_err(with_adapter(torch.as_tensor(ids)).logits.numpy(), ours) > 1e-2
 
 
+def test_a_bfloat16_merge_rounds_the_sum_and_a_float32_one_keeps_it():
+    """``W + s A B`` with a bfloat16 base: cast back to bfloat16 the smallest updates vanish (weights the merge leaves
+    unchanged); merged to float32 (what a float32 GGUF export asks for) the sum is kept, by hand."""
+    config = BASE.replace(lora=SPEC)
+    params = lora_params(config, b_scale=1e-3)
+    base, adapters = lora.split(params)
+    low = lora.join(jax.tree.map(lambda x: x.astype(jnp.bfloat16), base), adapters)
+    w = np.asarray(low["layers"]["q"], np.float32)
+    a, bb = (np.asarray(adapters["q"][k], np.float32) for k in ("a", "b"))
+    want = w + SPEC.alpha / SPEC.rank * np.einsum("lir,lr...->li...", a, bb)
+    kept = np.asarray(lora.merge(config, low, jnp.float32)["layers"]["q"])
+    np.testing.assert_allclose(kept, want, rtol=0, atol=1e-6)
+    rounded = np.asarray(lora.merge(config, low)["layers"]["q"].astype(jnp.float32))
+    assert (rounded == w).mean() > 0.01 and not (kept == w).any()  # the default drops some updates altogether
+
+
+def test_the_peft_adapter_names_the_pinned_revision_of_its_base(tmp_path):
+    import peft
+
+    config = BASE.replace(lora=SPEC)
+    adapters = lora.split(lora_params(config, b_scale=0.2))[1]
+    lora.save_peft(config, adapters, tmp_path / "adapter", base_name_or_path="org/base", revision="0123abc")
+    got = peft.PeftConfig.from_pretrained(tmp_path / "adapter")
+    assert (got.base_model_name_or_path, got.revision) == ("org/base", "0123abc")
+
+
 def test_lora_spec_rejects_bad_settings():
     for kwargs in (dict(rank=0, alpha=1.0), dict(rank=2, alpha=0.0), dict(rank=2, alpha=1.0, targets=("q", "x"))):
         with pytest.raises(models.ModelConfigError):

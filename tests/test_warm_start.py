@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import types
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -238,6 +239,29 @@ def test_with_lora_only_the_adapters_move():
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), base0, base1)
     assert any(not np.array_equal(np.asarray(a), np.asarray(b))
                for a, b in zip(jax.tree.leaves(ad0), jax.tree.leaves(ad1)))  # fmt: skip
+
+
+def test_a_lora_warm_start_keeps_the_adapters_and_restores_them_onto_the_base_the_run_loads(tmp_path, monkeypatch):
+    """The warm start's checkpoint holds what it trained, the adapters; a restart restores them onto the base it
+    loaded (which the run's checkpoints fingerprint), not onto a base saved beside them."""
+    from jaxgrpo.rollout.history import TurnHistory
+
+    config = tiny_config().replace(lora=models.LoraSpec(rank=2, alpha=4.0))
+    params = lora.add_adapters(config, models.init_params(config.replace(lora=None), jax.random.key(2)),
+                               jax.random.key(3))  # fmt: skip
+    trained = lora.with_trainable(params, jax.tree.map(lambda x: x + 0.5, lora.trainable(params)))
+    monkeypatch.setattr(W, "train", lambda *a, **k: (trained, [{"step": 1, "warm_start/loss": 0.25}]))
+    monkeypatch.setattr(W, "demonstration_history", lambda *a, **k: TurnHistory(prompt=[1]))
+    cfg = types.SimpleNamespace(warm_start=types.SimpleNamespace(steps=1),
+                                data=types.SimpleNamespace(system_prompt=None))  # fmt: skip
+    got = W.warm_start(cfg, config, params, None, [[]], (0,), [], tmp_path)
+    chex.assert_trees_all_equal(got, trained)
+    other = lora.with_trainable(lora.add_adapters(config, models.init_params(config.replace(lora=None),
+                                                                             jax.random.key(9)), jax.random.key(3)),
+                                lora.trainable(params))  # fmt: skip
+    restored = W.warm_start(cfg, config, other, None, [[]], (0,), [], tmp_path)
+    chex.assert_trees_all_equal(lora.split(restored)[0], lora.split(other)[0])  # the base loaded now
+    chex.assert_trees_all_equal(lora.trainable(restored), lora.trainable(trained))  # the adapters trained then
 
 
 def test_lora_with_a_kl_term_is_refused():

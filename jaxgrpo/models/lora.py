@@ -124,31 +124,35 @@ def delta(a: jax.Array, b: jax.Array, scale: float, k: int) -> jax.Array:
     return w.reshape(*a.shape[:-1], *b.shape[lead + 1 :])
 
 
-def merged(config: ModelConfig, params: Params) -> tuple[ModelConfig, Params]:
+def merged(config: ModelConfig, params: Params, dtype: Any = None) -> tuple[ModelConfig, Params]:
     """``(config, params)`` of the plain model a LoRA tree stands for (adapters folded in by `merge`, ``lora=None``):
     what the HF and GGUF exports write. A tree without adapters is returned as it is."""
     if not has_adapters(params):
         return config, params
-    return config.replace(lora=None), merge(config, params)
+    return config.replace(lora=None), merge(config, params, dtype)
 
 
-def merge(config: ModelConfig, params: Params) -> Params:
-    """The base with every adapter folded in (``W + s A B``, summed in float32, cast back to the base's dtype); the
-    tree a config with ``lora=None`` describes."""
+def merge(config: ModelConfig, params: Params, dtype: Any = None) -> Params:
+    """The base with every adapter folded in (``W + s A B``, summed in float32, cast to ``dtype``, default the base's:
+    a bfloat16 base rounds the sum per weight, which drops the smallest updates); the tree a config with ``lora=None``
+    describes."""
     base, adapters = split(params)
     layers = dict(base["layers"])
     for name, ab in adapters.items():
         w = layers[name]
-        layers[name] = (w.astype(jnp.float32) + delta(ab["a"], ab["b"], config.lora.scale, n_in(name))).astype(w.dtype)
+        layers[name] = (w.astype(jnp.float32) + delta(ab["a"], ab["b"], config.lora.scale, n_in(name))).astype(
+            w.dtype if dtype is None else dtype)  # fmt: skip
     return {**base, "layers": layers}
 
 
-def peft_config(config: ModelConfig, base_name_or_path: str) -> dict[str, Any]:
-    """The ``adapter_config.json`` of PEFT's LoRA for these adapters (no dropout, plain ``alpha / r`` scaling)."""
+def peft_config(config: ModelConfig, base_name_or_path: str, revision: str | None = None) -> dict[str, Any]:
+    """The ``adapter_config.json`` of PEFT's LoRA for these adapters (no dropout, plain ``alpha / r`` scaling); the
+    base's Hub ``revision`` where the run pinned one (PEFT loads the base at it)."""
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base_name_or_path,
+        "revision": revision,
         "r": config.lora.rank,
         "lora_alpha": config.lora.alpha,
         "lora_dropout": 0.0,
@@ -178,7 +182,8 @@ def to_peft(config: ModelConfig, adapters: Params) -> dict[str, np.ndarray]:
     return out
 
 
-def save_peft(config: ModelConfig, adapters: Params, directory: str | pathlib.Path, base_name_or_path: str) -> None:
+def save_peft(config: ModelConfig, adapters: Params, directory: str | pathlib.Path, base_name_or_path: str,
+              revision: str | None = None) -> None:
     """Write a PEFT adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``) for these adapters.
     Gathers sharded adapters; on multi-host meshes every process must call this, and process 0 writes."""
     from safetensors.numpy import save_file
@@ -190,7 +195,8 @@ def save_peft(config: ModelConfig, adapters: Params, directory: str | pathlib.Pa
     directory.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(directory / "adapter_model.safetensors"), metadata={"format": "pt"})
     user_mode(directory / "adapter_model.safetensors")  # safetensors writes 0600
-    (directory / "adapter_config.json").write_text(json.dumps(peft_config(config, base_name_or_path), indent=2))
+    config_json = peft_config(config, base_name_or_path, revision)
+    (directory / "adapter_config.json").write_text(json.dumps(config_json, indent=2))
 
 
 def base_fingerprint(params: Params) -> list[float] | None:
