@@ -48,7 +48,8 @@ from jaxgrpo import block_sums
 # XLA:CPU), on accelerators 16 (XLA:GPU's sort-free top-k kernel takes k <= 16).
 TOP_P_CANDIDATES = 256
 TOP_P_CANDIDATES_ACCELERATOR = 16
-# the sort-free threshold search: thresholds per pass + 1, and passes (16 ways narrow 2^32 keys to one in 8 passes)
+# the sort-free threshold search: thresholds per pass + 1, and passes (16 ways, each interval at most ceil(R / 16)
+# keys wide, narrow the < 2^32 keys to one in 8 passes)
 _SEARCH_WAYS = 16
 _SEARCH_PASSES = 8
 
@@ -90,8 +91,9 @@ def _nucleus_mask_search(z: jax.Array, lse: jax.Array, top_p: jax.Array) -> jax.
     lo, hi = jnp.min(key, axis=-1) - jnp.uint32(1), jnp.max(key, axis=-1)
     ways = jnp.arange(1, _SEARCH_WAYS, dtype=jnp.uint32)
     for _ in range(_SEARCH_PASSES):
-        step = jnp.maximum((hi - lo) // _SEARCH_WAYS, 1)
-        t = jnp.minimum(lo[:, None] + step[:, None] * ways, hi[:, None])
+        width = hi - lo  # >= 1; the step rounds up, so every interval, the last included, is at most ceil(width / 16)
+        step = width // _SEARCH_WAYS + (width % _SEARCH_WAYS > 0).astype(jnp.uint32)
+        t = lo[:, None] + jnp.minimum(step[:, None] * ways, width[:, None])  # (step * 15 < 2^32: no overflow)
         mass = _mass_above(q, key, t)
         lo = jnp.max(jnp.where(mass >= top_p, t, lo[:, None]), axis=-1)
         hi = jnp.min(jnp.where(mass < top_p, t, hi[:, None]), axis=-1)

@@ -63,6 +63,25 @@ class SearchTest(chex.TestCase):
                 got = np.asarray(search(jnp.asarray(z), jnp.float32(top_p)))
                 np.testing.assert_array_equal(got, expected, err_msg=f"seed {seed} ties {ties} top_p {top_p}")
 
+    def test_search_ends_on_one_key_whatever_the_spread_of_the_logits(self):
+        """Logits spread over the whole float range and a nucleus edge between values one float32 ulp apart: with a
+        step rounded down the last interval stayed up to ~15 keys wide after the 8 passes, and the last token of the
+        nucleus was dropped (10 kept of 18)."""
+        z = np.full((2, 300), -64.0, np.float32)
+        z[:, 150:] = -25.0
+        z[:, :10] = 10.0
+        z[:, 10:20] = np.nextafter(np.float32(10.0), np.float32(0.0))
+        z[1, 20] = 3.0e38  # the other row: keys from -64 to near the largest float
+        z[1, 21:300] = -3.0e38
+        got = np.asarray(jax.jit(_search)(jnp.asarray(z), jnp.float32(0.9)))
+        np.testing.assert_array_equal(got, _np_nucleus(z, 0.9))
+        rng = np.random.default_rng(5)  # and many rows of random logits at random top_p: every set exact
+        z = (rng.normal(size=(400, 1000)) * rng.uniform(0.5, 3.0, size=(400, 1))).astype(np.float32)
+        top_p = rng.uniform(0.5, 0.99, size=(400, 1)).astype(np.float32)
+        got = np.asarray(jax.jit(_search)(jnp.asarray(z), jnp.asarray(top_p)))
+        want = np.stack([_np_nucleus(z[i : i + 1], float(top_p[i, 0]))[0] for i in range(400)])
+        np.testing.assert_array_equal(got, want)
+
     def test_cpu_paths_equal_brute_force_too(self):
         z = _logits(3, 12, 300, True)
         for candidates in (256, 2):  # the top-k candidates' path and the full-sort fallback
