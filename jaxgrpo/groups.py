@@ -86,12 +86,13 @@ def merge_groups(pool: list[Rollout], picks: list[tuple[int, int]]) -> Rollout:
 
 def resample_metrics(rounds: int, sampled: int, want: int, informative: int, degenerate: int,
                      tokens: float) -> dict[str, float]:  # fmt: skip
-    """Dynamic sampling's metrics: rounds of P prompts drawn, groups sampled but not trained on, the fractions."""
+    """Dynamic sampling's metrics: rounds of P prompts drawn, groups sampled but not trained on, the fractions
+    (``degenerate_frac`` among the groups scored: on the engine a group dropped in flight has no outcome)."""
     return {
         "tokens/sampled": tokens,
         "resample/rounds": float(rounds),
         "resample/discarded_groups": float(sampled - want),
-        "resample/degenerate_frac": degenerate / max(sampled, 1),
+        "resample/degenerate_frac": degenerate / max(informative + degenerate, 1),
         "resample/informative_frac": min(informative, want) / want,
     }
 

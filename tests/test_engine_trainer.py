@@ -105,8 +105,8 @@ def test_streamed_adaptive_groups_of_unequal_size_stop_at_p_informative_groups(t
     assert tr.scheduler.group_sizes([0, 1, 2, 3]).tolist() == [2, 4, 2, 4]
     real, scored = tr.scorer, []
 
-    def scorer(texts, examples, ids):  # group c (in completion order) is informative iff c % 3 == 0
-        rw, valid, more = real(texts, examples, ids)
+    def scorer(texts, examples, ids, **kw):  # group c (in completion order) is informative iff c % 3 == 0
+        rw, valid, more = real(texts, examples, ids, **kw)
         rw = np.zeros(len(texts), np.float32)
         rw[0] = float(len(scored) % 3 == 0)
         scored.append((tr.examples.index(examples[0]), len(texts), sum(len(x) for x in ids)))

@@ -281,7 +281,9 @@ def test_eos_mask_lengths_truncated(tiny):
         np.testing.assert_array_equal(comp.tokens[r, length:], 0)
         np.testing.assert_array_equal(comp.logprobs[r, length:], 0.0)
     assert hit_any
-    assert not bool(comp.truncated[4]) and int(comp.lengths[4]) <= m  # EOS at the very last step: not truncated
+    # EOS first sampled at the very last step (row 4, this seed): the whole budget, not truncated
+    assert next(i for i in range(m) if free[4, i] in eos) == m - 1
+    assert not bool(comp.truncated[4]) and int(comp.lengths[4]) == m
     # every id is an EOS: all rows stop after one token
     every = sampling.generate(config, params, PROMPTS, eos_token_ids=range(config.vocab_size), **kw)
     np.testing.assert_array_equal(every.lengths, 1)
