@@ -40,6 +40,11 @@ def _validate_objective(cfg: Config) -> None:
     a = cfg.algo
     _require(a.entropy_top_frac is None or 0 < a.entropy_top_frac <= 1, "algo.entropy_top_frac", a.entropy_top_frac,
              "in (0, 1] (0.2 in the paper) or null (off)")
+    # per micro-batch, the selection keeps ⌈ρ n⌉ tokens but no fixed share of the sequences, while the micro-batches
+    # are weighted by their sequences before it: a seq-mean-* loss would not be the whole batch's (docs/objectives.md)
+    _require(a.entropy_top_frac is None or a.grad_accum_steps == 1 or a.aggregation == "token-mean",
+             "algo.entropy_top_frac", a.entropy_top_frac, f"null with algo.aggregation={a.aggregation} and "
+             f"algo.grad_accum_steps={a.grad_accum_steps} > 1 (use token-mean, or grad_accum_steps=1)")
     _require(0 < a.clip_cov_ratio <= 1, "algo.clip_cov_ratio", a.clip_cov_ratio, "in (0, 1] (2e-4 in the paper)")
     _require(a.clip_cov_lb < a.clip_cov_ub, "algo.clip_cov_lb", a.clip_cov_lb, f"< algo.clip_cov_ub={a.clip_cov_ub}")
     _require(0 < a.kl_cov_ratio <= 1, "algo.kl_cov_ratio", a.kl_cov_ratio, "in (0, 1] (2e-3 in the paper)")

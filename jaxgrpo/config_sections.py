@@ -143,7 +143,7 @@ class AlgoConfig:
     dual_clip: float | None = None
     ratio_level: RatioLevel = "token"  # sequence: GSPO
     aggregation: Aggregation = "token-mean"
-    max_tokens: int | None = None  # for seq-mean-token-sum-norm; None = rollout.max_new_tokens
+    max_tokens: int | None = None  # for seq-mean-token-sum-norm; None = rollout.max_new_tokens (multi-turn: the budget)
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
     num_iterations: int = 1  # mu: optimizer passes over one rollout, old logprobs kept

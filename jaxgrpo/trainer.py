@@ -149,9 +149,10 @@ class Trainer:
                                                          cfg.rollout.top_p, m.data * m.fsdp,
                                                          a.num_minibatches * a.grad_accum_steps)  # fmt: skip
         # the learner's log-probs are of the sampler's distribution (top-k / top-p truncated: jaxgrpo.learner.logprobs)
-        # max_tokens fixed: the single-turn batch's completion width varies (`jaxgrpo.step_batch`)
+        # max_tokens fixed: the batch's completion width varies (`jaxgrpo.step_batch`; multi-turn: the token budget's)
         r = cfg.rollout
-        algo = cfg.algo if self.multiturn is not None else step_batch_lib.step_algo(cfg.algo, r.max_new_tokens)
+        width = self.multiturn.settings.budget if self.multiturn is not None else r.max_new_tokens
+        algo = step_batch_lib.step_algo(cfg.algo, width)
         self.init_fn, self.step_fn = ts.make_train_step(
             self.model_config, algo, cfg.optim,
             perf=self.perf, mesh=self.mesh, temperature=temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,

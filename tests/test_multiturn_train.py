@@ -294,6 +294,27 @@ def test_a_template_that_cannot_append_tool_replies_fails_before_any_step(smollm
     assert "\n" not in str(e.value)
 
 
+def test_dr_grpos_constant_is_the_token_budget(smollm2_gguf, monkeypatch, tmp_path):
+    """seq-mean-token-sum-norm divides by algo.max_tokens; unset, a multi-turn run takes the token budget (after the
+    prompt: max_turns × max_new_tokens = 64 here), the same every step, not the batch's bucketed width."""
+    from jaxgrpo.learner import train_step as ts
+
+    seen = []
+
+    class Asked(Exception):
+        pass
+
+    def make_train_step(model_config, algo, *a, **kw):
+        seen.append(algo.max_tokens)
+        raise Asked  # enough: the train step's algo is what was asked
+
+    monkeypatch.setattr(ts, "make_train_step", make_train_step)
+    with pytest.raises(Asked):
+        trainer.Trainer(small(smollm2_gguf, "algo.estimator=dr_grpo", "algo.aggregation=seq-mean-token-sum-norm"),
+                        tmp_path / "run")  # fmt: skip
+    assert seen == [64]
+
+
 @pytest.mark.parametrize("on_error", ["error", "invalidate"])
 def test_a_get_reward_that_raises(modules, smollm2_gguf, tok, on_error):
     """error: a one-line RewardError naming the environment and the fix; invalidate: every trajectory invalid."""

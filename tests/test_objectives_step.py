@@ -163,3 +163,8 @@ def test_bad_objective_config_is_a_clean_error(override, match):
     extra = ["algo.objective=cispo", "algo.dual_clip=3"]
     with pytest.raises(config_lib.ConfigError, match="algo.dual_clip must be null with algo.objective=cispo"):
         config_lib.load_config("default", extra)
+    extra = ["algo.entropy_top_frac=0.2", "algo.aggregation=seq-mean-token-sum", "algo.grad_accum_steps=2"]
+    with pytest.raises(config_lib.ConfigError, match="algo.entropy_top_frac must be null with algo.aggregation=seq-mean"
+                                                     "-token-sum and algo.grad_accum_steps=2 > 1"):  # fmt: skip
+        config_lib.load_config("default", extra)
+    config_lib.load_config("default", extra[:2])  # one micro-batch: the selection is the whole batch's
