@@ -96,7 +96,7 @@ def _retired(key: str, value: Any) -> bool:
     return True
 
 
-def _drop_retired(raw: Mapping[str, Any]) -> dict[str, Any]:
+def drop_retired(raw: Mapping[str, Any]) -> dict[str, Any]:
     """``raw`` without the `RETIRED_KEYS` that hold their off value (`_retired`)."""
     return {s: {k: v for k, v in sec.items() if not _retired(f"{s}.{k}", v)} if isinstance(sec, Mapping) else sec
             for s, sec in raw.items()}  # fmt: skip
@@ -122,7 +122,7 @@ def from_dict(raw: Mapping[str, Any] | None) -> Config:
         raise ConfigError(f"a config must be a mapping of sections, got {type(raw).__name__}")
     valid = [*SECTIONS, *TOP_LEVEL_SCALARS]
     kwargs: dict[str, Any] = {}
-    for k, v in _drop_retired(raw).items():
+    for k, v in drop_retired(raw).items():
         if k in SECTIONS:
             kwargs[k] = coerce.dataclass_from_mapping(k, SECTIONS[k], v, _moved)
         elif k in TOP_LEVEL_SCALARS:

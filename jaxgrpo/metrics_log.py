@@ -91,7 +91,8 @@ def _parse_jsonl(path: pathlib.Path) -> tuple[list[dict[str, Any]], bool]:
             if i == len(lines) - 1:
                 torn = True
                 break
-            raise ValueError(f"{path}:{i + 1} is not a JSON record with a 'step' ({e}); fix or remove that line") from e
+            why = f"{path}:{i + 1} is not a JSON record with a 'step' ({e})"
+            raise ConfigError(f"{why}; fix or remove that line") from e
         records.append(rec)
     return records, torn
 

@@ -39,7 +39,11 @@ def _say(line: str) -> None:
 
 
 def check_path(run_dir: str | os.PathLike) -> pathlib.Path:
-    """`run_dir` as a Path; ConfigError when it names something that is not a directory."""
+    """`run_dir` as a Path; ConfigError when it names something that is not a directory, or a URL (its lock,
+    metrics and checkpoints are files: on a pod, a directory every worker mounts)."""
+    if "://" in str(run_dir):
+        raise ConfigError(f"--run-dir {run_dir}: a run directory is a filesystem path, not a URL; on a pod pass a "
+                          "directory every worker mounts (NFS/Filestore, or a bucket mounted with gcsfuse)")
     path = pathlib.Path(run_dir)
     if path.exists() and not path.is_dir():
         raise ConfigError(f"--run-dir {path} is a file, not a directory; pass a directory (new or a run's)")
@@ -97,13 +101,19 @@ class RunLock:
         self.release()
 
 
+# fields whose value is a mapping of the user's own keys: compared whole (a reward added at its default weight is a
+# change, not a key the saved file lacks because it predates it)
+_WHOLE = ("data.rewards", "data.columns", "algo.estimator_args", "train.retain")
+
+
 def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
-        if isinstance(v, Mapping) and v and not prefix.startswith(("data.rewards", "algo.estimator_args")):
-            out.update(_flat(v, f"{prefix}{k}."))
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v and key not in _WHOLE:
+            out.update(_flat(v, f"{key}."))
         else:
-            out[f"{prefix}{k}"] = v
+            out[key] = v
     return out
 
 
@@ -112,7 +122,7 @@ def config_changes(saved: Mapping[str, Any], cfg: config_lib.Config) -> dict[str
     (a run's ``config.yaml``), except `RESUME_FREE`. A key the saved file lacks (written before the key existed)
     counts only when `cfg` sets it away from its default."""
     new = _flat(yaml.safe_load(config_lib.to_yaml(cfg)))  # through YAML, as the saved file went: tuples are lists
-    old = _flat(saved)
+    old = _flat(config_lib.drop_retired(saved))  # a retired key at its off value is dropped, as loading drops it
     default = _flat(yaml.safe_load(config_lib.to_yaml(config_lib.Config())))
     out = {}
     for key in sorted(set(new) | set(old)):
@@ -138,7 +148,11 @@ def check_resume_config(cfg: config_lib.Config, run_dir: pathlib.Path, allow: bo
     path = run_dir / CONFIG_FILE
     if not has_checkpoint(run_dir) or not path.is_file():
         return {}
-    saved = yaml.safe_load(path.read_text()) or {}
+    try:
+        saved = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML ({' '.join(str(e).split())}); restore the run's config.yaml or "
+                          "pass a new --run-dir") from None
     changes = config_changes(saved, cfg)
     if changes and not allow:
         listed = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changes.items())

@@ -6,6 +6,7 @@ loads and leave no empty run directory; ``--help`` without JAX."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 import shutil
@@ -326,6 +327,27 @@ def test_a_resume_with_another_config_is_refused_unless_allowed(reference, tmp_p
     rec = __import__("json").loads((run / "config_changes.jsonl").read_text())
     assert rec["step"] == 2 and rec["changes"]["algo.estimator"] == ["grpo", "rloo"]
     assert config_lib.load_config(str(run / "config.yaml")) == changed
+
+
+def test_resume_compares_what_loading_keeps_and_mappings_whole(reference, tmp_path):
+    """A saved config holding a retired key at its off value resumes (loading drops the key); a reward added at its
+    default weight is a change (the rewards are compared whole); a URL as a run directory and a damaged config.yaml
+    are one-line errors."""
+    saved = __import__("yaml").safe_load((reference / "config.yaml").read_text())
+    same = config_lib.load_config(str(reference / "config.yaml"))
+    assert run_dir_lib.config_changes({**saved, "perf": {**saved["perf"], "reuse_projections": False}}, same) == {}
+    more = dataclasses.replace(same, data=dataclasses.replace(same.data, rewards={**same.data.rewards,
+                                                                                 "arithmetic": 1.0}))  # fmt: skip
+    assert more.data.rewards != same.data.rewards
+    assert set(run_dir_lib.config_changes(saved, more)) == {"data.rewards"}
+    with pytest.raises(config_lib.ConfigError, match="a run directory is a filesystem path, not a URL"):
+        run_dir_lib.check_path("gs://bucket/run")
+    run = tmp_path / "run"
+    shutil.copytree(reference, run)
+    (run / "config.yaml").write_text("train: {steps: [\n")
+    with pytest.raises(config_lib.ConfigError, match=r"config.yaml is not valid YAML .*pass a new --run-dir") as e:
+        run_dir_lib.check_resume_config(same, run, allow=False)
+    assert "\n" not in str(e.value)
 
 
 def _no_model(monkeypatch):
