@@ -3,7 +3,7 @@
 
 `prefill` (prompts padded or packed end to end) and `decode_step` (G rows sharing one prompt cache, one token a step)
 must give the hidden states `models.hidden_states` computes on each concatenated, unshared row [prompt; completion]
-(itself tested against transformers in test_models.py), with keys/values equal to the plain cache path's.
+(itself tested against transformers in test_models_hf.py), with keys/values equal to the plain cache path's.
 """
 
 from __future__ import annotations

@@ -334,6 +334,26 @@ class TestConfig:
         cfg = from_hf_config(hf)
         assert cfg.rope_theta == 500000.0 and cfg.head_dim == 4 and cfg.eos_token_ids == (1, 2)
         assert cfg.rope_scaling == RopeScaling("llama3", 32.0, 1.0, 4.0, 8192)
+        # a missing key takes transformers' default for the architecture: LlamaConfig 2048 positions, head_dim
+        # hidden / heads; Qwen2Config and Qwen3Config 32768 positions, Qwen3Config head_dim 128
+        plain = {k: v for k, v in hf.items() if k != "rope_parameters"}
+        assert (cfg.max_position_embeddings, from_hf_config(plain).head_dim) == (2048, 4)
+        q3 = from_hf_config({**plain, "model_type": "qwen3"})
+        assert (q3.max_position_embeddings, q3.head_dim) == (32768, 128)
+        assert from_hf_config({**plain, "model_type": "qwen2"}).max_position_embeddings == 32768
+
+
+def test_the_loader_stops_on_the_generation_configs_eos_ids_too(tmp_path):
+    """Qwen2.5/Qwen3 Instruct list <|im_end|> in config.json and <|im_end|>, <|endoftext|> in generation_config.json,
+    where transformers' generate reads them: a rollout stops on both."""
+    import json
+
+    from jaxgrpo.models import load_pretrained, save_pretrained
+
+    config = CONFIGS["llama"].replace(eos_token_ids=(5,))
+    save_pretrained(config, init_params(config, jax.random.key(0)), tmp_path / "m", dtype="float32")
+    (tmp_path / "m" / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 7]}))
+    assert load_pretrained(tmp_path / "m")[0].eos_token_ids == (5, 7)
 
 
 def test_models_package_has_one_layer_loop():

@@ -33,17 +33,19 @@ from jaxgrpo.models.layers import rope_inv_freq
 
 V = 128
 COMMON = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6)  # fmt: skip
+              num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5)  # fmt: skip
+# not the loader's defaults (10000, 1e-6): a loader that dropped them would not match transformers
+ROPE = {"rope_type": "default", "rope_theta": 500000.0}
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 32, "rope_theta": 10000.0}  # fmt: skip
+               "original_max_position_embeddings": 32, "rope_theta": 10000.0}  # fmt: skip (its 3 regimes at 64 dims)
 
 
 def hf_configs():
     return {
-        "llama": transformers.LlamaConfig(**COMMON, tie_word_embeddings=False),
+        "llama": transformers.LlamaConfig(**COMMON, tie_word_embeddings=False, rope_parameters=ROPE),
         "llama3": transformers.LlamaConfig(**COMMON, tie_word_embeddings=True, rope_parameters=LLAMA3_ROPE),
-        "qwen2": transformers.Qwen2Config(**COMMON, tie_word_embeddings=True),
-        "qwen3": transformers.Qwen3Config(**COMMON, head_dim=24, tie_word_embeddings=False),
+        "qwen2": transformers.Qwen2Config(**COMMON, tie_word_embeddings=True, rope_parameters=ROPE),
+        "qwen3": transformers.Qwen3Config(**COMMON, head_dim=24, tie_word_embeddings=False, rope_parameters=ROPE),
     }
 
 
@@ -125,7 +127,7 @@ def test_llama3_inv_freq_matches_transformers():
     hf = hf_configs()["llama3"]
     ref, _ = ROPE_INIT_FUNCTIONS["llama3"](hf, None)
     cfg = ModelConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                      rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 32))  # fmt: skip
+                      rope_theta=LLAMA3_ROPE["rope_theta"], rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 32))
     ours = rope_inv_freq(cfg)
     np.testing.assert_allclose(ours, ref.numpy(), rtol=1e-6)
     # the tiny config exercises all three regimes (unscaled, smoothed, divided by factor)

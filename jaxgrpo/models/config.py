@@ -238,11 +238,11 @@ def from_hf_config(hf: Mapping[str, Any], dtype: str = "float32") -> ModelConfig
         num_layers=int(hf["num_hidden_layers"]),
         num_heads=num_heads,
         num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
-        head_dim=hf.get("head_dim") or None,
+        head_dim=hf.get("head_dim") or (128 if arch == "qwen3" else None),  # transformers' Qwen3Config default
         rope_theta=float(rope_theta),
         rope_scaling=_rope_scaling_from_dict(rope_scaling),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
+        max_position_embeddings=int(hf.get("max_position_embeddings", 2048 if arch == "llama" else 32768)),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=arch == "qwen2",
         qk_norm=arch == "qwen3",

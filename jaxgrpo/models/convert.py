@@ -76,6 +76,11 @@ def _load_hf(directory: pathlib.Path, dtype: str, param_dtype: str, shardings: A
             f"or a .gguf file"
         )
     config = from_hf_config(json.loads(cfg_path.read_text()), dtype=dtype).replace(param_dtype=param_dtype)
+    gen_path = directory / "generation_config.json"  # what transformers' generate stops on (Qwen2.5/3: two ids)
+    gen_eos = json.loads(gen_path.read_text()).get("eos_token_id") if gen_path.is_file() else None
+    if gen_eos is not None:
+        more = [int(e) for e in (gen_eos if isinstance(gen_eos, list) else [gen_eos])]
+        config = config.replace(eos_token_ids=tuple(dict.fromkeys([*config.eos_token_ids, *more])))
     files = _safetensors_files(directory)
     with contextlib.ExitStack() as stack:
         handles = [stack.enter_context(safe_open(str(f), framework="numpy")) for f in files]

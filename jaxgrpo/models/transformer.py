@@ -49,8 +49,8 @@ def hidden_states(
     attention_mask ``[B, T]``: 1/True = real token (left or right padding both work). positions default to
     ``cumsum(mask) - 1`` clipped at 0 (so each row's first real token is at position 0). ``remat``: the backward
     pass's policy (`jaxgrpo.models.layers.RematPolicy`); ``matmul_backward``: `jaxgrpo.models.layers.MatmulBackward`;
-    ``attention_kernel``: `attention.Kernel` (dense, or chunked: no ``[T, T]`` scores; causal with the default
-    positions only); ``constrain_rows``, ``layer_loop``: see `jaxgrpo.models.layers.run_layers`.
+    ``attention_kernel``: `attention.Kernel` (dense, or chunked: no ``[T, T]`` scores; both mask causally by index,
+    whatever the positions); ``constrain_rows``, ``layer_loop``: see `jaxgrpo.models.layers.run_layers`.
     """
     check_tokens(tokens)
     B, T = tokens.shape
