@@ -17,7 +17,7 @@ def loop(trainer: Any, logger: metrics_log.MetricsLogger, stop: ckpt_lib.Preempt
     (`train.steps`, or `train.max_sampled_tokens`) or ``stop`` is set on any process; logs, checkpoints (every
     `checkpoint.every` steps, at the end and on a stop), exports and returns the metrics of the steps it took. A fatal
     `RewardError` checkpoints the last completed step first, with the prompt iterator's position and the schedule's
-    skip count (`schedule_skips`) put back to where they were before the failed step, so the resumed run draws (and
+    skip count put back to where they were before the failed step, so the resumed run draws (and
     counts the skips of) that step once."""
     cfg = trainer.cfg
     history = []
@@ -34,9 +34,13 @@ def loop(trainer: Any, logger: metrics_log.MetricsLogger, stop: ckpt_lib.Preempt
         logger.log(0, trainer.retain(0))  # step 0: the starting point of every retain/* curve, before any update
     preempted = False
     while not finished():
-        ahead = getattr(trainer, "producer", None) is not None  # a rollout thread draws ahead: it owns the iterator
-        position = None if ahead else trainer.iterator.state()  # (and the checkpoint takes `trainer.consumed`)
-        state, skips = trainer.state, schedule_skips(trainer)
+        # what a step changes before it is scored: the iterator's position and the skip rule's count (the schedule's
+        # per-prompt history is recorded after scoring); a rollout thread drawing ahead owns both (the checkpoint
+        # then takes them as of the last trained step, `trainer.consumed`)
+        ahead, sch = getattr(trainer, "producer", None) is not None, getattr(trainer, "scheduler", None)
+        position = None if ahead else trainer.iterator.state()
+        skips = None if ahead or sch is None else sch.skipped_total
+        state = trainer.state
         try:
             metrics = trainer.step(step)
         except rewards.RewardError as e:
@@ -45,7 +49,7 @@ def loop(trainer: Any, logger: metrics_log.MetricsLogger, stop: ckpt_lib.Preempt
             if position is not None:  # the resumed run draws this step's prompts again
                 trainer.iterator.restore(position)
             if skips is not None:  # ... and counts its skips again
-                trainer.scheduler.skipped_total = skips
+                sch.skipped_total = skips
             save()
             trainer.ckpt.wait()
             raise rewards.RewardError(
@@ -78,11 +82,3 @@ def loop(trainer: Any, logger: metrics_log.MetricsLogger, stop: ckpt_lib.Preempt
         raise ckpt_lib.Preempted(stop.signal or signal.SIGTERM, step, trainer.run_dir)
     return history
 
-
-def schedule_skips(trainer: Any) -> int | None:
-    """``trainer``'s degeneracy-aware scheduler's ``skipped_total`` (`jaxgrpo.scheduler.Scheduler`): the one part of
-    its state a step changes before it is scored (the skip rule's draws; the per-prompt history is recorded after
-    scoring); None without a scheduler, and while a rollout thread draws ahead (`jaxgrpo.async_rollout`: the thread
-    owns the scheduler, and the checkpoint takes its state as of the last trained step from ``trainer.consumed``)."""
-    sch = getattr(trainer, "scheduler", None)
-    return None if sch is None or getattr(trainer, "producer", None) is not None else sch.skipped_total
