@@ -130,8 +130,9 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if inner is str:
         if isinstance(value, str):
             return value
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return str(value)
+        if isinstance(value, int | float) and not isinstance(value, bool):  # YAML read the text as a number: its
+            raise ConfigError(f"{key}: {value!r} was read as a number, which loses the text as written (1.10, 007, "
+                              f"1234e56); quote it: {key}: \"...\"")  # (an override keeps its text as written)
         raise bad
     if typing.get_origin(inner) is dict:
         if not isinstance(value, Mapping):

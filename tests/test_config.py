@@ -35,6 +35,18 @@ def test_defaults():
     assert C.Config().data.rewards == {"arithmetic": 1.0}
 
 
+def test_a_text_field_read_as_a_number_from_a_file_must_be_quoted(tmp_path):
+    """YAML reads ``revision: 1.10`` as the float 1.1 (and a hash prefix 1234e56 as 1.234e+59): the text is lost, so a
+    file must quote it; an override keeps the text as written, and a quoted value loads."""
+    path = write(tmp_path, "model: {name_or_path: org/name, revision: 1.10}\n")
+    with pytest.raises(C.ConfigError, match=r"model.revision: 1.1 was read as a number.*quote it") as e:
+        C.load_config(path)
+    assert "\n" not in str(e.value)
+    quoted = write(tmp_path, 'model: {name_or_path: org/name, revision: "1.10"}\n')
+    assert C.load_config(quoted).model.revision == "1.10"
+    assert C.load_config("default", ["model.name_or_path=org/name", "model.revision=1.10"]).model.revision == "1.10"
+
+
 def test_yaml_then_overrides(tmp_path):
     path = write(tmp_path, """
 # a comment
