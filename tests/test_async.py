@@ -99,23 +99,10 @@ def jax_leaves(tree):
     return jax.tree.leaves(tree)
 
 
-def test_a_resumed_run_trains_every_prompt_once_in_order(tmp_path, monkeypatch, capfd):
-    """k = 2, 6 steps: the uninterrupted run against a run stopped by SIGINT after step 2 (checkpointed there) while
-    the rollout thread had already sampled steps 3 and 4 (indices 2, 3), then resumed: the trained prompts are the
-    same, step by step, none of the drawn-ahead ones lost or trained twice (the uninterrupted run draws each prompt
-    once per epoch)."""
-    trained: list[list[str]] = []
-    real_batch, real_step = step_batch.StepShapes.batch, trainer.Trainer.step
-
-    def batch(self, roll, *a, **kw):  # the learner's batch of each trained step
-        trained.append([e.prompt for e in roll.examples])
-        return real_batch(self, roll, *a, **kw)
-
-    monkeypatch.setattr(step_batch.StepShapes, "batch", batch)
-    cfg = small_config("rollout.max_staleness=2", "checkpoint.every=0", "checkpoint.export_final=false",
-                       "data.num_examples=64", "train.steps=6")  # fmt: skip
-    trainer.run(cfg, tmp_path / "whole")
-    whole, trained[:] = list(trained), []
+def stop_two_steps_ahead_then_resume(monkeypatch, cfg, run_dir, capfd) -> list[dict]:
+    """Runs ``cfg`` (k >= 2) in ``run_dir``, stopped by SIGINT after step 2 (checkpointed there) once the rollout
+    thread holds steps 3 and 4 (indices 2, 3) sampled ahead, then resumed; returns the resumed run's metrics."""
+    real_step = trainer.Trainer.step
 
     def step_then_signal(self, step):
         out = real_step(self, step)
@@ -129,11 +116,33 @@ def test_a_resumed_run_trains_every_prompt_once_in_order(tmp_path, monkeypatch, 
 
     monkeypatch.setattr(trainer.Trainer, "step", step_then_signal)
     with pytest.raises(ckpt_lib.Preempted) as info:
-        trainer.run(cfg, tmp_path / "cut")
+        trainer.run(cfg, run_dir)
     assert info.value.step == 2
     monkeypatch.setattr(trainer.Trainer, "step", real_step)
-    resumed = trainer.run(cfg, tmp_path / "cut")
+    resumed = trainer.run(cfg, run_dir)
     assert "asynchronous run resumed at step 2" in capfd.readouterr().err
+    return resumed
+
+
+def test_a_resumed_run_trains_every_prompt_once_in_order(tmp_path, monkeypatch, capfd):
+    """k = 2, 6 steps: the uninterrupted run against a run stopped by SIGINT after step 2 (checkpointed there) while
+    the rollout thread had already sampled steps 3 and 4 (indices 2, 3), then resumed: the trained prompts are the
+    same, step by step, none of the drawn-ahead ones lost or trained twice (the uninterrupted run draws each prompt
+    once per epoch)."""
+    trained: list[list[str]] = []
+    real_batch = step_batch.StepShapes.batch
+
+    def batch(self, roll, *a, **kw):  # the learner's batch of each trained step
+        trained.append([e.prompt for e in roll.examples])
+        return real_batch(self, roll, *a, **kw)
+
+    monkeypatch.setattr(step_batch.StepShapes, "batch", batch)
+    cfg = small_config("rollout.max_staleness=2", "checkpoint.every=0", "checkpoint.export_final=false",
+                       "data.num_examples=64", "train.steps=6")  # fmt: skip
+    trainer.run(cfg, tmp_path / "whole")
+    whole, trained[:] = list(trained), []
+
+    resumed = stop_two_steps_ahead_then_resume(monkeypatch, cfg, tmp_path / "cut", capfd)
     assert len(whole) == 6 and trained == whole
     assert [m["async/policy_version"] for m in resumed] == [2.0, 2.0, 2.0, 3.0]  # versions 0, 1 are not saved
 

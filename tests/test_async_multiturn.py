@@ -25,14 +25,13 @@ config and its uninterrupted 3-step run on the multi-turn engine, the synchronou
 from __future__ import annotations
 
 import functools
-import os
-import signal
 import sys
 import threading
 
 import jax
 import numpy as np
 import pytest
+from test_async import stop_two_steps_ahead_then_resume
 from test_multiturn_train import ENGINE, assert_same_metrics, calculating_policy, scripted, small
 
 from jaxgrpo import async_rollout, metrics_log, multiturn_step, sampling, sharding, trainer
@@ -134,7 +133,7 @@ def test_a_killed_multiturn_run_trains_every_prompt_once_in_order(smollm2_gguf, 
     the rollout thread had already sampled steps 3 and 4, then resumed: the trained prompts are the same, step by
     step, and no prompt is trained twice (the uninterrupted run draws each prompt once per epoch)."""
     trained: list[list[str]] = []
-    real_batch, real_step = multiturn_step.MultiTurn.batch, trainer.Trainer.step
+    real_batch = multiturn_step.MultiTurn.batch
 
     def batch(self, scored, pad_id):  # the learner's batch of each trained step
         trained.append([e.prompt for e in scored.examples])
@@ -146,23 +145,7 @@ def test_a_killed_multiturn_run_trains_every_prompt_once_in_order(smollm2_gguf, 
     whole, trained[:] = list(trained), []
     assert len(whole) == 4 and len({p for ps in whole for p in ps}) == 8
 
-    def step_then_signal(self, step):
-        out = real_step(self, step)
-        if step == 1:  # once the rollout thread holds steps 2 and 3 (indices), sampled ahead
-            with self.producer.cond:
-                self.producer.cond.wait_for(lambda: {2, 3} <= set(self.producer.ready), timeout=300)
-                assert {2, 3} <= set(self.producer.ready)
-            threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGINT)).start()
-            threading.Event().wait(0.5)  # the handler runs in the main thread, between bytecodes
-        return out
-
-    monkeypatch.setattr(trainer.Trainer, "step", step_then_signal)
-    with pytest.raises(ckpt_lib.Preempted) as info:
-        trainer.run(cfg, tmp_path / "cut")
-    assert info.value.step == 2
-    monkeypatch.setattr(trainer.Trainer, "step", real_step)
-    resumed = trainer.run(cfg, tmp_path / "cut")
-    assert "asynchronous run resumed at step 2" in capfd.readouterr().err
+    resumed = stop_two_steps_ahead_then_resume(monkeypatch, cfg, tmp_path / "cut", capfd)
     assert trained == whole
     assert [m["async/policy_version"] for m in resumed] == [2.0, 2.0]  # versions 0, 1 are not checkpointed
 
