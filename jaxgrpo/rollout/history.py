@@ -91,15 +91,15 @@ class ChatFormat:
         return self.encode(self.render(messages, True))
 
     def _closed_turn(self, prompt: Sequence[Message]) -> tuple[str, str]:
-        """The rendering of ``prompt`` and a stand-in assistant turn, and the text the template writes after the
-        turn's content (``close``)."""
+        """The rendering of ``prompt`` with the generation prompt, and the text the template writes after a last
+        stand-in assistant turn's content (``close``)."""
         a0 = self.render(prompt, True)
         a = self.render([*prompt, {"role": "assistant", "content": _STANDIN}], False)
         at = a.find(_STANDIN, len(a0) if a.startswith(a0) else 0)
         if at < 0:
             raise ConfigError("the chat template does not write an assistant message's content as it is; "
                               "multi-turn token histories need it to")  # fmt: skip
-        return a, a[at + len(_STANDIN) :]
+        return a0, a[at + len(_STANDIN) :]
 
     def end_of_turn(self, prompt: Sequence[Message], eos_token_ids: Sequence[int]) -> int:
         """The token that ends an assistant turn in this template (the policy samples it, and generation stops on
@@ -114,8 +114,7 @@ class ChatFormat:
         """The tokens that follow a policy turn ending in ``last_token``: the end of the assistant turn the policy did
         not write itself, the ``replies`` (tool or user messages) and the next generation prompt."""
         turn = {"role": "assistant", "content": _STANDIN}
-        close = self._closed_turn(prompt)[1]
-        a0 = self.render(prompt, True)
+        a0, close = self._closed_turn(prompt)
         b = self.render([*prompt, turn, *replies], True)
         at = b.find(_STANDIN, len(a0) if b.startswith(a0) else 0)
         after = b[at + len(_STANDIN) :] if at >= 0 else ""
