@@ -30,11 +30,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fractions
+import io
 import math
 import os
 import pathlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from math import comb
 from typing import Any
 
@@ -42,7 +43,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxgrpo import build, degeneracy, eval_schedule, models, sampling, sharding
+from jaxgrpo import async_rollout, build, degeneracy, eval_schedule, models, sampling, sharding
 from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
@@ -153,6 +154,7 @@ def evaluate(
     ks: Sequence[int] | None = None,
     packed_ladder: tuple[int, int] | None = None,
     attention: Kernel = DENSE,
+    exchange: Callable[[bytes], list[bytes]] | None = None,
 ) -> dict[str, Any]:
     """Samples `num_samples` completions per example with `jaxgrpo.sampling.generate`, scores them with `reward_fn`
     (a `jaxgrpo.rewards.RewardFn` or registry name; success = reward >= `success_threshold`) and returns
@@ -167,7 +169,10 @@ def evaluate(
     width (`jaxgrpo.sampling.generate`); evaluations of several sets whose batches share a ladder (e.g. ``(w, w)``
     with ``w`` the widest batch's packed row, `jaxgrpo.padding.widest_row`) share one compiled prefill instead of
     one per set's prompt lengths. None: the bucket of each batch's own prompts. ``attention``: the prefill's
-    attention kernel (a run's resolved ``perf.attention``).
+    attention kernel (a run's resolved ``perf.attention``). ``exchange``: on several processes (every one samples
+    every row over the global ``mesh``), each host scores its contiguous block of each batch's prompts and
+    ``exchange(payload)`` returns every host's payload in process order (`jaxgrpo.host.exchange`; `score_rows`),
+    so the reward runs once per row, not once per host, and every host reports the same scores.
     """
     if not examples:
         raise ValueError("evaluate: no examples (check the split / --num-prompts)")
@@ -204,7 +209,7 @@ def evaluate(
         tokens, mask = np.asarray(comp.tokens), np.asarray(comp.mask)
         texts = tokenizer.batch_decode([t[m].tolist() for t, m in zip(tokens, mask)], skip_special_tokens=True)
         rows = [ex for ex in examples[start : start + prompts_per_batch] for _ in range(num_samples)]
-        r, valid = rewards_lib.score(texts, rows, [(fn, 1.0)], on_error="error")
+        r, valid = score_rows(texts, rows, fn, num_samples, exchange)
         unscored += int((~np.asarray(valid)).sum())  # the reward returned None: no success
         all_rewards.append(r.reshape(len(batch), num_samples))
         lengths.append(np.asarray(comp.lengths))
@@ -247,6 +252,31 @@ def evaluate(
         samples=texts_kept,
     )
     return result
+
+
+def score_rows(texts: list[str], rows: list[Example], fn: rewards_lib.RewardFn, num_samples: int,
+               exchange: Callable[[bytes], list[bytes]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(rewards, valid)`` of a batch's rows (prompt-major, ``num_samples`` per prompt) under ``fn`` (a failure
+    raises). ``exchange`` None: all here. Else this host scores its contiguous block of the prompts
+    (`jaxgrpo.async_rollout.host_share`) and the hosts swap their scores through ``exchange``; a host whose block
+    failed still sends, so that every host raises at the same batch (`jaxgrpo.async_rollout.settle`)."""
+    if exchange is None:
+        return rewards_lib.score(texts, rows, [(fn, 1.0)], on_error="error")
+    block = async_rollout.host_share(len(rows) // num_samples)
+    a, b = (int(block[0]) * num_samples, (int(block[-1]) + 1) * num_samples) if len(block) else (0, 0)
+
+    def make() -> bytes:
+        r, valid = (rewards_lib.score(texts[a:b], rows[a:b], [(fn, 1.0)], on_error="error") if a < b
+                    else (np.zeros(0, np.float32), np.zeros(0, bool)))  # fmt: skip
+        buf = io.BytesIO()
+        np.savez(buf, rewards=np.asarray(r), valid=np.asarray(valid))
+        return buf.getvalue()
+
+    payload, failure = async_rollout.own_share(make)
+    parts = exchange(payload)
+    async_rollout.settle(parts, failure)
+    got = [np.load(io.BytesIO(p)) for p in parts]
+    return np.concatenate([g["rewards"] for g in got]), np.concatenate([g["valid"] for g in got])
 
 
 def prompt_batches(prompts: Sequence[Sequence[int]], prompts_per_batch: int = PROMPTS_PER_BATCH) -> list[list[Any]]:

@@ -69,7 +69,7 @@ def evaluate_held_out(tr: Any, step: int) -> dict[str, float]:
         eval_lib.correctness_reward(tr.cfg, None), num_samples=r.group_size, group_sizes=[r.group_size], ks=ks,
         key=key, max_new_tokens=r.max_new_tokens,
         temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, eos_token_ids=tr.eos_token_ids,
-        data_config=tr.cfg.data, mesh=tr.mesh, attention=tr.prefill_attention)
+        data_config=tr.cfg.data, mesh=tr.mesh, attention=tr.prefill_attention, exchange=_shared())
     return _report(tr, step, result)
 
 
@@ -87,6 +87,12 @@ def _exchange(payload: bytes) -> list[bytes]:
     if i:
         host.delete_exchanged(f"jaxgrpo/eval/{i - 1}")
     return parts
+
+
+def _shared() -> Any:
+    """`_exchange` on several processes (each host scores its block of an evaluation's rows: `jaxgrpo.eval.score_rows`),
+    else None."""
+    return _exchange if jax.process_count() > 1 else None
 
 
 def _report(tr: Any, step: int, result: dict[str, Any]) -> dict[str, float]:
@@ -110,6 +116,6 @@ def retain_accuracy(tr: Any, step: int) -> dict[str, float]:
                                                                                2 + i),
             max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
             eos_token_ids=tr.eos_token_ids, data_config=rs.data, mesh=tr.mesh,
-            attention=tr.prefill_attention)  # fmt: skip
+            attention=tr.prefill_attention, exchange=_shared())  # fmt: skip
         out[f"retain/{rs.name}/accuracy"] = result["mean_success_rate"]
     return out

@@ -16,17 +16,19 @@ from test_train import small_config
 from jaxgrpo import host, metrics_log, trainer
 
 SPLIT_ARGS = ["train.steps=3", "mesh.data=1", "mesh.fsdp=4", "mesh.rollout=4"]
+EVAL_ARGS = ["train.eval_every=3", "train.eval_examples=6", "train.retain_every=3",
+             "train.retain={copy: {difficulty: 0, split: test, num_examples: 5}}"]
 
 SPLIT_BODY = r"""
 from jaxgrpo import config as config_lib, trainer
 from test_train import SMALL
-from test_async_multihost import SPLIT_ARGS
+from test_async_multihost import EVAL_ARGS, SPLIT_ARGS
 from jaxgrpo import host
 got = host.exchange("jaxgrpo/test/big", bytes([pid]) * (5 << 20))  # in three parts of the key-value store
 sizes = [len(b) for b in got] + [b[-1] for b in got]
 for k in (0, 1):  # checkpoint.every=2: a save at step 2 while the rollout thread samples step 3; k = 0 with each
     # host's copy of the weights split over its 2 rollout devices (mesh.rollout_fsdp), k = 1 whole on each
-    split = ["mesh.rollout_fsdp=2"] if k == 0 else []
+    split = ["mesh.rollout_fsdp=2", *EVAL_ARGS] if k == 0 else []
     cfg = config_lib.load_config("default", [*SMALL, *SPLIT_ARGS, *split, f"rollout.max_staleness={k}"])
     trainer.run(cfg, os.path.join(os.path.dirname(out), f"k{k}"))
 from jaxgrpo import async_rollout
@@ -46,8 +48,10 @@ for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(placed)):
     assert np.array_equal(np.asarray(y), np.asarray(jax.jit(lambda a: a, out_shardings=sharding.replicated(learner))(
         x).addressable_data(0)))
 assert next(async_rollout._EXCHANGES) == 12, "each of the 2 runs' 3 steps swapped its halves and their scores once"
+from jaxgrpo import in_training
+evals = next(in_training._EVAL_EXCHANGES)  # k = 0's evaluations, a batch each: retain at steps 0 and 3, held-out at 3
 if pid == 0:
-    np.savez(out, sizes=np.asarray(sizes))
+    np.savez(out, sizes=np.asarray(sizes), evals=evals)
 """
 
 
@@ -55,12 +59,16 @@ if pid == 0:
 def test_two_hosts_split_equals_one_process(tmp_path):
     from multihost import run_two_processes
 
-    sizes = run_two_processes(SPLIT_BODY, tmp_path)["sizes"].tolist()
+    got = run_two_processes(SPLIT_BODY, tmp_path)
+    sizes = got["sizes"].tolist()
+    assert int(got["evals"]) == 3, "each evaluation's batch swapped its hosts' scores once"
     assert sizes == [5 << 20, 5 << 20, 0, 1], "each process's 5 MiB, in process order"
     two = {k: metrics_log.read_metrics(tmp_path / f"k{k}") for k in (0, 1)}
-    trainer.run(small_config("train.steps=3", "mesh.data=1", "mesh.fsdp=8"), tmp_path / "sync")  # one mesh
+    trainer.run(small_config("train.steps=3", "mesh.data=1", "mesh.fsdp=8", *EVAL_ARGS), tmp_path / "sync")  # one mesh
     sync = metrics_log.read_metrics(tmp_path / "sync")
-    assert_same_run(two[0], sync, rtol=1e-4)
+    assert_same_run(two[0], sync, rtol=1e-4)  # the evaluations too: each host scored its block of their rows
+    assert {"eval/pass@1", "retain/copy/accuracy"} <= two[0][-1].keys()
+    two[0], sync = ([r for r in x if "reward/mean" in r] for x in (two[0], sync))  # (not the retain set's step 0)
     assert [r["async/policy_version"] for r in two[0]] == [0.0, 1.0, 2.0]
     assert [r["async/policy_version"] for r in two[1]] == [0.0, 0.0, 1.0]  # step s samples with version s - 1
     assert_same_run(two[1][:1], sync[:1], rtol=1e-4)  # step 0: version 0 and the same prompts either way

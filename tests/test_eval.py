@@ -9,6 +9,7 @@ import dataclasses
 import itertools
 import json
 import pathlib
+import threading
 from fractions import Fraction
 from math import comb
 
@@ -176,6 +177,89 @@ def test_evaluate_groups_prompt_major(tiny_policy):
     assert [d["group_size"] for d in r["degeneracy"]] == [2, 4]
     assert r["samples"][0]["prompt"] == examples[0].prompt and r["samples"][0]["completion"] == calls[0][1]
     assert 0 <= r["truncated_frac"] <= 1 and 0 < r["completion_length_mean"] <= 4
+
+
+def _two_hosts(monkeypatch, body):
+    """Runs ``body(pid, exchange)`` for two simulated hosts (threads; `jaxgrpo.async_rollout.host_share` split by the
+    thread's pid, the coordinator's exchange a barrier) and returns each host's return value or exception."""
+    local, barrier, box, out = threading.local(), threading.Barrier(2), [None, None], [None, None]
+    monkeypatch.setattr(ev.async_rollout, "host_share", lambda n: np.array_split(np.arange(n), 2)[local.pid])
+
+    def exchange(payload):
+        box[local.pid] = payload
+        barrier.wait()
+        got = list(box)
+        barrier.wait()  # both have read this exchange before either sends its next
+        return got
+
+    def host(pid):
+        local.pid = pid
+        try:
+            out[pid] = body(pid, exchange)
+        except Exception as e:  # noqa: BLE001 (the test reads it)
+            out[pid] = e
+
+    threads = [threading.Thread(target=host, args=(pid,)) for pid in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_two_hosts_score_their_blocks_of_an_evaluation_once_and_report_the_one_process_result(tiny_policy,
+                                                                                                monkeypatch):
+    """Every host samples every row (the global mesh); each scores its block of each batch's prompts (3 prompts, 2
+    per batch: host 0 prompt 0 of batch 0 and prompt 2 of batch 1, host 1 prompt 1), so the reward runs once per
+    row, and both report the single process's evaluation."""
+    cfg, model_config, params, tokenizer = tiny_policy
+    examples = data_lib.synthetic_arithmetic(3, 1, seed=0, split="test")
+    calls = [[], []]
+    pid_of = {}
+
+    def reward(text, example):
+        calls[pid_of[threading.get_ident()]].append(example.prompt)
+        return float(len(text) % 2 == 0)
+
+    def run(exchange=None):
+        return ev.evaluate(model_config, params, tokenizer, examples, reward, num_samples=4, group_sizes=[4],
+                           key=jax.random.key(1), max_new_tokens=4, data_config=cfg.data, prompts_per_batch=2,
+                           exchange=exchange)  # fmt: skip
+
+    pid_of[threading.get_ident()] = 0
+    one = run()
+    calls[0].clear()
+
+    def body(pid, exchange):
+        pid_of[threading.get_ident()] = pid
+        return run(exchange)
+
+    out = _two_hosts(monkeypatch, body)
+    p = [e.prompt for e in examples]
+    assert calls == [[p[0]] * 4 + [p[2]] * 4, [p[1]] * 4]
+    for r in out:
+        assert r["success_counts"] == one["success_counts"] and r["mean_reward"] == one["mean_reward"]
+        assert r["samples"] == one["samples"]
+
+
+def test_a_reward_failing_on_one_host_stops_every_host_at_the_same_batch(monkeypatch):
+    from jaxgrpo.example import Example
+
+    rows = [Example(p, "1") for p in "AABB"]
+
+    def reward(text, example):
+        if example.prompt == "B":
+            raise ValueError("bad row")
+        return 1.0
+
+    out = _two_hosts(monkeypatch, lambda pid, exchange: ev.score_rows(["x"] * 4, rows, reward, 2, exchange))
+    from jaxgrpo.errors import RewardError
+
+    assert all(isinstance(e, RewardError) and "raised ValueError: bad row" in str(e) for e in out)
+    assert str(out[0]).startswith("process 1: ") and not str(out[1]).startswith("process")
+    ok = _two_hosts(monkeypatch, lambda pid, exchange: ev.score_rows(["x"] * 4, rows[:2] * 2, reward, 2, exchange))
+    for rewards, valid in ok:
+        assert rewards.tolist() == [1.0] * 4 and valid.tolist() == [True] * 4
 
 
 def test_samples_a_reward_leaves_unscored_count_as_failures_and_are_reported(tiny_policy, capsys):
