@@ -230,11 +230,35 @@ def read_claims(out: pathlib.Path) -> list[dict[str, Any]]:
     return json.loads(path.read_text())
 
 
+def pooled_train_gap(records: list[dict[str, Any]], group_size: int) -> float:
+    """Amendment 7: the training-log Jensen gap, mean over steps of the measured collapse rate minus the i.i.d. rate
+    estimated without bias from the step's pooled samples, ``[C(S,G) + C(N-S,G)] / C(N,G)`` with N = groups x G and
+    S = success rate x N (`jaxgrpo.degeneracy.pooled_iid_rate`; the runs' logged ``degeneracy/iid_rate`` plugged
+    the step's success rate into ``p^G + (1-p)^G``, which is biased up by as much as the effect sought). Steps with
+    an invalid sample are refused: their groups' sizes are not in the log."""
+    gaps = []
+    for r in records:
+        if "time/train_s" not in r:
+            continue
+        if r.get("reward/invalid_frac", 0.0) != 0.0:
+            raise ValueError(f"step {r.get('step')}: invalid samples; the pooled i.i.d. rate needs each group's size")
+        n = round(r["groups/num"] * group_size)
+        s = round(r["degeneracy/success_rate"] * n)
+        iid = (math.comb(s, group_size) + math.comb(n - s, group_size)) / math.comb(n, group_size)
+        gaps.append(r["degeneracy/collapse_rate"] - iid)
+    return float(np.mean(gaps))
+
+
 def load_runs(out: pathlib.Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """cond -> arm -> finished results (sorted by seed)."""
+    """cond -> arm -> finished results (sorted by seed); with the run's metrics beside it, each also carries
+    ``jensen_gap_train_pooled`` (`pooled_train_gap`, amendment 7)."""
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for path in sorted(out.glob("*/*/seed*/result.json")):
         r = json.loads(path.read_text())
+        metrics = path.parent / "metrics.jsonl"
+        if metrics.exists():
+            records = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
+            r["jensen_gap_train_pooled"] = pooled_train_gap(records, r["config"]["rollout"]["group_size"])
         runs.setdefault(r["cond"], {}).setdefault(r["arm"], []).append(r)
     for arms in runs.values():
         for v in arms.values():
@@ -269,8 +293,8 @@ def _values(claim: dict[str, Any], runs: dict[str, list[dict[str, Any]]], base: 
     arm = claim["a"].split("@")[0].split(":")[0]
     if metric == "retention_drop":  # "<arm>@start" > "<arm>@end": the warmed-up model's retention minus the run's
         return [base["retain"] - r["retention"]["accuracy"] for r in runs.get(arm, [])], None
-    if metric == "train_jensen_gap":  # "<arm>:measured" > "<arm>:iid": per run, mean over steps
-        return [r["jensen_gap_train"] for r in runs.get(arm, [])], None
+    if metric == "train_jensen_gap":  # "<arm>:measured" > "<arm>:iid": per run, mean over steps (amendment 7)
+        return [r["jensen_gap_train_pooled"] for r in runs.get(arm, [])], None
     raise ValueError(f"claims.json: unknown metric {metric!r}")
 
 

@@ -31,6 +31,14 @@ from the rewards alone: plugging the per-prompt empirical success rate c/G into 
 the unbiased estimator of ``p**G + (1-p)**G`` from the group's own G samples (``[C(c,G) + C(G-c,G)] / C(G,G)``) is
 exactly the observed all-pass + all-fail indicator, i.e. nothing beyond the measured rate. Instead it reports
 ``degeneracy/excess_over_iid`` = (all-pass + all-fail rate) - i.i.d. rate: the Jensen gap as measured on the batch.
+The same convexity biases the i.i.d. rate if it plugs the batch's p-bar into ``p**G + (1-p)**G`` (up by about
+``G(G-1) p(1-p) (p**(G-2) + (1-p)**(G-2)) / 2N`` for N pooled samples: +0.048 at p = 0.5, G = 4, N = 16, as large as
+the gap it is compared with), so the i.i.d. rate is ``pooled_iid_rate`` of the batch's S successes among its N valid
+members, ``[C(S,G) + C(N-S,G)] / C(N,G)``: the collapse rate the batch would have if its N rewards were dealt into
+groups at random (the permutation null), whose expectation is ``p**G + (1-p)**G`` exactly when all N are i.i.d.
+Bernoulli(p). The measured rate's excess over it then has expectation 0 when every prompt of the batch is equally
+hard and is positive otherwise (a product of G success probabilities is at most their mean G-th power: AM-GM); it is
+the finite batch's Jensen gap, which tends to ``expected_rate - iid_rate`` at the prompts' mean as P grows.
 
 What training does with degenerate groups (`DegenerateMode`, the config's ``algo.degenerate_groups``): ``keep`` them
 in the loss with the estimator's advantage; ``mask`` their tokens out of the loss and its denominators; ``resample``
@@ -62,6 +70,7 @@ __all__ = [
     "all_fail_rate",
     "success_mask",
     "iid_rate",
+    "pooled_iid_rate",
     "expected_rate",
     "diagnostics",
     "prepare",
@@ -215,6 +224,27 @@ def iid_rate(p: Array | float, group_size: Array | int) -> Array:
     return p**g + (1.0 - p) ** g
 
 
+def pooled_iid_rate(successes: Array | float, members: Array | float, group_size: Array | int,
+                    max_group_size: int) -> Array:
+    """The unbiased estimate of ``iid_rate(p, G)`` from ``successes`` S among ``members`` N i.i.d. Bernoulli(p)
+    draws: ``[C(S,G) + C(N-S,G)] / C(N,G)``, the chance that G of the N drawn without replacement all agree
+    (hypergeometric; a U-statistic, so its expectation is ``p**G + (1-p)**G`` for every N >= G; plugging S/N into
+    ``iid_rate`` is biased up by the curve's convexity). Elementwise over broadcast ``successes``, ``members`` and
+    ``group_size`` (counts, float or int; needs ``group_size <= members``); ``max_group_size``: a static bound on
+    ``group_size`` (the product's length). float32; jit-safe."""
+    if max_group_size < 1:
+        raise ValueError(f"max_group_size must be >= 1; got {max_group_size}")
+    s, m = jnp.asarray(successes, jnp.float32), jnp.asarray(members, jnp.float32)
+    g = jnp.asarray(group_size, jnp.int32)
+    s, m, g = jnp.broadcast_arrays(s, m, g)
+    all_pass = all_fail = jnp.ones(s.shape, jnp.float32)
+    for i in range(max_group_size):  # C(S,G)/C(N,G) = prod_{i<G} (S-i)/(N-i)
+        use, denom = i < g, jnp.maximum(m - i, 1.0)
+        all_pass = jnp.where(use, all_pass * jnp.maximum(s - i, 0.0) / denom, all_pass)
+        all_fail = jnp.where(use, all_fail * jnp.maximum(m - s - i, 0.0) / denom, all_fail)
+    return all_pass + all_fail
+
+
 def expected_rate(success_probs: Array, group_size: Array | int) -> Array:
     """``mean_j(p_j**G + (1 - p_j)**G)`` over all entries of ``success_probs`` (per-prompt success probabilities).
 
@@ -245,8 +275,9 @@ def diagnostics(
     - ``degeneracy/all_pass``, ``degeneracy/all_fail``: fractions of all-success / all-failure groups
       (binary = rewards in {0, 1} unless ``success_threshold`` is given).
     - ``degeneracy/success_rate``: p-bar, the fraction of valid members that are successes.
-    - ``degeneracy/iid_rate``: the i.i.d. prediction at p-bar, ``mean over groups of iid_rate(p-bar, n_g)`` with
-      n_g the group's number of valid members (= ``iid_rate(p-bar, G)`` without padding).
+    - ``degeneracy/iid_rate``: the i.i.d. prediction at the batch's success rate, estimated without bias
+      (``pooled_iid_rate`` of the batch's successes among its valid members, averaged over groups at n_g, the
+      group's number of valid members; the plug-in ``iid_rate(p-bar, G)`` is biased up by O(1/N)).
     - ``degeneracy/excess_over_iid``: all_pass + all_fail - iid_rate (the measured Jensen gap).
     - ``reward/mean``, ``reward/std``: over all valid rewards (std with ddof=0).
     - ``groups/num``: number of non-empty groups; ``groups/informative``: non-empty groups that are not degenerate.
@@ -271,8 +302,9 @@ def diagnostics(
     def frac(ind):
         return _psum(jnp.sum(ind & nonempty).astype(jnp.float32), axis_name) / safe_groups
 
-    p_bar = _psum(jnp.sum(success).astype(jnp.float32), axis_name) / safe_members
-    iid_per_group = jnp.where(nonempty, iid_rate(p_bar, n), 0.0)
+    successes = _psum(jnp.sum(success).astype(jnp.float32), axis_name)
+    p_bar = successes / safe_members
+    iid_per_group = jnp.where(nonempty, pooled_iid_rate(successes, safe_members, n, rewards.shape[-1]), 0.0)
     iid = _psum(jnp.sum(iid_per_group), axis_name) / safe_groups
 
     r_mean = _psum(jnp.sum(rewards), axis_name) / safe_members

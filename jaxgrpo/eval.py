@@ -16,12 +16,14 @@ Statistics, for a prompt with c successes among n samples (success: reward >= ``
   prompts. It is the unbiased estimate of ``mean_j(p_j^G + (1-p_j)^G)`` (``jaxgrpo.degeneracy.expected_rate``) for
   the prompts' true success probabilities p_j, because ``C(c, G) / C(n, G)`` is the unbiased estimator of p^G when
   c ~ Binomial(n, p).
-- **i.i.d. prediction**: ``p̄^G + (1-p̄)^G`` at the mean success rate p̄ (``jaxgrpo.degeneracy.iid_rate``).
+- **i.i.d. prediction**: ``p̄^G + (1-p̄)^G`` at the mean success rate p̄, estimated from the S successes among all
+  N samples as ``[C(S,G) + C(N-S,G)] / C(N,G)`` (`degenerate_probability` of the pooled samples, as
+  ``jaxgrpo.degeneracy.pooled_iid_rate``: the rate if the N outcomes were dealt into groups at random; unbiased when
+  all N are i.i.d., where plugging p̄ into the formula is biased up by about f''(p) p (1-p) / (2N)).
   The map f(p) = p^G + (1-p)^G is convex, so by Jensen the true rate mean_j f(p_j) is >= f at the prompts' mean
   success probability; the difference (``gap``) is how much more often GRPO groups of size G collapse because
-  prompts differ in difficulty. The measured rate is unbiased for the true rate, but the prediction plugs in the
-  sample mean p̄, which biases it up by about f''(p) p (1-p) / (2N) for N samples in all: with few samples the gap
-  understates the true one, and for prompts of equal difficulty it is slightly negative in expectation.
+  prompts differ in difficulty. Both rates are unbiased when every prompt is equally hard, so the gap then has
+  expectation 0; otherwise it is positive, and it tends to the Jensen gap as the number of prompts grows.
   A prompt set with success rates {0, 1} collapses always (measured 1) while i.i.d. at p̄ = 0.5 predicts 2 * 0.5^G.
 """
 
@@ -43,7 +45,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from jaxgrpo import async_rollout, build, degeneracy, eval_schedule, models, sampling, sharding
+from jaxgrpo import async_rollout, build, eval_schedule, models, sampling, sharding
 from jaxgrpo import checkpoint as ckpt_lib
 from jaxgrpo import config as config_lib
 from jaxgrpo import data as data_lib
@@ -104,7 +106,7 @@ def summarize(successes: np.ndarray, group_sizes: Sequence[int], ks: Sequence[in
         measured = float(np.mean(degenerate_probability(n, c, g)))
         all_pass = float(np.mean([fractions.Fraction(comb(int(ci), int(g)), comb(n, int(g))) for ci in c]))
         all_fail = float(np.mean([fractions.Fraction(comb(n - int(ci), int(g)), comb(n, int(g))) for ci in c]))
-        iid = float(degeneracy.iid_rate(p_bar, int(g)))
+        iid = degenerate_probability(p_count * n, int(c.sum()), int(g))  # every sample pooled: the i.i.d. rate
         result["degeneracy"].append(
             {
                 "group_size": int(g),

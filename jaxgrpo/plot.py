@@ -6,7 +6,7 @@ PNGs (matplotlib, Agg backend, no display needed) to ``DIR`` (default ``RUN_DIR/
 - ``collapse.png``: the degenerate-group rate split into all-fail (bottom) and all-pass (top) groups as a stacked
   area (``degeneracy/all_fail``, ``degeneracy/all_pass``), the total ``degeneracy/collapse_rate`` (which also counts
   groups whose equal reward is neither the fail nor the pass value) and the i.i.d. prediction
-  ``degeneracy/iid_rate`` = p̄^G + (1 − p̄)^G at the step's mean success rate;
+  ``degeneracy/iid_rate`` (p̄^G + (1 − p̄)^G at the step's mean success rate, `jaxgrpo.degeneracy.pooled_iid_rate`);
 - ``kl.png``: ``kl`` (the estimator chosen by ``algo.kl_estimator``);
 - ``completion_length.png``: ``completion/len_mean`` (tokens) and, on a second axis, ``completion/truncated_frac``;
 - ``diversity.png``: ``diversity/distinct_frac`` (distinct completions per group / G) and, on a second axis,

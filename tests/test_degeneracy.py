@@ -3,6 +3,8 @@
 diagnostics against hand-computed values, jit, and sharded == unsharded."""
 
 import functools
+import itertools
+from math import comb
 
 import chex
 import hypothesis.strategies as st
@@ -86,6 +88,39 @@ def test_expected_rate_is_at_least_iid_rate(probs, g):
     assert got >= float(degeneracy.iid_rate(float(p.mean()), g)) - 1e-5
 
 
+def test_pooled_iid_rate_hand_values_and_bound():
+    np.testing.assert_allclose(degeneracy.pooled_iid_rate(8, 16, 4, 4), 2 * comb(8, 4) / comb(16, 4), rtol=1e-6)
+    np.testing.assert_allclose(degeneracy.pooled_iid_rate(jnp.array([0, 16, 3]), 16, jnp.array([4, 4, 2]), 4),
+                               [1.0, 1.0, (comb(3, 2) + comb(13, 2)) / comb(16, 2)], rtol=1e-6)  # fmt: skip
+    np.testing.assert_allclose(degeneracy.pooled_iid_rate(1, 1, 1, 4), 1.0)  # a group of one always agrees
+    with pytest.raises(ValueError, match="max_group_size"):
+        degeneracy.pooled_iid_rate(1, 4, 2, 0)
+
+
+@pytest.mark.parametrize("p, prompts, g", [(0.5, 2, 3), (0.3, 4, 4), (0.9, 2, 8)])
+def test_excess_over_iid_has_expectation_zero_for_equally_hard_prompts(p, prompts, g):
+    """Every prompt at the same success probability p: the measured collapse has expectation p^G + (1-p)^G, and so
+    must the i.i.d. rate, or the excess reads a Jensen gap where there is none. Exact expectation over all
+    2^(P*G) outcomes, weighted by their probabilities (the plug-in p-bar^G + (1-p-bar)^G is biased: at p = 0.5,
+    P = 2, G = 3 its expectation is 0.375, not 0.25)."""
+    n = prompts * g
+    outcomes = np.array(list(itertools.product([0.0, 1.0], repeat=n)), np.float32).reshape(-1, prompts, g)
+    weight = np.prod(np.where(outcomes == 1, p, 1 - p), axis=(1, 2))
+    out = jax.vmap(degeneracy.diagnostics)(jnp.asarray(outcomes))
+    for key, want in (("degeneracy/iid_rate", p**g + (1 - p) ** g), ("degeneracy/excess_over_iid", 0.0),
+                      ("degeneracy/collapse_rate", p**g + (1 - p) ** g)):  # fmt: skip
+        np.testing.assert_allclose(float(np.sum(weight * np.asarray(out[key], np.float64))), want, atol=2e-6,
+                                   err_msg=key)  # fmt: skip
+
+
+def test_excess_over_iid_is_positive_when_prompts_differ():
+    """One prompt always solved, one never: every group collapses, while the step's 8 of 16 successes dealt into
+    groups of 4 at random agree with probability 2 C(8,4) / C(16,4)."""
+    r = jnp.asarray([[1.0] * 4, [0.0] * 4] * 2)
+    out = degeneracy.diagnostics(r)
+    np.testing.assert_allclose(out["degeneracy/excess_over_iid"], 1 - 2 * comb(8, 4) / comb(16, 4), rtol=1e-6)
+
+
 def test_diagnostics_hand_values():
     r = np.array(
         [[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]], np.float32
@@ -101,8 +136,8 @@ def test_diagnostics_hand_values():
         "degeneracy/all_pass": 0.25,
         "degeneracy/all_fail": 0.25,
         "degeneracy/success_rate": p,
-        "degeneracy/iid_rate": p**4 + (1 - p) ** 4,
-        "degeneracy/excess_over_iid": 0.5 - (p**4 + (1 - p) ** 4),
+        "degeneracy/iid_rate": (comb(7, 4) + comb(9, 4)) / comb(16, 4),  # 4 of the 16 drawn: all agree
+        "degeneracy/excess_over_iid": 0.5 - (comb(7, 4) + comb(9, 4)) / comb(16, 4),
         "degeneracy/spurious_amplification": 1.499997,  # the lone success of [1, 0, 0, 0]
         "reward/mean": p,
         "reward/std": r.std(),
@@ -126,7 +161,7 @@ def test_diagnostics_hand_values():
     r3 = jnp.array([[0.5, 0.5, 0.5, 0.5], [1.0, 0.0, 1.0, 0.0]])
     out3 = degeneracy.diagnostics(r3)
     p3 = 2 / 8  # success iff r == 1 (no threshold): the two 1s of the eight members
-    iid3 = p3**4 + (1 - p3) ** 4
+    iid3 = (comb(2, 4) + comb(6, 4)) / comb(8, 4)
     np.testing.assert_allclose(out3["degeneracy/success_rate"], p3)
     np.testing.assert_allclose(out3["degeneracy/collapse_rate"], 0.5)
     np.testing.assert_allclose(out3["degeneracy/all_pass"] + out3["degeneracy/all_fail"], 0.0)
@@ -140,7 +175,8 @@ def test_diagnostics_with_padding_and_threshold():
     # successes: 0.9 | 0.8, 0.9, 0.7 -> p = 4/5; group sizes 2 and 3
     p = 4 / 5
     np.testing.assert_allclose(out["degeneracy/success_rate"], p, rtol=1e-6)
-    np.testing.assert_allclose(out["degeneracy/iid_rate"], ((p**2 + (1 - p) ** 2) + (p**3 + (1 - p) ** 3)) / 2)
+    np.testing.assert_allclose(out["degeneracy/iid_rate"], ((comb(4, 2) + comb(1, 2)) / comb(5, 2)
+                                                            + (comb(4, 3) + comb(1, 3)) / comb(5, 3)) / 2)
     np.testing.assert_allclose(out["degeneracy/all_pass"], 0.5)
     np.testing.assert_allclose(out["degeneracy/collapse_rate"], 0.0)
     np.testing.assert_allclose(out["reward/mean"], (0.9 + 0.2 + 0.8 + 0.9 + 0.7) / 5, rtol=1e-6)

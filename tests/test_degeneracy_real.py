@@ -202,6 +202,35 @@ def test_second_edition_train_stats_by_hand(dr2):
     assert (s["reward_mean"], s["reward_last_half"]) == (0.5, 0.75) and s["grad_norm_pcts"]["50"] == 4.0
 
 
+def test_pooled_train_gap_by_hand_and_in_the_verdicts(dr2, tmp_path):
+    """Amendment 7: per step, collapse rate minus [C(S,G) + C(N-S,G)] / C(N,G) from the logged success rate and
+    groups (the logged plug-in iid_rate is not read); H5's verdict takes it from each run's metrics.jsonl."""
+    from math import comb
+
+    steps = [{"step": 0, "retain/held/accuracy": 0.9},
+             {"step": 1, "time/train_s": 1.0, "groups/num": 4.0, "degeneracy/success_rate": 0.5,
+              "degeneracy/collapse_rate": 0.5, "degeneracy/iid_rate": 0.125, "reward/invalid_frac": 0.0},
+             {"step": 2, "time/train_s": 1.0, "groups/num": 4.0, "degeneracy/success_rate": 0.25,
+              "degeneracy/collapse_rate": 1.0, "degeneracy/iid_rate": 0.33}]  # fmt: skip
+    want = ((0.5 - 2 * comb(8, 4) / comb(16, 4)) + (1.0 - (comb(4, 4) + comb(12, 4)) / comb(16, 4))) / 2
+    assert dr2.analysis.pooled_train_gap(steps, 4) == pytest.approx(want)
+    with pytest.raises(ValueError, match="invalid samples"):
+        dr2.analysis.pooled_train_gap([{**steps[1], "reward/invalid_frac": 0.0625}], 4)
+    claims = [{"id": "h", "cond": "m4", "a": "grpo:measured", "b": "grpo:iid", "claim": "a>b",
+               "metric": "train_jensen_gap", "seeds": 2}]  # fmt: skip
+    dr2._write_json(tmp_path / "claims.json", claims)
+    dr2._write_json(tmp_path / "levels.json", {"levels": {"1": {"accuracy": 0.9}, "4": {"accuracy": 0.3}},
+                                               "pick": {"matched": 4, "hard": None, "retain": 1}})  # fmt: skip
+    for seed, rate in enumerate((0.5, 0.25)):
+        run = tmp_path / "m4" / "grpo" / f"seed{seed}"
+        dr2._write_json(run / "result.json", _result("m4", "grpo", seed, 0.5, gap=-1.0,
+                                                     config={"rollout": {"group_size": 4}}))  # fmt: skip
+        (run / "metrics.jsonl").write_text(json.dumps({**steps[1], "degeneracy/success_rate": rate}) + "\n")
+    (v,) = dr2.analysis.verdicts(tmp_path)["claims"]
+    gaps = [0.5 - 2 * comb(8, 4) / comb(16, 4), 0.5 - (comb(4, 4) + comb(12, 4)) / comb(16, 4)]
+    assert v["n"] == 2 and v["diff"] == pytest.approx(sum(gaps) / 2)  # not the result files' plug-in -1.0
+
+
 def test_second_edition_sampling_stats_by_hand(dr2):
     """Amendment 3: informative groups per 1,000 sampled tokens (the schedule's count, P x the resample fraction, or
     the step's informative groups) and the held-out probe with the tokens and step seconds spent by then."""

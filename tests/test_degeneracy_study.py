@@ -114,13 +114,13 @@ def test_quick_jensen_table_is_the_hypergeometric_recount(quick):
     for r in jensen.values():
         n, c = r["num_samples"], np.array(r["success_counts"])
         assert n == 16 and len(c) == 2 * runner.QUICK.probe_prompts
-        p_bar = c.sum() / (n * len(c))
         assert [d["group_size"] for d in r["degeneracy"]] == [2, 4, 8, 16]
         for d in r["degeneracy"]:
             g = d["group_size"]
             measured = np.mean([(math.comb(int(k), g) + math.comb(n - int(k), g)) / math.comb(n, g) for k in c])
             assert d["measured"] == pytest.approx(measured, abs=1e-12)
-            assert d["iid"] == pytest.approx(p_bar**g + (1 - p_bar) ** g, abs=1e-6)
+            pool, hits = n * len(c), int(c.sum())  # every sample pooled: the i.i.d. rate
+            assert d["iid"] == pytest.approx((math.comb(hits, g) + math.comb(pool - hits, g)) / math.comb(pool, g))
     assert jensen[f"tiny_level{base['regimes']['matched']}"]["regime"] == "matched"
 
 

@@ -91,20 +91,21 @@ def test_summarize_prompts_at_rates_zero_and_one():
     for d, g in zip(r["degeneracy"], [1, 2, 4]):
         assert d["group_size"] == g
         assert d["measured"] == 1.0 and d["all_fail"] == 0.5 and d["all_pass"] == 0.5
-        assert d["iid"] == pytest.approx(2 * 0.5**g)
-        assert d["gap"] == pytest.approx(1 - 2 * 0.5**g)
+        iid = 2 * comb(4, g) / comb(8, g)  # 4 successes among the 8 samples, dealt into groups of g at random
+        assert d["iid"] == pytest.approx(iid) and d["gap"] == pytest.approx(1 - iid)
     json.dumps(r, allow_nan=False)  # JSON-ready
 
 
 def test_summarize_homogeneous_prompts_by_hand():
-    # every prompt 2 of 4: pass@2 = 5/6; measured at G=2 is 1/3 (without replacement) while iid(0.5, 2) = 1/2
+    # every prompt 2 of 4: pass@2 = 5/6; measured at G=2 is 1/3 (without replacement), the i.i.d. rate of the 6
+    # successes among 12 samples 2 C(6,2) / C(12,2) = 5/11 (plugging p-bar in would say 1/2)
     s = np.array([[1, 1, 0, 0], [0, 1, 0, 1], [1, 0, 0, 1]], bool)
     r = ev.summarize(s, [2, 3])
     assert r["pass@k"]["2"] == pytest.approx(5 / 6)
     d2, d3 = r["degeneracy"]
-    assert d2["measured"] == pytest.approx(1 / 3) and d2["iid"] == pytest.approx(0.5)
+    assert d2["measured"] == pytest.approx(1 / 3) and d2["iid"] == pytest.approx(5 / 11)
     assert d2["all_pass"] == pytest.approx(1 / 6) and d2["all_fail"] == pytest.approx(1 / 6)
-    assert d3["measured"] == 0.0 and d3["iid"] == pytest.approx(0.25)
+    assert d3["measured"] == 0.0 and d3["iid"] == pytest.approx(2 * comb(6, 3) / comb(12, 3))
     with pytest.raises(ValueError, match="must be boolean"):
         ev.summarize(s.astype(np.float32), [2])
     with pytest.raises(ValueError, match="non-empty"):
