@@ -46,7 +46,7 @@ from jaxgrpo import degeneracy
 Array = jax.Array
 
 __all__ = ["grpo", "dr_grpo", "rloo", "sign", "pass_at_k", "max_rl", "avspo", "compute", "estimator_args",
-           "Estimator", "ESTIMATORS", "Scale", "SCALES"]
+           "degenerate_for", "Estimator", "ESTIMATORS", "Scale", "SCALES"]
 
 # The estimators by name (the config's algo.estimator); each is the function of that name below.
 Estimator = Literal["grpo", "dr_grpo", "rloo", "sign", "pass_at_k", "max_rl", "avspo"]
@@ -312,6 +312,25 @@ def estimator_args(name: Estimator) -> tuple[str, ...]:
     ``algo.estimator_args``): its keyword-only parameters, less the ones `compute` routes itself."""
     params = inspect.signature(_ESTIMATOR_FNS[name]).parameters.items()
     return tuple(p for p, spec in params if spec.kind is inspect.Parameter.KEYWORD_ONLY and p not in _ROUTED)
+
+
+def degenerate_for(name: Estimator, rewards: Array, valid: Array | None = None, *, atol: float = 1e-6,
+                   rtol: float = 1e-6, **kwargs) -> Array:
+    """``[...]`` bool: the groups that ``algo.degenerate_groups=mask`` takes out of the loss and ``resample``
+    replaces under estimator ``name`` (``kwargs`` its arguments, as `compute` takes them). The degenerate groups
+    (`jaxgrpo.degeneracy.degenerate_mask`), and for ``pass_at_k`` also every group its estimator gives no signal by
+    construction although the rewards differ: fewer than k valid members, or fewer than k wrong ones (every k-subset
+    then holds a correct answer: rho = 1, sigma = 0; with G = 8, k = 4, every group of 5-7 successes). Kept, such a
+    group would add only zeros to the loss's sums and its tokens to the denominators, and a resampling step would
+    count it as informative. jit-safe."""
+    rewards, valid = degeneracy.prepare(rewards, valid)
+    deg = degeneracy.degenerate_mask(rewards, valid, atol, rtol)
+    if name != "pass_at_k":
+        return deg
+    k, threshold = kwargs["k"], kwargs.get("success_threshold", 0.5)
+    n = jnp.sum(valid, axis=-1)
+    wrong = n - jnp.sum(valid & (rewards >= threshold), axis=-1)
+    return deg | (n < k) | (wrong == n) | (wrong < k)
 
 
 def compute(

@@ -12,8 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxgrpo import degeneracy
-from jaxgrpo.groups import Rollout, merge_groups, resample_metrics, sampled_tokens, stream_groups
+from jaxgrpo.groups import Rollout, degenerate_groups, merge_groups, resample_metrics, sampled_tokens, stream_groups
 from jaxgrpo.scheduled import rollout as scheduled_rollout
 
 
@@ -38,8 +37,7 @@ def rollout(tr: Any, step: int) -> tuple[Rollout, dict[str, float]]:
     pool, informative, degenerate = [first], [], []
     while True:
         r_i, cur = len(pool) - 1, pool[-1]
-        deg = np.asarray(degeneracy.degenerate_mask(cur.rewards, cur.valid, atol=a.degenerate_atol,
-                                                    rtol=a.degenerate_rtol))
+        deg = degenerate_groups(a, cur.rewards, cur.valid)
         informative += [(r_i, p) for p in np.flatnonzero(~deg)]
         degenerate += [(r_i, p) for p in np.flatnonzero(deg)]
         if len(informative) >= want or len(pool) >= a.resample_max_rounds:

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxgrpo import advantages, sampling
 from jaxgrpo import data as data_lib
-from jaxgrpo import degeneracy, sampling
 from jaxgrpo.learner.batch import Batch, left_pad_prompts
 
 
@@ -28,6 +28,14 @@ class Rollout:
     texts: list[str]
     rewards: np.ndarray  # [P, G]
     valid: np.ndarray  # [P, G]
+
+
+def degenerate_groups(algo: Any, rewards: Any, valid: Any) -> np.ndarray:
+    """``[P]`` bool: the groups the step masks as degenerate and a resampling round does not count as informative
+    (`jaxgrpo.advantages.degenerate_for` under ``algo``'s estimator, its arguments and the step's tolerances)."""
+    kwargs = {"atol": algo.degenerate_atol, "rtol": algo.degenerate_rtol, **algo.estimator_args}
+    return np.asarray(advantages.degenerate_for(algo.estimator, jnp.asarray(rewards, jnp.float32),
+                                                jnp.asarray(valid, bool), **kwargs))  # fmt: skip
 
 
 def make_batch(rollout: Rollout, prompt_width: int, pad_id: int) -> Batch:
@@ -125,8 +133,7 @@ def stream_groups(tr: Any, key: jax.Array, draw_round: Callable[[int], list[int]
                                     grp.entropy)  # fmt: skip
         prompt = rounds[p // n][p % n]
         one = tr.score([prompt], comp)
-        deg = bool(np.asarray(degeneracy.degenerate_mask(one.rewards, one.valid, atol=a.degenerate_atol,
-                                                         rtol=a.degenerate_rtol))[0])  # fmt: skip
+        deg = bool(degenerate_groups(a, one.rewards, one.valid)[0])
         done.append((prompt, one, deg))
         return sum(not d for _, _, d in done) >= want
 

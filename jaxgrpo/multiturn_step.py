@@ -63,12 +63,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgrpo import async_rollout, degeneracy, diversity, models, objectives, padding, sampling, scheduled
+from jaxgrpo import async_rollout, diversity, models, objectives, padding, sampling, scheduled
 from jaxgrpo import step_batch as step_batch_lib
 from jaxgrpo.config_sections import Config
 from jaxgrpo.errors import ConfigError, RewardError
 from jaxgrpo.example import Example
-from jaxgrpo.groups import process_share, resample_metrics
+from jaxgrpo.groups import degenerate_groups, process_share, resample_metrics
 from jaxgrpo.learner import train_step as ts
 from jaxgrpo.learner.batch import Batch, global_batch, multiturn_batch
 from jaxgrpo.models.attention import DENSE, Kernel
@@ -342,8 +342,7 @@ def rollout(trainer: Any, step: int) -> tuple[Scored, dict[str, float]]:
         else:
             scored, stats = sample_round(trainer, indices, round_key)
             sizes += [g] * len(indices)
-        deg = np.asarray(degeneracy.degenerate_mask(scored.rewards, scored.valid, atol=a.degenerate_atol,
-                                                    rtol=a.degenerate_rtol))  # fmt: skip
+        deg = degenerate_groups(a, scored.rewards, scored.valid)
         pool.append(scored)
         rounds.append(stats)
         drawn.append((indices, deg))

@@ -28,8 +28,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxgrpo import degeneracy, sampling
-from jaxgrpo.groups import Rollout, merge_groups, resample_metrics, sampled_tokens, stream_groups
+from jaxgrpo import sampling
+from jaxgrpo.groups import Rollout, degenerate_groups, merge_groups, resample_metrics, sampled_tokens, stream_groups
 from jaxgrpo.rollout import driver as rollout_driver
 
 
@@ -54,8 +54,7 @@ def rollout(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str, floa
         tr.rollout_stats = {}
         roll = sample_sized(tr, kept, sizes, round_key) if sch.settings.adaptive else tr.sample(kept, round_key)
         stats.update(tr.rollout_stats)
-        deg = np.asarray(degeneracy.degenerate_mask(roll.rewards, roll.valid, atol=a.degenerate_atol,
-                                                    rtol=a.degenerate_rtol))  # fmt: skip
+        deg = degenerate_groups(a, roll.rewards, roll.valid)
         pool.append(roll)
         seen.append((kept, roll, deg))
         sizes_all += [int(g) for g in sizes]
@@ -210,8 +209,7 @@ def stream_sized(tr: Any, step: int, key: jax.Array) -> tuple[Rollout, dict[str,
             return False
         comp = rollout_driver.completions(dict(enumerate(got)), range(len(got)))
         one = score_sized(tr, [kept[j]], [sizes[j]], comp)
-        deg = bool(np.asarray(degeneracy.degenerate_mask(one.rewards, one.valid, atol=a.degenerate_atol,
-                                                         rtol=a.degenerate_rtol))[0])  # fmt: skip
+        deg = bool(degenerate_groups(a, one.rewards, one.valid)[0])
         done.append((kept[j], one, deg))
         done_sizes.append(int(sizes[j]))
         del parts[(r_i, j)]

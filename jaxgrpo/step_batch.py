@@ -40,7 +40,7 @@ from jax.sharding import Mesh
 from jaxgrpo import advantages as advantages_lib
 from jaxgrpo import degeneracy, padding
 from jaxgrpo.config_sections import AlgoConfig, PerfConfig
-from jaxgrpo.groups import Rollout, make_batch, merge_groups, process_share
+from jaxgrpo.groups import Rollout, degenerate_groups, make_batch, merge_groups, process_share
 from jaxgrpo.learner.batch import Batch, global_batch
 from jaxgrpo.learner.perf import packed_prompt_width, shape_ladders
 
@@ -103,13 +103,6 @@ def estimator_kwargs(algo: AlgoConfig) -> dict[str, Any]:
     """The estimator's keywords as the train step passes them (`jaxgrpo.learner.minibatch.StepParts`): the degeneracy
     tolerances unless ``algo.estimator_args`` sets them (`advantages.compute` routes them where they are used)."""
     return {"atol": algo.degenerate_atol, "rtol": algo.degenerate_rtol, **algo.estimator_args}
-
-
-def degenerate_groups(algo: AlgoConfig, rewards: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """``[P]`` bool: the groups the step masks as degenerate (`degeneracy.degenerate_mask`, the step's tolerances)."""
-    mask = degeneracy.degenerate_mask(jnp.asarray(rewards, jnp.float32), jnp.asarray(valid, bool),
-                                      atol=algo.degenerate_atol, rtol=algo.degenerate_rtol)  # fmt: skip
-    return np.asarray(mask)
 
 
 def full_metrics(algo: AlgoConfig, roll: Rollout) -> dict[str, float]:

@@ -360,3 +360,23 @@ def test_padding_changes_nothing(vals, pad_positions, pad_value):
         got = np.asarray(out_padded[key])[0]
         np.testing.assert_allclose(got[slots], np.asarray(out_compact[key])[0], rtol=1e-5, atol=1e-6, err_msg=key)
         assert (got[~valid] == 0.0).all(), key
+
+
+def test_degenerate_for_pass_at_k_is_where_its_estimator_gives_no_signal():
+    """G = 8: every count of successes c = 0..8, padded groups of 3 too. pass_at_k's groups with no signal (c = 0, or
+    fewer than k wrong: all-zero advantages) are `degenerate_for`'s; the other estimators' are the degenerate ones."""
+    c = np.arange(9)
+    rewards = (np.arange(8)[None] < c[:, None]).astype(np.float32)
+    valid = np.ones_like(rewards, bool)
+    rewards3, valid3 = rewards.copy(), valid.copy()
+    valid3[:, 3:] = False  # groups of 3 valid members: c clipped to 3
+    for r, v, n in ((rewards, valid, 8), (rewards3, valid3, 3)):
+        for k in (1, 2, 4, 8):
+            got = np.asarray(adv.degenerate_for("pass_at_k", jnp.asarray(r), jnp.asarray(v), k=k))
+            cv = np.minimum(c, n)
+            want = (n < k) | (cv == 0) | (n - cv < k)  # by hand: rho = 0 or 1, or no k-subset
+            np.testing.assert_array_equal(got, want, err_msg=f"n={n} k={k}")
+            a = np.asarray(adv.pass_at_k(jnp.asarray(r), jnp.asarray(v), k=k))
+            np.testing.assert_array_equal(got, np.all(a == 0, axis=-1), err_msg=f"n={n} k={k}")
+    np.testing.assert_array_equal(adv.degenerate_for("grpo", jnp.asarray(rewards)), (c == 0) | (c == 8))
+    np.testing.assert_array_equal(adv.degenerate_for("sign", jnp.asarray(rewards)), (c == 0) | (c == 8))

@@ -474,9 +474,17 @@ def test_schedule_off_is_todays_run(tmp_path):
     history = [deterministic(m) for m in trainer.run(cfg, tmp_path / "run")]
     golden = json.loads((DATA / "schedule_off_metrics.json").read_text())
     assert len(history) == len(golden) and not any(k.startswith("schedule/") for h in history for k in h)
+    iid_keys = ("degeneracy/iid_rate", "degeneracy/excess_over_iid")  # (since estimated without bias: by hand below)
     for got, want in zip(history, golden):  # the metrics of that trainer (later ones may add keys, not change these)
-        for k in want:
+        for k in set(want) - set(iid_keys):
             np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-6, err_msg=k)
+        g = cfg.rollout.group_size
+        n = round(want["groups/num"] * g)
+        s = round(want["degeneracy/success_rate"] * n)
+        iid = (math.comb(s, g) + math.comb(n - s, g)) / math.comb(n, g)
+        np.testing.assert_allclose(got["degeneracy/iid_rate"], iid, rtol=1e-5)
+        np.testing.assert_allclose(got["degeneracy/excess_over_iid"],
+                                   want["degeneracy/all_pass"] + want["degeneracy/all_fail"] - iid, atol=1e-6)
     with ckpt_lib.CheckpointManager(ckpt_lib.run_checkpoint_dir(tmp_path / "run"), keep=2, save_interval=0) as mgr:
         assert "scheduler" not in mgr.read_extra()
 

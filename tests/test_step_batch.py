@@ -167,3 +167,16 @@ def test_full_metrics_are_the_untrimmed_steps():
     assert {"degeneracy/collapse_rate", "advantage/abs_max", "tokens/completion"} <= set(got)
     for k, v in got.items():
         np.testing.assert_allclose(v, float(want[k]), rtol=1e-6, atol=1e-7, err_msg=k)
+
+
+def test_degenerate_groups_follow_the_estimator():
+    """The host's mask (resampling rounds, ``degeneracy/masked_groups``) is the step's: with pass_at_k (k = 2) a
+    group of one wrong answer in four is masked although its rewards differ; with grpo it is informative."""
+    from jaxgrpo.config import AlgoConfig
+    from jaxgrpo.groups import degenerate_groups
+
+    rewards = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], np.float32)
+    valid = np.ones_like(rewards, bool)
+    pass_k = AlgoConfig(estimator="pass_at_k", estimator_args={"k": 2})
+    assert degenerate_groups(pass_k, rewards, valid).tolist() == [True, False, True]
+    assert degenerate_groups(AlgoConfig(), rewards, valid).tolist() == [False, False, True]

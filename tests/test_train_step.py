@@ -293,6 +293,24 @@ def test_mask_vs_keep_closed_form(config, params, aggregation):
         np.testing.assert_allclose(out["resample"][0], out["mask"][0], rtol=1e-6)
 
 
+def test_pass_at_k_mask_drops_its_no_signal_groups_too(config, params):
+    """pass@k (k = 2, G = 4) gives A = 0 to a group with fewer than k wrong answers ([1, 1, 1, 0]: every pair holds a
+    success) although its rewards differ; mask takes it out of the denominators with the all-fail group, so
+    loss_mask = loss_keep · N_all / N(groups 1 and 3)."""
+    rewards = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 1, 1, 0]], np.float32)
+    assert not np.asarray(degeneracy.degenerate_mask(jnp.asarray(rewards)))[0]  # not degenerate by its rewards
+    np.testing.assert_array_equal(advantages.pass_at_k(jnp.asarray(rewards), k=2)[0], 0.0)
+    raw = make_batch_np(7, 4, 4, rewards)
+    batch = to_batch(config, params, raw, noise=0.2)
+    out = {mode: ts.policy_gradient(config, AlgoConfig(degenerate_groups=mode, estimator="pass_at_k",
+                                                       estimator_args={"k": 2}), params, batch, temperature=TEMP)
+           for mode in ("keep", "mask")}  # fmt: skip
+    cm = raw["completion_mask"].reshape(4, 4, TC)
+    factor = cm.sum() / cm[np.array([False, True, False, True])].sum()
+    np.testing.assert_allclose(out["mask"][0], out["keep"][0] * factor, rtol=1e-5)
+    assert_trees_close(out["mask"][1], jax.tree.map(lambda g: g * factor, out["keep"][1]), rtol=1e-4, atol=1e-8)
+
+
 # ----------------------------------------------------------------------------------------------- accumulation
 @pytest.mark.parametrize("aggregation,accums", [("token-mean", (4,)), ("seq-mean-token-mean", (2,))])
 def test_grad_accumulation_equals_unsplit_batch(config, params, aggregation, accums):

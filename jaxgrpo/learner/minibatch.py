@@ -122,9 +122,9 @@ class StepParts:
             diag = degeneracy.diagnostics(
                 rewards, valid, adv_PG, atol=algo.degenerate_atol, rtol=algo.degenerate_rtol, axis_name=self.axis_name
             )
-            degenerate_P = degeneracy.degenerate_mask(
-                rewards, valid, atol=algo.degenerate_atol, rtol=algo.degenerate_rtol
-            )
+            degenerate_P = advantages_lib.degenerate_for(  # with pass_at_k, its no-signal groups too
+                algo.estimator, rewards, valid, atol=algo.degenerate_atol, rtol=algo.degenerate_rtol,
+                **algo.estimator_args)  # fmt: skip
             token_mask = completion_mask & action_mask & valid.reshape(-1)[:, None]  # tool tokens are context
             keep_B = jnp.ones((p_local * G,), bool)
             if self.drop_degenerate:

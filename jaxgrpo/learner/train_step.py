@@ -6,8 +6,8 @@ Inside one `jax.jit` (state donated), for one rollout of P prompts × G samples:
 1. **Advantages and degeneracy, per group, inside `shard_map`.** ``A = advantages.compute(algo.estimator, rewards,
    valid, axis_name=BATCH_AXES, **algo.estimator_args)`` on the ``[P, G]`` rewards (sharded by groups; a batch-wide
    statistic such as ``scale="batch"`` is ``psum``'ed over the batch axes), and
-   ``D = degeneracy.degenerate_mask(rewards, valid, atol, rtol)`` ``[P]``, and `degeneracy.diagnostics` (its
-   batch-wide counts psum'ed too). Per-token loss mask:
+   ``D = advantages.degenerate_for(algo.estimator, rewards, valid, atol, rtol)`` ``[P]``, and
+   `degeneracy.diagnostics` (its batch-wide counts psum'ed too). Per-token loss mask:
    ``m = completion_mask ∧ valid``, and for ``degenerate_groups="mask"`` (and ``"resample"``) also ``∧ ¬D``.
    The global normalizers of every optimizer step (token counts ``Σ m`` and the counts of sequences with ≥ 1 loss
    token, for each micro-batch) are ``psum``'ed here too, once, up front.
@@ -35,9 +35,10 @@ Inside one `jax.jit` (state donated), for one rollout of P prompts × G samples:
 (``S_k`` its numerator). The minibatch loss is ``L = Σ_k S_k / N = Σ_k (N_k / N) · L_k``, so each micro-batch loss
 is weighted by ``w_k = N_k / N`` with the global ``N`` counted up front — not the mean of per-micro-batch averages.
 
-**Degenerate groups** (all valid rewards equal, `degeneracy.degenerate_mask`):
+**Degenerate groups** (all valid rewards equal, `degeneracy.degenerate_mask`; with ``pass_at_k`` also the groups its
+estimator gives no signal, fewer than k wrong answers: `advantages.degenerate_for`):
 ``keep`` — they stay in the loss mask and so in every denominator, with the estimator's advantage (exactly 0 for
-grpo / dr_grpo / rloo / max_rl; sign, pass_at_k and avspo may give them a signal), as TRL, verl and Tunix do;
+grpo / dr_grpo / rloo / max_rl / pass_at_k; sign and avspo give them a signal), as TRL, verl and Tunix do;
 ``mask`` — their tokens leave the loss mask, hence every denominator, so informative groups are not diluted. For
 token-mean with a zero-advantage estimator and ``kl_coef = 0``: ``loss_mask = loss_keep · N_all / N_informative``;
 ``resample`` — DAPO-style dynamic sampling: the trainer replaces degenerate groups before the step; the step treats
