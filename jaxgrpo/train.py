@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         return cli_error(str(e))
     if run_dir is None:
         run_dir = f"runs/{config_lib.config_name(config_path)}-{time.strftime('%Y%m%d-%H%M%S')}"
-    from jaxgrpo import checkpoint, trainer  # after config validation: a bad key fails fast, before JAX starts
+    from jaxgrpo import checkpoint, models, trainer  # after config validation: a bad key fails fast, before JAX starts
 
     print(f"jaxgrpo: run directory {run_dir}", file=sys.stderr)
     if os.environ.get("GLIBC_TUNABLES"):
@@ -137,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"jaxgrpo: interrupted (second SIGINT) before checkpointing; re-run with --run-dir {run_dir} to resume "
               "from its last checkpoint", file=sys.stderr)
         return 128 + signal.SIGINT
-    except (ConfigError, RewardError, CheckpointError) as e:
-        return cli_error(str(e))
+    except (ConfigError, RewardError, CheckpointError, models.ModelConfigError, models.CheckpointError) as e:
+        return cli_error(str(e))  # (the model's: another architecture, a damaged or mismatched checkpoint)
     return 0
 
 

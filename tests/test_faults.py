@@ -386,6 +386,20 @@ def test_divisibility_error_names_the_value_to_set():
         config_lib.load_config("default", ["rollout.prompts_per_step=6", "algo.grad_accum_steps=4"])
 
 
+@pytest.mark.parametrize("text, says", [
+    ('{"model_type": "mistral", "architectures": ["MistralForCausalLM"], "vocab_size": 64, "hidden_size": 32, '
+     '"intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4}', "unsupported architecture"),
+    ('{"model_type": "llama",', "config.json is not valid JSON"),
+])  # fmt: skip
+def test_a_model_of_another_architecture_or_a_damaged_config_is_one_line(tmp_path, capsys, text, says):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(text)
+    assert train_cli.main([f"model.name_or_path={model}", "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "error: " in err and says in err and "Traceback" not in err
+
+
 def test_run_dir_naming_a_file_is_one_line(tmp_path, capsys):
     f = tmp_path / "file"
     f.write_text("x")

@@ -213,3 +213,16 @@ def test_lora_spec_rejects_bad_settings():
         with pytest.raises(models.ModelConfigError):
             models.LoraSpec(**kwargs)
     assert dataclasses.replace(SPEC).scale == 2.0
+
+
+def test_the_savers_write_a_lora_tree_as_its_merged_model(tmp_path):
+    """`save_pretrained` and `save_gguf` given a LoRA config and tree (a trainer's) write the merged model, which
+    loads back as the plain weights W + (alpha/r) A B (it failed with a bare KeyError: 'lora')."""
+    config = BASE.replace(lora=SPEC)
+    params = lora_params(config, b_scale=0.3)
+    want = lora.merge(config, params)
+    for path in (models.save_pretrained(config, params, tmp_path / "hf"),
+                 models.save_gguf(config, params, tmp_path / "m.gguf", None, dtype="float32")):  # fmt: skip
+        got_config, got = models.load_pretrained(path)
+        assert got_config.lora is None
+        chex.assert_trees_all_close(got, want, rtol=1e-6, atol=1e-7)

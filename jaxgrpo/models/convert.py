@@ -25,6 +25,7 @@ import numpy as np
 
 from jaxgrpo.files import user_mode
 from jaxgrpo.host import to_host
+from jaxgrpo.models import lora
 from jaxgrpo.models.config import ModelConfig, ModelConfigError, from_hf_config, to_hf_config
 from jaxgrpo.models.gguf_import import load_gguf
 from jaxgrpo.models.layout import (
@@ -44,10 +45,17 @@ PathLike = str | pathlib.Path
 
 
 # --------------------------------------------------------------------------------------------------- HF safetensors
+def _read_json(path: pathlib.Path) -> Any:
+    """A checkpoint's JSON file; a damaged one is a one-line `CheckpointError` naming it."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e}); re-download or re-export the checkpoint") from None
+
 def _safetensors_files(directory: pathlib.Path) -> list[pathlib.Path]:
     index = directory / "model.safetensors.index.json"
     if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = _read_json(index)["weight_map"]
         files = sorted({directory / f for f in weight_map.values()})
         missing = [f.name for f in files if not f.exists()]
         if missing:
@@ -75,9 +83,9 @@ def _load_hf(directory: pathlib.Path, dtype: str, param_dtype: str, shardings: A
             f"no config.json in {directory}; expected an HF model directory (config.json + *.safetensors) "
             f"or a .gguf file"
         )
-    config = from_hf_config(json.loads(cfg_path.read_text()), dtype=dtype).replace(param_dtype=param_dtype)
+    config = from_hf_config(_read_json(cfg_path), dtype=dtype).replace(param_dtype=param_dtype)
     gen_path = directory / "generation_config.json"  # what transformers' generate stops on (Qwen2.5/3: two ids)
-    gen_eos = json.loads(gen_path.read_text()).get("eos_token_id") if gen_path.is_file() else None
+    gen_eos = _read_json(gen_path).get("eos_token_id") if gen_path.is_file() else None
     if gen_eos is not None:
         more = [int(e) for e in (gen_eos if isinstance(gen_eos, list) else [gen_eos])]
         config = config.replace(eos_token_ids=tuple(dict.fromkeys([*config.eos_token_ids, *more])))
@@ -125,10 +133,11 @@ def save_pretrained(
     float32 masters exact).
 
     Parameters may be sharded device arrays (they are gathered one parameter at a time; on multi-host meshes every
-    process must call this, and process 0 writes).
+    process must call this, and process 0 writes). A LoRA tree is written as its merged model (`lora.merged`).
     """
     from safetensors.numpy import save_file
 
+    config, params = lora.merged(config, params)  # a LoRA tree: the plain model it stands for
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     shapes = param_shapes(config)

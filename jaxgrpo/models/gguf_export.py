@@ -44,6 +44,7 @@ import ml_dtypes
 import numpy as np
 
 from jaxgrpo.host import to_host
+from jaxgrpo.models import lora
 from jaxgrpo.models.config import ModelConfig, ModelConfigError
 from jaxgrpo.models.layout import CheckpointError, get_path, tensor_plan, to_hf
 from jaxgrpo.models.params import param_shapes
@@ -251,11 +252,14 @@ def save_gguf(
         SmolLM2), or None for a weights-only file (`load_pretrained` reads it; llama.cpp needs a tokenizer).
       dtype: the matrices' type: "float32", "float16" or "bfloat16" (default: the compute dtype ``config.dtype``).
       name: ``general.name`` (default: the file name without ``.gguf``).
+
+    A LoRA tree is written as its merged model (`lora.merged`, summed in float32 and rounded once to ``dtype``).
     """
     import gguf
 
     path = pathlib.Path(path)
     out_dtype = config.dtype if dtype is None else (dtype if isinstance(dtype, str) else np.dtype(dtype).name)
+    config, params = lora.merged(config, params, dtype)  # a LoRA tree: its merged model, rounded once
     if out_dtype not in GGUF_DTYPES:
         raise ModelConfigError(f"unsupported GGUF dtype {out_dtype!r}; supported: {GGUF_DTYPES}")
     if path.suffix != ".gguf":
