@@ -23,7 +23,9 @@ of the decode loop too (``Completions.entropy``), from the probabilities the dra
 
 Randomness: row ``r`` (= ``p*G + g``) at step ``i`` uses ``fold_in(fold_in(key, r), i)``, so a row's samples
 depend only on the key, its row index and the step -- not on the batch padding, the bucket or the sharding. The
-same key gives the same samples; a sharded run gives the same tokens as an unsharded one.
+same key and layout give the same samples; another padding, bucket or sharding changes the logits in their last
+float bits (XLA's reductions), which can move a draw that falls within ~1e-6 of a boundary of the cumulative
+distribution to the neighbouring token: the same tokens almost always, not bit for bit by construction.
 
 Sharding: with ``mesh`` given, the slots and their rows are split over the mesh's batch axes
 (``jaxgrpo.sharding.BATCH_AXES``, as the training batch); ``params`` are used as given (shard them with

@@ -70,7 +70,7 @@ def _keep_prefix(q_sorted: jax.Array, top_p: jax.Array) -> jax.Array:
 
 def _sortable_key(z: jax.Array) -> jax.Array:
     """float32 -> uint32 with the same order (sign set: all bits flipped, else the sign bit set; -0 taken as +0)."""
-    bits = jax.lax.bitcast_convert_type(z + 0.0, jnp.uint32)
+    bits = jax.lax.bitcast_convert_type(jnp.where(z == 0.0, 0.0, z), jnp.uint32)  # (XLA folds a `z + 0.0` away)
     return jnp.where(bits >= jnp.uint32(1 << 31), ~bits, bits | jnp.uint32(1 << 31))
 
 
@@ -160,6 +160,8 @@ def truncated_logits(
     (0 = off); ``top_p=None`` = off (static), otherwise its value may be traced.
     """
     z = logits.astype(jnp.float32) / jnp.asarray(temperature, jnp.float32)
+    # -0 as +0 (XLA folds a `+ 0.0` away): lax.top_k ranks +0 above -0, the sort and the search take them as a tie
+    z = jnp.where(z == 0.0, 0.0, z)
     if 0 < top_k < z.shape[-1]:
         z, ids = jax.lax.top_k(z, top_k)  # descending, ties: lower index first
         if top_p is not None:

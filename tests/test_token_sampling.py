@@ -98,3 +98,21 @@ def test_same_sample_whichever_path_finds_the_set():
     with mock.patch.object(token_sampling, "_nucleus_mask", _search):
         got = jax.jit(draw)(keys, z, 1.3)
     chex.assert_trees_all_equal(got, expected)
+
+
+def test_signed_zero_logits_tie_on_every_path():
+    """-0 and +0 are one value: q = (.4, .2, .2, .2) with the three zeros tied, top_p 0.65 keeps ids 0, 1, 2 (ties:
+    lower id first) on the top-k fast path, the CPU sort and the accelerator search alike (lax.top_k alone ranks
+    +0 above -0 and kept id 3 instead of 2), and top-k 3 keeps the same ids."""
+    z = jnp.asarray([[np.log(2.0), -0.0, -0.0, 0.0]], jnp.float32)
+    want = np.array([[True, True, True, False]])
+    for candidates in (4, 1):  # the top-k candidates' path and the full-sort fallback
+        with mock.patch.object(token_sampling, "TOP_P_CANDIDATES", candidates):
+            got = jax.jit(functools.partial(token_sampling.kept_mask, top_p=0.65))(z)
+        np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"candidates={candidates}")
+    with mock.patch.object(token_sampling, "_nucleus_mask", _search):
+        np.testing.assert_array_equal(np.asarray(jax.jit(functools.partial(token_sampling.kept_mask, top_p=0.65))(z)),
+                                      want)  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(jax.jit(functools.partial(token_sampling.kept_mask, top_k=3))(z)), want)
+    key = jax.jit(token_sampling._sortable_key)(jnp.asarray([-0.0, 0.0, -1e-30, 1e-30], jnp.float32))
+    assert key[0] == key[1] and key[2] < key[0] < key[3]

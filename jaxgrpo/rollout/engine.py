@@ -31,9 +31,11 @@ each row's token 0 from its prompt's last logits and resets the rows' state. `de
 (`DecodeState.done`), not once per token. Finished rows keep running masked until their slot is refilled.
 
 Randomness: the row answering prompt ``p`` with sample ``g`` draws token ``i`` with
-``fold_in(fold_in(key, p * G + g), i)``: per (prompt index, sample, step), so a completion does not depend on its slot,
-on when it was admitted, on the batch padding or on the mode (static or continuous). These are the keys
-`sampling.generate` used before the engine (row ``r = p * G + g``), so static mode reproduces its samples.
+``fold_in(fold_in(key, p * G + g), i)``: per (prompt index, sample, step), so a completion's randomness does not depend
+on its slot, on when it was admitted, on the batch padding or on the mode (static or continuous). Its logits do, in
+their last float bits (the batch's width and packing change XLA's reductions, ~1e-6 in a log-prob): a draw whose
+uniform falls that close to a boundary of the cumulative distribution can pick the neighbouring token, and the row
+differs from there on. These are the keys `sampling.generate` used before the engine (row ``r = p * G + g``).
 
 Sampling distribution: `jaxgrpo.token_sampling` (temperature, then top-k, then top-p, renormalised); the recorded
 log-probs are of that truncated distribution (see `jaxgrpo.rollout.record`).
