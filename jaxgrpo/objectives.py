@@ -178,11 +178,13 @@ def overlong_metrics(lengths: np.ndarray, truncated: np.ndarray, valid: np.ndarr
                      buffer: int | None) -> dict[str, float]:
     """Host metrics of a rollout's overlong shaping: ``overlong/filtered_frac`` (valid samples left out of the loss as
     truncated; with ``filtered``) and ``overlong/penalty_mean`` (mean punishment added to the rewards; with
-    ``buffer``). ``lengths``, ``truncated``: per sample; ``valid``: any shape holding the same samples."""
+    ``buffer``; over the valid samples). ``lengths``, ``truncated``: per sample; ``valid``: any shape holding the
+    same samples."""
     out = {}
+    v = np.asarray(valid, bool).reshape(-1)
     if filtered:
-        v = np.asarray(valid, bool).reshape(-1)
         out["overlong/filtered_frac"] = float((np.asarray(truncated, bool).reshape(-1) & v).sum() / max(v.sum(), 1))
-    if buffer is not None:
-        out["overlong/penalty_mean"] = float(overlong_penalty(lengths, max_len, buffer).mean())
+    if buffer is not None:  # over the valid samples (a padding row or an unscored sample has no reward to shape)
+        pen = overlong_penalty(lengths, max_len, buffer).reshape(-1)
+        out["overlong/penalty_mean"] = float(pen[v].sum() / max(v.sum(), 1))
     return out

@@ -448,7 +448,8 @@ def check_prompt_count(cfg: config_lib.Config, num_examples: int) -> None:
     """ConfigError when the data set holds fewer prompts than one step takes (`rollout.prompts_per_step`): a step
     would repeat prompts; names the largest valid value to set. Notes (stderr): with dynamic sampling, when the
     rounds of one step can exhaust the data set (later rounds then draw prompts again); with a rollout schedule, when
-    the run's steps draw at most one pass over the data set (the schedule reads prompts' earlier groups)."""
+    the run's steps draw at most one pass over the data set (the schedule reads prompts' earlier groups); with AVSPO,
+    when ``algo.degenerate_groups`` takes out the only groups it changes."""
     p, a = cfg.rollout.prompts_per_step, cfg.algo
     if num_examples < p:
         parts = a.num_minibatches * a.grad_accum_steps * cfg.mesh.data * cfg.mesh.fsdp
@@ -463,6 +464,10 @@ def check_prompt_count(cfg: config_lib.Config, num_examples: int) -> None:
         print(f"jaxgrpo: the data set has {num_examples} prompts, fewer than rollout.prompts_per_step × "
               f"algo.resample_max_rounds = {p * a.resample_max_rounds}: a step's later resampling rounds may draw "
               "prompts it already drew", file=sys.stderr)
+    if a.estimator == "avspo" and a.degenerate_groups != "keep":  # AVSPO (He et al., 2026) acts on those groups only
+        print(f"jaxgrpo: algo.estimator=avspo differs from grpo only on the degenerate groups, which "
+              f"algo.degenerate_groups={a.degenerate_groups} takes out of the loss: this run trains as grpo would "
+              "(degenerate_groups=keep lets AVSPO's virtual samples act)", file=sys.stderr)
     if cfg.rollout.schedule != "none" and cfg.train.steps * p <= num_examples:
         print(f"jaxgrpo: rollout.schedule={cfg.rollout.schedule} acts on a prompt's earlier groups, but "
               f"train.steps × rollout.prompts_per_step = {cfg.train.steps * p} draws at most one pass over the "

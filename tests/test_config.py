@@ -447,3 +447,4 @@ def test_data_multiturn_is_environment_or_tools():
     assert DataConfig(environment="pkg.mod:Env").multiturn
     assert DataConfig(tools=["pkg.mod:fn"]).multiturn
     assert C.from_dict({"data": {"tools": ["pkg.mod:fn"]}}).data.multiturn
+

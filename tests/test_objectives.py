@@ -207,3 +207,11 @@ def test_overlong_penalty_closed_form():
     np.testing.assert_allclose(objectives.overlong_penalty(np.array([[1, 2]]), 2, 2), [[-0.5, -1.0]])
     with pytest.raises(ValueError, match="buffer must be"):
         objectives.overlong_penalty(np.array([1]), 16, 17)
+
+
+def test_overlong_metrics_average_over_the_valid_samples():
+    """DAPO's soft punishment (max 1000, buffer 200): 900 tokens -> -0.5; the invalid sample (a padding row of
+    length 0) has no reward to shape and is not in the mean."""
+    m = objectives.overlong_metrics(np.array([900, 0]), np.array([False, False]), np.array([True, False]), 1000,
+                                    True, 200)  # fmt: skip
+    assert m == {"overlong/filtered_frac": 0.0, "overlong/penalty_mean": -0.5}

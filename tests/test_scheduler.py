@@ -542,3 +542,13 @@ def test_start_notes_on_prompt_counts(schedule, steps, n, resample, notes, capsy
     trainer.check_prompt_count(cfg, n)
     err = capsys.readouterr().err
     assert len(err.splitlines()) == len(notes) and all(note in err for note in notes)
+
+
+@pytest.mark.parametrize("mode, noted", [("keep", False), ("mask", True), ("resample", True)])
+def test_start_note_on_avspo_without_its_degenerate_groups(mode, noted, capsys):
+    """AVSPO gives non-degenerate groups grpo's advantages bit for bit: with mask or resample the run is grpo's."""
+    from jaxgrpo import trainer
+
+    cfg = config_lib.load_config(None, ["algo.estimator=avspo", f"algo.degenerate_groups={mode}"])
+    trainer.check_prompt_count(cfg, 10_000)
+    assert ("this run trains as grpo would" in capsys.readouterr().err) is noted
