@@ -45,14 +45,35 @@ def gguf(tr: Any) -> pathlib.Path:
     """``<run_dir>/final.gguf`` for llama.cpp / ollama (adapters merged), in ``checkpoint.export_gguf_dtype``; its
     tokenizer metadata is copied from the GGUF the tokenizer came from (``model.tokenizer``, else the model's
     file), else built from the run's tokenizer (`models.save_gguf`). Process 0 writes (every process gathers)."""
-    m = tr.cfg.model
     # adapters merged in float32 and rounded once, to the file's dtype (a bfloat16 base would round the sum first)
     mcfg, params = lora.merged(tr.model_config, tr.state.params, tr.cfg.checkpoint.export_gguf_dtype)
     params = jax.tree.map(to_host, params)
     path = tr.run_dir / "final.gguf"
     if jax.process_index() != 0:
         return path
+    return models.save_gguf(mcfg, params, path, gguf_vocab(tr), dtype=tr.cfg.checkpoint.export_gguf_dtype)
+
+
+def gguf_vocab(tr: Any) -> Any:
+    """Where ``final.gguf``'s tokenizer metadata comes from: the GGUF the tokenizer came from (``model.tokenizer``,
+    else the model's file; its fields are copied verbatim), else the run's HF tokenizer."""
+    m = tr.cfg.model
     hub = build.is_hub_id(m.name_or_path) and not os.path.exists(m.name_or_path)  # its tokenizer is loaded already
     source = m.tokenizer or (None if m.name_or_path == "tiny" or hub else build.resolve_model_path(m.name_or_path))
-    vocab = source if str(source).endswith(".gguf") else tr.tokenizer  # a GGUF's tokenizer fields, verbatim
-    return models.save_gguf(mcfg, params, path, vocab, dtype=tr.cfg.checkpoint.export_gguf_dtype)
+    return source if str(source).endswith(".gguf") else tr.tokenizer
+
+
+def check_gguf_tokenizer(tr: Any) -> None:
+    """Before the first step of a ``checkpoint.export_gguf`` run: a ConfigError when ``final.gguf`` could not hold the
+    run's tokenizer (`models.gguf_export.hf_tokenizer_fields` refuses it: byte fallback, SentencePiece, an unknown
+    pre-tokenizer), rather than after the last step."""
+    from jaxgrpo.config import ConfigError
+    from jaxgrpo.models.gguf_export import hf_tokenizer_fields
+
+    vocab = gguf_vocab(tr)
+    if isinstance(vocab, (str, os.PathLike)):
+        return
+    try:
+        hf_tokenizer_fields(vocab, tr.model_config)
+    except models.CheckpointError as e:
+        raise ConfigError(f"checkpoint.export_gguf=true: {e}; or set checkpoint.export_gguf=false") from None

@@ -27,6 +27,7 @@ from jaxgrpo import (
     build,
     diversity,
     dynamic_sampling,
+    export,
     in_training,
     metrics_log,
     models,
@@ -109,6 +110,8 @@ class Trainer:
         self.model_config, params = build.add_lora(cfg, self.model_config, params, jax.random.fold_in(self.key, 3))
         self.lora = self.model_config.lora is not None
         self.eos_token_ids = build.eos_ids(self.model_config, self.tokenizer)
+        if cfg.checkpoint.export_gguf:
+            export.check_gguf_tokenizer(self)  # refused now, not after the last step
         # The perf switches that apply to this run (every device of the mesh counts as a batch shard here)
         self.perf, self.perf_notes = ts.resolve_perf(
             cfg.algo, cfg.perf, num_shards=m.data * m.fsdp * m.tensor, platform=jax.default_backend(),

@@ -299,3 +299,38 @@ def test_trainer_writes_final_gguf(tmp_path, source):
     else:  # built from the run's tokenizer
         assert out["tokenizer.ggml.tokens"] == tok.convert_ids_to_tokens(list(range(len(tok))))
         assert out["tokenizer.chat_template"] == CHAT
+
+
+def test_a_tokenizer_gguf_cannot_hold_is_refused_before_the_first_step(tmp_path):
+    """A Llama-2-style tokenizer (SentencePiece BPE with byte fallback, Metaspace) passes the config check, but
+    final.gguf could not express it: the trainer refuses the run at its start, not after its last step."""
+    from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
+    from tokenizers import models as tok_models
+
+    tok = Tokenizer(tok_models.BPE(byte_fallback=True, unk_token="<unk>"))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
+                                                         show_progress=False))  # fmt: skip
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                                unk_token="<unk>")  # fmt: skip
+    fast.chat_template = CHAT
+    cfg = tiny("llama", vocab=len(fast), max_position_embeddings=128)
+    save_pretrained(cfg, random_params(cfg), tmp_path / "base", dtype="float32")
+    fast.save_pretrained(tmp_path / "base")
+    run = config_lib.load_config("default", [f"model.name_or_path={tmp_path / 'base'}", "model.tokenizer=null",
+                                             "checkpoint.export_gguf=true", "log.tensorboard=false"])  # fmt: skip
+    with pytest.raises(config_lib.ConfigError, match="checkpoint.export_gguf=true: GGUF export supports byte-level "
+                                                     "BPE tokenizers .* this one is BPE with byte fallback"):
+        trainer.Trainer(run, tmp_path / "run")
+
+
+def test_a_tokenizer_without_bos_takes_the_configs(tmp_path):
+    """transformers' Qwen2Tokenizer has no BOS token; the file then carries config.json's bos_token_id (llama.cpp's
+    own converter does the same; without it llama.cpp assumes id 11, a ',' in Qwen's vocabulary)."""
+    tok = bpe_tokenizer()
+    tok.bos_token = None
+    assert tok.bos_token_id is None
+    cfg = tiny("llama", vocab=len(tok)).replace(bos_token_id=3)
+    path = save_gguf(cfg, random_params(cfg), tmp_path / "m.gguf", tok, dtype="float32")
+    assert fields(path)["tokenizer.ggml.bos_token_id"] == 3
+    assert load_pretrained(path)[0].bos_token_id == 3

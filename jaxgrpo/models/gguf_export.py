@@ -154,7 +154,10 @@ def hf_tokenizer_fields(tokenizer: Any, config: ModelConfig) -> list[KeyValue]:
     if merges:
         fields.append(("tokenizer.ggml.merges", merges, T.ARRAY, T.STRING))
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else next(iter(config.eos_token_ids), None)
-    for key, value in (("bos", tokenizer.bos_token_id), ("eos", eos), ("unknown", tokenizer.unk_token_id),
+    # a tokenizer without a BOS (transformers' Qwen2Tokenizer) takes config.json's, as llama.cpp's converter does:
+    # without the field llama.cpp assumes id 11 for a gpt2 vocabulary
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else config.bos_token_id
+    for key, value in (("bos", bos), ("eos", eos), ("unknown", tokenizer.unk_token_id),
                        ("padding", tokenizer.pad_token_id)):  # fmt: skip
         if value is not None:
             fields.append((f"tokenizer.ggml.{key}_token_id", int(value), T.UINT32, None))
