@@ -7,6 +7,8 @@ params move, the switch's metrics logged)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -168,3 +170,13 @@ def test_bad_objective_config_is_a_clean_error(override, match):
                                                      "-token-sum and algo.grad_accum_steps=2 > 1"):  # fmt: skip
         config_lib.load_config("default", extra)
     config_lib.load_config("default", extra[:2])  # one micro-batch: the selection is the whole batch's
+
+
+def test_step_refuses_entropy_selection_with_split_sequence_means():
+    """The config check's rule holds for direct callers too: a seq-mean-* loss split into micro-batches is weighted
+    by sequences counted before the top-ρ selection, so the accumulated loss would not be the batch's."""
+    algo = AlgoConfig(entropy_top_frac=0.2, aggregation="seq-mean-token-mean", grad_accum_steps=2)
+    with pytest.raises(ValueError, match="needs algo.grad_accum_steps=1"):
+        ts.make_train_step(tiny_config(), algo, OptimConfig(), temperature=TEMP, total_steps=1)
+    ts.make_train_step(tiny_config(), dataclasses.replace(algo, grad_accum_steps=1), OptimConfig(), temperature=TEMP,
+                       total_steps=1)

@@ -43,6 +43,10 @@ def _validate(algo: AlgoConfig, perf: PerfConfig, temperature: float, mesh: Mesh
         raise ValueError(f"perf.logprob_chunk must be >= 0 (0 = automatic), got {perf.logprob_chunk}")
     if algo.kl_coef < 0:
         raise ValueError(f"algo.kl_coef must be >= 0, got {algo.kl_coef}")
+    if algo.entropy_top_frac is not None and int(algo.grad_accum_steps) > 1 and algo.aggregation != "token-mean":
+        # the micro-batches are weighted by their sequences before the top-ρ selection: not the unsplit loss
+        raise ValueError(f"algo.entropy_top_frac with algo.aggregation={algo.aggregation} needs "
+                         "algo.grad_accum_steps=1 (or token-mean): the accumulated loss would not be the batch's")
     try:
         objectives.validate_objective(algo.objective, algo.entropy_top_frac, algo.clip_cov_ratio, algo.clip_cov_lb,
                                       algo.clip_cov_ub, algo.kl_cov_ratio, algo.kl_cov_coef, algo.cispo_clip_low,

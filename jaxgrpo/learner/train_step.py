@@ -29,7 +29,9 @@ Inside one `jax.jit` (state donated), for one rollout of P prompts × G samples:
    ``s // grad_accum_steps``). ``lax.scan`` runs ``μ × num_minibatches`` optimizer updates (μ =
    ``num_iterations``); each update accumulates its micro-batch gradients with an inner ``lax.scan``.
 
-**Gradient accumulation keeps the unsplit loss exactly.** With aggregation denominator ``N`` (tokens for
+**Gradient accumulation keeps the unsplit loss exactly** (except ``entropy_top_frac`` with a ``seq-mean-*``
+aggregation, which is refused: its sequence counts are taken before the selection). With aggregation denominator
+``N`` (tokens for
 ``token-mean``; sequences with ≥ 1 loss token for the ``seq-mean-*`` modes, × ``max_tokens`` for
 ``seq-mean-token-sum-norm``, a constant that cancels), `policy_loss` on micro-batch k returns ``L_k = S_k / N_k``
 (``S_k`` its numerator). The minibatch loss is ``L = Σ_k S_k / N = Σ_k (N_k / N) · L_k``, so each micro-batch loss
