@@ -223,25 +223,30 @@ def power_json(out: pathlib.Path) -> dict[str, Any]:
 
 
 def read_claims(out: pathlib.Path) -> list[dict[str, Any]]:
-    """``out/claims.json``; a missing file is a one-line exit naming it (``--out`` must be the study's directory)."""
+    """``out/claims.json``; a missing file is a one-line exit naming it (``--out`` must be the study's directory).
+    Every claim is directional, "a>b" (its test two-sided, supported only with a positive difference)."""
     path = out / "claims.json"
     if not path.exists():
         sys.exit(f"error: {path} is missing: --out must name the study's results directory (it holds claims.json)")
-    return json.loads(path.read_text())
+    claims = json.loads(path.read_text())
+    for c in claims:
+        if c.get("claim", "a>b") != "a>b":
+            sys.exit(f"error: {path}: claim {c.get('id')!r} is {c['claim']!r}; write it as a>b (swap a and b)")
+    return claims
 
 
-def pooled_train_gap(records: list[dict[str, Any]], group_size: int) -> float:
+def pooled_train_gap(records: list[dict[str, Any]], group_size: int) -> float | None:
     """Amendment 7: the training-log Jensen gap, mean over steps of the measured collapse rate minus the i.i.d. rate
     estimated without bias from the step's pooled samples, ``[C(S,G) + C(N-S,G)] / C(N,G)`` with N = groups x G and
     S = success rate x N (`jaxgrpo.degeneracy.pooled_iid_rate`; the runs' logged ``degeneracy/iid_rate`` plugged
     the step's success rate into ``p^G + (1-p)^G``, which is biased up by as much as the effect sought). Steps with
-    an invalid sample are refused: their groups' sizes are not in the log."""
+    an invalid sample give None: their groups' sizes are not in the log."""
     gaps = []
     for r in records:
         if "time/train_s" not in r:
             continue
         if r.get("reward/invalid_frac", 0.0) != 0.0:
-            raise ValueError(f"step {r.get('step')}: invalid samples; the pooled i.i.d. rate needs each group's size")
+            return None  # (`_values` refuses it for an H5 run: the pooled rate needs each group's size)
         n = round(r["groups/num"] * group_size)
         s = round(r["degeneracy/success_rate"] * n)
         iid = (math.comb(s, group_size) + math.comb(n - s, group_size)) / math.comb(n, group_size)
@@ -268,7 +273,8 @@ def load_runs(out: pathlib.Path) -> dict[str, dict[str, list[dict[str, Any]]]]:
 
 def tokens_to_target(result: dict[str, Any], target: float) -> float:
     """Sampled tokens at the run's first held-out probe at or above ``target``; a run that never reaches it counts
-    as twice its budget (censored: above every run that reached it, so the permutation test ranks it last)."""
+    as twice its budget (censored: above every run that reached it). The permutation test compares means, so the
+    censored value enters the statistic as registered (amendment 3: twice the budget), not as a rank."""
     for point in result["probe"]:
         if point["accuracy"] >= target:
             return float(point["tokens"])
@@ -294,7 +300,11 @@ def _values(claim: dict[str, Any], runs: dict[str, list[dict[str, Any]]], base: 
     if metric == "retention_drop":  # "<arm>@start" > "<arm>@end": the warmed-up model's retention minus the run's
         return [base["retain"] - r["retention"]["accuracy"] for r in runs.get(arm, [])], None
     if metric == "train_jensen_gap":  # "<arm>:measured" > "<arm>:iid": per run, mean over steps (amendment 7)
-        return [r["jensen_gap_train_pooled"] for r in runs.get(arm, [])], None
+        gaps = [r["jensen_gap_train_pooled"] for r in runs.get(arm, [])]
+        if any(g is None for g in gaps):
+            raise ValueError(f"{claim['id']}: a run has steps with invalid samples, where the pooled i.i.d. rate "
+                             "(amendment 7) is not defined")
+        return gaps, None
     raise ValueError(f"claims.json: unknown metric {metric!r}")
 
 
@@ -328,6 +338,9 @@ def verdicts(out: pathlib.Path) -> dict[str, Any]:
         if all(r["p"] is not None for r in fam):  # the family is adjusted once every claim in it has its seeds
             for r, q in zip(fam, st.holm([r["p"] for r in fam])):
                 r["p_holm"], r["significant"] = q, bool(q < ALPHA and r["diff"] > 0)
+        else:  # nothing of an incomplete family is shown: no claim is read before its family is complete
+            for r in fam:
+                r["diff"] = r["p"] = None
     return {"alpha": ALPHA, "claims": rows}
 
 

@@ -161,7 +161,7 @@ def seeds_needed(diff: float, sd: float, alpha: float = 0.05, power: float = 0.8
     for n in range(2, max_n + 1):
         if n >= samples * sd**2 * _t_sum(n, alpha, power, samples) ** 2 / diff**2:
             return n
-    return max_n
+    raise ValueError(f"seeds_needed: more than max_n={max_n} seeds per arm for diff={diff} at sd={sd}")
 
 
 def _t_sum(n: int, alpha: float, power: float, samples: int) -> float:

@@ -214,8 +214,7 @@ def test_pooled_train_gap_by_hand_and_in_the_verdicts(dr2, tmp_path):
               "degeneracy/collapse_rate": 1.0, "degeneracy/iid_rate": 0.33}]  # fmt: skip
     want = ((0.5 - 2 * comb(8, 4) / comb(16, 4)) + (1.0 - (comb(4, 4) + comb(12, 4)) / comb(16, 4))) / 2
     assert dr2.analysis.pooled_train_gap(steps, 4) == pytest.approx(want)
-    with pytest.raises(ValueError, match="invalid samples"):
-        dr2.analysis.pooled_train_gap([{**steps[1], "reward/invalid_frac": 0.0625}], 4)
+    assert dr2.analysis.pooled_train_gap([{**steps[1], "reward/invalid_frac": 0.0625}], 4) is None  # sizes unknown
     claims = [{"id": "h", "cond": "m4", "a": "grpo:measured", "b": "grpo:iid", "claim": "a>b",
                "metric": "train_jensen_gap", "seeds": 2}]  # fmt: skip
     dr2._write_json(tmp_path / "claims.json", claims)
@@ -229,6 +228,9 @@ def test_pooled_train_gap_by_hand_and_in_the_verdicts(dr2, tmp_path):
     (v,) = dr2.analysis.verdicts(tmp_path)["claims"]
     gaps = [0.5 - 2 * comb(8, 4) / comb(16, 4), 0.5 - (comb(4, 4) + comb(12, 4)) / comb(16, 4)]
     assert v["n"] == 2 and v["diff"] == pytest.approx(sum(gaps) / 2)  # not the result files' plug-in -1.0
+    (run / "metrics.jsonl").write_text(json.dumps({**steps[1], "reward/invalid_frac": 0.0625}) + "\n")
+    with pytest.raises(ValueError, match="H5 reads|invalid samples"):  # only a claim that reads the gap refuses it
+        dr2.analysis.verdicts(tmp_path)
 
 
 def test_second_edition_sampling_stats_by_hand(dr2):
@@ -335,6 +337,63 @@ def test_verdicts_pending_then_holm_within_condition(dr2, tmp_path):
     # 2,000 x 3 against 500, 600, 700: of the 20 relabelings only the observed one and its mirror are as extreme
     assert v2["t"]["p"] == pytest.approx(2 / 20) and v2["t"]["diff"] == pytest.approx(2000 - 600)
     assert [v2[k]["p_holm"] for k in "wt"] == pytest.approx(dr2.analysis.st.holm([v2["w"]["p"], v2["t"]["p"]]))
+
+
+def _study(dr2, tmp_path, claims, hard=None):
+    dr2._write_json(tmp_path / "claims.json", claims)
+    dr2._write_json(tmp_path / "levels.json", {"levels": {"1": {"accuracy": 0.9}, "4": {"accuracy": 0.3},
+                                                          "7": {"accuracy": 0.0927734375}},
+                                               "pick": {"matched": 4, "hard": hard, "retain": 1}})  # fmt: skip
+
+
+def test_a_claim_is_supported_only_in_its_direction_and_only_as_a_greater_than(dr2, tmp_path):
+    """sign far below grpo: the two-sided p is tiny, but "sign > grpo" is not supported; "a<b" is refused."""
+    _study(dr2, tmp_path, [{"id": "x", "cond": "m4", "a": "sign", "b": "grpo", "claim": "a>b", "metric": "accuracy",
+                            "seeds": 4}])  # fmt: skip
+    for seed in range(4):
+        for arm, acc in (("sign", (0.10, 0.11, 0.12, 0.10)), ("grpo", (0.50, 0.52, 0.54, 0.50))):
+            dr2._write_json(tmp_path / "m4" / arm / f"seed{seed}" / "result.json", _result("m4", arm, seed, acc[seed]))
+    (v,) = dr2.analysis.verdicts(tmp_path)["claims"]
+    assert v["p_holm"] < 1e-4 and v["diff"] < 0 and v["significant"] is False
+    _study(dr2, tmp_path, [{"id": "x", "cond": "m4", "a": "sign", "b": "grpo", "claim": "a<b", "metric": "accuracy",
+                            "seeds": 4}])  # fmt: skip
+    with pytest.raises(SystemExit, match="claim 'x' is 'a<b'; write it as a>b"):
+        dr2.analysis.verdicts(tmp_path)
+
+
+def test_an_incomplete_family_shows_nothing_then_holm_over_all_its_claims(dr2, tmp_path):
+    """Claim a has its 3 seeds, claim b (4 seeds registered) only 3: neither difference nor p is shown; with b's
+    fourth seed both are tested and adjusted together."""
+    claims = [{"id": "a", "cond": "m4", "a": "sign", "b": "grpo", "claim": "a>b", "metric": "accuracy", "seeds": 3},
+              {"id": "b", "cond": "m4", "a": "avspo", "b": "grpo", "claim": "a>b", "metric": "accuracy", "seeds": 4}]
+    _study(dr2, tmp_path, claims)
+    accs = {"sign": (0.9, 0.92, 0.94, 0.9), "grpo": (0.5, 0.52, 0.54, 0.5), "avspo": (0.6, 0.5, 0.55, 0.6)}
+    for arm, acc in accs.items():
+        for seed in range(3):
+            dr2._write_json(tmp_path / "m4" / arm / f"seed{seed}" / "result.json", _result("m4", arm, seed, acc[seed]))
+    got = dr2.analysis.verdicts(tmp_path)["claims"]
+    assert [(r["n"], r["diff"], r["p"], r["p_holm"], r["significant"]) for r in got] == [(3, None, None, None,
+                                                                                          None)] * 2
+    for arm in ("avspo", "grpo"):
+        dr2._write_json(tmp_path / "m4" / arm / "seed3" / "result.json", _result("m4", arm, 3, accs[arm][3]))
+    a, b = dr2.analysis.verdicts(tmp_path)["claims"]
+    assert (a["n"], b["n"]) == (3, 4)  # n: the fewer seeds of the two arms; each test takes all of both
+    want_a = dr2.analysis.st.welch(accs["sign"][:3], accs["grpo"])["p"]
+    want_b = dr2.analysis.st.welch(accs["avspo"], accs["grpo"])["p"]
+    assert (a["p"], b["p"]) == pytest.approx((want_a, want_b))
+    assert [a["p_holm"], b["p_holm"]] == pytest.approx(dr2.analysis.st.holm([want_a, want_b]))
+
+
+def test_escape_is_the_warmed_up_accuracy_plus_the_margin(dr2, tmp_path):
+    """Escape = held-out accuracy >= the warmed-up model's 0.0927734375 + 0.2 on the too-hard level: 0.29296875
+    escapes, 0.29248046875 does not."""
+    claims = [{"id": "e", "cond": "hard", "a": "grpo_resample", "b": "grpo", "claim": "a>b", "metric": "escape",
+               "seeds": 2}]  # fmt: skip
+    _study(dr2, tmp_path, claims, hard=7)
+    runs = {"grpo_resample": {"grpo_resample": [_result("hard", "grpo_resample", s, 0.29296875) for s in (0, 1)],
+                              "grpo": [_result("hard", "grpo", s, 0.29248046875) for s in (0, 1)]}}
+    a, b = dr2.analysis._values(claims[0], runs["grpo_resample"], dr2.analysis._base_accuracy(tmp_path))
+    assert (a, b) == ([1.0, 1.0], [0.0, 0.0])
 
 
 def test_first_edition_audit_backs_the_quoted_figures(dr2):

@@ -87,3 +87,5 @@ def test_seeds_needed_matches_cohen(st):
     # df 9: 9.9 <= 10; at n = 9, df 8: 2.306 + 0.889 = 3.195 -> 10.2 > 9)
     assert st.seeds_needed(1.0, 1.0, samples=1) == 10
     assert st.detectable(17, 1.0) <= 1.0 < st.detectable(16, 1.0)  # the inverse of seeds_needed
+    with pytest.raises(ValueError, match="more than max_n=50 seeds"):  # d = 0.5 needs 64: not a silent 50
+        st.seeds_needed(0.5, 1.0, max_n=50)
