@@ -142,6 +142,8 @@ def initialize_distributed() -> bool:
     )
     if not multi:
         return False
+    if jax.distributed.is_initialized():  # a second run in this process, or a launcher that initialised it
+        return True
     # jax reads the coordinator's address from the environment but not the process count and id: a launcher that
     # sets JAX_NUM_PROCESSES / JAX_PROCESS_ID beside JAX_COORDINATOR_ADDRESS (no cluster auto-detection) passes them
     kwargs = {k: int(env[v]) for k, v in (("num_processes", "JAX_NUM_PROCESSES"), ("process_id", "JAX_PROCESS_ID"))

@@ -67,6 +67,8 @@ class Trainer:
         """Checks everything that needs no model first (run directory, data, a resume's config, the run lock), then
         loads the model and restores the newest checkpoint that restores. A failed start leaves no empty run
         directory behind and releases the lock."""
+        if cfg.mesh.distributed:  # before anything starts JAX's backend (jax.distributed.initialize refuses after)
+            sharding_lib.initialize_distributed()
         if not cfg.rollout.temperature > 0:
             raise config_lib.ConfigError(
                 f"rollout.temperature={cfg.rollout.temperature}: training needs sampled rollouts (> 0); greedy "
@@ -84,8 +86,6 @@ class Trainer:
         self.retain_sets = retain_lib.resolve(cfg)
         self.config_changes = run_dir_lib.check_resume_config(cfg, self.run_dir, allow_config_change)
         self.key = jax.random.key(cfg.seed)
-        if cfg.mesh.distributed:
-            sharding_lib.initialize_distributed()
         created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.lock = run_dir_lib.RunLock(self.run_dir)

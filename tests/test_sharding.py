@@ -99,3 +99,31 @@ def test_sharded_forward_equals_single_device(shape, cfg):
     out = jax.jit(forward, static_argnums=0)(cfg, sp, tok, None, msk)
     chex.assert_shape(out, (8, 6, cfg.vocab_size))
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.slow
+def test_mesh_distributed_starts_a_run_from_the_coordinator_environment(tmp_path):
+    """mesh.distributed=true with a launcher's JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID (one
+    process here): jax.distributed is initialised before anything starts JAX's backend, and a second run in the
+    same process finds it initialised (it refused both: "must be called before any JAX calls")."""
+    import os
+    import pathlib
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    tests = pathlib.Path(__file__).resolve().parent
+    script = (f"import sys; sys.path.insert(0, {str(tests)!r})\n"
+              "from test_train import small_config\nfrom jaxgrpo import trainer\nimport jax\n"
+              "cfg = small_config('train.steps=1', 'mesh.distributed=true', 'checkpoint.every=0', "
+              "'checkpoint.export_final=false')\n"
+              f"for name in ('a', 'b'):\n    trainer.run(cfg, {str(tmp_path)!r} + '/' + name)\n"
+              "print('initialized', jax.distributed.is_initialized())\n")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {
+        "JAX_COORDINATOR_ADDRESS": f"localhost:{port}", "JAX_NUM_PROCESSES": "1", "JAX_PROCESS_ID": "0",
+        "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(tests.parent)}  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and "initialized True" in out.stdout, out.stderr[-3000:]
