@@ -158,6 +158,16 @@ def _quiet_closed_loop_callbacks() -> Iterator[None]:
             sys.unraisablehook = previous
 
 
+
+def _on_every_process(ok: bool) -> bool:
+    """``ok`` of every JAX process, and-ed (`multihost_utils.process_allgather`): hosts decide together."""
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+
+    return bool(np.all(multihost_utils.process_allgather(np.asarray(ok))))
+
+
 class CheckpointManager:
     """Saves and restores (state pytree, JSON extra) per step under `directory`, keeping the newest `keep` steps.
 
@@ -345,18 +355,23 @@ class CheckpointManager:
         """``(step, attempt(step))`` for the newest step whose `attempt` (a restore) succeeds, or None when there is no
         checkpoint. Each newer step that failed is then moved aside (`move_aside`) with one line to `say` (default:
         stderr) naming it and why. A `ConfigError` from `attempt` (the run's config does not fit) is raised as is;
-        when no step restores, nothing is moved and one CheckpointError lists every step and its failure."""
+        when no step restores, nothing is moved and one CheckpointError lists every step and its failure. On several
+        processes a step counts as restored only where every process restored it (a failure on one host, e.g. a
+        check of the shards it read, walks every host back together; one inside orbax's own collective reads cannot
+        be agreed on from here)."""
         say = say or _say
         self.wait()
         failed: list[tuple[int, str]] = []
         with _quiet_closed_loop_callbacks():  # the walk back's attempts, and the reads a failed one left
             for step in reversed(self.all_steps()):
                 try:
-                    result = attempt(step)
+                    result, why = attempt(step), None
                 except ConfigError:
                     raise
                 except Exception as e:  # noqa: BLE001 -- orbax/tensorstore/json raise many types for a damaged step
-                    failed.append((step, one_line(e)))
+                    result, why = None, one_line(e)
+                if not _on_every_process(why is None):  # each host reads its own shards: all restore, or none
+                    failed.append((step, why or "it failed on another process"))
                     continue
                 for bad, why in failed:
                     moved = self.move_aside(bad)

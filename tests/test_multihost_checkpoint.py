@@ -126,3 +126,40 @@ def test_two_process_preempted_run_resumes_and_exports_its_sharded_weights(tmp_p
         np.testing.assert_allclose(two[k], want[k], rtol=1e-4, atol=1e-5, err_msg=k)
     assert json.loads((two_dir / "final" / "config.json").read_text()) == json.loads(
         (want_dir / "final" / "config.json").read_text())
+
+
+WALK_BACK_BODY = r"""
+from jax.sharding import NamedSharding, PartitionSpec as Ps
+from jaxgrpo import sharding, checkpoint as ckpt_lib
+mesh = sharding.make_mesh(1, 8, 1)
+x = jax.make_array_from_process_local_data(NamedSharding(mesh, Ps("fsdp")), np.arange(4, dtype=np.float32) + 4 * pid)
+m = ckpt_lib.CheckpointManager(os.path.join(os.path.dirname(out), "ckpt"), keep=5)
+for s in (1, 2):
+    m.save(s, {"x": x}, {"s": s}, force=True)
+    m.wait()
+
+def attempt(step):  # step 2 reads, but fails a check on process 1 alone (after the restore's own collectives)
+    got = m.restore(step, {"x": x})
+    if pid == 1 and step == 2:
+        raise OSError("a damaged shard of process 1")
+    return got
+
+said = []
+step, _ = m.restore_newest(attempt, say=said.append)
+steps = np.asarray(jax.experimental.multihost_utils.process_allgather(np.asarray([step], np.int32)))
+m.close()
+if pid == 0:
+    np.savez(out, steps=steps, said=np.asarray(said))
+"""
+
+
+@pytest.mark.slow
+def test_hosts_walk_back_to_the_same_step_when_one_cannot_restore(tmp_path):
+    """A step that fails on one host only: both restore step 1 and move step 2 aside together (process 0 restored
+    step 2 alone, and process 1's move aside waited for it forever)."""
+    from multihost import run_two_processes
+
+    got = run_two_processes(WALK_BACK_BODY, tmp_path, timeout=300)
+    assert got["steps"].ravel().tolist() == [1, 1]
+    (line,) = got["said"].tolist()
+    assert "checkpoint step 2 does not restore (it failed on another process); moved it aside" in line
