@@ -117,6 +117,25 @@ def shard_params(params: Any, config: Any, mesh: Mesh) -> Any:
     return jax.tree.map(lambda x, s: jax.device_put(x, s), params, shardings)
 
 
+def check_process_layout(devices: np.ndarray, processes: int) -> None:
+    """On several processes each host feeds its own share of a step's groups (`jaxgrpo.groups.process_share`), which
+    needs every batch shard (a ``(data, fsdp)`` cell of the learner mesh's ``devices``, its ``tensor`` devices) on one
+    host and as many shards on each host. A ConfigError names the fix when not (``mesh.tensor`` spanning hosts
+    assembled a global batch whose copies differed from host to host, without an error)."""
+    if processes == 1:
+        return
+    data, fsdp, tensor = devices.shape
+    owners = [{d.process_index for d in cell} for cell in devices.reshape(data * fsdp, tensor)]
+    per_host = np.bincount([next(iter(o)) for o in owners if len(o) == 1], minlength=processes)
+    if any(len(o) > 1 for o in owners) or len(set(per_host.tolist())) != 1:
+        from jaxgrpo.errors import ConfigError
+
+        raise ConfigError(f"the learner mesh (data={data}, fsdp={fsdp}, tensor={tensor}) does not split its batch "
+                          f"shards over the {processes} processes: each shard's mesh.tensor devices must sit on one "
+                          f"host and every host hold as many shards (mesh.data × mesh.fsdp a multiple of {processes}); "
+                          "keep mesh.tensor within a host's devices")  # fmt: skip
+
+
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     """Sharding for a batch-major array of rank `ndim`: axis 0 over ``("data", "fsdp")``, the rest replicated."""
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))

@@ -106,6 +106,8 @@ class Trainer:
         """The model, tokenizer, train step and checkpoint manager; resumes from the newest restorable checkpoint."""
         cfg, m = self.cfg, self.cfg.mesh
         self.mesh, self.rollout_mesh, self.place_rollout = async_rollout.device_groups(cfg)
+        if self.mesh is not None:
+            sharding_lib.check_process_layout(self.mesh.devices, jax.process_count())
         self.model_config, params, self.tokenizer = build.build_policy(cfg, build.policy_key(cfg))
         self.model_config, params = build.add_lora(cfg, self.model_config, params, jax.random.fold_in(self.key, 3))
         self.lora = self.model_config.lora is not None

@@ -127,3 +127,21 @@ def test_mesh_distributed_starts_a_run_from_the_coordinator_environment(tmp_path
         "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(tests.parent)}  # fmt: skip
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and "initialized True" in out.stdout, out.stderr[-3000:]
+
+
+def test_batch_shards_must_each_sit_on_one_host_in_equal_numbers():
+    """Two hosts of 4 devices (fake devices carrying a process_index): data × fsdp shards split 2 + 2 pass;
+    mesh.tensor = 8 (a shard across both hosts) and 3 shards over 2 hosts are refused in one line."""
+    import types
+
+    from jaxgrpo.errors import ConfigError
+
+    devs = np.array([types.SimpleNamespace(process_index=i // 4) for i in range(8)], object)
+    sharding.check_process_layout(devs.reshape(1, 4, 2), 2)  # 4 shards of 2 devices: 2 on each host
+    sharding.check_process_layout(devs.reshape(1, 8, 1), 2)
+    sharding.check_process_layout(devs.reshape(1, 1, 8), 1)  # one process: anything goes
+    with pytest.raises(ConfigError, match=r"each shard's mesh.tensor devices must sit on one host"):
+        sharding.check_process_layout(devs.reshape(1, 1, 8), 2)
+    six = np.array([types.SimpleNamespace(process_index=p) for p in (0, 0, 0, 0, 1, 1)], object)
+    with pytest.raises(ConfigError, match=r"a multiple of 2"):
+        sharding.check_process_layout(six.reshape(1, 3, 2), 2)  # shards (0,0) (0,0) (1,1): 2 on host 0, 1 on host 1
