@@ -342,11 +342,19 @@ def own_share(make: Any) -> tuple[bytes, Exception | None]:
 
 
 def settle(parts: list[bytes], failure: Exception | None) -> None:
-    """After an exchange of shares made by `own_share`: raises this host's own failure, else the first other
-    process's (`raise_failed`), so that every host raises at the same exchange."""
-    if failure is not None:
+    """After an exchange of shares made by `own_share`: raises for the first process whose share failed, on every
+    host alike, so that every host raises at the same exchange and handles it the same way (a `RewardError`
+    everywhere, or none: `raise_failed`). That process raises its own exception (its traceback); a host whose own
+    share failed later chains its failure as the cause."""
+    first = next((p for p, b in enumerate(parts) if b.startswith(b"!")), None)
+    if first is None:
+        return
+    if failure is not None and first == jax.process_index():
         raise failure
-    raise_failed(parts)
+    try:
+        raise_failed(parts)
+    except Exception as e:
+        raise e from failure
 
 
 def failure_part(e: Exception) -> bytes:

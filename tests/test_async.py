@@ -300,3 +300,25 @@ def test_each_host_scores_its_block_of_groups_and_every_host_gets_every_score(mo
     for rw, valid, stats in out:
         assert rw == [1, 2, 3, 1, 2, 0, 2, 1] and valid == [True] * 5 + [False] + [True] * 2
         assert stats["reward/invalid_frac"] == 1 / 8
+
+
+def test_every_host_handles_a_failed_exchange_alike(monkeypatch):
+    """The first process whose share failed decides, on every host: process 0's XLA error and process 1's reward
+    error make every host raise a non-reward error (no host checkpoints alone, waiting for the others); a lone
+    reward error makes every host raise a RewardError."""
+    from jaxgrpo.errors import RewardError
+
+    xla, reward = RuntimeError("XLA: out of memory"), RewardError("reward 'f' raised ValueError", "fix it")
+    both = [async_rollout.failure_part(xla), async_rollout.failure_part(reward), b"ok"]
+    for pid, own in ((0, xla), (1, reward), (2, None)):
+        monkeypatch.setattr(async_rollout.jax, "process_index", lambda pid=pid: pid)
+        with pytest.raises(Exception) as got:
+            async_rollout.settle(both, own)
+        assert not isinstance(got.value, RewardError) and "out of memory" in str(got.value), pid
+        assert got.value.__cause__ is (own if pid == 1 else None)
+    lone = [b"ok", async_rollout.failure_part(reward)]
+    for pid, own in ((0, None), (1, reward)):
+        monkeypatch.setattr(async_rollout.jax, "process_index", lambda pid=pid: pid)
+        with pytest.raises(RewardError):
+            async_rollout.settle(lone, own)
+    async_rollout.settle([b"ok", b"ok"], None)  # nothing failed
