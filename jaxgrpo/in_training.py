@@ -97,7 +97,8 @@ def _shared() -> Any:
 
 def _report(tr: Any, step: int, result: dict[str, Any]) -> dict[str, float]:
     """The evaluation's report written to <run_dir>/eval/step<N>/ and its ``eval/*`` metrics."""
-    eval_lib.write_report(result, tr.run_dir / "eval" / f"step{step}")
+    if jax.process_index() == 0:  # every host holds the whole result; one writes it
+        eval_lib.write_report(result, tr.run_dir / "eval" / f"step{step}")
     (deg,) = result["degeneracy"]
     out = {f"eval/pass@{k}": v for k, v in result["pass@k"].items()}
     out.update({"eval/mean_reward": result["mean_reward"], "eval/degeneracy_measured": deg["measured"],

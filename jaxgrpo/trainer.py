@@ -169,8 +169,9 @@ class Trainer:
         self.producer: async_rollout.Producer | None = None  # asynchronous rollouts: started at the first step
         self.sampler_params_override = None  # the producer's published weights (async_rollout)
         self.start_step = self.restore()
-        run_dir_lib.record_changes(self.run_dir, self.start_step, self.config_changes)
-        (self.run_dir / "config.yaml").write_text(config_lib.to_yaml(self.cfg))
+        if jax.process_index() == 0:  # one writer of the run's files (a shared filesystem: not one line per host)
+            run_dir_lib.record_changes(self.run_dir, self.start_step, self.config_changes)
+            (self.run_dir / "config.yaml").write_text(config_lib.to_yaml(self.cfg))
         # time/compiles counts the step path's compilations; after the first step a background thread compiles the
         # other shapes the run can take (`jaxgrpo.precompile`, perf.precompile; "auto" resolved for the platform)
         on = precompile.enabled(self.perf.precompile, jax.default_backend())

@@ -94,7 +94,8 @@ except ckpt_lib.Preempted as e:
     stopped = e.step
 stops = np.asarray(multihost_utils.process_allgather(np.asarray([stopped], np.int32)))
 resumed = trainer.run(cfg, run_dir)
-t = trainer.Trainer(cfg, run_dir)  # the finished run's state, restored: its weights span both processes
+changed = config_lib.load_config("default", [*SMALL, *RESUME_ARGS, "optim.learning_rate=0.5"])
+t = trainer.Trainer(changed, run_dir, allow_config_change=True)  # the finished run's state: weights span both hosts
 spans = [not x.is_fully_addressable for x in jax.tree.leaves(t.state.params)]
 t.close()
 if pid == 0:
@@ -115,6 +116,8 @@ def test_two_process_preempted_run_resumes_and_exports_its_sharded_weights(tmp_p
     assert stops.tolist() == [2, 2], f"both processes stop after the step in flight when one is signalled: {stops}"
     assert int(got["resumed"]) == 2
     assert got["spans"].any(), "fsdp over both processes' devices: some weights are held by neither process whole"
+    changes = (tmp_path / "run" / "config_changes.jsonl").read_text().splitlines()
+    assert len(changes) == 1 and '"optim.learning_rate"' in changes[0], "one writer of the run's files, not one a host"
 
     want_dir = tmp_path / "one"
     trainer.run(config_lib.load_config("default", [*SMALL, *RESUME_ARGS]), want_dir)
