@@ -261,7 +261,7 @@ class Scheduler:
             rec.successes = s.decay * rec.successes + wins
             rec.failures = s.decay * rec.failures + (n - wins)
             rec.outcomes = (rec.outcomes + [wins / max(n, 1)])[-s.window:]
-            if degenerate[row] and n > 0:
+            if degenerate[row] and n > 0 and wins in (0, n):  # (not pass_at_k's no-signal groups of mixed rewards)
                 up = wins == n  # a degenerate group's members all succeed or all fail
                 rec.streak = (max(rec.streak, 0) + 1) if up else (min(rec.streak, 0) - 1)
                 all_pass, all_fail = all_pass + up, all_fail + (not up)

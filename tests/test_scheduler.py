@@ -200,6 +200,16 @@ def test_history_ignores_padding_and_counts_a_one_member_group_as_degenerate():
     assert (sch.records[1].successes, sch.records[1].failures, sch.records[1].streak) == (1.0, 0.0, 1)
 
 
+def test_a_no_signal_group_of_mixed_rewards_is_no_streak():
+    """pass_at_k (k = 2) masks a group of 3 successes in 4 as degenerate (no signal), but it is neither all-pass nor
+    all-fail: it starts no streak (it counted as all-fail, -1) and is a hit of a prediction."""
+    sch = scheduler.Scheduler(_settings())
+    valid = np.ones((1, 4), bool)
+    sch.record([3], np.asarray([[1, 1, 1, 1]], np.float32), valid, np.asarray([True]))
+    out = sch.record([3], np.asarray([[1, 1, 1, 0]], np.float32), valid, np.asarray([True]))
+    assert sch.records[3].streak == 0 and (out["all_pass"], out["all_fail"], out["hits"]) == (0.0, 0.0, 1.0)
+
+
 def test_history_round_trips_through_json_exactly():
     rng = np.random.default_rng(0)
     a = scheduler.Scheduler(_settings(), seed=11)
