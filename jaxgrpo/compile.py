@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 from jaxgrpo import config as config_lib
 from jaxgrpo.errors import ConfigError, cli_error
+from jaxgrpo.files import output_dir_error
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,6 +65,11 @@ def _target(args: argparse.Namespace, cfg: Any) -> _Target:
     m = cfg.mesh
     size, split = m.data * m.fsdp * m.tensor, m.rollout  # mesh.rollout: the rollout's own devices, the last ones
     topology = args.topology or m.topology
+    if args.platform == "cuda" and args.topology:
+        raise ConfigError(f"--topology {args.topology} is a TPU slice but --platform cuda compiles for --chip; drop "
+                          "one of them")
+    if args.platform == "tpu" and topology is None:
+        raise ConfigError("--platform tpu needs a TPU slice: pass --topology (e.g. v5e:4x8) or set mesh.topology")
     if args.platform == "cuda":
         devices = aot.gpu_devices(args.chip or "h100", size + split)
         if cfg.perf.attention in ("auto", "cudnn") and not aot.has_cudnn():  # its library builds the kernel
@@ -130,9 +136,12 @@ def _memory_rows(resident: dict, step: dict, reference: dict | None, rollout: di
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_intermixed_args(sys.argv[1:] if argv is None else argv)  # (as train and eval)
     program = "train step"
     try:
+        bad_out = output_dir_error(args.dump_hlo, "--dump-hlo")  # before minutes of compiling, not after
+        if bad_out:
+            raise ConfigError(bad_out)
         cfg = config_lib.load_config(args.config, args.overrides)
         # after validation: a bad key fails before JAX starts
         from jaxgrpo import aot, aot_multiturn, train_report

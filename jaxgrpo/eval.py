@@ -56,6 +56,7 @@ from jaxgrpo.errors import CheckpointError, ConfigError, RewardError, cli_error
 from jaxgrpo.eval_report import format_summary, write_report
 from jaxgrpo.eval_stats import degenerate_probability, pass_at_k_unbiased
 from jaxgrpo.example import Example
+from jaxgrpo.files import output_dir_error
 from jaxgrpo.models.attention import DENSE, Kernel
 
 DEFAULT_NUM_SAMPLES = 16
@@ -387,7 +388,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--success-threshold", type=float, default=0.5, help="a sample succeeds when reward >= this")
     p.add_argument("--prompts-per-batch", type=int, default=32)
-    p.add_argument("--out", default=None, help="output directory (default: RUN_DIR/eval/<step>-<split>)")
+    p.add_argument("--out", default=None, help="output directory (default: RUN_DIR/eval/step<N>-<split>)")
     p.add_argument("overrides", nargs="*", metavar="section.key=value")
     return p
 
@@ -419,6 +420,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"argument {bad[0]!r} is not an override (section.key=value)")
         if args.config is None and args.run_dir is None:
             raise ConfigError("give --config FILE or --run-dir DIR (or both)")
+        bad_out = output_dir_error(args.out, "--out")
+        if bad_out:
+            raise ConfigError(bad_out)
+        if args.run_dir is not None and not os.path.isdir(args.run_dir):
+            raise ConfigError(f"--run-dir {args.run_dir} does not exist or is not a directory: name a training run's "
+                              "directory (the one holding config.yaml and checkpoints/)")
         config_path = args.config
         if config_path is None:
             config_path = str(pathlib.Path(args.run_dir) / "config.yaml")

@@ -33,3 +33,21 @@ def _gguf_reader(path: str, size: int, mtime_ns: int) -> Any:
     import gguf
 
     return gguf.GGUFReader(path)
+
+
+def output_dir_error(path: str | os.PathLike | None, flag: str) -> str | None:
+    """The one-line error for an output directory ``path`` (given by ``flag``) a command cannot write into, checked
+    before any work: a file of that name, or a parent that is a file. None when it can be created or is a directory."""
+    if path is None:
+        return None
+    p = os.path.abspath(os.fspath(path))
+    while not os.path.exists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
+    if not os.path.isdir(p):
+        return f"{flag} {os.fspath(path)}: {p} is a file, not a directory; name a directory (new or existing)"
+    if not os.access(p, os.W_OK):
+        return f"{flag} {os.fspath(path)}: {p} is not writable; name a directory you can write to"
+    return None

@@ -33,6 +33,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from jaxgrpo.files import output_dir_error  # noqa: E402
 from jaxgrpo.metrics_log import read_metrics  # noqa: E402
 
 
@@ -224,6 +225,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("run_dir", help="run directory holding metrics.jsonl")
     parser.add_argument("--out", default=None, help="output directory for the PNGs (default RUN_DIR/plots)")
     args = parser.parse_args(argv)
+    bad_out = output_dir_error(args.out, "--out")
+    if bad_out:
+        print(f"jaxgrpo.plot: error: {bad_out}", file=sys.stderr)
+        return 2
     try:
         paths = plot_run(args.run_dir, args.out)
     except (FileNotFoundError, ValueError) as e:

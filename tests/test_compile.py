@@ -328,3 +328,23 @@ def test_the_kl_reference_pass_is_compiled_and_judged(capsys, lora):
     row = next(line for line in out.splitlines() if line.strip().startswith("reference pass total"))
     assert row.endswith(aot.human(want)) and "reference pass temporaries" in out
     assert aot.compile_reference(config_lib.load_config("default", over[1:]), mcfg, devices) is None  # no KL term
+
+
+def test_bad_dump_dir_and_platform_topology_mixups_are_one_line_before_compiling(tmp_path, capsys, monkeypatch):
+    """--dump-hlo naming a file is refused before anything compiles (it failed after minutes, with a traceback);
+    --platform tpu without a slice compiled for the local CPU and said "fits"; --platform cuda ignored --topology.
+    Overrides may come after the options, as in train and eval."""
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled")
+
+    monkeypatch.setattr(aot, "compile_train_step", no_compile)
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for argv, says in ((["--dump-hlo", str(afile)], "is a file, not a directory"),
+                       (["--platform", "tpu"], "--platform tpu needs a TPU slice: pass --topology"),
+                       (["--platform", "cuda", "--topology", "v5e:4x8"], "drop one of them"),
+                       (["rollout.group_size=8", "--config", "default", "perf.nonsense=1", "--platform", "tpu"],
+                        "perf.nonsense")):  # fmt: skip
+        assert compile_cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and says in err and err.count("\n") == 1, err

@@ -84,7 +84,7 @@ seed: 7
         ("data.system_prompt=Answer with a number.", lambda c: c.data.system_prompt, "Answer with a number."),
         ("data.system_prompt=null", lambda c: c.data.system_prompt, None),
         ("model.name_or_path=1.10", lambda c: c.model.name_or_path, "1.10"),  # text kept as written
-        ("data.split=2020", lambda c: c.data.split, "2020"),
+        ("data.hf_config=2020", lambda c: c.data.hf_config, "2020"),
         ("data.num_examples=null", lambda c: c.data.num_examples, None),
         ("data.rewards={gsm8k_lenient: 1, arithmetic: 0.5}", lambda c: c.data.rewards,
          {"gsm8k_lenient": 1.0, "arithmetic": 0.5}),
@@ -448,3 +448,9 @@ def test_data_multiturn_is_environment_or_tools():
     assert DataConfig(tools=["pkg.mod:fn"]).multiturn
     assert C.from_dict({"data": {"tools": ["pkg.mod:fn"]}}).data.multiturn
 
+
+
+def test_a_synthetic_split_is_train_or_test():
+    with pytest.raises(C.ConfigError, match="data.split must be train or test for data.source=synthetic, got 'tset'"):
+        C.load_config("default", ["data.split=tset"])
+    assert C.load_config("default", ["data.split=test"]).data.split == "test"

@@ -399,3 +399,17 @@ def test_correctness_reward_choice():
 
 def test_module_paths():
     assert ckpt.run_checkpoint_dir("x") == pathlib.Path("x") / "checkpoints"
+
+
+def test_cli_refuses_a_file_as_out_and_a_missing_run_dir_before_loading(tmp_path, capsys, monkeypatch):
+    def no_load(*args, **kwargs):
+        raise AssertionError("loaded the model")
+
+    monkeypatch.setattr(ev, "load_policy_for_eval", no_load)
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert ev.main(["--config", "default", "--out", str(afile / "report")]) == 2
+    assert f"{afile} is a file, not a directory" in capsys.readouterr().err
+    assert ev.main(["--run-dir", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --run-dir") and "does not exist" in err and "--config" not in err

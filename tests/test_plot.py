@@ -126,3 +126,12 @@ def test_missing_file_exits_2(tmp_path, capsys):
     assert plot.main([str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert "metrics.jsonl" in err and "not found" in err
+
+
+def test_out_naming_a_file_exits_2_in_one_line(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert plot.main([str(tmp_path), "--out", str(afile)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"jaxgrpo.plot: error: --out {afile}: {afile} is a file, not a directory; name a directory (new " \
+                  "or existing)\n"
