@@ -74,6 +74,8 @@ def resolve(cfg: Config) -> list[RetainSet]:
             if data.difficulty not in WORDS_LEVELS or data.split not in WORDS_SPLITS:
                 raise ConfigError(f"{where}: data.source=words needs difficulty in {sorted(WORDS_LEVELS)} and split "
                                   f"in {list(WORDS_SPLITS)}, got difficulty={data.difficulty}, split={data.split!r}")
+        if data.source == "synthetic" and data.split not in ("train", "test"):  # (another name: a stream of its own)
+            raise ConfigError(f"{where}: data.source=synthetic needs split train or test, got split={data.split!r}")
         if data.num_examples is not None and data.num_examples < 1:
             raise ConfigError(f"{where}.num_examples must be >= 1 or null, got {data.num_examples}")
         out.append(RetainSet(name, data, _reward_for(cfg, data, reward, where)))

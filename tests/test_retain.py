@@ -129,6 +129,7 @@ def test_retain_and_eval_metrics_recomputed_from_the_sampled_completions(tmp_pat
     ("train.retain={a: {reward: nope}}", r"train.retain.a.reward: unknown reward function 'nope'"),
     ("train.retain={'a b': {difficulty: 1}}", r"train.retain.a b: a retention set's name becomes the metric"),
     ("train.retain_every=-2", r"train.retain_every must be >= 0"),
+    ("train.retain={a: {split: tset}}", r"train.retain.a: data.source=synthetic needs split train or test"),
     ("train.retain={a: {source: hf, hf_id: x/y}}", r"train.retain.a.reward: data.source=hf has no answer check of "
                                                    r"its own .*name one, e.g. train.retain.a.reward=math_verify"),
 ])  # fmt: skip
