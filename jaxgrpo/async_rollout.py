@@ -323,11 +323,11 @@ def swap(tr: Any, make: Any) -> list[bytes]:
     from jaxgrpo import host
 
     payload, failure = own_share(make)
-    i = next(_EXCHANGES)  # the same sequence on every process: each makes the same calls in the same order
+    i = next_exchange("rollout")  # the same sequence on every process: each makes the same calls in the same order
     stopping = lambda: tr.producer is not None and tr.producer.stopping  # noqa: E731 (a stopping run: see `exchange`)
-    parts = host.exchange(f"jaxgrpo/rollout/{i}", payload, should_stop=stopping)
+    parts = host.exchange(exchange_name("rollout", i), payload, should_stop=stopping)
     if i >= 2:  # every process has sent round i, so it has read this process's rounds before
-        host.delete_exchanged(f"jaxgrpo/rollout/{i - 2}")
+        host.delete_exchanged(exchange_name("rollout", i - 2))
     settle(parts, failure)
     return parts
 
@@ -377,7 +377,30 @@ def raise_failed(parts: list[bytes]) -> None:
             raise RuntimeError(f"the rollout of process {p} failed: {e['type']}: {e['text']}")
 
 
-_EXCHANGES = itertools.count()  # rounds swapped between processes, over every run of this process
+_RUNS = itertools.count(1)  # runs started in this process (`start_run`), the same count on every process
+_run = 0
+_sequences: dict[str, itertools.count] = {}  # this run's exchanges of each kind ("rollout", "eval"), in order
+
+
+def start_run() -> None:
+    """At every run's start, on every process: the exchanges' names start again under a new run number. A run that
+    stopped while one host's producer had begun its next round leaves the hosts one exchange apart; without this a
+    second run in the same processes would pair one host's round with another's next."""
+    global _run
+    _run = next(_RUNS)
+    _sequences.clear()
+
+
+def next_exchange(kind: str) -> int:
+    """The index of this run's next exchange of ``kind`` (0, 1, ...)."""
+    return next(_sequences.setdefault(kind, itertools.count()))
+
+
+def exchange_name(kind: str, i: int) -> str:
+    """The key-value store name of this run's exchange ``i`` of ``kind``."""
+    return f"jaxgrpo/{kind}/{_run}/{i}"
+
+
 _FIELDS = ("tokens", "logprobs", "mask", "lengths", "truncated", "entropy")
 
 

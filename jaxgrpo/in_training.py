@@ -4,7 +4,6 @@ sets (`jaxgrpo.retain`), each through `jaxgrpo.eval.evaluate` with the rollout's
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import jax
@@ -73,19 +72,16 @@ def evaluate_held_out(tr: Any, step: int) -> dict[str, float]:
     return _report(tr, step, result)
 
 
-_EVAL_EXCHANGES = itertools.count()  # evaluations swapped between processes, over every run of this process
-
-
 def _exchange(payload: bytes) -> list[bytes]:
-    """Every host's share of an evaluation (`jaxgrpo.host.exchange`), under a sequence of names of its own (the
+    """Every host's share of an evaluation (`jaxgrpo.host.exchange`), under the run's sequence of "eval" names (the
     rollout thread's swaps keep theirs; every host evaluates at the same steps, in the main thread). The previous
     evaluation's keys are deleted once this one's returns: every host had read them before it sent this one."""
-    from jaxgrpo import host
+    from jaxgrpo import async_rollout, host
 
-    i = next(_EVAL_EXCHANGES)
-    parts = host.exchange(f"jaxgrpo/eval/{i}", payload)
+    i = async_rollout.next_exchange("eval")
+    parts = host.exchange(async_rollout.exchange_name("eval", i), payload)
     if i:
-        host.delete_exchanged(f"jaxgrpo/eval/{i - 1}")
+        host.delete_exchanged(async_rollout.exchange_name("eval", i - 1))
     return parts
 
 

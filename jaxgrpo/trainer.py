@@ -69,6 +69,7 @@ class Trainer:
         directory behind and releases the lock."""
         if cfg.mesh.distributed:  # before anything starts JAX's backend (jax.distributed.initialize refuses after)
             sharding_lib.initialize_distributed()
+        async_rollout.start_run()  # this run's names of the exchanges between processes
         if not cfg.rollout.temperature > 0:
             raise config_lib.ConfigError(
                 f"rollout.temperature={cfg.rollout.temperature}: training needs sampled rollouts (> 0); greedy "

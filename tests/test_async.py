@@ -322,3 +322,13 @@ def test_every_host_handles_a_failed_exchange_alike(monkeypatch):
         with pytest.raises(RewardError):
             async_rollout.settle(lone, own)
     async_rollout.settle([b"ok", b"ok"], None)  # nothing failed
+
+
+def test_each_run_names_its_exchanges_afresh():
+    """A run that stopped with one host an exchange ahead (its producer had begun the next round) must not shift the
+    next run's pairs: every run starts its sequences at 0 under names of its own."""
+    async_rollout.start_run()
+    first = [async_rollout.exchange_name("rollout", async_rollout.next_exchange("rollout")) for _ in range(3)]
+    async_rollout.start_run()
+    assert async_rollout.next_exchange("rollout") == 0 and async_rollout.next_exchange("eval") == 0
+    assert async_rollout.exchange_name("rollout", 0) not in first and first[0].endswith("/0")

@@ -20,7 +20,7 @@ EVAL_ARGS = ["train.eval_every=3", "train.eval_examples=6", "train.retain_every=
              "train.retain={copy: {difficulty: 0, split: test, num_examples: 5}}"]
 
 SPLIT_BODY = r"""
-from jaxgrpo import config as config_lib, trainer
+from jaxgrpo import async_rollout, config as config_lib, trainer
 from test_train import SMALL
 from test_async_multihost import EVAL_ARGS, SPLIT_ARGS
 from jaxgrpo import host
@@ -31,6 +31,8 @@ for k in (0, 1):  # checkpoint.every=2: a save at step 2 while the rollout threa
     split = ["mesh.rollout_fsdp=2", *EVAL_ARGS] if k == 0 else []
     cfg = config_lib.load_config("default", [*SMALL, *SPLIT_ARGS, *split, f"rollout.max_staleness={k}"])
     trainer.run(cfg, os.path.join(os.path.dirname(out), f"k{k}"))
+    if k == 0:  # its evaluations, a batch each: retain at steps 0 and 3, held-out at 3
+        evals = async_rollout.next_exchange("eval")
 from jaxgrpo import async_rollout
 learner, rollout, _ = async_rollout.device_groups(cfg)  # the learner spans both hosts; each host samples on its own
 assert {d.process_index for d in learner.devices.flat} == {0, 1} and learner.devices.size == 4
@@ -47,9 +49,7 @@ for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(placed)):
     assert y.addressable_shards[0].data.shape == tuple(d // 2 if d == mcfg.hidden_size else d for d in x.shape)
     assert np.array_equal(np.asarray(y), np.asarray(jax.jit(lambda a: a, out_shardings=sharding.replicated(learner))(
         x).addressable_data(0)))
-assert next(async_rollout._EXCHANGES) == 12, "each of the 2 runs' 3 steps swapped its halves and their scores once"
-from jaxgrpo import in_training
-evals = next(in_training._EVAL_EXCHANGES)  # k = 0's evaluations, a batch each: retain at steps 0 and 3, held-out at 3
+assert async_rollout.next_exchange("rollout") == 6, "each of the run's 3 steps swapped its halves and scores once"
 if pid == 0:
     np.savez(out, sizes=np.asarray(sizes), evals=evals)
 """
