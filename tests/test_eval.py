@@ -180,11 +180,14 @@ def test_evaluate_groups_prompt_major(tiny_policy):
     assert 0 <= r["truncated_frac"] <= 1 and 0 < r["completion_length_mean"] <= 4
 
 
-def _two_hosts(monkeypatch, body):
+def _two_hosts(monkeypatch, body, process_index=False):
     """Runs ``body(pid, exchange)`` for two simulated hosts (threads; `jaxgrpo.async_rollout.host_share` split by the
-    thread's pid, the coordinator's exchange a barrier) and returns each host's return value or exception."""
+    thread's pid, the coordinator's exchange a barrier; with ``process_index``, `jax.process_index` the thread's pid,
+    where no JAX program runs) and returns each host's return value or exception."""
     local, barrier, box, out = threading.local(), threading.Barrier(2), [None, None], [None, None]
     monkeypatch.setattr(ev.async_rollout, "host_share", lambda n: np.array_split(np.arange(n), 2)[local.pid])
+    if process_index:
+        monkeypatch.setattr(ev.async_rollout.jax, "process_index", lambda: local.pid)
 
     def exchange(payload):
         box[local.pid] = payload
@@ -253,7 +256,8 @@ def test_a_reward_failing_on_one_host_stops_every_host_at_the_same_batch(monkeyp
             raise ValueError("bad row")
         return 1.0
 
-    out = _two_hosts(monkeypatch, lambda pid, exchange: ev.score_rows(["x"] * 4, rows, reward, 2, exchange))
+    out = _two_hosts(monkeypatch, lambda pid, exchange: ev.score_rows(["x"] * 4, rows, reward, 2, exchange),
+                     process_index=True)
     from jaxgrpo.errors import RewardError
 
     assert all(isinstance(e, RewardError) and "raised ValueError: bad row" in str(e) for e in out)
@@ -379,6 +383,9 @@ def test_cli_on_a_checkpointed_run(tiny_policy, tmp_path, capsys):
     assert ev.main(["--run-dir", str(run), "--num-samples", "4", "--group-size", "8"]) == 2
     assert "group size G=8" in capsys.readouterr().err
     assert ev.main(["--run-dir", str(tmp_path / "nope")]) == 2
+    assert "does not exist or is not a directory" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert ev.main(["--run-dir", str(tmp_path / "empty")]) == 2
     assert "config.yaml not found" in capsys.readouterr().err
 
 
