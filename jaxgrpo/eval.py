@@ -443,6 +443,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         groups = [g for g in groups if g <= n] if args.group_size is None else groups
         for g in groups:  # before the (slow) model load
             degenerate_probability(n, 0, g)
+        if run_cfg.rollout.schedule != "none" and not run_cfg.data.multiturn and n < run_cfg.rollout.group_size:
+            raise ConfigError(f"--num-samples {n} < the run's rollout.group_size {run_cfg.rollout.group_size}: its "
+                              f"rollout.schedule report needs a group of every prompt; pass --num-samples "
+                              f"{run_cfg.rollout.group_size} or more")  # fmt: skip
         reward = correctness_reward(cfg, args.reward)
         if reward != "environment":
             rewards_lib.resolve(reward)

@@ -186,6 +186,9 @@ class MetricsLogger:
                         f"{existing[-1]['step']}): pass resume_step=<checkpoint step> to continue that run (0 to "
                         "start it over), or use a new run directory"
                     )
+            # no records: what is there is at most a torn line of a run killed before its first record ended
+            _truncate_jsonl(self.metrics_path, -1)
+            _truncate_jsonl(self.samples_path, -1)
         else:
             _truncate_jsonl(self.metrics_path, self.last_step)
             _truncate_jsonl(self.samples_path, self.last_step)

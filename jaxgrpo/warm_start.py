@@ -116,6 +116,20 @@ def _calls(message: Message, where: str) -> list[ToolCall]:
     return calls
 
 
+def _text(message: Message, where: str) -> str:
+    """A message's content as text: a string, or a list of ``{"type": "text", "text": ...}`` parts (TRL's
+    conversational form, joined); None or missing is empty. Anything else is a one-line DataError naming the
+    message (the rollout writes and reads text only)."""
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(isinstance(c, dict) and c.get("type") == "text"
+                                         and isinstance(c.get("text"), str) for c in content):  # fmt: skip
+        return "".join(c["text"] for c in content)
+    raise DataError(f"{where}: its content must be text (a string, or a list of {{type: text, text: ...}} parts), "
+                    f"got {type(content).__name__} {content!r:.60}")
+
+
 def demonstration_history(tokenizer: Any, schemas: Sequence[dict[str, Any]], system_prompt: str | None,
                           messages: Sequence[Message], eos_token_ids: Sequence[int], where: str = "demonstration"
                           ) -> TurnHistory:  # fmt: skip
@@ -126,12 +140,12 @@ def demonstration_history(tokenizer: Any, schemas: Sequence[dict[str, Any]], sys
     template has no tool syntax)."""
     msgs = list(messages)
     if msgs and msgs[0]["role"] == "system":
-        system_prompt = str(msgs.pop(0).get("content") or "")
+        system_prompt = _text(msgs.pop(0), f"{where}, message 0")
     if not msgs or msgs[0]["role"] != "user":
         raise DataError(f"{where}: the conversation must start with the user's prompt (after an optional system "
                         "message)")  # fmt: skip
     chat = ChatFormat(tokenizer, schemas, system_prompt)
-    base = chat.prompt_messages(str(msgs[0].get("content") or ""))
+    base = chat.prompt_messages(_text(msgs[0], f"{where}, the user's prompt"))
     eot = chat.end_of_turn(base, eos_token_ids)
     hist = TurnHistory(prompt=chat.prompt_tokens(base))
     i = 1
@@ -141,7 +155,7 @@ def demonstration_history(tokenizer: Any, schemas: Sequence[dict[str, Any]], sys
             raise DataError(f"{where}: message {i} is a {m['role']!r} message where an assistant turn must come")
         calls = _calls(m, f"{where}, message {i}")
         try:
-            text = format_calls(calls, chat.format, m.get("content") or None)
+            text = format_calls(calls, chat.format, _text(m, f"{where}, message {i}") or None)
         except ConfigError as e:
             raise DataError(f"{where}, message {i}: {e}") from None
         if parse_tool_calls(text, chat.format) != calls:
@@ -153,7 +167,8 @@ def demonstration_history(tokenizer: Any, schemas: Sequence[dict[str, Any]], sys
         replies = []
         i += 1
         while i < len(msgs) and msgs[i]["role"] in _REPLY_ROLES:
-            replies.append({k: v for k, v in msgs[i].items() if k in ("role", "name", "content")})
+            replies.append({**{k: v for k, v in msgs[i].items() if k in ("role", "name")},
+                            "content": _text(msgs[i], f"{where}, message {i}")})
             i += 1
         if replies:
             if i == len(msgs):

@@ -420,3 +420,13 @@ def test_cli_refuses_a_file_as_out_and_a_missing_run_dir_before_loading(tmp_path
     assert ev.main(["--run-dir", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --run-dir") and "does not exist" in err and "--config" not in err
+
+
+def test_cli_refuses_fewer_samples_than_a_scheduled_runs_group_before_loading(capsys, monkeypatch):
+    def no_load(*args, **kwargs):
+        raise AssertionError("loaded the model")
+
+    monkeypatch.setattr(ev, "load_policy_for_eval", no_load)
+    assert ev.main(["--config", "default", "rollout.schedule=skip", "rollout.group_size=8",
+                    "rollout.prompts_per_step=8", "--num-samples", "4"]) == 2  # fmt: skip
+    assert "pass --num-samples 8 or more" in capsys.readouterr().err

@@ -179,3 +179,13 @@ def test_inactive_process_writes_nothing(tmp_path):
         assert log.log(1, {"x": np.float32(2.0)}) == {"x": 2.0}
         log.log_samples(1, ["a"])
     assert not (tmp_path / "r").exists()
+
+
+def test_a_fresh_logger_drops_a_torn_line_left_before_the_first_record(tmp_path):
+    """A run killed while writing its first record leaves only a torn line; a new logger (no resume step) must not
+    glue its records onto it."""
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward/me')
+    with ml.MetricsLogger(tmp_path, tensorboard=False, active=True) as logger:
+        logger.log(1, {"a": 1.0})
+        logger.log(2, {"a": 2.0})
+    assert [r["step"] for r in ml.read_metrics(tmp_path)] == [1, 2]

@@ -71,6 +71,15 @@ def test_format_calls_reads_back_in_each_family():
         format_calls(calls, "llama3", "text")
 
 
+def test_content_given_as_text_parts_is_the_joined_text(tok, schemas):
+    """TRL's conversational form may give content as a list of {type: text} parts: the same tokens as the string."""
+    plain = [{"role": "user", "content": "What is 2 + 3?"}, {"role": "assistant", "content": "5"}]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "What is "}, {"type": "text", "text": "2 + 3?"}]},
+             {"role": "assistant", "content": [{"type": "text", "text": "5"}]}]
+    a, b = (W.demonstration_history(tok, schemas, SYSTEM, m, eos_ids(tok)) for m in (plain, parts))
+    assert (a.prompt, a.tokens, a.action) == (b.prompt, b.tokens, b.action)
+
+
 def test_a_demonstration_is_a_from_scratch_tokenization_with_the_assistant_text_as_actions(tok, schemas):
     (ex,) = word_arithmetic(1, 4, 0, "train")
     (conv,) = arithmetic_env.demonstrations([ex])
@@ -137,6 +146,12 @@ def test_a_demonstration_is_what_the_rollout_records_when_the_policy_writes_it(t
     ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "<tool_call>{}</tool_call>"}],
      "does not read back"),
     ([{"role": "user", "content": "q"}], "no assistant turn"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": 19}], "message 1: its content must be text"),
+    ([{"role": "user", "content": [{"type": "image"}]}, {"role": "assistant", "content": "1"}],
+     "the user's prompt: its content must be text"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [{"function": {"name": "calculator",
+      "arguments": {}}}]}, {"role": "tool", "content": {"r": 2}}, {"role": "assistant", "content": "2"}],
+     "message 2: its content must be text .*got dict"),
 ])  # fmt: skip
 def test_malformed_demonstrations_are_one_line_errors(tok, schemas, messages, match):
     with pytest.raises(DataError, match=match) as err:
