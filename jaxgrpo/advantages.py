@@ -194,17 +194,23 @@ def pass_at_k(
     group = rewards.shape[-1]
     if not 1 <= k <= group:
         raise ValueError(f"pass_at_k needs 1 <= k <= G (the group size {group}); got k={k}")
+    correct, n, c, rho, sigma, informative = _pass_at_k_groups(rewards, valid, k, success_threshold)
+    wrong_term = _binom_ratio(n - c - 1.0, n - 1.0, k - 1)
+    a_pos = (1.0 - rho) / (sigma + eps)
+    a_neg = (1.0 - rho - wrong_term) / (sigma + eps)
+    adv = jnp.where(correct, a_pos[..., None], a_neg[..., None])
+    return jnp.where(valid & informative[..., None], adv, 0.0).astype(jnp.float32)
+
+
+def _pass_at_k_groups(rewards: Array, valid: Array, k: int, success_threshold: float) -> tuple[Array, ...]:
+    """``(correct, n, c, rho, sigma, informative)`` of `pass_at_k`'s groups: informative where its advantages can be
+    nonzero (n >= k and 0 < rho < 1, as float32 computes rho); `degenerate_for` masks the others."""
     correct = valid & (rewards >= success_threshold)
     n = jnp.sum(valid, axis=-1).astype(jnp.float32)
     c = jnp.sum(correct, axis=-1).astype(jnp.float32)
     rho = 1.0 - _binom_ratio(n - c, n, k)
     sigma = _safe_sqrt(rho * (1.0 - rho))
-    wrong_term = _binom_ratio(n - c - 1.0, n - 1.0, k - 1)
-    a_pos = (1.0 - rho) / (sigma + eps)
-    a_neg = (1.0 - rho - wrong_term) / (sigma + eps)
-    informative = (n >= k) & (sigma > 0)
-    adv = jnp.where(correct, a_pos[..., None], a_neg[..., None])
-    return jnp.where(valid & informative[..., None], adv, 0.0).astype(jnp.float32)
+    return correct, n, c, rho, sigma, (n >= k) & (sigma > 0)
 
 
 def max_rl(rewards: Array, valid: Array | None = None, *, atol: float = 1e-6, rtol: float = 1e-6) -> Array:
@@ -327,10 +333,8 @@ def degenerate_for(name: Estimator, rewards: Array, valid: Array | None = None, 
     deg = degeneracy.degenerate_mask(rewards, valid, atol, rtol)
     if name != "pass_at_k":
         return deg
-    k, threshold = kwargs["k"], kwargs.get("success_threshold", 0.5)
-    n = jnp.sum(valid, axis=-1)
-    wrong = n - jnp.sum(valid & (rewards >= threshold), axis=-1)
-    return deg | (n < k) | (wrong == n) | (wrong < k)
+    *_, informative = _pass_at_k_groups(rewards, valid, kwargs["k"], kwargs.get("success_threshold", 0.5))
+    return deg | ~informative
 
 
 def compute(

@@ -158,7 +158,6 @@ def _quiet_closed_loop_callbacks() -> Iterator[None]:
             sys.unraisablehook = previous
 
 
-
 def _on_every_process(ok: bool) -> bool:
     """``ok`` of every JAX process, and-ed (`multihost_utils.process_allgather`): hosts decide together."""
     if jax.process_count() == 1:

@@ -15,7 +15,7 @@ from jaxgrpo import rewards as rewards_lib
 from jaxgrpo.config_sections import CHOICES, SECTIONS, Config
 from jaxgrpo.errors import ConfigError
 from jaxgrpo.hf_dataset import ROLES as DATA_COLUMN_ROLES
-from jaxgrpo.synthetic import MAX_DIFFICULTY
+from jaxgrpo.synthetic import MAX_DIFFICULTY, SYNTHETIC_SPLITS
 from jaxgrpo.word_arithmetic import WORDS_LEVELS, WORDS_SPLITS
 
 BUILTIN_TOKENIZERS = ("builtin:arithmetic",)
@@ -111,9 +111,8 @@ def _check_data(cfg: Config) -> None:
                  f"one of {', '.join(WORDS_SPLITS)} for data.source=words")
     else:
         _require(0 <= d.difficulty <= MAX_DIFFICULTY, "data.difficulty", d.difficulty, f"in [0, {MAX_DIFFICULTY}]")
-    # any other name would draw a stream of its own, so a typo (tset) would be evaluated as if it were a split
-    _require(d.source != "synthetic" or d.split in ("train", "test"), "data.split", d.split,
-             "train or test for data.source=synthetic")
+    _require(d.source != "synthetic" or d.split in SYNTHETIC_SPLITS, "data.split", d.split,
+             f"{' or '.join(SYNTHETIC_SPLITS)} for data.source=synthetic")
     _require(d.num_examples is None or d.num_examples >= 1, "data.num_examples", d.num_examples, ">= 1 or null")
     _require(d.path is None or d.source in FILE_SOURCES, "data.path", d.path,
              f"null for data.source={d.source}, which reads no files (data.path is for data.source="

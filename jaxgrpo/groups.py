@@ -30,12 +30,17 @@ class Rollout:
     valid: np.ndarray  # [P, G]
 
 
+def estimator_kwargs(algo: Any) -> dict[str, Any]:
+    """The estimator's keywords as the train step passes them (`jaxgrpo.learner.minibatch.StepParts`): the degeneracy
+    tolerances unless ``algo.estimator_args`` sets them (`advantages.compute` routes them where they are used)."""
+    return {"atol": algo.degenerate_atol, "rtol": algo.degenerate_rtol, **algo.estimator_args}
+
+
 def degenerate_groups(algo: Any, rewards: Any, valid: Any) -> np.ndarray:
     """``[P]`` bool: the groups the step masks as degenerate and a resampling round does not count as informative
     (`jaxgrpo.advantages.degenerate_for` under ``algo``'s estimator, its arguments and the step's tolerances)."""
-    kwargs = {"atol": algo.degenerate_atol, "rtol": algo.degenerate_rtol, **algo.estimator_args}
     return np.asarray(advantages.degenerate_for(algo.estimator, jnp.asarray(rewards, jnp.float32),
-                                                jnp.asarray(valid, bool), **kwargs))  # fmt: skip
+                                                jnp.asarray(valid, bool), **estimator_kwargs(algo)))  # fmt: skip
 
 
 def make_batch(rollout: Rollout, prompt_width: int, pad_id: int) -> Batch:

@@ -23,6 +23,7 @@ from jaxgrpo import coerce
 from jaxgrpo import rewards as rewards_lib
 from jaxgrpo.config_sections import Config, DataConfig
 from jaxgrpo.errors import ConfigError
+from jaxgrpo.synthetic import SYNTHETIC_SPLITS
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _DEFAULT_REWARD = {"synthetic": "arithmetic", "gsm8k": "gsm8k", "words": "gsm8k_lenient"}
@@ -74,8 +75,9 @@ def resolve(cfg: Config) -> list[RetainSet]:
             if data.difficulty not in WORDS_LEVELS or data.split not in WORDS_SPLITS:
                 raise ConfigError(f"{where}: data.source=words needs difficulty in {sorted(WORDS_LEVELS)} and split "
                                   f"in {list(WORDS_SPLITS)}, got difficulty={data.difficulty}, split={data.split!r}")
-        if data.source == "synthetic" and data.split not in ("train", "test"):  # (another name: a stream of its own)
-            raise ConfigError(f"{where}: data.source=synthetic needs split train or test, got split={data.split!r}")
+        if data.source == "synthetic" and data.split not in SYNTHETIC_SPLITS:
+            raise ConfigError(f"{where}: data.source=synthetic needs split {' or '.join(SYNTHETIC_SPLITS)}, got "
+                              f"split={data.split!r}")
         if data.num_examples is not None and data.num_examples < 1:
             raise ConfigError(f"{where}.num_examples must be >= 1 or null, got {data.num_examples}")
         out.append(RetainSet(name, data, _reward_for(cfg, data, reward, where)))

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -40,7 +39,7 @@ from jax.sharding import Mesh
 from jaxgrpo import advantages as advantages_lib
 from jaxgrpo import degeneracy, padding
 from jaxgrpo.config_sections import AlgoConfig, PerfConfig
-from jaxgrpo.groups import Rollout, degenerate_groups, make_batch, merge_groups, process_share
+from jaxgrpo.groups import Rollout, degenerate_groups, estimator_kwargs, make_batch, merge_groups, process_share
 from jaxgrpo.learner.batch import Batch, global_batch
 from jaxgrpo.learner.perf import packed_prompt_width, shape_ladders
 
@@ -97,12 +96,6 @@ def step_algo(algo: AlgoConfig, max_new_tokens: int) -> AlgoConfig:
     """``algo`` with ``max_tokens`` set to ``max_new_tokens`` when unset (its documented meaning): the train step
     would otherwise take the batch's completion width, which `StepShapes` narrows."""
     return algo if algo.max_tokens is not None else dataclasses.replace(algo, max_tokens=int(max_new_tokens))
-
-
-def estimator_kwargs(algo: AlgoConfig) -> dict[str, Any]:
-    """The estimator's keywords as the train step passes them (`jaxgrpo.learner.minibatch.StepParts`): the degeneracy
-    tolerances unless ``algo.estimator_args`` sets them (`advantages.compute` routes them where they are used)."""
-    return {"atol": algo.degenerate_atol, "rtol": algo.degenerate_rtol, **algo.estimator_args}
 
 
 def full_metrics(algo: AlgoConfig, roll: Rollout) -> dict[str, float]:

@@ -18,6 +18,8 @@ from jaxgrpo.example import Example
 
 SYNTHETIC_DEFAULT_SIZE = 10_000  # examples generated when data.num_examples is None (the task is unbounded)
 MAX_DIFFICULTY = 12
+# the splits a config may name: any other name would draw a stream of its own, so a typo would pass for a split
+SYNTHETIC_SPLITS = ("train", "test")
 DIFFICULTY_LEVELS = {
     0: "copy one digit: '7=' -> '7'",
     1: "sum of two digits without carry (sum <= 9): '3+4=' -> '7'",
