@@ -5,9 +5,10 @@ and design picks, the power calculation and the pre-registered verdicts, all rea
 Verdicts (``verdicts.json``): each claim of ``claims.json`` is tested on its metric per seed,
 ``a > b`` claims by Welch's two-sided test of the two arms' per-seed values (``accuracy``: held-out accuracy;
 ``escape``: 1 if the run's held-out accuracy is at least ``ESCAPE_MARGIN`` above the warmed-up model's, else 0, by the
-exact permutation test), ``start > end`` retention claims and ``measured > iid`` degeneracy claims by the one-sample
-t-test of the per-seed differences. Holm's correction runs over all claims of a condition (the family). A verdict is
-``true`` when the adjusted p is < ``ALPHA`` and the difference has the claimed sign, ``false`` otherwise, and stays
+exact permutation test), ``start > end`` retention claims (the warmed-up model's retention, or each run's own before
+its first step: amendment 8) and ``measured > iid`` degeneracy claims by the one-sample t-test of the per-seed
+differences. Holm's correction runs over all claims of a family: a condition, or a claim's own ``family``. A verdict
+is ``true`` when the adjusted p is < ``ALPHA`` and the difference has the claimed sign, ``false`` otherwise, and stays
 ``null`` ("pending") until every arm of the claim has the pre-registered number of seeds. Tests in
 benchmarks/study_stats.py.
 """
@@ -27,7 +28,7 @@ import study_stats as st
 HERE = pathlib.Path(__file__).resolve().parent
 FIRST = HERE / "results" / "degeneracy" / "real"
 ALPHA, ESCAPE_MARGIN = 0.05, 0.2
-ONE_SAMPLE = ("retention_drop", "train_jensen_gap")  # per-seed differences, tested against 0
+ONE_SAMPLE = ("retention_drop", "retention_drop_paired", "train_jensen_gap")  # per-seed differences, tested against 0
 PERMUTATION = ("escape", "tokens_to_target")  # yes/no or censored outcomes: the exact permutation test
 # amendment 2's warm-up weights: the runs made before results recorded `warmup_sha256` (commit 820ca3f) used them
 REWARM_SHA256 = "beccf58408e200485621cd9d9bb979b8ed33179ffbbacbddf4bcbce8ca1a6167"
@@ -195,6 +196,8 @@ def plan_sds(audit: dict[str, Any], root: pathlib.Path = FIRST) -> dict[str, dic
         "escape": {"sd": 0.5, "source": "a yes/no outcome's largest SD (p = 0.5)"},
         "retention_drop": {"sd": 0.05, "source": "assumed: eval noise of ~28 problems x 16 samples at ~0.85 "
                            "(binomial 0.017) plus between-seed spread; no first-edition set started >= 0.8"},
+        "retention_drop_paired": {"sd": 0.055, "source": "amendment 8: retention_drop's 0.05 with the run's own "
+                                  "start (28 problems x 4 samples at 0.94: binomial 0.022) added in quadrature"},
         "train_jensen_gap": {"sd": float(np.std(gaps, ddof=1)), "source": "first edition, matched level, GRPO at "
                              "G = 4: between-seed SD of the per-run mean of collapse_rate - iid_rate"},
     }  # fmt: skip
@@ -299,6 +302,8 @@ def _values(claim: dict[str, Any], runs: dict[str, list[dict[str, Any]]], base: 
     arm = claim["a"].split("@")[0].split(":")[0]
     if metric == "retention_drop":  # "<arm>@start" > "<arm>@end": the warmed-up model's retention minus the run's
         return [base["retain"] - r["retention"]["accuracy"] for r in runs.get(arm, [])], None
+    if metric == "retention_drop_paired":  # amendment 8: each run's own start, the trainer's retention at step 0
+        return [r["retain_trainer"]["0"] - r["retention"]["accuracy"] for r in runs.get(arm, [])], None
     if metric == "train_jensen_gap":  # "<arm>:measured" > "<arm>:iid": per run, mean over steps (amendment 7)
         gaps = [r["jensen_gap_train_pooled"] for r in runs.get(arm, [])]
         if any(g is None for g in gaps):

@@ -346,6 +346,31 @@ def _study(dr2, tmp_path, claims, hard=None):
                                                "pick": {"matched": 4, "hard": hard, "retain": 1}})  # fmt: skip
 
 
+def test_paired_retention_compares_each_run_with_its_own_start(dr2, tmp_path):
+    """Amendment 8: H4p's per-run drop is the trainer's step-0 retention minus the run's final retention, whatever
+    the warmed-up model's levels.json says; its family is adjusted apart from the condition's registered claims."""
+    claims = [{"id": "h4", "cond": "m4", "a": "grpo@start", "b": "grpo@end", "claim": "a>b",
+               "metric": "retention_drop", "seeds": 3},
+              {"id": "h4p", "cond": "m4", "family": "paired-m4", "a": "grpo@start", "b": "grpo@end", "claim": "a>b",
+               "metric": "retention_drop_paired", "seeds": 3},
+              {"id": "h4p-sign", "cond": "m4", "family": "paired-m4", "a": "sign@start", "b": "sign@end",
+               "claim": "a>b", "metric": "retention_drop_paired", "seeds": 3}]  # fmt: skip
+    _study(dr2, tmp_path, claims)  # the registered start: 0.9
+    for seed, (start, end) in enumerate(((0.95, 0.85), (0.96, 0.80), (0.97, 0.87))):  # drops 0.10, 0.16, 0.10
+        for arm in ("grpo", "sign"):
+            dr2._write_json(tmp_path / "m4" / arm / f"seed{seed}" / "result.json",
+                            _result("m4", arm, seed, 0.5, retention=end, retain_trainer={"0": start, "104": end}))
+    v = {r["id"]: r for r in dr2.analysis.verdicts(tmp_path)["claims"]}
+    # paired: mean 0.12, s^2 = 0.0024 / 2, t = 0.12 / (s / sqrt 3) = 6, df 2: p = 2 (1 - F(6)) = 1 - 6 / sqrt(38)
+    assert v["h4p"]["diff"] == pytest.approx(0.12)
+    assert v["h4p"]["p"] == pytest.approx(1 - 6 / 38**0.5, rel=1e-9)
+    assert v["h4"]["diff"] == pytest.approx(0.9 - (0.85 + 0.80 + 0.87) / 3)  # the registered start, 0.9
+    assert v["h4"]["p_holm"] == v["h4"]["p"]  # a family of one: the paired claims are not in the condition's
+    assert [v[k]["p_holm"] for k in ("h4p", "h4p-sign")] == pytest.approx(dr2.analysis.st.holm([v["h4p"]["p"]] * 2))
+    (row,) = dr2.analysis.power_plan([{**claims[1], "effect": 0.05}], {"retention_drop_paired": {"sd": 0.055}})
+    assert row["seeds_holm_last"] == dr2.analysis.st.seeds_needed(0.05, 0.055, 0.05, samples=1)  # one-sample plan
+
+
 def test_a_claim_is_supported_only_in_its_direction_and_only_as_a_greater_than(dr2, tmp_path):
     """sign far below grpo: the two-sided p is tiny, but "sign > grpo" is not supported; "a<b" is refused."""
     _study(dr2, tmp_path, [{"id": "x", "cond": "m4", "a": "sign", "b": "grpo", "claim": "a>b", "metric": "accuracy",

@@ -52,3 +52,20 @@ def test_the_complete_lora_family_backs_the_quoted_figures(modules):
     assert commits["sign"] == commits["dr_grpo"] == ["750cd90"] * 2 + ["b066b24"] * 6
     warmups = {arm: [analysis.warmup_of(r)[:8] for r in runs[arm]] for arm in acc}
     assert warmups["sign"] == warmups["dr_grpo"] == ["beccf584"] + ["54bdb45a"] * 7
+
+
+def test_the_trainer_and_the_final_evaluation_measure_retention_alike(modules):
+    # PREREGISTRATION.md, amendment 8: H4p pairs the trainer's step-0 retention with the final evaluation's; at the
+    # end of the budget the two samplers read the same weights, and outside m4 they agree (-0.0005, SE 0.002, n = 94)
+    analysis, st = modules
+    runs = analysis.load_runs(OUT)
+    diffs = [r["retain_trainer"][max(r["retain_trainer"], key=int)] - r["retention"]["accuracy"]
+             for cond, arms in runs.items() if cond != "m4" for v in arms.values() for r in v]  # fmt: skip
+    assert len(diffs) >= 94
+    res = st.one_sample(diffs)
+    se = float(np.std(diffs, ddof=1) / np.sqrt(len(diffs)))
+    assert abs(res["mean"]) < 2.5 * se and se < 0.003 and res["p"] > 0.05
+    paired = [c for c in analysis.read_claims(OUT) if c["metric"] == "retention_drop_paired"]
+    assert {c["family"] for c in paired} == {"paired-m4"} and len(paired) == 6 and {c["seeds"] for c in paired} == {8}
+    registered = [c["a"] for c in analysis.read_claims(OUT) if c["metric"] == "retention_drop"]
+    assert sorted(c["a"] for c in paired) == sorted(registered)  # one paired claim beside each registered H4 claim
