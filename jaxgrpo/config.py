@@ -146,12 +146,15 @@ def to_yaml(cfg: Config) -> str:
 
 
 def resolve_config_path(path: str) -> pathlib.Path:
-    """A YAML file path, or the name of a packaged config (``"default"`` → ``jaxgrpo/configs/default.yaml``)."""
+    """A YAML file path, or the name of a packaged config (``"default"`` → ``jaxgrpo/configs/default.yaml``). The
+    README's ``configs/<name>.yaml`` is the repository's link to the packaged configs, so where no such file exists
+    (a ``pip install``, run from another directory) it names the packaged config too."""
     p = pathlib.Path(path).expanduser()
     if p.is_file():
         return p
-    packaged = PACKAGED_CONFIGS / (path if path.endswith((".yaml", ".yml")) else f"{path}.yaml")
-    if "/" not in path and packaged.is_file():
+    name = p.name if p.parent == pathlib.Path("configs") else path
+    packaged = PACKAGED_CONFIGS / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
+    if "/" not in name and packaged.is_file():
         return packaged
     names = sorted(x.stem for x in PACKAGED_CONFIGS.glob("*.yaml")) if PACKAGED_CONFIGS.is_dir() else []
     raise ConfigError(f"config file {path!r} not found; give a YAML path or a packaged config: {', '.join(names)}")

@@ -367,6 +367,18 @@ def test_empty_file_and_missing_file(tmp_path):
         C.load_config("nope.yaml", [])
 
 
+def test_the_readme_configs_path_reaches_the_packaged_config_from_anywhere(tmp_path, monkeypatch):
+    # README: `--config configs/smollm2_gsm8k.yaml`; after `pip install` there is no configs/ in the working directory
+    monkeypatch.chdir(tmp_path)
+    assert C.resolve_config_path("configs/smollm2_gsm8k.yaml") == C.PACKAGED_CONFIGS / "smollm2_gsm8k.yaml"
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "smollm2_gsm8k.yaml").write_text("seed: 5\n")  # a file of the user's own wins
+    assert C.load_config("configs/smollm2_gsm8k.yaml", []).seed == 5
+    for missing in ("configs/nope.yaml", "other/default.yaml", "configs/sub/default.yaml"):
+        with pytest.raises(C.ConfigError, match=f"config file '{missing}' not found"):
+            C.resolve_config_path(missing)
+
+
 def test_resolved_yaml_round_trip(tmp_path):
     cfg = C.load_config(None, ["algo.estimator=pass_at_k", "algo.estimator_args.k=4", "algo.clip_high=null",
                                "optim.learning_rate=1e-7", "data.system_prompt=Be brief: 2 lines.",
