@@ -25,7 +25,9 @@ package's ``GGUFWriter``:
   ``token_type`` (NORMAL 1, CONTROL 3 for special added tokens, USER_DEFINED 4 for other added tokens, UNUSED 5 for
   ids the tokenizer leaves empty, which get the placeholder ``[PAD{id}]`` as in llama.cpp's converter), ``merges``
   (``"a b"``, by rank), ``pre`` (the name llama.cpp gives the text-splitting rule, read off the tokenizer's
-  pre-tokenizer), ``bos/eos/unknown/padding_token_id``, ``add_bos_token``/``add_eos_token``. BPE vocabularies carry
+  pre-tokenizer), ``bos/eos/unknown/padding_token_id``, ``add_bos_token``/``add_eos_token``; the model's other
+  end-of-sequence ids (Llama 3.1's three) as ``eot_token_id`` and ``eom_token_id``, which llama.cpp also ends a
+  generation on (GGUF has no field for a fourth: more are left out, with a warning). BPE vocabularies carry
   no ``scores`` (llama.cpp's converter writes none for them); a source GGUF's scores are copied with the rest.
 
 The file is written to ``<path>.tmp`` and renamed, so a crash never leaves a truncated ``.gguf`` behind.
@@ -37,6 +39,7 @@ import json
 import os
 import pathlib
 import typing
+import warnings
 from typing import Any, Literal
 
 import jax
@@ -157,7 +160,12 @@ def hf_tokenizer_fields(tokenizer: Any, config: ModelConfig) -> list[KeyValue]:
     # a tokenizer without a BOS (transformers' Qwen2Tokenizer) takes config.json's, as llama.cpp's converter does:
     # without the field llama.cpp assumes id 11 for a gpt2 vocabulary
     bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else config.bos_token_id
-    for key, value in (("bos", bos), ("eos", eos), ("unknown", tokenizer.unk_token_id),
+    others = sorted(set(config.eos_token_ids) - {eos})  # end of turn / of message in llama.cpp's terms
+    if len(others) > 2:
+        warnings.warn(f"GGUF holds three end-of-sequence ids (eos, eot, eom); the model's {others[2:]} are not "
+                      "written, so a runtime reading the file does not stop on them", stacklevel=2)
+    eot, eom = (others + [None, None])[:2]
+    for key, value in (("bos", bos), ("eos", eos), ("eot", eot), ("eom", eom), ("unknown", tokenizer.unk_token_id),
                        ("padding", tokenizer.pad_token_id)):  # fmt: skip
         if value is not None:
             fields.append((f"tokenizer.ggml.{key}_token_id", int(value), T.UINT32, None))

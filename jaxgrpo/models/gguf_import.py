@@ -59,7 +59,7 @@ def gguf_config(reader: Any, dtype: str = "float32") -> ModelConfig:
         vocab = _gguf_field(reader, f"{arch}.vocab_size") or (len(tokens) if tokens is not None else None)
     if vocab is None:
         raise CheckpointError("GGUF has no token_embd.weight tensor, vocab size or token list")
-    eos = _gguf_field(reader, "tokenizer.ggml.eos_token_id")
+    ends = [_gguf_field(reader, f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]  # llama.cpp's EOG ids
     bos = _gguf_field(reader, "tokenizer.ggml.bos_token_id")
     rope_scaling = None
     if "rope_freqs.weight" in names:
@@ -88,7 +88,7 @@ def gguf_config(reader: Any, dtype: str = "float32") -> ModelConfig:
         dtype=dtype,
         architecture=arch,
         bos_token_id=None if bos is None else int(bos),
-        eos_token_ids=() if eos is None else (int(eos),),
+        eos_token_ids=tuple(dict.fromkeys(int(e) for e in ends if e is not None)),
     )
 
 
