@@ -38,5 +38,5 @@ def test_degeneracy_notebook_executes(monkeypatch, tmp_path):
     # the per-cell table follows the runner's CONDITIONS: hardpool's arms, no skip arm in hard (amendment 5)
     assert "| hardpool | grpo | 10 / 10 |" in outputs and "| hard | grpo_skip |" not in outputs
     assert "| retention: own start -> budget |" in outputs and " -> 0.9" in outputs  # amendment 8's own start
-    for name in ("reward_curves", "collapse_split", "jensen", "real", "real_grid", "real_retention"):
+    for name in ("reward_curves", "collapse_split", "jensen", "real", "real_grid", "real_retention", "real2_claims"):
         assert (tmp_path / f"degeneracy_{name}.png").stat().st_size > 10_000, name
