@@ -56,15 +56,17 @@ def test_the_complete_lora_family_backs_the_quoted_figures(modules):
 
 def test_the_trainer_and_the_final_evaluation_measure_retention_alike(modules):
     # PREREGISTRATION.md, amendment 8: H4p pairs the trainer's step-0 retention with the final evaluation's; at the
-    # end of the budget the two samplers read the same weights, and outside m4 they agree (-0.0005, SE 0.002, n = 94)
+    # end of the budget the two samplers read the same weights, and on the 94 runs outside m4 finished when it was
+    # written (m8 and hard: seeds 0-1) they agree: -0.0005, SE 0.002
     analysis, st = modules
     runs = analysis.load_runs(OUT)
-    diffs = [r["retain_trainer"][max(r["retain_trainer"], key=int)] - r["retention"]["accuracy"]
-             for cond, arms in runs.items() if cond != "m4" for v in arms.values() for r in v]  # fmt: skip
-    assert len(diffs) >= 94
-    res = st.one_sample(diffs)
+    then = [r for cond, arms in runs.items() if cond != "m4" for v in arms.values() for r in v
+            if cond not in ("m8", "hard") or r["seed"] < 2]  # fmt: skip
+    diffs = [r["retain_trainer"][max(r["retain_trainer"], key=int)] - r["retention"]["accuracy"] for r in then]
+    assert len(diffs) == 94
     se = float(np.std(diffs, ddof=1) / np.sqrt(len(diffs)))
-    assert abs(res["mean"]) < 2.5 * se and se < 0.003 and res["p"] > 0.05
+    assert (float(np.mean(diffs)), se) == pytest.approx((-0.0005, 0.002), abs=2e-4)
+    assert st.one_sample(diffs)["p"] > 0.05
     paired = [c for c in analysis.read_claims(OUT) if c["metric"] == "retention_drop_paired"]
     assert {c["family"] for c in paired} == {"paired-m4"} and len(paired) == 6 and {c["seeds"] for c in paired} == {8}
     registered = [c["a"] for c in analysis.read_claims(OUT) if c["metric"] == "retention_drop"]
