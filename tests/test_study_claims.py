@@ -67,7 +67,8 @@ def test_the_trainer_and_the_final_evaluation_measure_retention_alike(modules):
     se = float(np.std(diffs, ddof=1) / np.sqrt(len(diffs)))
     assert (float(np.mean(diffs)), se) == pytest.approx((-0.0005, 0.002), abs=2e-4)
     assert st.one_sample(diffs)["p"] > 0.05
-    paired = [c for c in analysis.read_claims(OUT) if c["metric"] == "retention_drop_paired"]
+    claims = analysis.read_claims(OUT)
+    paired = [c for c in claims if c["metric"] == "retention_drop_paired"]
     assert {c["family"] for c in paired} == {"paired-m4"} and len(paired) == 6 and {c["seeds"] for c in paired} == {8}
-    registered = [c["a"] for c in analysis.read_claims(OUT) if c["metric"] == "retention_drop"]
+    registered = [c["a"] for c in claims if c["metric"] == "retention_drop"]
     assert sorted(c["a"] for c in paired) == sorted(registered)  # one paired claim beside each registered H4 claim
