@@ -72,3 +72,104 @@ def test_the_trainer_and_the_final_evaluation_measure_retention_alike(modules):
     assert {c["family"] for c in paired} == {"paired-m4"} and len(paired) == 6 and {c["seeds"] for c in paired} == {8}
     registered = [c["a"] for c in claims if c["metric"] == "retention_drop"]
     assert sorted(c["a"] for c in paired) == sorted(registered)  # one paired claim beside each registered H4 claim
+
+
+def _holm(ps):
+    """Holm's step-down adjustment, written out here (the independent reference for the analysis's `st.holm`)."""
+    order, adjusted, running = sorted(range(len(ps)), key=lambda i: ps[i]), [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def test_the_complete_m4_family_backs_the_quoted_figures(modules):
+    # docs/degeneracy.md §2c and the README: the matched level at G = 4, full fine-tuning, 6 arms x 8 seeds; the
+    # tests recomputed with scipy's own t-tests and Holm by hand, not through the analysis's statistics
+    analysis, st = modules
+    from scipy import stats  # a dependency of jax
+
+    runs = analysis.load_runs(OUT)["m4"]
+    arms = ("grpo", "dr_grpo", "sign", "grpo_mask", "grpo_resample", "avspo")
+    assert {arm: len(runs[arm]) for arm in arms} == dict.fromkeys(arms, 8)
+    acc = {arm: [r["heldout"]["accuracy"] for r in runs[arm]] for arm in arms}
+    table = {  # mean, 95% Student-t interval, pass@8, retention at the budget, the runs' own start, zero-gradient steps
+        "grpo": (0.694, 0.659, 0.729, 0.863, 0.959, 0.953, 0.214),
+        "dr_grpo": (0.708, 0.692, 0.724, 0.891, 0.981, 0.953, 0.171),
+        "sign": (0.736, 0.726, 0.746, 0.909, 0.983, 0.953, 0.0),
+        "grpo_mask": (0.711, 0.697, 0.725, 0.883, 0.985, 0.955, 0.171),
+        "grpo_resample": (0.686, 0.655, 0.716, 0.852, 0.975, 0.955, 0.004),
+        "avspo": (0.710, 0.675, 0.746, 0.862, 0.960, 0.955, 0.0),
+    }
+    for arm, figures in table.items():
+        rs = runs[arm]
+        got = (np.mean(acc[arm]), *st.t_interval(acc[arm]), np.mean([r["heldout"]["pass@k"]["8"] for r in rs]),
+               np.mean([r["retention"]["accuracy"] for r in rs]), np.mean([r["retain_trainer"]["0"] for r in rs]),
+               np.mean([r["zero_grad_frac"] for r in rs]))  # fmt: skip
+        assert got == pytest.approx(figures, abs=5e-4), arm
+        assert max(r["clip_frac"] for r in rs) == 0.0, arm  # the design's clip at 52.6 never fired
+    rows = {r["id"]: r for r in analysis.verdicts(OUT)["claims"]}
+    m4 = [r for r in rows.values() if r["cond"] == "m4" and analysis.family_of(r) == "m4"]
+    assert len(m4) == 10 and all(r["n"] == 8 for r in m4)
+    # H1-H3 (Welch): sign above Dr. GRPO by 0.028, interval [+0.010, +0.045]; mask and resample within noise of GRPO
+    welch = {"H1-m4-sign-dr_grpo": ("sign", "dr_grpo", 0.028, 0.010, 0.045),
+             "H2-m4-grpo_mask-grpo": ("grpo_mask", "grpo", 0.017, -0.019, 0.053),
+             "H3-m4-grpo_resample-grpo": ("grpo_resample", "grpo", -0.009, -0.051, 0.033)}  # fmt: skip
+    for cid, (a, b, diff, lo, hi) in welch.items():
+        ref = stats.ttest_ind(acc[a], acc[b], equal_var=False)
+        half = stats.t.ppf(0.975, ref.df) * (np.mean(acc[a]) - np.mean(acc[b])) / ref.statistic
+        assert (rows[cid]["diff"], rows[cid]["diff"] - half, rows[cid]["diff"] + half) == pytest.approx(
+            (diff, lo, hi), abs=5e-4
+        )
+        assert rows[cid]["p"] == pytest.approx(ref.pvalue, rel=1e-6), cid
+    # H4 against 0.942 and H5's gap (one-sample t); no arm eroded the held skill: every mean drop is negative
+    start = analysis._base_accuracy(OUT)["retain"]  # levels.json: the warmed-up model's 0.942
+    drop = {arm: [start - r["retention"]["accuracy"] for r in runs[arm]] for arm in arms}
+    gap = [r["jensen_gap_train_pooled"] for r in runs["grpo"]]
+    for r in m4:
+        x = (
+            drop[r["a"].split("@")[0]]
+            if r["metric"] == "retention_drop"
+            else gap
+            if r["metric"] == "train_jensen_gap"
+            else None
+        )
+        if x is not None:
+            assert r["p"] == pytest.approx(stats.ttest_1samp(x, 0.0).pvalue, rel=1e-3, abs=1e-6), r["id"]
+    assert [r["p_holm"] for r in m4] == pytest.approx(_holm([r["p"] for r in m4]), rel=1e-9)
+    assert {r["id"] for r in m4 if r["significant"]} == {"H1-m4-sign-dr_grpo", "H5-m4-grpo"}
+    assert rows["H1-m4-sign-dr_grpo"]["p"] == pytest.approx(0.0046, abs=5e-5)
+    assert rows["H1-m4-sign-dr_grpo"]["p_holm"] == pytest.approx(0.027, abs=5e-4)
+    assert [round(rows[c]["p_holm"], 2) for c in ("H2-m4-grpo_mask-grpo", "H3-m4-grpo_resample-grpo")] == [1.0, 1.0]
+    h4 = [(rows[f"H4-m4-{arm}"]["diff"], rows[f"H4-m4-{arm}"]["p_holm"]) for arm in arms]  # mean drop, Holm p
+    expected = [(-0.017, 1.0), (-0.039, 0.0001), (-0.041, 0.0001), (-0.043, 0.0), (-0.033, 0.027), (-0.018, 1.0)]
+    for arm, got, want in zip(arms, h4, expected):
+        assert got == pytest.approx(want, abs=5e-4), arm
+    collapse = np.mean([np.mean([rec["degeneracy/collapse_rate"] for rec in recs if "time/train_s" in rec])
+                        for recs in (_metrics("m4", "grpo", k) for k in range(8))])  # fmt: skip
+    assert (np.mean(gap), *st.t_interval(gap), collapse) == pytest.approx((0.393, 0.366, 0.419, 0.689), abs=5e-4)
+    assert rows["H5-m4-grpo"]["p_holm"] < 1e-6
+    # amendment 8's paired family beside H4: the same direction (no erosion); rises distinguishable from zero for
+    # Dr. GRPO, sign and grpo + mask; resample's rise is one against 0.942 (Holm 0.027) and not against its own start
+    paired = [(rows[f"H4p-m4-{arm}"]["diff"], rows[f"H4p-m4-{arm}"]["p_holm"]) for arm in arms]
+    expected = [(-0.006, 1.0), (-0.028, 0.014), (-0.030, 0.024), (-0.029, 0.024), (-0.020, 0.264), (-0.004, 1.0)]
+    for arm, got, want in zip(arms, paired, expected):
+        assert got == pytest.approx(want, abs=5e-4), arm
+    assert not any(rows[f"H4p-m4-{arm}"]["significant"] for arm in arms)
+    starts = [r["retain_trainer"]["0"] for arm in arms for r in runs[arm]]
+    assert np.mean(starts) == pytest.approx(0.954, abs=5e-4)  # the runs' own starts: above 0.942 by 0.012
+    warmups = [analysis.warmup_of(r)[:8] for arm in arms for r in runs[arm]]
+    assert (warmups.count("beccf584"), warmups.count("54bdb45a")) == (33, 15)
+    assert {arm: runs[arm][0]["config"]["optim"]["learning_rate"] for arm in arms} == {
+        "grpo": 1e-5,
+        "dr_grpo": 3e-6,
+        "sign": 3e-6,
+        "grpo_mask": 3e-6,
+        "grpo_resample": 1e-5,
+        "avspo": 1e-5,
+    }
+
+
+def _metrics(cond: str, arm: str, seed: int) -> list[dict]:
+    path = OUT / cond / arm / f"seed{seed}" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
