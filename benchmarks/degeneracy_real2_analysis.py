@@ -318,6 +318,19 @@ def family_of(claim: dict[str, Any]) -> str:
     return claim.get("family", claim["cond"])
 
 
+def verdict_text(row: dict[str, Any], alpha: float = ALPHA) -> str:
+    """The report's words for a verdict row: "pending" until its family is complete, "supported" (Holm p < alpha in
+    the claim's direction), "the other way" when the two-sided test is significant against the claim's direction
+    (e.g. retention that rose where H4 registered erosion), else "not distinguishable at n = <n>"."""
+    if row["significant"] is None:
+        return "pending"
+    if row["significant"]:
+        return "supported"
+    if row["p_holm"] < alpha and row["diff"] < 0:
+        return f"not supported: the other way (two-sided Holm p < {alpha:g})"
+    return f"not distinguishable at n = {row['n']}"
+
+
 def verdicts(out: pathlib.Path) -> dict[str, Any]:
     """Every claim's test, Holm-adjusted within its family; null verdicts until the claim's seeds exist."""
     claims = read_claims(out)
@@ -346,6 +359,8 @@ def verdicts(out: pathlib.Path) -> dict[str, Any]:
         else:  # nothing of an incomplete family is shown: no claim is read before its family is complete
             for r in fam:
                 r["diff"] = r["p"] = None
+    for r in rows:
+        r["verdict"] = verdict_text(r)
     return {"alpha": ALPHA, "claims": rows}
 
 

@@ -116,6 +116,11 @@ def test_a_claim_is_supported_only_in_its_direction_and_only_as_a_greater_than(d
             dr2._write_json(tmp_path / "m4" / arm / f"seed{seed}" / "result.json", _result("m4", arm, seed, acc[seed]))
     (v,) = dr2.analysis.verdicts(tmp_path)["claims"]
     assert v["p_holm"] < 1e-4 and v["diff"] < 0 and v["significant"] is False
+    assert v["verdict"] == "not supported: the other way (two-sided Holm p < 0.05)"  # not "not distinguishable"
+    words = [dr2.analysis.verdict_text({**v, **row}) for row in (
+        {"significant": None}, {"significant": True, "diff": 0.1, "p_holm": 0.01},
+        {"significant": False, "diff": -0.1, "p_holm": 0.06}, {"significant": False, "diff": 0.1, "p_holm": 0.2})]
+    assert words == ["pending", "supported", "not distinguishable at n = 4", "not distinguishable at n = 4"]
     _study(dr2, tmp_path, [{"id": "x", "cond": "m4", "a": "sign", "b": "grpo", "claim": "a<b", "metric": "accuracy",
                             "seeds": 4}])  # fmt: skip
     with pytest.raises(SystemExit, match="claim 'x' is 'a<b'; write it as a>b"):
