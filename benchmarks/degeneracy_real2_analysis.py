@@ -332,7 +332,8 @@ def verdict_text(row: dict[str, Any], alpha: float = ALPHA) -> str:
 
 
 def verdicts(out: pathlib.Path) -> dict[str, Any]:
-    """Every claim's test, Holm-adjusted within its family; null verdicts until the claim's seeds exist."""
+    """Every claim's test, Holm-adjusted within its family, and its words (`verdict_text`); null until its seeds
+    exist."""
     claims = read_claims(out)
     runs = load_runs(out)
     base = _base_accuracy(out)
