@@ -85,6 +85,25 @@ def _holm(ps):
     return adjusted
 
 
+def _check_welch(rows: dict, acc: dict, welch: dict) -> None:
+    """Each claim's difference and 95% Welch interval as quoted, and its p as scipy's own Welch test gives it."""
+    from scipy import stats  # a dependency of jax
+
+    for cid, (a, b, diff, lo, hi) in welch.items():
+        ref = stats.ttest_ind(acc[a], acc[b], equal_var=False)
+        half = stats.t.ppf(0.975, ref.df) * (np.mean(acc[a]) - np.mean(acc[b])) / ref.statistic
+        got = (rows[cid]["diff"], rows[cid]["diff"] - half, rows[cid]["diff"] + half)
+        assert got == pytest.approx((diff, lo, hi), abs=5e-4), cid
+        assert rows[cid]["p"] == pytest.approx(ref.pvalue, rel=1e-6), cid
+
+
+def _train_collapse(cond: str, arm: str, seeds: int) -> float:
+    """A cell's training collapse rate: per run, the mean over its training steps of the logged rate; then over runs."""
+    logs = [metrics_log.read_metrics(OUT / cond / arm / f"seed{k}") for k in range(seeds)]
+    return float(np.mean([np.mean([rec["degeneracy/collapse_rate"] for rec in recs if "time/train_s" in rec])
+                          for recs in logs]))  # fmt: skip
+
+
 def test_the_complete_m4_family_backs_the_quoted_figures(modules):
     # docs/degeneracy.md §2c and the README: the matched level at G = 4, full fine-tuning, 6 arms x 8 seeds; the
     # tests recomputed with scipy's own t-tests and Holm by hand, not through the analysis's statistics
@@ -117,13 +136,7 @@ def test_the_complete_m4_family_backs_the_quoted_figures(modules):
     welch = {"H1-m4-sign-dr_grpo": ("sign", "dr_grpo", 0.028, 0.010, 0.045),
              "H2-m4-grpo_mask-grpo": ("grpo_mask", "grpo", 0.017, -0.019, 0.053),
              "H3-m4-grpo_resample-grpo": ("grpo_resample", "grpo", -0.009, -0.051, 0.033)}  # fmt: skip
-    for cid, (a, b, diff, lo, hi) in welch.items():
-        ref = stats.ttest_ind(acc[a], acc[b], equal_var=False)
-        half = stats.t.ppf(0.975, ref.df) * (np.mean(acc[a]) - np.mean(acc[b])) / ref.statistic
-        assert (rows[cid]["diff"], rows[cid]["diff"] - half, rows[cid]["diff"] + half) == pytest.approx(
-            (diff, lo, hi), abs=5e-4
-        )
-        assert rows[cid]["p"] == pytest.approx(ref.pvalue, rel=1e-6), cid
+    _check_welch(rows, acc, welch)
     # H4 against 0.942 and H5's gap (one-sample t); no arm eroded the held skill: every mean drop is negative
     start = analysis._base_accuracy(OUT)["retain"]  # levels.json: the warmed-up model's 0.942
     drop = {arm: [start - r["retention"]["accuracy"] for r in runs[arm]] for arm in arms}
@@ -140,10 +153,8 @@ def test_the_complete_m4_family_backs_the_quoted_figures(modules):
     expected = [(-0.017, 1.0), (-0.039, 0.0001), (-0.041, 0.0001), (-0.043, 0.0), (-0.033, 0.027), (-0.018, 1.0)]
     for arm, got, want in zip(arms, h4, expected):
         assert got == pytest.approx(want, abs=5e-4), arm
-    logs = [metrics_log.read_metrics(OUT / "m4" / "grpo" / f"seed{k}") for k in range(8)]
-    collapse = np.mean([np.mean([rec["degeneracy/collapse_rate"] for rec in recs if "time/train_s" in rec])
-                        for recs in logs])  # fmt: skip
-    assert (np.mean(gap), *st.t_interval(gap), collapse) == pytest.approx((0.393, 0.366, 0.419, 0.689), abs=5e-4)
+    figures = (np.mean(gap), *st.t_interval(gap), _train_collapse("m4", "grpo", 8))
+    assert figures == pytest.approx((0.393, 0.366, 0.419, 0.689), abs=5e-4)
     assert rows["H5-m4-grpo"]["p_holm"] < 1e-6
     # amendment 8's paired family beside H4: the same direction (no erosion); rises distinguishable from zero for
     # Dr. GRPO, sign and grpo + mask; resample's rise is one against 0.942 (Holm 0.027) and not against its own start
@@ -164,3 +175,72 @@ def test_the_complete_m4_family_backs_the_quoted_figures(modules):
         "grpo_resample": 1e-5,
         "avspo": 1e-5,
     }
+
+
+def test_the_complete_m8_family_backs_the_quoted_figures(modules):
+    # docs/degeneracy.md §2c and the README: the matched level at G = 8 (two prompts a step), 6 arms x 8 seeds, Holm
+    # over the family's 3 claims; H2 and H3 within noise of GRPO, H5 supported
+    analysis, st = modules
+    from scipy import stats  # a dependency of jax
+
+    runs = analysis.load_runs(OUT)["m8"]
+    arms = ("grpo", "dr_grpo", "sign", "grpo_mask", "grpo_resample", "avspo")
+    assert {arm: len(runs[arm]) for arm in arms} == dict.fromkeys(arms, 8)
+    acc = {arm: [r["heldout"]["accuracy"] for r in runs[arm]] for arm in arms}
+    table = {  # mean, 95% t interval, pass@8, retention at the budget, zero-gradient steps, informative groups / 1k
+        "grpo": (0.663, 0.628, 0.698, 0.828, 0.963, 0.294, 4.98),
+        "dr_grpo": (0.707, 0.684, 0.731, 0.901, 0.983, 0.250, 5.44),
+        "sign": (0.710, 0.697, 0.723, 0.897, 0.984, 0.0, 5.40),
+        "grpo_mask": (0.699, 0.682, 0.716, 0.896, 0.982, 0.263, 5.25),
+        "grpo_resample": (0.669, 0.643, 0.696, 0.846, 0.979, 0.005, 4.63),
+        "avspo": (0.687, 0.670, 0.704, 0.844, 0.973, 0.0, 4.71),
+    }
+    for arm, figures in table.items():
+        rs = runs[arm]
+        got = (np.mean(acc[arm]), *st.t_interval(acc[arm]), np.mean([r["heldout"]["pass@k"]["8"] for r in rs]),
+               np.mean([r["retention"]["accuracy"] for r in rs]),
+               np.mean([r["zero_grad_frac"] for r in rs]))  # fmt: skip
+        assert got == pytest.approx(figures[:-1], abs=5e-4), arm
+        assert np.mean([r["informative_per_1k_tokens"] for r in rs]) == pytest.approx(figures[-1], abs=5e-3), arm
+        assert max(r["clip_frac"] for r in rs) == 0.0, arm  # the design's clip at 52.6 never fired
+        assert [r["config"]["rollout"]["group_size"] for r in rs] == [8] * 8, arm
+        assert [r["retain_trainer"]["0"] for r in rs] == [r["retain_trainer"]["0"] for r in runs["grpo"]], arm
+    assert np.mean([r["retain_trainer"]["0"] for r in runs["grpo"]]) == pytest.approx(0.944, abs=5e-4)
+    assert max(r["grad_norm_pcts"]["99"] for arm in arms for r in runs[arm]) == pytest.approx(22.0, abs=0.05)
+    rows = {r["id"]: r for r in analysis.verdicts(OUT)["claims"]}
+    m8 = [r for r in rows.values() if r["cond"] == "m8"]
+    assert sorted(r["id"] for r in m8) == ["H2-m8-grpo_mask-grpo", "H3-m8-grpo_resample-grpo", "H5-m8-grpo"]
+    assert all(r["n"] == 8 and analysis.family_of(r) == "m8" for r in m8)
+    _check_welch(rows, acc, {"H2-m8-grpo_mask-grpo": ("grpo_mask", "grpo", 0.036, -0.001, 0.073),
+                             "H3-m8-grpo_resample-grpo": ("grpo_resample", "grpo", 0.006, -0.034, 0.047)})  # fmt: skip
+    gap = [r["jensen_gap_train_pooled"] for r in runs["grpo"]]
+    assert rows["H5-m8-grpo"]["p"] == pytest.approx(stats.ttest_1samp(gap, 0.0).pvalue, rel=1e-3)
+    collapse = _train_collapse("m8", "grpo", 8)
+    assert (np.mean(gap), *st.t_interval(gap), collapse, collapse - np.mean(gap)) == pytest.approx(
+        (0.298, 0.275, 0.322, 0.535, 0.236), abs=5e-4
+    )
+    assert [r["p_holm"] for r in m8] == pytest.approx(_holm([r["p"] for r in m8]), rel=1e-9)
+    quoted = {"H2-m8-grpo_mask-grpo": (0.056, 0.11), "H3-m8-grpo_resample-grpo": (0.74, 0.74)}
+    for cid, (p, p_holm) in quoted.items():
+        assert (rows[cid]["p"], rows[cid]["p_holm"]) == pytest.approx((p, p_holm), abs=5e-3), cid
+    assert rows["H5-m8-grpo"]["p_holm"] == pytest.approx(3.7e-8, abs=5e-10)
+    assert {r["id"] for r in m8 if r["significant"]} == {"H5-m8-grpo"}
+    assert {r["id"]: r["verdict"] for r in m8 if not r["significant"]} == dict.fromkeys(
+        ("H2-m8-grpo_mask-grpo", "H3-m8-grpo_resample-grpo"), "not distinguishable at n = 8"
+    )
+    # descriptive figures the report quotes: steps per run, retention's rise from the runs' own start, the one run
+    # that lost more than 0.05 of the held skill, and the informative fraction of GRPO's groups at G = 8 and 4
+    steps = {arm: [r["steps"] for r in runs[arm]] for arm in ("grpo", "grpo_resample")}
+    assert (min(steps["grpo"]), max(steps["grpo"]), min(steps["grpo_resample"]), max(steps["grpo_resample"])) == (
+        101, 104, 41, 49
+    )
+    rise = [np.mean([r["retention"]["accuracy"] - r["retain_trainer"]["0"] for r in runs[arm]]) for arm in arms]
+    assert (min(rise), max(rise)) == pytest.approx((0.020, 0.041), abs=5e-4)
+    losses = {(arm, r["seed"]): r["retain_trainer"]["0"] - r["retention"]["accuracy"]
+              for arm in arms for r in runs[arm]}  # fmt: skip
+    assert [k for k, v in losses.items() if v > 0.05] == [("grpo", 3)]
+    assert losses["grpo", 3] == pytest.approx(0.056, abs=5e-4)
+    assert 1 - collapse == pytest.approx(0.465, abs=5e-4)
+    assert 1 - _train_collapse("m4", "grpo", 8) == pytest.approx(0.311, abs=5e-4)
+    assert [r["commit"][:7] for r in runs["grpo"]] == ["820ca3f", "750cd90"] + ["b066b24"] * 6
+    assert {analysis.warmup_of(r)[:8] for arm in arms for r in runs[arm]} == {"beccf584"}
