@@ -10,7 +10,7 @@ import json
 import jax
 import numpy as np
 import pytest
-from test_scheduler import _StandInTrainer
+from test_scheduled import _StandInTrainer
 
 from jaxgrpo import config as config_lib
 from jaxgrpo import scheduled, scheduler
