@@ -203,7 +203,9 @@ def test_the_complete_m8_family_backs_the_quoted_figures(modules):
         assert got == pytest.approx(figures[:-1], abs=5e-4), arm
         assert np.mean([r["informative_per_1k_tokens"] for r in rs]) == pytest.approx(figures[-1], abs=5e-3), arm
         assert max(r["clip_frac"] for r in rs) == 0.0, arm  # the design's clip at 52.6 never fired
-        assert [r["config"]["rollout"]["group_size"] for r in rs] == [8] * 8, arm
+        assert {(r["config"]["rollout"]["group_size"], r["config"]["rollout"]["prompts_per_step"]) for r in rs} == {
+            (8, 2)
+        }, arm
         assert [r["retain_trainer"]["0"] for r in rs] == [r["retain_trainer"]["0"] for r in runs["grpo"]], arm
     assert np.mean([r["retain_trainer"]["0"] for r in runs["grpo"]]) == pytest.approx(0.944, abs=5e-4)
     assert max(r["grad_norm_pcts"]["99"] for arm in arms for r in runs[arm]) == pytest.approx(22.0, abs=0.05)
@@ -225,6 +227,8 @@ def test_the_complete_m8_family_backs_the_quoted_figures(modules):
         assert (rows[cid]["p"], rows[cid]["p_holm"]) == pytest.approx((p, p_holm), abs=5e-3), cid
     assert rows["H5-m8-grpo"]["p_holm"] == pytest.approx(3.7e-8, abs=5e-10)
     assert {r["id"] for r in m8 if r["significant"]} == {"H5-m8-grpo"}
+    power = {c["id"]: c for c in json.loads((OUT / "power.json").read_text())["claims"]}
+    assert power["H2-m8-grpo_mask-grpo"]["detectable_at_seeds"] == pytest.approx(0.116, abs=5e-4)
     assert {r["id"]: r["verdict"] for r in m8 if not r["significant"]} == dict.fromkeys(
         ("H2-m8-grpo_mask-grpo", "H3-m8-grpo_resample-grpo"), "not distinguishable at n = 8"
     )
