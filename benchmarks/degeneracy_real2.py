@@ -29,7 +29,9 @@ PREREGISTRATION.md``, ``claims.json``), powered, free of the clipping confound. 
 6. ``analyze``: ``verdicts.json`` from ``claims.json`` and the finished runs (`degeneracy_real2_analysis`).
 
 A run is finished when its result.json exists (written atomically); an interrupted part rerun skips finished runs
-and resumes an interrupted one from its checkpoint (deleted once the result is written).
+and resumes an interrupted one from its checkpoint (deleted once the result is written). Several processes may run
+parts side by side on one results directory (one per core, say, each started with ``taskset -c K``): a process
+holds a run's ``.study.lock`` while it trains and evaluates it, and the others skip that run (`hold`).
 
 Time: the grid is 226 runs (m4: 6 arms x 8 seeds; m8: 6 x 8; hard: 6 x 10; lora: 2 x 8; m4pool: 3 x 8; hardpool:
 3 x 10, amendments 5 and 6) of ~34-140 steps plus a 256 x 8 held-out evaluation. m4 seed 0's runs took 10-73
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
 import functools
 import hashlib
 import json
@@ -302,13 +305,40 @@ def _train(cfg: Any, run_dir: pathlib.Path) -> list[dict[str, Any]]:
     return records
 
 
-def run_one(spec: RunSpec, design: Design, out: pathlib.Path, work: pathlib.Path) -> dict[str, Any]:
-    """Trains and evaluates one grid run unless its result.json exists; returns the result."""
-    from jaxgrpo import config as config_lib
+def hold(run_dir: pathlib.Path) -> int | None:
+    """An exclusive lock on ``<run_dir>/.study.lock`` (a descriptor to close when the run is done; the kernel drops
+    it when the process ends, so a killed worker leaves nothing stale), or None when another live process holds it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir / ".study.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
+
+def run_one(spec: RunSpec, design: Design, out: pathlib.Path, work: pathlib.Path) -> dict[str, Any] | None:
+    """Trains and evaluates one grid run unless its result.json exists; returns the result, or None when another
+    process holds the run (`hold`): it is that process's to finish."""
     run_dir = out / spec.cond / spec.arm / f"seed{spec.seed}"
     if (run_dir / "result.json").exists():
         return json.loads((run_dir / "result.json").read_text())
+    fd = hold(run_dir)
+    if fd is None:
+        print(f"{run_dir}: held by another process, skipped", file=sys.stderr)
+        return None
+    try:
+        if (run_dir / "result.json").exists():  # finished by the holder between the check above and the lock
+            return json.loads((run_dir / "result.json").read_text())
+        return _run_held(spec, design, run_dir, work)
+    finally:
+        os.close(fd)
+
+
+def _run_held(spec: RunSpec, design: Design, run_dir: pathlib.Path, work: pathlib.Path) -> dict[str, Any]:
+    from jaxgrpo import config as config_lib
+
     cfg, t0, cond = run_config(spec, design, work), time.time(), CONDITIONS[spec.cond]
     records = _train(cfg, run_dir)
     level = getattr(design, cond.level)
@@ -438,10 +468,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown part {args.part!r}; valid: {', '.join(simple)}, grid, {', '.join(CONDITIONS)}, "
               f"<cond>-seed<k> (k < the condition's seeds)", file=sys.stderr)  # fmt: skip
         return 2
-    for name in names:
-        for spec in grid[name]:
-            if spec.arm in args.arms:
-                run_one(spec, design, out, work)
+    skipped = [spec for name in names for spec in grid[name]
+               if spec.arm in args.arms and run_one(spec, design, out, work) is None]  # fmt: skip
+    if skipped:
+        print(f"{len(skipped)} run(s) were held by other processes and skipped; rerun --part {args.part} once those "
+              "processes end to finish any they left", file=sys.stderr)  # fmt: skip
     return 0
 
 

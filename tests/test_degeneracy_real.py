@@ -4,13 +4,17 @@ config is valid and the arms of a part share one token budget and one P x G; ``-
 finished run (its result.json) is skipped; results are written atomically; the summary's mean and Student-t interval
 against hand values. Second edition (benchmarks/degeneracy_real2.py and its analysis): the grid's configs (Dr. GRPO's
 own aggregation, the LoRA cell, pair splits, one budget, no two arms alike), parts and errors, per-run training
-statistics, the level and design rules, and the first edition's audit against the figures the README quotes (the
+statistics, the level and design rules, parallel workers skipping a run another process holds, and the first
+edition's audit against the figures the README quotes (the
 verdicts: `test_study_verdicts.py`)."""
 
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import subprocess
+import sys
 
 import benchmark_module
 import pytest
@@ -172,7 +176,8 @@ def test_second_edition_parts_and_errors(dr2, tmp_path, monkeypatch, capsys):
         dr2.main(["--part", "m4-seed0", "--out", str(tmp_path)])
     dr2._write_json(tmp_path / "design.json", {"design": DESIGN_KW})
     ran = []
-    monkeypatch.setattr(dr2, "run_one", lambda spec, design, out, work: ran.append((spec.cond, spec.arm, spec.seed)))
+    monkeypatch.setattr(dr2, "run_one",
+                        lambda spec, design, out, work: ran.append((spec.cond, spec.arm, spec.seed)) or {})  # fmt: skip
     assert dr2.main(["--part", "lora-seed3", "--out", str(tmp_path)]) == 0
     assert ran == [("lora", "sign", 3), ("lora", "dr_grpo", 3)]
     ran.clear()
@@ -321,6 +326,40 @@ def test_second_edition_run_one_records_config_seed_commit(dr2, tmp_path, monkey
     assert (res["informative_groups"], res["step_seconds"], res["probe"]) == (2.0, 6.0, [])
     assert res["informative_per_1k_tokens"] == pytest.approx(1000 * 2.0 / budget)
     assert json.loads((tmp_path / "m8" / "grpo_resample" / "seed5" / "result.json").read_text()) == res
+
+
+def test_second_edition_workers_side_by_side_skip_a_held_run(dr2, tmp_path, monkeypatch, capsys):
+    # several processes may run one part on one results directory: a run another live process holds is skipped, and
+    # a killed holder leaves no stale lock (the kernel drops a dead process's flock)
+    design, spec = dr2.Design(**DESIGN_KW), dr2.RunSpec("m4", "sign", 0)
+    run_dir = tmp_path / "m4" / "sign" / "seed0"
+    run_dir.mkdir(parents=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()", str(run_dir / ".study.lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        monkeypatch.setattr(dr2, "_run_held", lambda *a: pytest.fail("trained a run another process holds"))
+        assert dr2.run_one(spec, design, tmp_path, tmp_path / "work") is None
+        assert "held by another process, skipped" in capsys.readouterr().err
+        ran = []
+        monkeypatch.setattr(dr2, "run_one", lambda s, d, o, w: None if s == spec else ran.append(s.arm) or {})
+        dr2._write_json(tmp_path / "design.json", {"design": DESIGN_KW})
+        assert dr2.main(["--part", "m4-seed0", "--out", str(tmp_path)]) == 0
+        assert ran == [a for a in dr2.CONDITIONS["m4"].arms if a != "sign"]  # the others' runs go on
+        assert "1 run(s) were held by other processes" in capsys.readouterr().err
+        monkeypatch.undo()
+    finally:
+        holder.kill()  # SIGKILL: no cleanup runs in the holder
+        holder.wait()
+    monkeypatch.setattr(dr2, "_run_held", lambda s, d, rd, w: {"ran": str(rd.relative_to(tmp_path))})
+    assert dr2.run_one(spec, design, tmp_path, tmp_path / "work") == {"ran": "m4/sign/seed0"}
+    fd = dr2.hold(run_dir)  # released after the run
+    assert fd is not None and dr2.hold(run_dir) is None  # a second open of the file conflicts, even in one process
+    os.close(fd)
+    dr2._write_json(run_dir / "result.json", {"seed": 0})  # a finished run is read, whoever holds it
+    assert dr2.run_one(spec, design, tmp_path, tmp_path / "work") == {"seed": 0}
 
 
 def test_second_edition_levels_resume_and_pick(dr2, tmp_path, monkeypatch):
