@@ -71,9 +71,29 @@ def test_the_trainer_and_the_final_evaluation_measure_retention_alike(modules):
     assert st.one_sample(diffs)["p"] > 0.05
     claims = analysis.read_claims(OUT)
     paired = [c for c in claims if c["metric"] == "retention_drop_paired"]
-    assert {c["family"] for c in paired} == {"paired-m4"} and len(paired) == 6 and {c["seeds"] for c in paired} == {8}
-    registered = [c["a"] for c in claims if c["metric"] == "retention_drop"]
-    assert sorted(c["a"] for c in paired) == sorted(registered)  # one paired claim beside each registered H4 claim
+    cells = {(c["cond"], c["family"], c["seeds"]) for c in paired}
+    assert cells == {("m4", "paired-m4", 8), ("hard", "paired-hard", 10)}
+    registered = sorted(c["a"] for c in claims if c["metric"] == "retention_drop")  # H4: m4's six arms
+    for family in ("paired-m4", "paired-hard"):  # one paired claim per arm (amendments 8 and 9)
+        assert sorted(c["a"] for c in paired if c["family"] == family) == registered, family
+
+
+def test_amendment_9_adds_its_families_beside_the_registered_hard_claims(modules):
+    # PREREGISTRATION.md, amendment 9: held-out accuracy with the escape claims' pairs and directions (acc-hard) and
+    # the paired retention drop per arm (paired-hard), in families of their own; the registered hard family unchanged
+    analysis, _ = modules
+    claims = analysis.read_claims(OUT)
+    family = lambda name: [c for c in claims if analysis.family_of(c) == name]  # noqa: E731
+    escape = family("hard")
+    assert len(escape) == 3 and {c["metric"] for c in escape} == {"escape"}
+    assert [(c["a"], c["b"]) for c in family("acc-hard")] == [(c["a"], c["b"]) for c in escape]
+    assert {(c["metric"], c["seeds"], c["effect"]) for c in family("acc-hard")} == {("accuracy", 10, 0.05)}
+    arms = benchmark_module.load("degeneracy_real2").CONDITIONS["hard"].arms  # the runner's grid
+    assert sorted(c["a"] for c in family("paired-hard")) == sorted(f"{arm}@start" for arm in arms) and len(arms) == 6
+    power = {c["id"]: c for c in json.loads((OUT / "power.json").read_text())["claims"]}
+    assert {c["id"] for c in claims} == set(power)  # a power row per claim
+    added = [power[c["id"]] for c in family("acc-hard") + family("paired-hard")]
+    assert sorted({round(r["detectable_at_seeds"], 3) for r in added}) == [0.074, 0.102]  # the amendment's figures
 
 
 def _holm(ps):
