@@ -31,7 +31,8 @@ PREREGISTRATION.md``, ``claims.json``), powered, free of the clipping confound. 
 A run is finished when its result.json exists (written atomically); an interrupted part rerun skips finished runs
 and resumes an interrupted one from its checkpoint (deleted once the result is written). Several processes may run
 parts side by side on one results directory (one per core, say, each started with ``taskset -c K``): a process
-holds a run's ``.study.lock`` while it trains and evaluates it, and the others skip that run (`hold`).
+holds a run's ``.study.lock`` (`jaxgrpo.run_dir.RunLock`) while it trains and evaluates it, and the others skip
+that run.
 
 Time: the grid is 226 runs (m4: 6 arms x 8 seeds; m8: 6 x 8; hard: 6 x 10; lora: 2 x 8; m4pool: 3 x 8; hardpool:
 3 x 10, amendments 5 and 6) of ~34-140 steps plus a 256 x 8 held-out evaluation. m4 seed 0's runs took 10-73
@@ -43,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import fcntl
 import functools
 import hashlib
 import json
@@ -305,27 +305,24 @@ def _train(cfg: Any, run_dir: pathlib.Path) -> list[dict[str, Any]]:
     return records
 
 
-def hold(run_dir: pathlib.Path) -> int | None:
-    """An exclusive lock on ``<run_dir>/.study.lock`` (a descriptor to close when the run is done; the kernel drops
-    it when the process ends, so a killed worker leaves nothing stale), or None when another live process holds it."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / ".study.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
+STUDY_LOCK = ".study.lock"  # held around the trainer, which takes the run directory's own ``.lock``
 
 
 def run_one(spec: RunSpec, design: Design, out: pathlib.Path, work: pathlib.Path) -> dict[str, Any] | None:
     """Trains and evaluates one grid run unless its result.json exists; returns the result, or None when another
-    process holds the run (`hold`): it is that process's to finish."""
+    live process holds the run's `STUDY_LOCK` (a worker beside this one): it is that process's to finish. The kernel
+    drops a dead process's lock, so a killed worker leaves nothing stale."""
+    from jaxgrpo.errors import ConfigError
+    from jaxgrpo.run_dir import RunLock
+
     run_dir = out / spec.cond / spec.arm / f"seed{spec.seed}"
     if (run_dir / "result.json").exists():
         return json.loads((run_dir / "result.json").read_text())
-    fd = hold(run_dir)
-    if fd is None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(run_dir, STUDY_LOCK)
+    try:
+        lock.acquire(say=lambda line: None)  # a dead worker's pid: the trainer's own lock says so already
+    except ConfigError:
         print(f"{run_dir}: held by another process, skipped", file=sys.stderr)
         return None
     try:
@@ -333,7 +330,7 @@ def run_one(spec: RunSpec, design: Design, out: pathlib.Path, work: pathlib.Path
             return json.loads((run_dir / "result.json").read_text())
         return _run_held(spec, design, run_dir, work)
     finally:
-        os.close(fd)
+        lock.release()
 
 
 def _run_held(spec: RunSpec, design: Design, run_dir: pathlib.Path, work: pathlib.Path) -> dict[str, Any]:

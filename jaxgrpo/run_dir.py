@@ -52,10 +52,11 @@ def check_path(run_dir: str | os.PathLike) -> pathlib.Path:
 
 class RunLock:
     """The exclusive lock of a run directory (module docstring). `acquire` raises ConfigError naming the owner's pid
-    when another live process holds it."""
+    when another live process holds it. `name` picks another lock file in the directory, for a job that holds the run
+    around the trainer (which takes ``.lock`` itself), e.g. the study runner's workers."""
 
-    def __init__(self, run_dir: str | os.PathLike):
-        self.path = pathlib.Path(run_dir) / LOCK_FILE
+    def __init__(self, run_dir: str | os.PathLike, name: str = LOCK_FILE):
+        self.path = pathlib.Path(run_dir) / name
         self._fd: int | None = None
 
     def acquire(self, say: Callable[[str], None] | None = None) -> RunLock:

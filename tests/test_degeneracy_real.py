@@ -5,19 +5,20 @@ finished run (its result.json) is skipped; results are written atomically; the s
 against hand values. Second edition (benchmarks/degeneracy_real2.py and its analysis): the grid's configs (Dr. GRPO's
 own aggregation, the LoRA cell, pair splits, one budget, no two arms alike), parts and errors, per-run training
 statistics, the level and design rules, parallel workers skipping a run another process holds, and the first
-edition's audit against the figures the README quotes (the
-verdicts: `test_study_verdicts.py`)."""
+edition's audit against the figures the README quotes (the verdicts: `test_study_verdicts.py`)."""
 
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
 
 import benchmark_module
 import pytest
+
+from jaxgrpo.errors import ConfigError
+from jaxgrpo.run_dir import RunLock
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -336,7 +337,7 @@ def test_second_edition_workers_side_by_side_skip_a_held_run(dr2, tmp_path, monk
     run_dir.mkdir(parents=True)
     holder = subprocess.Popen(
         [sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
-         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()", str(run_dir / ".study.lock")],
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()", str(run_dir / dr2.STUDY_LOCK)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert holder.stdout.readline() == "held\n"
@@ -355,9 +356,10 @@ def test_second_edition_workers_side_by_side_skip_a_held_run(dr2, tmp_path, monk
         holder.wait()
     monkeypatch.setattr(dr2, "_run_held", lambda s, d, rd, w: {"ran": str(rd.relative_to(tmp_path))})
     assert dr2.run_one(spec, design, tmp_path, tmp_path / "work") == {"ran": "m4/sign/seed0"}
-    fd = dr2.hold(run_dir)  # released after the run
-    assert fd is not None and dr2.hold(run_dir) is None  # a second open of the file conflicts, even in one process
-    os.close(fd)
+    lock = RunLock(run_dir, dr2.STUDY_LOCK).acquire()  # released after the run
+    with pytest.raises(ConfigError, match="in use by another trainer"):  # a second open conflicts, even in one process
+        RunLock(run_dir, dr2.STUDY_LOCK).acquire()
+    lock.release()
     dr2._write_json(run_dir / "result.json", {"seed": 0})  # a finished run is read, whoever holds it
     assert dr2.run_one(spec, design, tmp_path, tmp_path / "work") == {"seed": 0}
 
