@@ -124,14 +124,29 @@ def _train_collapse(cond: str, arm: str, seeds: int) -> float:
                           for recs in logs]))  # fmt: skip
 
 
+ARMS = ("grpo", "dr_grpo", "sign", "grpo_mask", "grpo_resample", "avspo")  # m4's and m8's six arms
+
+
+def _cell(st, rs: list[dict]) -> dict[str, float]:
+    """One arm's figures as §2c's per-arm tables quote them: means over its runs, accuracy's 95% Student-t interval
+    (`lo`, `hi`), and the largest fraction of clipped steps of any run."""
+    acc = [r["heldout"]["accuracy"] for r in rs]
+    lo, hi = st.t_interval(acc)
+    mean = lambda key: float(np.mean([key(r) for r in rs]))  # noqa: E731
+    return {"accuracy": float(np.mean(acc)), "lo": lo, "hi": hi, "pass@8": mean(lambda r: r["heldout"]["pass@k"]["8"]),
+            "retention": mean(lambda r: r["retention"]["accuracy"]), "start": mean(lambda r: r["retain_trainer"]["0"]),
+            "zero_grad": mean(lambda r: r["zero_grad_frac"]),
+            "informative": mean(lambda r: r["informative_per_1k_tokens"]),
+            "clip_max": max(r["clip_frac"] for r in rs)}  # fmt: skip
+
+
 def test_the_complete_m4_family_backs_the_quoted_figures(modules):
     # docs/degeneracy.md §2c and the README: the matched level at G = 4, full fine-tuning, 6 arms x 8 seeds; the
     # tests recomputed with scipy's own t-tests and Holm by hand, not through the analysis's statistics
     analysis, st = modules
     from scipy import stats  # a dependency of jax
 
-    runs = analysis.load_runs(OUT)["m4"]
-    arms = ("grpo", "dr_grpo", "sign", "grpo_mask", "grpo_resample", "avspo")
+    runs, arms = analysis.load_runs(OUT)["m4"], ARMS
     assert {arm: len(runs[arm]) for arm in arms} == dict.fromkeys(arms, 8)
     acc = {arm: [r["heldout"]["accuracy"] for r in runs[arm]] for arm in arms}
     table = {  # mean, 95% Student-t interval, pass@8, retention at the budget, the runs' own start, zero-gradient steps
@@ -143,12 +158,10 @@ def test_the_complete_m4_family_backs_the_quoted_figures(modules):
         "avspo": (0.710, 0.675, 0.746, 0.862, 0.960, 0.955, 0.0),
     }
     for arm, figures in table.items():
-        rs = runs[arm]
-        got = (np.mean(acc[arm]), *st.t_interval(acc[arm]), np.mean([r["heldout"]["pass@k"]["8"] for r in rs]),
-               np.mean([r["retention"]["accuracy"] for r in rs]), np.mean([r["retain_trainer"]["0"] for r in rs]),
-               np.mean([r["zero_grad_frac"] for r in rs]))  # fmt: skip
-        assert got == pytest.approx(figures, abs=5e-4), arm
-        assert max(r["clip_frac"] for r in rs) == 0.0, arm  # the design's clip at 52.6 never fired
+        got = _cell(st, runs[arm])
+        columns = ("accuracy", "lo", "hi", "pass@8", "retention", "start", "zero_grad")
+        assert tuple(got[k] for k in columns) == pytest.approx(figures, abs=5e-4), arm
+        assert got["clip_max"] == 0.0, arm  # the design's clip at 52.6 never fired
     rows = {r["id"]: r for r in analysis.verdicts(OUT)["claims"]}
     m4 = [r for r in rows.values() if r["cond"] == "m4" and analysis.family_of(r) == "m4"]
     assert len(m4) == 10 and all(r["n"] == 8 for r in m4)
@@ -203,8 +216,7 @@ def test_the_complete_m8_family_backs_the_quoted_figures(modules):
     analysis, st = modules
     from scipy import stats  # a dependency of jax
 
-    runs = analysis.load_runs(OUT)["m8"]
-    arms = ("grpo", "dr_grpo", "sign", "grpo_mask", "grpo_resample", "avspo")
+    runs, arms = analysis.load_runs(OUT)["m8"], ARMS
     assert {arm: len(runs[arm]) for arm in arms} == dict.fromkeys(arms, 8)
     acc = {arm: [r["heldout"]["accuracy"] for r in runs[arm]] for arm in arms}
     table = {  # mean, 95% t interval, pass@8, retention at the budget, zero-gradient steps, informative groups / 1k
@@ -216,13 +228,11 @@ def test_the_complete_m8_family_backs_the_quoted_figures(modules):
         "avspo": (0.687, 0.670, 0.704, 0.844, 0.973, 0.0, 4.71),
     }
     for arm, figures in table.items():
-        rs = runs[arm]
-        got = (np.mean(acc[arm]), *st.t_interval(acc[arm]), np.mean([r["heldout"]["pass@k"]["8"] for r in rs]),
-               np.mean([r["retention"]["accuracy"] for r in rs]),
-               np.mean([r["zero_grad_frac"] for r in rs]))  # fmt: skip
-        assert got == pytest.approx(figures[:-1], abs=5e-4), arm
-        assert np.mean([r["informative_per_1k_tokens"] for r in rs]) == pytest.approx(figures[-1], abs=5e-3), arm
-        assert max(r["clip_frac"] for r in rs) == 0.0, arm  # the design's clip at 52.6 never fired
+        rs, got = runs[arm], _cell(st, runs[arm])
+        columns = ("accuracy", "lo", "hi", "pass@8", "retention", "zero_grad")
+        assert tuple(got[k] for k in columns) == pytest.approx(figures[:-1], abs=5e-4), arm
+        assert got["informative"] == pytest.approx(figures[-1], abs=5e-3), arm
+        assert got["clip_max"] == 0.0, arm  # the design's clip at 52.6 never fired
         assert {(r["config"]["rollout"]["group_size"], r["config"]["rollout"]["prompts_per_step"]) for r in rs} == {
             (8, 2)
         }, arm
