@@ -96,6 +96,21 @@ def test_amendment_9_adds_its_families_beside_the_registered_hard_claims(modules
     assert sorted({round(r["detectable_at_seeds"], 3) for r in added}) == [0.074, 0.102]  # the amendment's figures
 
 
+def test_the_committed_verdicts_are_those_of_the_committed_runs(modules):
+    # benchmarks/results/degeneracy/real2/verdicts.json (`--part analyze`) is current: every claim has its verdict,
+    # and recomputing from the committed runs gives the same rows
+    analysis, _ = modules
+    committed = json.loads((OUT / "verdicts.json").read_text())
+    assert len(committed["claims"]) == len(analysis.read_claims(OUT)) == 44
+    assert all(row["verdict"] is not None for row in committed["claims"])
+    recomputed = json.loads(json.dumps(analysis.verdicts(OUT)))["claims"]
+    assert [row["id"] for row in committed["claims"]] == [row["id"] for row in recomputed]
+    for got, want in zip(committed["claims"], recomputed):  # strings and flags exactly, figures to float noise
+        figures = [k for k, v in want.items() if isinstance(v, float)]
+        assert {k: v for k, v in got.items() if k not in figures} == {k: v for k, v in want.items() if k not in figures}
+        assert [got[k] for k in figures] == pytest.approx([want[k] for k in figures], rel=1e-9), got["id"]
+
+
 def _holm(ps):
     """Holm's step-down adjustment, written out here (the independent reference for the analysis's `st.holm`)."""
     order, adjusted, running = sorted(range(len(ps)), key=lambda i: ps[i]), [0.0] * len(ps), 0.0
@@ -278,3 +293,106 @@ def test_the_complete_m8_family_backs_the_quoted_figures(modules):
     assert 1 - _train_collapse("m4", "grpo", 8) == pytest.approx(0.311, abs=5e-4)
     assert [r["commit"][:7] for r in runs["grpo"]] == ["820ca3f", "750cd90"] + ["b066b24"] * 6
     assert {analysis.warmup_of(r)[:8] for arm in arms for r in runs[arm]} == {"beccf584"}
+
+
+def test_the_complete_hard_family_backs_the_quoted_figures(modules):
+    # docs/degeneracy.md §2c and the README: the too-hard level at G = 4, 6 arms x 10 seeds; the registered escape
+    # family (exact permutation, Holm over its 3) first, amendment 9's acc-hard (Welch, Holm over 3) and paired-hard
+    # (one-sample t of each run's own start minus its end, Holm over 6) beside it; tests recomputed with scipy's own
+    analysis, st = modules
+    from scipy import stats  # a dependency of jax
+
+    runs, arms = analysis.load_runs(OUT)["hard"], ARMS
+    assert {arm: len(runs[arm]) for arm in arms} == dict.fromkeys(arms, 10)
+    acc = {arm: [r["heldout"]["accuracy"] for r in runs[arm]] for arm in arms}
+    table = {  # mean, 95% t interval, pass@8, retention: own start, at the budget; zero-gradient steps, informative/1k
+        "grpo": (0.053, 0.026, 0.079, 0.108, 0.958, 0.778, 0.661, 2.40),
+        "dr_grpo": (0.182, 0.156, 0.207, 0.396, 0.960, 0.940, 0.310, 5.92),
+        "sign": (0.151, 0.134, 0.167, 0.352, 0.960, 0.934, 0.0, 5.24),
+        "grpo_mask": (0.188, 0.167, 0.210, 0.405, 0.960, 0.931, 0.321, 5.72),
+        "grpo_resample": (0.144, 0.128, 0.160, 0.307, 0.960, 0.889, 0.027, 4.85),
+        "avspo": (0.047, 0.023, 0.071, 0.102, 0.960, 0.565, 0.0, 1.95),
+    }
+    for arm, figures in table.items():
+        got = _cell(st, runs[arm])
+        columns = ("accuracy", "lo", "hi", "pass@8", "start", "retention", "zero_grad")
+        assert tuple(got[k] for k in columns) == pytest.approx(figures[:-1], abs=5e-4), arm
+        assert got["informative"] == pytest.approx(figures[-1], abs=5e-3), arm
+        assert got["clip_max"] == 0.0, arm  # the design's clip at 52.6 never fired
+        shapes = {(r["config"]["rollout"]["group_size"], r["config"]["rollout"]["prompts_per_step"]) for r in runs[arm]}
+        assert shapes == {(4, 4)}, arm
+    g99 = {arm: max(r["grad_norm_pcts"]["99"] for r in runs[arm]) for arm in arms}
+    assert max(g99, key=g99.get) == "grpo_mask" and g99["grpo_mask"] == pytest.approx(31.3, abs=0.05)
+    rows = {r["id"]: r for r in analysis.verdicts(OUT)["claims"]}
+    family = lambda name: [r for r in rows.values() if analysis.family_of(r) == name]  # noqa: E731
+    three = [r for name in ("hard", "acc-hard", "paired-hard") for r in family(name)]
+    assert len(three) == 12 and all(r["cond"] == "hard" and r["n"] == 10 for r in three)
+    # the registered escape family: held-out accuracy at least 0.2 above the warmed-up model's 0.093 (levels.json)
+    threshold = analysis._base_accuracy(OUT)["hard"] + analysis.ESCAPE_MARGIN
+    assert threshold == pytest.approx(0.293, abs=5e-4)
+    escaped = {arm: [float(a >= threshold) for a in acc[arm]] for arm in arms}
+    assert {arm: sum(v) for arm, v in escaped.items()} == dict.fromkeys(arms, 0.0)  # no run of the 60 escaped
+    best = max((a, arm) for arm in arms for a in acc[arm])
+    assert best[1] == "grpo_mask" and best[0] == pytest.approx(0.234, abs=5e-4)
+    assert len(family("hard")) == 3
+    for r in family("hard"):
+        ref = stats.permutation_test(
+            (escaped[r["a"]], escaped[r["b"]]), lambda x, y: np.mean(x) - np.mean(y),
+            permutation_type="independent", n_resamples=np.inf, alternative="two-sided",
+        )  # fmt: skip
+        assert (r["diff"], r["p"], r["p_holm"]) == pytest.approx((0.0, ref.pvalue, 1.0), abs=1e-9), r["id"]
+        assert r["verdict"] == "not distinguishable at n = 10", r["id"]
+    power = {c["id"]: c for c in json.loads((OUT / "power.json").read_text())["claims"]}
+    assert power["H3-hard-grpo_resample-grpo"]["detectable_at_seeds"] == pytest.approx(0.78, abs=5e-3)
+    # acc-hard: resample above GRPO; GRPO above sign reads the other way; GRPO and AVSPO within noise
+    acc_hard = family("acc-hard")
+    _check_welch(rows, acc, {"H3acc-hard-grpo_resample-grpo": ("grpo_resample", "grpo", 0.091, 0.062, 0.120),
+                             "H3acc-hard-grpo-sign": ("grpo", "sign", -0.098, -0.127, -0.068),
+                             "H3acc-hard-grpo-avspo": ("grpo", "avspo", 0.006, -0.027, 0.039)})  # fmt: skip
+    assert [r["p_holm"] for r in acc_hard] == pytest.approx(_holm([r["p"] for r in acc_hard]), rel=1e-9)
+    quoted = {"H3acc-hard-grpo_resample-grpo": (8.6e-6, 1.7e-5), "H3acc-hard-grpo-sign": (3.7e-6, 1.1e-5)}
+    for cid, (p, p_holm) in quoted.items():
+        assert (rows[cid]["p"], rows[cid]["p_holm"]) == pytest.approx((p, p_holm), rel=0.03), cid
+    assert rows["H3acc-hard-grpo-avspo"]["p_holm"] == pytest.approx(0.71, abs=5e-3)
+    assert {r["id"]: r["verdict"].split(" (")[0] for r in acc_hard} == {
+        "H3acc-hard-grpo_resample-grpo": "supported",
+        "H3acc-hard-grpo-sign": "not supported: the other way",
+        "H3acc-hard-grpo-avspo": "not distinguishable at n = 10",
+    }
+    # paired-hard: GRPO and AVSPO erode the held skill; the other four arms' drops are within noise after Holm
+    paired = family("paired-hard")
+    drop = {arm: [r["retain_trainer"]["0"] - r["retention"]["accuracy"] for r in runs[arm]] for arm in arms}
+    quoted = {  # mean drop, 95% t interval, p, Holm p
+        "grpo": (0.180, 0.106, 0.254, 0.00037, 0.0022), "dr_grpo": (0.020, -0.003, 0.044, 0.080, 0.17),
+        "sign": (0.026, -0.008, 0.061, 0.12, 0.17), "grpo_mask": (0.028, -0.001, 0.058, 0.058, 0.17),
+        "grpo_resample": (0.071, 0.017, 0.125, 0.015, 0.060), "avspo": (0.394, 0.207, 0.582, 0.0010, 0.0051),
+    }  # fmt: skip
+    for arm, (mean, lo, hi, p, p_holm) in quoted.items():
+        row = rows[f"H4p-hard-{arm}"]
+        assert (row["diff"], *st.t_interval(drop[arm])) == pytest.approx((mean, lo, hi), abs=5e-4), arm
+        assert np.mean(drop[arm]) == pytest.approx(row["diff"], abs=1e-12), arm
+        assert row["p"] == pytest.approx(stats.ttest_1samp(drop[arm], 0.0).pvalue, rel=1e-6), arm
+        assert (row["p"], row["p_holm"]) == pytest.approx((p, p_holm), rel=0.05), arm
+    assert [r["p_holm"] for r in paired] == pytest.approx(_holm([r["p"] for r in paired]), rel=1e-9)
+    assert {r["id"] for r in paired if r["significant"]} == {"H4p-hard-grpo", "H4p-hard-avspo"}
+    # descriptive figures the report quotes: runs that lost more than 0.1, AVSPO's worst, runs below the warmed-up
+    # model, optimizer steps, and the training collapse rates
+    assert {arm: sum(d > 0.1 for d in drop[arm]) for arm in ("grpo", "avspo")} == {"grpo": 7, "avspo": 9}
+    worst = min(runs["avspo"], key=lambda r: r["retention"]["accuracy"])
+    assert (worst["retain_trainer"]["0"], worst["retention"]["accuracy"]) == pytest.approx((0.964, 0.147), abs=5e-4)
+    below = {arm: sum(a < analysis._base_accuracy(OUT)["hard"] for a in acc[arm]) for arm in arms}
+    assert below == {"grpo": 9, "dr_grpo": 0, "sign": 0, "grpo_mask": 0, "grpo_resample": 0, "avspo": 9}
+    steps = {arm: (min(r["steps"] for r in runs[arm]), max(r["steps"] for r in runs[arm])) for arm in arms}
+    assert (steps["grpo"], steps["grpo_resample"]) == ((103, 113), (29, 32))
+    assert {arm: round(_train_collapse("hard", arm, 10), 3) for arm in ("grpo", "avspo")} == {
+        "grpo": 0.894, "avspo": 0.912
+    }  # fmt: skip
+    low_lr = [_train_collapse("hard", arm, 10) for arm in ("dr_grpo", "sign", "grpo_mask")]
+    assert (min(low_lr), max(low_lr)) == pytest.approx((0.74, 0.77), abs=5e-3)
+    assert all([r["commit"][:7] for r in runs[arm]] == ["750cd90"] * 2 + ["b066b24"] * 8 for arm in arms)
+    warmups = {arm: [analysis.warmup_of(r)[:8] for r in runs[arm]] for arm in arms}
+    assert warmups["grpo"] == ["beccf584"] * 10
+    assert all(warmups[arm] == ["beccf584", "54bdb45a"] + ["beccf584"] * 8 for arm in arms[1:])
+    assert {arm: runs[arm][0]["config"]["optim"]["learning_rate"] for arm in arms} == {
+        "grpo": 1e-5, "dr_grpo": 3e-6, "sign": 3e-6, "grpo_mask": 3e-6, "grpo_resample": 1e-5, "avspo": 1e-5
+    }  # fmt: skip
