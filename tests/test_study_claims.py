@@ -21,10 +21,16 @@ def modules():
     return benchmark_module.load("degeneracy_real2_analysis"), st
 
 
-def test_the_complete_lora_family_backs_the_quoted_figures(modules):
+@pytest.fixture(scope="module")
+def verdict_rows(modules) -> list[dict]:
+    """The analysis's verdict rows from the committed runs, computed once for the module's tests (read only)."""
+    return modules[0].verdicts(OUT)["claims"]
+
+
+def test_the_complete_lora_family_backs_the_quoted_figures(modules, verdict_rows):
     # docs/degeneracy.md §2c, README: H1 under LoRA rank 64 at G = 4, sign vs Dr. GRPO with its own aggregation
     analysis, st = modules
-    (row,) = [r for r in analysis.verdicts(OUT)["claims"] if r["cond"] == "lora"]  # a family of one claim
+    (row,) = [r for r in verdict_rows if r["cond"] == "lora"]  # a family of one claim
     assert row["id"] == "H1-lora-sign-dr_grpo" and row["n"] == 8 and row["significant"] is False
     assert row["diff"] == pytest.approx(-0.001, abs=5e-4)
     assert row["p"] == pytest.approx(0.95, abs=5e-3) and row["p_holm"] == row["p"]  # Holm over one claim
@@ -96,14 +102,14 @@ def test_amendment_9_adds_its_families_beside_the_registered_hard_claims(modules
     assert sorted({round(r["detectable_at_seeds"], 3) for r in added}) == [0.074, 0.102]  # the amendment's figures
 
 
-def test_the_committed_verdicts_are_those_of_the_committed_runs(modules):
+def test_the_committed_verdicts_are_those_of_the_committed_runs(modules, verdict_rows):
     # benchmarks/results/degeneracy/real2/verdicts.json (`--part analyze`) is current: every claim has its verdict,
     # and recomputing from the committed runs gives the same rows
     analysis, _ = modules
     committed = json.loads((OUT / "verdicts.json").read_text())
     assert len(committed["claims"]) == len(analysis.read_claims(OUT)) == 44
     assert all(row["verdict"] is not None for row in committed["claims"])
-    recomputed = json.loads(json.dumps(analysis.verdicts(OUT)))["claims"]
+    recomputed = json.loads(json.dumps(verdict_rows))
     assert [row["id"] for row in committed["claims"]] == [row["id"] for row in recomputed]
     for got, want in zip(committed["claims"], recomputed):  # strings and flags exactly, figures to float noise
         figures = [k for k, v in want.items() if isinstance(v, float)]
@@ -155,7 +161,7 @@ def _cell(st, rs: list[dict]) -> dict[str, float]:
             "clip_max": max(r["clip_frac"] for r in rs)}  # fmt: skip
 
 
-def test_the_complete_m4_family_backs_the_quoted_figures(modules):
+def test_the_complete_m4_family_backs_the_quoted_figures(modules, verdict_rows):
     # docs/degeneracy.md §2c and the README: the matched level at G = 4, full fine-tuning, 6 arms x 8 seeds; the
     # tests recomputed with scipy's own t-tests and Holm by hand, not through the analysis's statistics
     analysis, st = modules
@@ -177,7 +183,7 @@ def test_the_complete_m4_family_backs_the_quoted_figures(modules):
         columns = ("accuracy", "lo", "hi", "pass@8", "retention", "start", "zero_grad")
         assert tuple(got[k] for k in columns) == pytest.approx(figures, abs=5e-4), arm
         assert got["clip_max"] == 0.0, arm  # the design's clip at 52.6 never fired
-    rows = {r["id"]: r for r in analysis.verdicts(OUT)["claims"]}
+    rows = {r["id"]: r for r in verdict_rows}
     m4 = [r for r in rows.values() if r["cond"] == "m4" and analysis.family_of(r) == "m4"]
     assert len(m4) == 10 and all(r["n"] == 8 for r in m4)
     # H1-H3 (Welch): sign above Dr. GRPO by 0.028, interval [+0.010, +0.045]; mask and resample within noise of GRPO
@@ -225,7 +231,7 @@ def test_the_complete_m4_family_backs_the_quoted_figures(modules):
     }
 
 
-def test_the_complete_m8_family_backs_the_quoted_figures(modules):
+def test_the_complete_m8_family_backs_the_quoted_figures(modules, verdict_rows):
     # docs/degeneracy.md §2c and the README: the matched level at G = 8 (two prompts a step), 6 arms x 8 seeds, Holm
     # over the family's 3 claims; H2 and H3 within noise of GRPO, H5 supported
     analysis, st = modules
@@ -254,7 +260,7 @@ def test_the_complete_m8_family_backs_the_quoted_figures(modules):
         assert [r["retain_trainer"]["0"] for r in rs] == [r["retain_trainer"]["0"] for r in runs["grpo"]], arm
     assert np.mean([r["retain_trainer"]["0"] for r in runs["grpo"]]) == pytest.approx(0.944, abs=5e-4)
     assert max(r["grad_norm_pcts"]["99"] for arm in arms for r in runs[arm]) == pytest.approx(22.0, abs=0.05)
-    rows = {r["id"]: r for r in analysis.verdicts(OUT)["claims"]}
+    rows = {r["id"]: r for r in verdict_rows}
     m8 = [r for r in rows.values() if r["cond"] == "m8"]
     assert sorted(r["id"] for r in m8) == ["H2-m8-grpo_mask-grpo", "H3-m8-grpo_resample-grpo", "H5-m8-grpo"]
     assert all(r["n"] == 8 and analysis.family_of(r) == "m8" for r in m8)
@@ -295,7 +301,7 @@ def test_the_complete_m8_family_backs_the_quoted_figures(modules):
     assert {analysis.warmup_of(r)[:8] for arm in arms for r in runs[arm]} == {"beccf584"}
 
 
-def test_the_complete_hard_family_backs_the_quoted_figures(modules):
+def test_the_complete_hard_family_backs_the_quoted_figures(modules, verdict_rows):
     # docs/degeneracy.md §2c and the README: the too-hard level at G = 4, 6 arms x 10 seeds; the registered escape
     # family (exact permutation, Holm over its 3) first, amendment 9's acc-hard (Welch, Holm over 3) and paired-hard
     # (one-sample t of each run's own start minus its end, Holm over 6) beside it; tests recomputed with scipy's own
@@ -323,12 +329,13 @@ def test_the_complete_hard_family_backs_the_quoted_figures(modules):
         assert shapes == {(4, 4)}, arm
     g99 = {arm: max(r["grad_norm_pcts"]["99"] for r in runs[arm]) for arm in arms}
     assert max(g99, key=g99.get) == "grpo_mask" and g99["grpo_mask"] == pytest.approx(31.3, abs=0.05)
-    rows = {r["id"]: r for r in analysis.verdicts(OUT)["claims"]}
+    rows = {r["id"]: r for r in verdict_rows}
     family = lambda name: [r for r in rows.values() if analysis.family_of(r) == name]  # noqa: E731
     three = [r for name in ("hard", "acc-hard", "paired-hard") for r in family(name)]
     assert len(three) == 12 and all(r["cond"] == "hard" and r["n"] == 10 for r in three)
     # the registered escape family: held-out accuracy at least 0.2 above the warmed-up model's 0.093 (levels.json)
-    threshold = analysis._base_accuracy(OUT)["hard"] + analysis.ESCAPE_MARGIN
+    base = analysis._base_accuracy(OUT)["hard"]
+    threshold = base + analysis.ESCAPE_MARGIN
     assert threshold == pytest.approx(0.293, abs=5e-4)
     escaped = {arm: [float(a >= threshold) for a in acc[arm]] for arm in arms}
     assert {arm: sum(v) for arm, v in escaped.items()} == dict.fromkeys(arms, 0.0)  # no run of the 60 escaped
@@ -337,8 +344,8 @@ def test_the_complete_hard_family_backs_the_quoted_figures(modules):
     assert len(family("hard")) == 3
     for r in family("hard"):
         ref = stats.permutation_test(
-            (escaped[r["a"]], escaped[r["b"]]), lambda x, y: np.mean(x) - np.mean(y),
-            permutation_type="independent", n_resamples=np.inf, alternative="two-sided",
+            (escaped[r["a"]], escaped[r["b"]]), lambda x, y, axis: np.mean(x, axis) - np.mean(y, axis),
+            permutation_type="independent", n_resamples=np.inf, alternative="two-sided", vectorized=True,
         )  # fmt: skip
         assert (r["diff"], r["p"], r["p_holm"]) == pytest.approx((0.0, ref.pvalue, 1.0), abs=1e-9), r["id"]
         assert r["verdict"] == "not distinguishable at n = 10", r["id"]
@@ -380,7 +387,7 @@ def test_the_complete_hard_family_backs_the_quoted_figures(modules):
     assert {arm: sum(d > 0.1 for d in drop[arm]) for arm in ("grpo", "avspo")} == {"grpo": 7, "avspo": 9}
     worst = min(runs["avspo"], key=lambda r: r["retention"]["accuracy"])
     assert (worst["retain_trainer"]["0"], worst["retention"]["accuracy"]) == pytest.approx((0.964, 0.147), abs=5e-4)
-    below = {arm: sum(a < analysis._base_accuracy(OUT)["hard"] for a in acc[arm]) for arm in arms}
+    below = {arm: sum(a < base for a in acc[arm]) for arm in arms}
     assert below == {"grpo": 9, "dr_grpo": 0, "sign": 0, "grpo_mask": 0, "grpo_resample": 0, "avspo": 9}
     steps = {arm: (min(r["steps"] for r in runs[arm]), max(r["steps"] for r in runs[arm])) for arm in arms}
     assert (steps["grpo"], steps["grpo_resample"]) == ((103, 113), (29, 32))
